@@ -1,0 +1,33 @@
+//! The chfs-rs wire protocol.
+//!
+//! Everything two chfs-rs processes must agree on lives here and nowhere else:
+//! the connection handshake ([`handshake`]), the frame layout ([`frame`]),
+//! the request/response messages ([`msg`]), the 64-byte metadata record
+//! ([`meta`]), path rules ([`path`]) and the placement of chunks on servers
+//! ([`ring`]). The crate does no I/O of its own, so both the blocking client
+//! and the async server use it.
+
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod handshake;
+pub mod meta;
+pub mod msg;
+pub mod path;
+pub mod ring;
+
+pub use error::{ErrorReply, ProtoError};
+pub use meta::Meta;
+pub use msg::{Request, Response};
+
+/// Protocol version spoken by this build. Bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Largest chunk size a file may have (64 MiB).
+pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
+
+/// Default chunk size (64 KiB, as in CHFS).
+pub const DEFAULT_CHUNK_SIZE: u32 = 64 << 10;
+
+/// Default TCP port of `chfsd`.
+pub const DEFAULT_PORT: u16 = 50000;

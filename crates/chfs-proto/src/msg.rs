@@ -1,0 +1,948 @@
+//! Requests and responses.
+//!
+//! A request payload is the fields of its variant in order; the opcode in the
+//! frame header says which variant. Bulk data (written bytes, symlink
+//! targets, read results) is always the *tail* of the payload, not
+//! length-prefixed, so senders can transmit it from the caller's buffer and
+//! receivers can slice it without copying.
+//!
+//! A response payload starts with a one-byte tag naming its variant. An error
+//! response (frame flag [`crate::frame::FLAG_ERROR`]) is an errno (`i32`)
+//! and a message.
+
+use bytes::Bytes;
+
+use crate::codec::{Put, Reader};
+use crate::meta::{Meta, META_LEN};
+use crate::ring::{Hashing, ServerList};
+use crate::{ErrorReply, ProtoError};
+
+/// Opcodes.
+pub mod op {
+    /// [`super::Request::Ping`]
+    pub const PING: u16 = 1;
+    /// [`super::Request::GetServers`]
+    pub const GET_SERVERS: u16 = 2;
+    /// [`super::Request::Join`]
+    pub const JOIN: u16 = 3;
+    /// [`super::Request::UpdateServers`]
+    pub const UPDATE_SERVERS: u16 = 4;
+    /// [`super::Request::Status`]
+    pub const STATUS: u16 = 5;
+    /// [`super::Request::Shutdown`]
+    pub const SHUTDOWN: u16 = 6;
+    /// [`super::Request::Create`]
+    pub const CREATE: u16 = 10;
+    /// [`super::Request::Stat`]
+    pub const STAT: u16 = 11;
+    /// [`super::Request::Write`]
+    pub const WRITE: u16 = 12;
+    /// [`super::Request::Read`]
+    pub const READ: u16 = 13;
+    /// [`super::Request::SetSize`]
+    pub const SET_SIZE: u16 = 14;
+    /// [`super::Request::SetAttr`]
+    pub const SET_ATTR: u16 = 15;
+    /// [`super::Request::RemoveEntry`]
+    pub const REMOVE_ENTRY: u16 = 16;
+    /// [`super::Request::RemoveChunks`]
+    pub const REMOVE_CHUNKS: u16 = 17;
+    /// [`super::Request::TruncateChunks`]
+    pub const TRUNCATE_CHUNKS: u16 = 18;
+    /// [`super::Request::Readdir`]
+    pub const READDIR: u16 = 19;
+    /// [`super::Request::HasChildren`]
+    pub const HAS_CHILDREN: u16 = 20;
+    /// [`super::Request::RenameMove`]
+    pub const RENAME_MOVE: u16 = 21;
+    /// [`super::Request::PutChunk`]
+    pub const PUT_CHUNK: u16 = 22;
+    /// [`super::Request::AppendReserve`]
+    pub const APPEND_RESERVE: u16 = 23;
+}
+
+/// How to change a timestamp in [`SetAttr`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeSet {
+    /// Leave unchanged (`UTIME_OMIT`).
+    #[default]
+    Omit,
+    /// Set to the server's current time (`UTIME_NOW`).
+    Now,
+    /// Set to this time (ns since the epoch).
+    At(i64),
+}
+
+/// Attribute changes (chmod, chown, utimens); `None` leaves a field alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SetAttr {
+    /// New permission bits (file type bits are kept).
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New access time.
+    pub atime: TimeSet,
+    /// New modification time.
+    pub mtime: TimeSet,
+}
+
+/// What [`Request::RemoveEntry`] may remove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoveKind {
+    /// Anything but a directory (unlink): a directory gives `EISDIR`.
+    NotDir,
+    /// Only a directory (rmdir): anything else gives `ENOTDIR`.
+    Dir,
+}
+
+/// One directory entry as returned by [`Request::Readdir`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Name within the directory.
+    pub name: String,
+    /// Metadata of the entry (size as published).
+    pub meta: Meta,
+}
+
+/// What a server reports about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServerStatus {
+    /// Address the server serves on.
+    pub addr: String,
+    /// Storage engine name.
+    pub store: String,
+    /// Number of stored chunks (entries).
+    pub entries: u64,
+    /// Bytes of chunk data stored.
+    pub bytes: u64,
+    /// Capacity of the store in bytes (0 = limited only by memory).
+    pub capacity: u64,
+    /// Requests served since start.
+    pub requests: u64,
+    /// Server list version the server holds.
+    pub list_version: u64,
+}
+
+/// A request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Liveness check.
+    Ping,
+    /// Fetch the ordered server list.
+    GetServers,
+    /// A new server at `addr` asks to join the pool.
+    Join {
+        /// Address of the joining server.
+        addr: String,
+    },
+    /// The pool leader pushes a new membership list.
+    UpdateServers {
+        /// The new list.
+        list: ServerList,
+    },
+    /// Fetch the server's status.
+    Status,
+    /// Stop the server (after draining in-flight requests).
+    Shutdown,
+    /// Create the entry (chunk 0) of a file, directory, symlink or special
+    /// file. With `excl`, an existing entry gives `EEXIST`; without it, the
+    /// existing entry is returned. `data` is the initial content of chunk 0
+    /// (the target of a symlink).
+    Create {
+        /// Normalised path.
+        path: String,
+        /// Initial metadata (mode, owner, chunk size, times, fileid).
+        meta: Meta,
+        /// Fail with `EEXIST` if the entry exists.
+        excl: bool,
+        /// Initial chunk-0 data.
+        data: Bytes,
+    },
+    /// Metadata of an entry (chunk 0).
+    Stat {
+        /// Normalised path.
+        path: String,
+    },
+    /// Write `data` at offset `off` of chunk `idx`. Writes into chunk 0 also
+    /// grow the file size; writes to other chunks leave size publication to
+    /// the client ([`Request::SetSize`]).
+    Write {
+        /// Normalised path.
+        path: String,
+        /// File incarnation id (from the entry).
+        fileid: u32,
+        /// Chunk size of the file.
+        chunk_size: u32,
+        /// File mode (for a newly created data chunk).
+        mode: u32,
+        /// Chunk index.
+        idx: u64,
+        /// Offset within the chunk.
+        off: u32,
+        /// The bytes (payload tail).
+        data: Bytes,
+    },
+    /// Read up to `len` bytes at offset `off` of chunk `idx`. A missing or
+    /// stale chunk returns no bytes (a hole).
+    Read {
+        /// Normalised path.
+        path: String,
+        /// File incarnation id.
+        fileid: u32,
+        /// Chunk index.
+        idx: u64,
+        /// Offset within the chunk.
+        off: u32,
+        /// Bytes wanted.
+        len: u32,
+    },
+    /// Set the size recorded in the entry; with `grow_only` only if larger.
+    SetSize {
+        /// Normalised path.
+        path: String,
+        /// New size.
+        size: u64,
+        /// Only grow (publishing written data), never shrink.
+        grow_only: bool,
+    },
+    /// chmod / chown / utimens.
+    SetAttr {
+        /// Normalised path.
+        path: String,
+        /// Changes.
+        attr: SetAttr,
+    },
+    /// Remove the entry (chunk 0) of a path; returns its metadata.
+    RemoveEntry {
+        /// Normalised path.
+        path: String,
+        /// Directory or not.
+        kind: RemoveKind,
+    },
+    /// Remove this server's data chunks of `path` with index >= `from_idx`.
+    RemoveChunks {
+        /// Normalised path.
+        path: String,
+        /// First index removed.
+        from_idx: u64,
+    },
+    /// Cut this server's data chunks of a file to `size` bytes.
+    TruncateChunks {
+        /// Normalised path.
+        path: String,
+        /// New file size.
+        size: u64,
+        /// Chunk size of the file.
+        chunk_size: u32,
+    },
+    /// List this server's entries in directory `path`, in name order,
+    /// starting after `after`, at most `max`.
+    Readdir {
+        /// Normalised directory path.
+        path: String,
+        /// Resume after this name (exclusive); empty = from the start.
+        after: String,
+        /// Maximum entries returned.
+        max: u32,
+    },
+    /// Does this server hold any entry inside directory `path`?
+    HasChildren {
+        /// Normalised directory path.
+        path: String,
+    },
+    /// Move this server's chunks of `old` (and everything below it) to
+    /// `new`, sending each chunk to its new owner.
+    RenameMove {
+        /// Old normalised path.
+        old: String,
+        /// New normalised path.
+        new: String,
+        /// The source is a directory: move its whole subtree.
+        is_dir: bool,
+    },
+    /// Store a chunk as is (server to server, used by rename).
+    PutChunk {
+        /// Normalised path.
+        path: String,
+        /// Chunk index.
+        idx: u64,
+        /// Metadata header of the chunk.
+        meta: Meta,
+        /// Chunk bytes (payload tail).
+        data: Bytes,
+    },
+    /// Atomically reserve `len` bytes at the end of a file (O_APPEND);
+    /// returns the offset where the caller writes.
+    AppendReserve {
+        /// Normalised path.
+        path: String,
+        /// Bytes to reserve.
+        len: u64,
+    },
+}
+
+/// A successful response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// Done, nothing to return.
+    Ok,
+    /// The server list.
+    Servers(ServerList),
+    /// Server status.
+    Status(ServerStatus),
+    /// Metadata of an entry.
+    Meta(Meta),
+    /// Result of a create: the entry and whether this request created it.
+    Created {
+        /// The entry.
+        meta: Meta,
+        /// True if it did not exist before.
+        created: bool,
+    },
+    /// Bytes written.
+    Written(u32),
+    /// Bytes read (payload tail).
+    Data(Bytes),
+    /// Directory entries.
+    Entries {
+        /// The entries, in name order.
+        entries: Vec<DirEntry>,
+        /// True when no entries follow.
+        done: bool,
+    },
+    /// A yes/no answer.
+    Bool(bool),
+    /// A count or offset.
+    Count(u64),
+}
+
+fn put_meta(out: &mut Vec<u8>, m: &Meta) {
+    out.extend_from_slice(&m.encode());
+}
+
+fn get_meta(r: &mut Reader) -> Result<Meta, ProtoError> {
+    Meta::decode(&r.raw(META_LEN)?)
+}
+
+fn put_list(out: &mut Vec<u8>, l: &ServerList) {
+    out.put_u64(l.version);
+    out.put_u8(l.hashing.code());
+    out.put_u32(l.servers.len() as u32);
+    for s in &l.servers {
+        out.put_str(s);
+    }
+}
+
+fn get_list(r: &mut Reader) -> Result<ServerList, ProtoError> {
+    let version = r.u64()?;
+    let h = r.u8()?;
+    let hashing =
+        Hashing::from_code(h).ok_or_else(|| ProtoError::Malformed(format!("hashing {h}")))?;
+    let n = r.u32()? as usize;
+    if n > 1 << 20 {
+        return Err(ProtoError::Malformed(format!("{n} servers")));
+    }
+    let mut servers = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        servers.push(r.string()?);
+    }
+    Ok(ServerList {
+        version,
+        hashing,
+        servers,
+    })
+}
+
+fn put_time(out: &mut Vec<u8>, t: TimeSet) {
+    match t {
+        TimeSet::Omit => out.put_u8(0),
+        TimeSet::Now => out.put_u8(1),
+        TimeSet::At(v) => {
+            out.put_u8(2);
+            out.put_i64(v)
+        }
+    }
+}
+
+fn get_time(r: &mut Reader) -> Result<TimeSet, ProtoError> {
+    Ok(match r.u8()? {
+        0 => TimeSet::Omit,
+        1 => TimeSet::Now,
+        2 => TimeSet::At(r.i64()?),
+        v => return Err(ProtoError::Malformed(format!("time tag {v}"))),
+    })
+}
+
+fn put_opt(out: &mut Vec<u8>, v: Option<u32>) {
+    match v {
+        None => out.put_u8(0),
+        Some(v) => {
+            out.put_u8(1);
+            out.put_u32(v)
+        }
+    }
+}
+
+fn get_opt(r: &mut Reader) -> Result<Option<u32>, ProtoError> {
+    Ok(if r.bool()? { Some(r.u32()?) } else { None })
+}
+
+/// Encodes the fixed fields of a [`Request::Write`]; the data follows as the
+/// payload tail. Lets a client send user bytes without copying them.
+pub fn encode_write_head(
+    out: &mut Vec<u8>,
+    path: &str,
+    fileid: u32,
+    chunk_size: u32,
+    mode: u32,
+    idx: u64,
+    off: u32,
+) {
+    out.put_str(path);
+    out.put_u32(fileid);
+    out.put_u32(chunk_size);
+    out.put_u32(mode);
+    out.put_u64(idx);
+    out.put_u32(off);
+}
+
+impl Request {
+    /// The opcode of this request.
+    pub fn op(&self) -> u16 {
+        match self {
+            Request::Ping => op::PING,
+            Request::GetServers => op::GET_SERVERS,
+            Request::Join { .. } => op::JOIN,
+            Request::UpdateServers { .. } => op::UPDATE_SERVERS,
+            Request::Status => op::STATUS,
+            Request::Shutdown => op::SHUTDOWN,
+            Request::Create { .. } => op::CREATE,
+            Request::Stat { .. } => op::STAT,
+            Request::Write { .. } => op::WRITE,
+            Request::Read { .. } => op::READ,
+            Request::SetSize { .. } => op::SET_SIZE,
+            Request::SetAttr { .. } => op::SET_ATTR,
+            Request::RemoveEntry { .. } => op::REMOVE_ENTRY,
+            Request::RemoveChunks { .. } => op::REMOVE_CHUNKS,
+            Request::TruncateChunks { .. } => op::TRUNCATE_CHUNKS,
+            Request::Readdir { .. } => op::READDIR,
+            Request::HasChildren { .. } => op::HAS_CHILDREN,
+            Request::RenameMove { .. } => op::RENAME_MOVE,
+            Request::PutChunk { .. } => op::PUT_CHUNK,
+            Request::AppendReserve { .. } => op::APPEND_RESERVE,
+        }
+    }
+
+    /// The path whose chunk this request addresses, with the chunk index,
+    /// for requests that have a single owner (and may be forwarded).
+    pub fn key(&self) -> Option<(&str, u64)> {
+        match self {
+            Request::Create { path, .. }
+            | Request::Stat { path }
+            | Request::SetSize { path, .. }
+            | Request::SetAttr { path, .. }
+            | Request::RemoveEntry { path, .. }
+            | Request::AppendReserve { path, .. } => Some((path, 0)),
+            Request::Write { path, idx, .. }
+            | Request::Read { path, idx, .. }
+            | Request::PutChunk { path, idx, .. } => Some((path, *idx)),
+            _ => None,
+        }
+    }
+
+    /// Encodes the payload (fields, then the data tail).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Request::Ping | Request::GetServers | Request::Status | Request::Shutdown => {}
+            Request::Join { addr } => out.put_str(addr),
+            Request::UpdateServers { list } => put_list(out, list),
+            Request::Create {
+                path,
+                meta,
+                excl,
+                data,
+            } => {
+                out.put_str(path);
+                put_meta(out, meta);
+                out.put_u8(*excl as u8);
+                out.extend_from_slice(data);
+            }
+            Request::Stat { path } | Request::HasChildren { path } => out.put_str(path),
+            Request::Write {
+                path,
+                fileid,
+                chunk_size,
+                mode,
+                idx,
+                off,
+                data,
+            } => {
+                encode_write_head(out, path, *fileid, *chunk_size, *mode, *idx, *off);
+                out.extend_from_slice(data);
+            }
+            Request::Read {
+                path,
+                fileid,
+                idx,
+                off,
+                len,
+            } => {
+                out.put_str(path);
+                out.put_u32(*fileid);
+                out.put_u64(*idx);
+                out.put_u32(*off);
+                out.put_u32(*len);
+            }
+            Request::SetSize {
+                path,
+                size,
+                grow_only,
+            } => {
+                out.put_str(path);
+                out.put_u64(*size);
+                out.put_u8(*grow_only as u8);
+            }
+            Request::SetAttr { path, attr } => {
+                out.put_str(path);
+                put_opt(out, attr.mode);
+                put_opt(out, attr.uid);
+                put_opt(out, attr.gid);
+                put_time(out, attr.atime);
+                put_time(out, attr.mtime);
+            }
+            Request::RemoveEntry { path, kind } => {
+                out.put_str(path);
+                out.put_u8(match kind {
+                    RemoveKind::NotDir => 0,
+                    RemoveKind::Dir => 1,
+                });
+            }
+            Request::RemoveChunks { path, from_idx } => {
+                out.put_str(path);
+                out.put_u64(*from_idx);
+            }
+            Request::TruncateChunks {
+                path,
+                size,
+                chunk_size,
+            } => {
+                out.put_str(path);
+                out.put_u64(*size);
+                out.put_u32(*chunk_size);
+            }
+            Request::Readdir { path, after, max } => {
+                out.put_str(path);
+                out.put_str(after);
+                out.put_u32(*max);
+            }
+            Request::RenameMove { old, new, is_dir } => {
+                out.put_str(old);
+                out.put_str(new);
+                out.put_u8(*is_dir as u8);
+            }
+            Request::PutChunk {
+                path,
+                idx,
+                meta,
+                data,
+            } => {
+                out.put_str(path);
+                out.put_u64(*idx);
+                put_meta(out, meta);
+                out.extend_from_slice(data);
+            }
+            Request::AppendReserve { path, len } => {
+                out.put_str(path);
+                out.put_u64(*len);
+            }
+        }
+    }
+
+    /// Decodes a payload received with opcode `op`.
+    pub fn decode(op: u16, payload: Bytes) -> Result<Self, ProtoError> {
+        let mut r = Reader::new(payload);
+        let req = match op {
+            op::PING => Request::Ping,
+            op::GET_SERVERS => Request::GetServers,
+            op::STATUS => Request::Status,
+            op::SHUTDOWN => Request::Shutdown,
+            op::JOIN => Request::Join { addr: r.string()? },
+            op::UPDATE_SERVERS => Request::UpdateServers {
+                list: get_list(&mut r)?,
+            },
+            op::CREATE => {
+                let path = r.string()?;
+                let meta = get_meta(&mut r)?;
+                let excl = r.bool()?;
+                let data = r.rest();
+                return Ok(Request::Create {
+                    path,
+                    meta,
+                    excl,
+                    data,
+                });
+            }
+            op::STAT => Request::Stat { path: r.string()? },
+            op::HAS_CHILDREN => Request::HasChildren { path: r.string()? },
+            op::WRITE => {
+                let path = r.string()?;
+                let fileid = r.u32()?;
+                let chunk_size = r.u32()?;
+                let mode = r.u32()?;
+                let idx = r.u64()?;
+                let off = r.u32()?;
+                let data = r.rest();
+                return Ok(Request::Write {
+                    path,
+                    fileid,
+                    chunk_size,
+                    mode,
+                    idx,
+                    off,
+                    data,
+                });
+            }
+            op::READ => Request::Read {
+                path: r.string()?,
+                fileid: r.u32()?,
+                idx: r.u64()?,
+                off: r.u32()?,
+                len: r.u32()?,
+            },
+            op::SET_SIZE => Request::SetSize {
+                path: r.string()?,
+                size: r.u64()?,
+                grow_only: r.bool()?,
+            },
+            op::SET_ATTR => Request::SetAttr {
+                path: r.string()?,
+                attr: SetAttr {
+                    mode: get_opt(&mut r)?,
+                    uid: get_opt(&mut r)?,
+                    gid: get_opt(&mut r)?,
+                    atime: get_time(&mut r)?,
+                    mtime: get_time(&mut r)?,
+                },
+            },
+            op::REMOVE_ENTRY => {
+                let path = r.string()?;
+                let kind = match r.u8()? {
+                    0 => RemoveKind::NotDir,
+                    1 => RemoveKind::Dir,
+                    v => return Err(ProtoError::Malformed(format!("remove kind {v}"))),
+                };
+                Request::RemoveEntry { path, kind }
+            }
+            op::REMOVE_CHUNKS => Request::RemoveChunks {
+                path: r.string()?,
+                from_idx: r.u64()?,
+            },
+            op::TRUNCATE_CHUNKS => Request::TruncateChunks {
+                path: r.string()?,
+                size: r.u64()?,
+                chunk_size: r.u32()?,
+            },
+            op::READDIR => Request::Readdir {
+                path: r.string()?,
+                after: r.string()?,
+                max: r.u32()?,
+            },
+            op::RENAME_MOVE => Request::RenameMove {
+                old: r.string()?,
+                new: r.string()?,
+                is_dir: r.bool()?,
+            },
+            op::PUT_CHUNK => {
+                let path = r.string()?;
+                let idx = r.u64()?;
+                let meta = get_meta(&mut r)?;
+                let data = r.rest();
+                return Ok(Request::PutChunk {
+                    path,
+                    idx,
+                    meta,
+                    data,
+                });
+            }
+            op::APPEND_RESERVE => Request::AppendReserve {
+                path: r.string()?,
+                len: r.u64()?,
+            },
+            other => return Err(ProtoError::UnknownOp(other)),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+mod tag {
+    pub const OK: u8 = 0;
+    pub const SERVERS: u8 = 1;
+    pub const STATUS: u8 = 2;
+    pub const META: u8 = 3;
+    pub const CREATED: u8 = 4;
+    pub const WRITTEN: u8 = 5;
+    pub const DATA: u8 = 6;
+    pub const ENTRIES: u8 = 7;
+    pub const BOOL: u8 = 8;
+    pub const COUNT: u8 = 9;
+}
+
+impl Response {
+    /// Encodes the payload.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Response::Ok => out.put_u8(tag::OK),
+            Response::Servers(l) => {
+                out.put_u8(tag::SERVERS);
+                put_list(out, l)
+            }
+            Response::Status(s) => {
+                out.put_u8(tag::STATUS);
+                out.put_str(&s.addr);
+                out.put_str(&s.store);
+                out.put_u64(s.entries);
+                out.put_u64(s.bytes);
+                out.put_u64(s.capacity);
+                out.put_u64(s.requests);
+                out.put_u64(s.list_version);
+            }
+            Response::Meta(m) => {
+                out.put_u8(tag::META);
+                put_meta(out, m)
+            }
+            Response::Created { meta, created } => {
+                out.put_u8(tag::CREATED);
+                put_meta(out, meta);
+                out.put_u8(*created as u8)
+            }
+            Response::Written(n) => {
+                out.put_u8(tag::WRITTEN);
+                out.put_u32(*n)
+            }
+            Response::Data(d) => {
+                out.put_u8(tag::DATA);
+                out.extend_from_slice(d)
+            }
+            Response::Entries { entries, done } => {
+                out.put_u8(tag::ENTRIES);
+                out.put_u8(*done as u8);
+                out.put_u32(entries.len() as u32);
+                for e in entries {
+                    out.put_str(&e.name);
+                    put_meta(out, &e.meta);
+                }
+            }
+            Response::Bool(b) => {
+                out.put_u8(tag::BOOL);
+                out.put_u8(*b as u8)
+            }
+            Response::Count(c) => {
+                out.put_u8(tag::COUNT);
+                out.put_u64(*c)
+            }
+        }
+    }
+
+    /// Decodes a success payload.
+    pub fn decode(payload: Bytes) -> Result<Self, ProtoError> {
+        let mut r = Reader::new(payload);
+        let resp = match r.u8()? {
+            tag::OK => Response::Ok,
+            tag::SERVERS => Response::Servers(get_list(&mut r)?),
+            tag::STATUS => Response::Status(ServerStatus {
+                addr: r.string()?,
+                store: r.string()?,
+                entries: r.u64()?,
+                bytes: r.u64()?,
+                capacity: r.u64()?,
+                requests: r.u64()?,
+                list_version: r.u64()?,
+            }),
+            tag::META => Response::Meta(get_meta(&mut r)?),
+            tag::CREATED => Response::Created {
+                meta: get_meta(&mut r)?,
+                created: r.bool()?,
+            },
+            tag::WRITTEN => Response::Written(r.u32()?),
+            tag::DATA => return Ok(Response::Data(r.rest())),
+            tag::ENTRIES => {
+                let done = r.bool()?;
+                let n = r.u32()? as usize;
+                let mut entries = Vec::with_capacity(n.min(4096));
+                for _ in 0..n {
+                    entries.push(DirEntry {
+                        name: r.string()?,
+                        meta: get_meta(&mut r)?,
+                    });
+                }
+                Response::Entries { entries, done }
+            }
+            tag::BOOL => Response::Bool(r.bool()?),
+            tag::COUNT => Response::Count(r.u64()?),
+            t => return Err(ProtoError::Malformed(format!("response tag {t}"))),
+        };
+        r.finish()?;
+        Ok(resp)
+    }
+}
+
+/// Encodes an error payload.
+pub fn encode_error(out: &mut Vec<u8>, e: &ErrorReply) {
+    out.extend_from_slice(&e.errno.to_le_bytes());
+    out.put_str(&e.message);
+}
+
+/// Decodes an error payload.
+pub fn decode_error(payload: Bytes) -> Result<ErrorReply, ProtoError> {
+    let mut r = Reader::new(payload);
+    let errno = r.i32()?;
+    let message = r.string()?;
+    r.finish()?;
+    Ok(ErrorReply { errno, message })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt(req: Request) {
+        let mut b = Vec::new();
+        req.encode(&mut b);
+        assert_eq!(Request::decode(req.op(), Bytes::from(b)).unwrap(), req);
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let meta = Meta {
+            mode: 0o100644,
+            size: 7,
+            chunk_size: 4096,
+            fileid: 9,
+            ..Default::default()
+        };
+        rt(Request::Ping);
+        rt(Request::Join { addr: "h:1".into() });
+        rt(Request::UpdateServers {
+            list: ServerList {
+                version: 3,
+                hashing: Hashing::Consistent,
+                servers: vec!["a:1".into()],
+            },
+        });
+        rt(Request::Create {
+            path: "/a".into(),
+            meta,
+            excl: true,
+            data: Bytes::from_static(b"tgt"),
+        });
+        rt(Request::Write {
+            path: "/a".into(),
+            fileid: 1,
+            chunk_size: 4,
+            mode: 0o644,
+            idx: 5,
+            off: 2,
+            data: Bytes::from_static(b"xy"),
+        });
+        rt(Request::Read {
+            path: "/a".into(),
+            fileid: 1,
+            idx: 2,
+            off: 3,
+            len: 4,
+        });
+        rt(Request::SetAttr {
+            path: "/a".into(),
+            attr: SetAttr {
+                mode: Some(0o600),
+                uid: None,
+                gid: Some(5),
+                atime: TimeSet::Now,
+                mtime: TimeSet::At(-5),
+            },
+        });
+        rt(Request::RemoveEntry {
+            path: "/a".into(),
+            kind: RemoveKind::Dir,
+        });
+        rt(Request::Readdir {
+            path: "/".into(),
+            after: "x".into(),
+            max: 10,
+        });
+        rt(Request::RenameMove {
+            old: "/a".into(),
+            new: "/b".into(),
+            is_dir: true,
+        });
+        rt(Request::PutChunk {
+            path: "/a".into(),
+            idx: 1,
+            meta,
+            data: Bytes::from_static(b"q"),
+        });
+        rt(Request::AppendReserve {
+            path: "/a".into(),
+            len: 10,
+        });
+        rt(Request::TruncateChunks {
+            path: "/a".into(),
+            size: 10,
+            chunk_size: 4,
+        });
+    }
+
+    #[test]
+    fn responses_round_trip() {
+        let meta = Meta {
+            mode: 0o40755,
+            ..Default::default()
+        };
+        for resp in [
+            Response::Ok,
+            Response::Data(Bytes::from_static(b"hello")),
+            Response::Created {
+                meta,
+                created: true,
+            },
+            Response::Entries {
+                entries: vec![DirEntry {
+                    name: "n".into(),
+                    meta,
+                }],
+                done: true,
+            },
+            Response::Status(ServerStatus {
+                addr: "a".into(),
+                entries: 4,
+                ..Default::default()
+            }),
+            Response::Count(7),
+        ] {
+            let mut b = Vec::new();
+            resp.encode(&mut b);
+            assert_eq!(Response::decode(Bytes::from(b)).unwrap(), resp);
+        }
+    }
+
+    #[test]
+    fn truncated_and_garbage_payloads_are_errors() {
+        let mut b = Vec::new();
+        Request::Read {
+            path: "/a".into(),
+            fileid: 1,
+            idx: 2,
+            off: 3,
+            len: 4,
+        }
+        .encode(&mut b);
+        for n in 0..b.len() {
+            assert!(Request::decode(op::READ, Bytes::copy_from_slice(&b[..n])).is_err());
+        }
+        assert!(Request::decode(999, Bytes::new()).is_err());
+        assert!(Response::decode(Bytes::from_static(&[200, 1, 2])).is_err());
+    }
+}

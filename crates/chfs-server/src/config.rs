@@ -1,0 +1,176 @@
+//! `chfsd` configuration: one definition feeding flags, environment
+//! variables and defaults.
+
+use std::path::PathBuf;
+
+use chfs_proto::ring::Hashing;
+use clap::Parser;
+
+/// chfsd — a chfs-rs server: stores the chunks it owns and serves clients.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "chfsd", version, disable_help_flag = true)]
+pub struct Config {
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+
+    /// Address to listen on and advertise, HOST[:PORT]. Port 0 picks a free
+    /// port. Default: this host's name, port 50000.
+    #[arg(short = 'h', long = "host", env = "CHFS_SERVER_HOST")]
+    pub host: Option<String>,
+
+    /// Address of any running server of the pool to join (HOST:PORT). Without
+    /// it this server starts a new pool.
+    #[arg(short = 'j', long = "join", env = "CHFS_JOIN")]
+    pub join: Option<String>,
+
+    /// File holding the shared secret clients and servers must present.
+    #[arg(long = "secret-file", env = "CHFS_SECRET_FILE")]
+    pub secret_file: Option<PathBuf>,
+
+    /// Shared secret (prefer --secret-file: the environment of a process can
+    /// be read by its owner).
+    #[arg(long = "secret", env = "CHFS_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+
+    /// Placement of chunks on servers: modular or consistent. Only the first
+    /// server's choice counts; joining servers adopt the pool's.
+    #[arg(long, default_value = "modular")]
+    pub hashing: Hashing,
+
+    /// Storage engine: mem (DRAM).
+    #[arg(long, default_value = "mem")]
+    pub store: String,
+
+    /// Store capacity in bytes (suffixes K, M, G, T); 0 = no limit but memory.
+    #[arg(short = 's', long = "size", default_value = "0", value_parser = parse_size)]
+    pub size: u64,
+
+    /// Worker threads of the server runtime (0 = number of CPUs).
+    #[arg(short = 'T', long = "threads", default_value_t = 0)]
+    pub threads: usize,
+
+    /// Timeout of server-to-server requests, in milliseconds.
+    #[arg(
+        short = 't',
+        long = "rpc-timeout-msec",
+        env = "CHFS_RPC_TIMEOUT_MSEC",
+        default_value_t = 30_000
+    )]
+    pub rpc_timeout_msec: u64,
+
+    /// Write the server's address to this file once it serves.
+    #[arg(short = 'S', long = "server-info-file")]
+    pub info_file: Option<PathBuf>,
+
+    /// Write the server's process id to this file.
+    #[arg(short = 'P', long = "pid-file")]
+    pub pid_file: Option<PathBuf>,
+
+    /// Log filter (error, warn, info, debug, trace or a tracing directive).
+    #[arg(long = "log-level", env = "CHFS_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Log file (default: standard error).
+    #[arg(short = 'l', long = "log-file")]
+    pub log_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// Configuration for an in-process server on loopback (tests).
+    pub fn loopback() -> Self {
+        Self::parse_from(["chfsd", "--host", "127.0.0.1:0"])
+    }
+
+    /// The shared secret, if any (file first, then the variable).
+    pub fn load_secret(&self) -> std::io::Result<Vec<u8>> {
+        if let Some(f) = &self.secret_file {
+            let s = std::fs::read(f)?;
+            return Ok(trim(&s).to_vec());
+        }
+        Ok(self
+            .secret
+            .as_deref()
+            .map(|s| s.as_bytes().to_vec())
+            .unwrap_or_default())
+    }
+
+    /// The address to bind and advertise.
+    pub fn listen_addr(&self) -> String {
+        let host = match &self.host {
+            Some(h) => h.clone(),
+            None => hostname(),
+        };
+        with_default_port(&host)
+    }
+}
+
+/// Appends the default port when `host` has none.
+pub fn with_default_port(host: &str) -> String {
+    let bare_v6 = host.matches(':').count() > 1 && !host.starts_with('[');
+    if host
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !bare_v6
+    {
+        host.to_string()
+    } else {
+        format!("{host}:{}", chfs_proto::DEFAULT_PORT)
+    }
+}
+
+fn trim(s: &[u8]) -> &[u8] {
+    let end = s
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    &s[..end]
+}
+
+/// This host's name.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates
+    // within that length or truncates.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Parses a size with an optional K/M/G/T suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("invalid size {s:?} (a number with optional K, M, G or T)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("17").unwrap(), 17);
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn ports() {
+        assert_eq!(with_default_port("node1"), "node1:50000");
+        assert_eq!(with_default_port("node1:7"), "node1:7");
+    }
+}

@@ -1,0 +1,449 @@
+//! Request handling: one function per request kind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chfs_proto::frame::FLAG_FORWARDED;
+use chfs_proto::meta::now_ns;
+use chfs_proto::msg::{DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
+use chfs_proto::path::validate;
+use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
+use chfs_store::{Chunk, StoreError};
+use tracing::{debug_span, info, warn, Instrument};
+
+use crate::metrics::Counters;
+use crate::server::Shared;
+
+type Reply = Result<Response, ErrorReply>;
+
+fn store_err(path: &str, e: StoreError) -> ErrorReply {
+    ErrorReply::new(e.errno(), format!("{path}: {e}"))
+}
+
+fn refuse(errno: i32, msg: impl Into<String>) -> StoreError {
+    StoreError::refused(errno, msg)
+}
+
+/// Metadata of the root directory before anyone changed it.
+fn default_root() -> Meta {
+    // SAFETY: getuid/getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    Meta {
+        mode: libc::S_IFDIR | 0o755,
+        uid,
+        gid,
+        chunk_size: chfs_proto::DEFAULT_CHUNK_SIZE,
+        ..Default::default()
+    }
+}
+
+/// Serves one request.
+pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> Reply {
+    Counters::inc(&sh.counters.requests);
+    let span = debug_span!("req", op = req.op());
+    async move {
+        if let Some((path, idx)) = req.key() {
+            validate(path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            let p = sh.placement();
+            let owner = p.ring.owner(path, idx);
+            if !forwarded && p.me != Some(owner) && !p.ring.is_empty() {
+                Counters::inc(&sh.counters.forwarded);
+                let addr = p.ring.list().servers[owner].clone();
+                return sh.peers.call(&addr, &req, FLAG_FORWARDED).await;
+            }
+        }
+        serve(sh, req).await
+    }
+    .instrument(span)
+    .await
+}
+
+async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
+    let st = &sh.store;
+    match req {
+        Request::Ping => Ok(Response::Ok),
+        Request::GetServers => Ok(Response::Servers(sh.placement().ring.list().clone())),
+        Request::Join { addr } => join(sh, addr).await,
+        Request::UpdateServers { list } => {
+            let cur = sh.placement();
+            if list.version > cur.ring.list().version {
+                info!(
+                    version = list.version,
+                    servers = list.servers.len(),
+                    "server list updated"
+                );
+                sh.set_list(list);
+            }
+            Ok(Response::Ok)
+        }
+        Request::Status => {
+            let s = st.stats();
+            Ok(Response::Status(ServerStatus {
+                addr: sh.me.clone(),
+                store: st.name().to_string(),
+                entries: s.entries,
+                bytes: s.bytes,
+                capacity: s.capacity,
+                requests: sh
+                    .counters
+                    .requests
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                list_version: sh.placement().ring.list().version,
+            }))
+        }
+        Request::Shutdown => {
+            info!("shutdown requested");
+            let s = sh.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = s.shutdown.send(true);
+            });
+            Ok(Response::Ok)
+        }
+        Request::Create {
+            path,
+            meta,
+            excl,
+            data,
+        } => {
+            if path == "/" {
+                return Err(ErrorReply::new(
+                    libc::EEXIST,
+                    "/: the root directory exists",
+                ));
+            }
+            check_chunk_size(meta.chunk_size)?;
+            let (meta, created) = st
+                .create(&path, meta, &data, excl)
+                .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Created { meta, created })
+        }
+        Request::Stat { path } => match st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
+            Some(m) => Ok(Response::Meta(m)),
+            None if path == "/" => Ok(Response::Meta(default_root())),
+            None => Err(ErrorReply::new(
+                libc::ENOENT,
+                format!("{path}: no such file or directory"),
+            )),
+        },
+        Request::Write {
+            path,
+            fileid,
+            chunk_size,
+            mode,
+            idx,
+            off,
+            data,
+        } => {
+            Counters::inc(&sh.counters.writes);
+            check_chunk_size(chunk_size)?;
+            if off as u64 + data.len() as u64 > chunk_size as u64 {
+                return Err(ErrorReply::new(
+                    libc::EINVAL,
+                    format!("{path}: write of {} bytes at offset {off} crosses the chunk boundary (chunk size {chunk_size})", data.len()),
+                ));
+            }
+            if idx == 0 {
+                match st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
+                    None => {
+                        return Err(ErrorReply::new(
+                            libc::ENOENT,
+                            format!("{path}: no such file"),
+                        ))
+                    }
+                    Some(m) if m.is_dir() => {
+                        return Err(ErrorReply::new(
+                            libc::EISDIR,
+                            format!("{path}: is a directory"),
+                        ))
+                    }
+                    Some(m) if m.chunk_size != chunk_size => {
+                        return Err(ErrorReply::new(
+                            libc::EINVAL,
+                            format!(
+                                "{path}: chunk size {chunk_size} differs from the file's {}",
+                                m.chunk_size
+                            ),
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            let t = Meta {
+                mode,
+                chunk_size,
+                fileid,
+                mtime: now_ns(),
+                ..Default::default()
+            };
+            st.write(&path, idx, off, &data, &t)
+                .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Written(data.len() as u32))
+        }
+        Request::Read {
+            path,
+            fileid,
+            idx,
+            off,
+            len,
+        } => {
+            Counters::inc(&sh.counters.reads);
+            if idx == 0 {
+                if let Some(m) = st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
+                    if m.is_dir() {
+                        return Err(ErrorReply::new(
+                            libc::EISDIR,
+                            format!("{path}: is a directory"),
+                        ));
+                    }
+                }
+            }
+            let len = len.min(MAX_CHUNK_SIZE);
+            let d = st
+                .read(&path, idx, fileid, off, len)
+                .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Data(d.map(Bytes::from).unwrap_or_default()))
+        }
+        Request::SetSize {
+            path,
+            size,
+            grow_only,
+        } => {
+            let m = st
+                .update_meta(&path, 0, &mut |m| {
+                    if m.is_dir() {
+                        return Err(refuse(libc::EISDIR, "is a directory"));
+                    }
+                    if !grow_only || size > m.size {
+                        m.size = size;
+                    }
+                    m.mtime = now_ns();
+                    m.ctime = m.mtime;
+                    Ok(())
+                })
+                .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Meta(m))
+        }
+        Request::SetAttr { path, attr } => {
+            if path == "/" {
+                let _ = st.create("/", default_root(), b"", false);
+            }
+            let m = st
+                .update_meta(&path, 0, &mut |m| apply_attr(m, &attr))
+                .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Meta(m))
+        }
+        Request::RemoveEntry { path, kind } => {
+            if path == "/" {
+                return Err(ErrorReply::new(
+                    libc::EBUSY,
+                    "/: cannot remove the root directory",
+                ));
+            }
+            let m = st
+                .remove(&path, 0, &mut |m| match kind {
+                    RemoveKind::NotDir if m.is_dir() => Err(refuse(libc::EISDIR, "is a directory")),
+                    RemoveKind::Dir if !m.is_dir() => Err(refuse(libc::ENOTDIR, "not a directory")),
+                    _ => Ok(()),
+                })
+                .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Meta(m))
+        }
+        Request::RemoveChunks { path, from_idx } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            Ok(Response::Count(
+                st.remove_chunks(&path, from_idx.max(1))
+                    .map_err(|e| store_err(&path, e))?,
+            ))
+        }
+        Request::TruncateChunks {
+            path,
+            size,
+            chunk_size,
+        } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            check_chunk_size(chunk_size)?;
+            let cs = chunk_size as u64;
+            let from = size.div_ceil(cs).max(1);
+            let n = st
+                .remove_chunks(&path, from)
+                .map_err(|e| store_err(&path, e))?;
+            if size % cs != 0 || size == 0 {
+                st.truncate_chunk(&path, size / cs, (size % cs) as u32)
+                    .map_err(|e| store_err(&path, e))?;
+            }
+            Ok(Response::Count(n))
+        }
+        Request::Readdir { path, after, max } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            let max = (max as usize).clamp(1, 65536);
+            let (entries, done) = st
+                .list_dir(&path, &after, max)
+                .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Entries {
+                entries: entries
+                    .into_iter()
+                    .map(|(name, meta)| DirEntry { name, meta })
+                    .collect(),
+                done,
+            })
+        }
+        Request::HasChildren { path } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            Ok(Response::Bool(
+                st.has_children(&path).map_err(|e| store_err(&path, e))?,
+            ))
+        }
+        Request::RenameMove { old, new, is_dir } => rename_move(sh, &old, &new, is_dir).await,
+        Request::PutChunk {
+            path,
+            idx,
+            meta,
+            data,
+        } => {
+            st.put(
+                &path,
+                idx,
+                Chunk {
+                    meta,
+                    data: data.to_vec(),
+                },
+            )
+            .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Ok)
+        }
+        Request::AppendReserve { path, len } => {
+            let mut at = 0;
+            st.update_meta(&path, 0, &mut |m| {
+                if m.is_dir() {
+                    return Err(refuse(libc::EISDIR, "is a directory"));
+                }
+                at = m.size;
+                m.size += len;
+                m.mtime = now_ns();
+                m.ctime = m.mtime;
+                Ok(())
+            })
+            .map_err(|e| store_err(&path, e))?;
+            Ok(Response::Count(at))
+        }
+    }
+}
+
+fn check_chunk_size(cs: u32) -> Result<(), ErrorReply> {
+    if cs == 0 || cs > MAX_CHUNK_SIZE {
+        return Err(ErrorReply::new(
+            libc::EINVAL,
+            format!("chunk size {cs} out of range (1..={MAX_CHUNK_SIZE})"),
+        ));
+    }
+    Ok(())
+}
+
+fn apply_attr(m: &mut Meta, a: &SetAttr) -> Result<(), StoreError> {
+    let now = now_ns();
+    if let Some(mode) = a.mode {
+        m.mode = (m.mode & libc::S_IFMT) | (mode & 0o7777);
+    }
+    if let Some(uid) = a.uid {
+        m.uid = uid;
+    }
+    if let Some(gid) = a.gid {
+        m.gid = gid;
+    }
+    match a.atime {
+        TimeSet::Omit => {}
+        TimeSet::Now => m.atime = now,
+        TimeSet::At(t) => m.atime = t,
+    }
+    match a.mtime {
+        TimeSet::Omit => {}
+        TimeSet::Now => m.mtime = now,
+        TimeSet::At(t) => m.mtime = t,
+    }
+    m.ctime = now;
+    Ok(())
+}
+
+/// Adds a server to the pool. Only the leader (first server) changes the
+/// list, so concurrent joins are serialised; others forward to it.
+async fn join(sh: &Arc<Shared>, addr: String) -> Reply {
+    let _g = sh.join_lock.lock().await;
+    let p = sh.placement();
+    let list = p.ring.list();
+    let leader = list.servers.first().cloned().unwrap_or_default();
+    if leader != sh.me {
+        return sh.peers.call(&leader, &Request::Join { addr }, 0).await;
+    }
+    let mut new = list.clone();
+    if !new.servers.contains(&addr) {
+        new.servers.push(addr.clone());
+        new.version += 1;
+        info!(%addr, version = new.version, servers = new.servers.len(), "server joined");
+        sh.set_list(new.clone());
+        let pushes = new
+            .servers
+            .iter()
+            .filter(|s| **s != sh.me && **s != addr)
+            .map(|s| {
+                let (sh, s, l) = (sh.clone(), s.clone(), new.clone());
+                async move {
+                    if let Err(e) = sh
+                        .peers
+                        .call(&s, &Request::UpdateServers { list: l }, 0)
+                        .await
+                    {
+                        warn!(server = %s, "cannot push the server list: {e}");
+                    }
+                }
+            });
+        for p in pushes.collect::<Vec<_>>() {
+            p.await;
+        }
+    }
+    Ok(Response::Servers(new))
+}
+
+/// Moves this server's chunks of `old` (and its subtree) to `new`.
+async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Reply {
+    for p in [old, new] {
+        validate(p).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+    }
+    let st = &sh.store;
+    let mut paths = vec![old.to_string()];
+    if is_dir {
+        paths.extend(st.paths_below(old).map_err(|e| store_err(old, e))?);
+    }
+    let place = sh.placement();
+    let mut moved = 0u64;
+    for p in paths {
+        let target = format!("{new}{}", &p[old.len()..]);
+        for idx in st.chunk_indices(&p).map_err(|e| store_err(&p, e))? {
+            let Some(chunk) = st.take(&p, idx).map_err(|e| store_err(&p, e))? else {
+                continue;
+            };
+            let owner = place.ring.owner(&target, idx);
+            let r = if place.me == Some(owner) {
+                st.put(&target, idx, chunk.clone())
+                    .map_err(|e| store_err(&target, e))
+            } else {
+                let addr = &place.ring.list().servers[owner];
+                let req = Request::PutChunk {
+                    path: target.clone(),
+                    idx,
+                    meta: chunk.meta,
+                    data: Bytes::from(chunk.data.clone()),
+                };
+                sh.peers.call(addr, &req, FLAG_FORWARDED).await.map(|_| ())
+            };
+            if let Err(e) = r {
+                // Put the chunk back so nothing is lost, and report.
+                let _ = st.put(&p, idx, chunk);
+                return Err(e);
+            }
+            moved += 1;
+        }
+    }
+    Ok(Response::Count(moved))
+}

@@ -1,0 +1,16 @@
+//! `chfsd`: a chfs-rs server.
+//!
+//! A server owns the chunks that placement ([`chfs_proto::ring`]) assigns to
+//! it, keeps them in a [`chfs_store::Store`], serves clients over the wire
+//! protocol, forwards requests for keys it does not own to their owner, and
+//! takes part in pool membership (join, list distribution).
+
+pub mod config;
+mod handler;
+pub mod metrics;
+pub mod net;
+mod peer;
+mod server;
+
+pub use config::Config;
+pub use server::{run, start, RunningServer, ServerError};

@@ -1,0 +1,47 @@
+//! Counter names and the counters themselves, in one place.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Requests served (all kinds).
+pub const REQUESTS: &str = "chfsd.requests";
+/// Requests forwarded to their owner.
+pub const FORWARDED: &str = "chfsd.forwarded";
+/// Connections refused at the handshake.
+pub const REFUSED: &str = "chfsd.refused_connections";
+/// Write requests served.
+pub const WRITES: &str = "chfsd.writes";
+/// Read requests served.
+pub const READS: &str = "chfsd.reads";
+
+/// The server's counters.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// [`REQUESTS`]
+    pub requests: AtomicU64,
+    /// [`FORWARDED`]
+    pub forwarded: AtomicU64,
+    /// [`REFUSED`]
+    pub refused: AtomicU64,
+    /// [`WRITES`]
+    pub writes: AtomicU64,
+    /// [`READS`]
+    pub reads: AtomicU64,
+}
+
+impl Counters {
+    /// Increments a counter.
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// All counters with their names.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            (REQUESTS, self.requests.load(Ordering::Relaxed)),
+            (FORWARDED, self.forwarded.load(Ordering::Relaxed)),
+            (REFUSED, self.refused.load(Ordering::Relaxed)),
+            (WRITES, self.writes.load(Ordering::Relaxed)),
+            (READS, self.reads.load(Ordering::Relaxed)),
+        ]
+    }
+}

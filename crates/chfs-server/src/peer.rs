@@ -1,0 +1,168 @@
+//! Connections from this server to the other servers of the pool
+//! (forwarding, membership pushes, rename moves). Many requests share one
+//! connection per peer and complete in any order.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chfs_proto::frame::FLAG_ERROR;
+use chfs_proto::msg::decode_error;
+use chfs_proto::{ErrorReply, Request, Response};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::net::{self, NetError};
+
+type Reply = Result<Response, ErrorReply>;
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
+
+struct Conn {
+    tx: mpsc::UnboundedSender<(u64, u16, u16, Vec<u8>)>,
+    pending: Pending,
+    alive: Arc<AtomicBool>,
+}
+
+/// Connections to peers, opened on first use and replaced when broken.
+pub struct Peers {
+    conns: tokio::sync::Mutex<HashMap<String, Arc<Conn>>>,
+    next_id: AtomicU64,
+    secret: Vec<u8>,
+    timeout: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fail_all(pending: &Pending, errno: i32, why: &str) {
+    for (_, tx) in lock(pending).drain() {
+        let _ = tx.send(Err(ErrorReply::new(errno, why.to_string())));
+    }
+}
+
+impl Peers {
+    /// A peer set using `secret` and a per-request `timeout`.
+    pub fn new(secret: Vec<u8>, timeout: Duration) -> Self {
+        Self {
+            conns: Default::default(),
+            next_id: AtomicU64::new(1),
+            secret,
+            timeout,
+        }
+    }
+
+    async fn conn(&self, addr: &str) -> Result<Arc<Conn>, ErrorReply> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(addr) {
+            if c.alive.load(Ordering::Acquire) {
+                return Ok(c.clone());
+            }
+        }
+        let c = Arc::new(self.connect(addr).await.map_err(|e| {
+            let errno = match &e {
+                NetError::Refused { errno, .. } => *errno,
+                NetError::Timeout => libc::ETIMEDOUT,
+                NetError::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
+                _ => libc::EIO,
+            };
+            ErrorReply::new(errno, format!("cannot connect to server {addr}: {e}"))
+        })?);
+        conns.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    async fn connect(&self, addr: &str) -> Result<Conn, NetError> {
+        let mut s =
+            net::timeout(self.timeout, async { Ok(TcpStream::connect(addr).await?) }).await?;
+        s.set_nodelay(true)?;
+        net::timeout(self.timeout, net::connect_handshake(&mut s, &self.secret)).await?;
+        let (mut rd, wr) = s.into_split();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u64, u16, u16, Vec<u8>)>();
+        let pending: Pending = Default::default();
+        let alive = Arc::new(AtomicBool::new(true));
+        let (p2, a2, peer) = (pending.clone(), alive.clone(), addr.to_string());
+        tokio::spawn(async move {
+            let mut w = BufWriter::with_capacity(256 << 10, wr);
+            while let Some((id, op, flags, payload)) = rx.recv().await {
+                if net::write_frame(&mut w, id, op, flags, &payload)
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                if rx.is_empty() && w.flush().await.is_err() {
+                    break;
+                }
+            }
+            a2.store(false, Ordering::Release);
+            fail_all(&p2, libc::EIO, &format!("connection to server {peer} lost"));
+        });
+        let (p3, a3, peer) = (pending.clone(), alive.clone(), addr.to_string());
+        tokio::spawn(async move {
+            let why = loop {
+                match net::read_frame(&mut rd).await {
+                    Ok(Some((h, payload))) => {
+                        let reply = decode_reply(h.flags, payload);
+                        if let Some(tx) = lock(&p3).remove(&h.id) {
+                            let _ = tx.send(reply);
+                        }
+                    }
+                    Ok(None) => break "closed".to_string(),
+                    Err(e) => break e.to_string(),
+                }
+            };
+            a3.store(false, Ordering::Release);
+            fail_all(
+                &p3,
+                libc::EIO,
+                &format!("connection to server {peer} lost: {why}"),
+            );
+        });
+        Ok(Conn { tx, pending, alive })
+    }
+
+    /// Sends `req` to the server at `addr` with frame `flags` and waits for
+    /// the answer (at most the configured timeout).
+    pub async fn call(&self, addr: &str, req: &Request, flags: u16) -> Reply {
+        let conn = self.conn(addr).await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&conn.pending).insert(id, tx);
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        if conn.tx.send((id, req.op(), flags, payload)).is_err() {
+            lock(&conn.pending).remove(&id);
+            return Err(ErrorReply::new(
+                libc::EIO,
+                format!("connection to server {addr} lost"),
+            ));
+        }
+        match tokio::time::timeout(self.timeout, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(ErrorReply::new(
+                libc::EIO,
+                format!("connection to server {addr} lost"),
+            )),
+            Err(_) => {
+                lock(&conn.pending).remove(&id);
+                Err(ErrorReply::new(
+                    libc::ETIMEDOUT,
+                    format!("server {addr} did not answer within {:?}", self.timeout),
+                ))
+            }
+        }
+    }
+}
+
+/// Decodes a response frame payload.
+pub fn decode_reply(flags: u16, payload: Bytes) -> Reply {
+    if flags & FLAG_ERROR != 0 {
+        Err(decode_error(payload).unwrap_or_else(|e| ErrorReply::new(e.errno(), e.to_string())))
+    } else {
+        Response::decode(payload).map_err(|e| ErrorReply::new(e.errno(), e.to_string()))
+    }
+}

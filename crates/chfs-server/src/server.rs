@@ -1,0 +1,343 @@
+//! Listening, connections, membership and lifecycle.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chfs_proto::frame::{Header, FLAG_ERROR, FLAG_FORWARDED};
+use chfs_proto::msg::encode_error;
+use chfs_proto::ring::{Ring, ServerList};
+use chfs_proto::{ErrorReply, Request, Response};
+use chfs_store::{MemStore, Store};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::metrics::Counters;
+use crate::net;
+use crate::peer::Peers;
+
+/// Errors starting or running a server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// Invalid configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Could not bind or accept.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Could not join the pool.
+    #[error("cannot join the pool through {seed}: {reply}")]
+    Join {
+        /// Server contacted.
+        seed: String,
+        /// Its answer.
+        reply: ErrorReply,
+    },
+    /// Other I/O error.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Current placement plus this server's position in it.
+pub(crate) struct Placement {
+    pub ring: Ring,
+    pub me: Option<usize>,
+}
+
+/// State shared by every connection of a server.
+pub(crate) struct Shared {
+    pub store: Arc<dyn Store>,
+    pub placement: RwLock<Arc<Placement>>,
+    pub me: String,
+    pub peers: Peers,
+    pub counters: Counters,
+    pub join_lock: tokio::sync::Mutex<()>,
+    pub shutdown: watch::Sender<bool>,
+    secret: Vec<u8>,
+}
+
+impl Shared {
+    pub fn placement(&self) -> Arc<Placement> {
+        self.placement
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_list(&self, list: ServerList) {
+        let me = list.servers.iter().position(|s| *s == self.me);
+        let p = Arc::new(Placement {
+            ring: Ring::new(list),
+            me,
+        });
+        *self.placement.write().unwrap_or_else(|p| p.into_inner()) = p;
+    }
+}
+
+/// A server running in this process.
+pub struct RunningServer {
+    /// The address it serves and advertises.
+    pub addr: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// Asks the server to stop and waits until it has.
+    pub async fn stop(self) {
+        let _ = self.shared.shutdown.send(true);
+        let _ = self.task.await;
+    }
+
+    /// Waits until the server stops (after a `Shutdown` request).
+    pub async fn wait(&mut self) {
+        let _ = (&mut self.task).await;
+    }
+
+    /// Current server list.
+    pub fn servers(&self) -> ServerList {
+        self.shared.placement().ring.list().clone()
+    }
+}
+
+fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
+    match cfg.store.as_str() {
+        "mem" => Ok(Arc::new(MemStore::new(cfg.size))),
+        other => Err(ServerError::Config(format!(
+            "unknown store {other:?} (available: mem)"
+        ))),
+    }
+}
+
+/// Binds, joins the pool and starts serving; returns once the server is
+/// ready.
+pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
+    let secret = cfg
+        .load_secret()
+        .map_err(|e| ServerError::Config(format!("cannot read secret: {e}")))?;
+    let store = open_store(&cfg)?;
+    let want = cfg.listen_addr();
+    let listener = TcpListener::bind(&want)
+        .await
+        .map_err(|source| ServerError::Listen {
+            addr: want.clone(),
+            source,
+        })?;
+    let port = listener.local_addr()?.port();
+    let host = want.rsplit_once(':').map_or(want.as_str(), |(h, _)| h);
+    let me = format!("{host}:{port}");
+    let (shutdown, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        store,
+        placement: RwLock::new(Arc::new(Placement {
+            ring: Ring::new(ServerList::default()),
+            me: None,
+        })),
+        me: me.clone(),
+        peers: Peers::new(
+            secret.clone(),
+            Duration::from_millis(cfg.rpc_timeout_msec.max(1)),
+        ),
+        counters: Counters::default(),
+        join_lock: Default::default(),
+        shutdown,
+        secret,
+    });
+    let task = tokio::spawn(accept_loop(shared.clone(), listener));
+    match &cfg.join {
+        None => shared.set_list(ServerList {
+            version: 1,
+            hashing: cfg.hashing,
+            servers: vec![me.clone()],
+        }),
+        Some(seed) => {
+            let seed = crate::config::with_default_port(seed);
+            match shared
+                .peers
+                .call(&seed, &Request::Join { addr: me.clone() }, 0)
+                .await
+            {
+                Ok(Response::Servers(list)) => shared.set_list(list),
+                Ok(other) => {
+                    return Err(ServerError::Join {
+                        seed,
+                        reply: ErrorReply::new(
+                            libc::EPROTO,
+                            format!("unexpected answer {other:?}"),
+                        ),
+                    })
+                }
+                Err(reply) => return Err(ServerError::Join { seed, reply }),
+            }
+        }
+    }
+    let p = shared.placement();
+    info!(addr = %me, servers = p.ring.len(), version = p.ring.list().version, store = shared.store.name(), "chfsd serving");
+    Ok(RunningServer {
+        addr: me,
+        shared,
+        task,
+    })
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let mut stop = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let sh = shared.clone();
+                    tokio::spawn(async move { serve_conn(sh, stream, peer.to_string()).await });
+                }
+                Err(e) => {
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    info!(addr = %shared.me, "chfsd stopped listening");
+}
+
+/// One outgoing response: header, head bytes and a data tail.
+type Out = (Header, Vec<u8>, Bytes);
+
+fn response_frame(id: u64, op: u16, r: Result<Response, ErrorReply>) -> Out {
+    let mut head = Vec::with_capacity(80);
+    let (flags, tail) = match r {
+        Ok(Response::Data(d)) => {
+            Response::Data(Bytes::new()).encode(&mut head);
+            (0, d)
+        }
+        Ok(resp) => {
+            resp.encode(&mut head);
+            (0, Bytes::new())
+        }
+        Err(e) => {
+            encode_error(&mut head, &e);
+            (FLAG_ERROR, Bytes::new())
+        }
+    };
+    (
+        Header {
+            len: (head.len() + tail.len()) as u32,
+            id,
+            op,
+            flags,
+        },
+        head,
+        tail,
+    )
+}
+
+async fn serve_conn(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
+    let _ = stream.set_nodelay(true);
+    if let Err(e) = net::timeout(
+        Duration::from_secs(10),
+        net::accept_handshake(&mut stream, &shared.secret),
+    )
+    .await
+    {
+        Counters::inc(&shared.counters.refused);
+        warn!(%peer, "connection refused: {e}");
+        return;
+    }
+    debug!(%peer, "connection accepted");
+    let (mut rd, wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
+    let writer = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(256 << 10, wr);
+        while let Some((h, head, tail)) = rx.recv().await {
+            let r = async {
+                w.write_all(&h.encode()).await?;
+                w.write_all(&head).await?;
+                if !tail.is_empty() {
+                    w.write_all(&tail).await?;
+                }
+                if rx.is_empty() {
+                    w.flush().await?;
+                }
+                Ok::<_, std::io::Error>(())
+            };
+            if r.await.is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        match net::read_frame(&mut rd).await {
+            Ok(Some((h, payload))) => match Request::decode(h.op, payload) {
+                Ok(req) => {
+                    let (sh, tx) = (shared.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let forwarded = h.flags & FLAG_FORWARDED != 0;
+                        let r = crate::handler::handle(&sh, req, forwarded).await;
+                        let _ = tx.send(response_frame(h.id, h.op, r));
+                    });
+                }
+                Err(e) => {
+                    warn!(%peer, op = h.op, "malformed request, closing connection: {e}");
+                    let _ = tx.send(response_frame(
+                        h.id,
+                        h.op,
+                        Err(ErrorReply::new(
+                            e.errno(),
+                            format!("malformed request: {e}"),
+                        )),
+                    ));
+                    break;
+                }
+            },
+            Ok(None) => break,
+            Err(e) => {
+                warn!(%peer, "closing connection: {e}");
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+    debug!(%peer, "connection closed");
+}
+
+/// Runs a server until SIGINT/SIGTERM or a `Shutdown` request (the `chfsd`
+/// binary).
+pub fn run(cfg: Config) -> Result<(), ServerError> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if cfg.threads > 0 {
+        b.worker_threads(cfg.threads);
+    }
+    let rt = b.enable_all().thread_name("chfsd").build()?;
+    rt.block_on(async move {
+        let mut srv = start(cfg.clone()).await?;
+        if let Some(p) = &cfg.pid_file {
+            std::fs::write(p, format!("{}\n", std::process::id()))?;
+        }
+        if let Some(f) = &cfg.info_file {
+            let tmp = f.with_extension("tmp");
+            std::fs::write(&tmp, format!("{}\n", srv.addr))?;
+            std::fs::rename(&tmp, f)?;
+        }
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => { info!("SIGINT: stopping"); }
+            _ = term.recv() => { info!("SIGTERM: stopping"); }
+            _ = srv.wait() => {}
+        }
+        let _ = srv.shared.shutdown.send(true);
+        if let Some(p) = &cfg.pid_file {
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,390 @@
+//! DRAM engine: sharded hash maps plus a per-directory name index.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use chfs_proto::path::{is_within, parent};
+use chfs_proto::Meta;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
+
+const SHARDS: usize = 64;
+
+type Chunks = BTreeMap<u64, Chunk>;
+
+/// The DRAM engine. Data is lost when the server stops.
+pub struct MemStore {
+    files: Vec<Mutex<HashMap<String, Chunks>>>,
+    /// parent directory -> names of entries (chunk 0) in it.
+    dirs: Vec<Mutex<HashMap<String, BTreeSet<String>>>>,
+    entries: AtomicU64,
+    bytes: AtomicU64,
+    capacity: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a shard lock cannot leave a chunk half-written
+    // (every mutation is a single assignment or Vec operation), so recover.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn shard(key: &str) -> usize {
+    (xxh3_64(key.as_bytes()) % SHARDS as u64) as usize
+}
+
+impl MemStore {
+    /// A store holding at most `capacity` bytes of chunk data (0 = no limit
+    /// but memory).
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            files: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            dirs: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            entries: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            capacity,
+        }
+    }
+
+    fn files(&self, path: &str) -> MutexGuard<'_, HashMap<String, Chunks>> {
+        lock(&self.files[shard(path)])
+    }
+
+    fn index_add(&self, path: &str) {
+        if path == "/" {
+            return;
+        }
+        let dir = parent(path);
+        let name = path[dir.len().max(1)..].trim_start_matches('/');
+        lock(&self.dirs[shard(dir)])
+            .entry(dir.to_string())
+            .or_default()
+            .insert(name.to_string());
+    }
+
+    fn index_remove(&self, path: &str) {
+        if path == "/" {
+            return;
+        }
+        let dir = parent(path);
+        let name = path[dir.len().max(1)..].trim_start_matches('/');
+        let mut d = lock(&self.dirs[shard(dir)]);
+        if let Some(set) = d.get_mut(dir) {
+            set.remove(name);
+            if set.is_empty() {
+                d.remove(dir);
+            }
+        }
+    }
+
+    fn reserve(&self, add: u64) -> Result<()> {
+        if self.capacity == 0 || add == 0 {
+            self.bytes.fetch_add(add, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut cur = self.bytes.load(Ordering::Relaxed);
+        loop {
+            if cur + add > self.capacity {
+                return Err(StoreError::NoSpace {
+                    used: cur,
+                    capacity: self.capacity,
+                });
+            }
+            match self.bytes.compare_exchange_weak(
+                cur,
+                cur + add,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    fn release(&self, sub: u64) {
+        self.bytes.fetch_sub(sub, Ordering::Relaxed);
+    }
+
+    fn dropped(&self, chunk: &Chunk) {
+        self.release(chunk.data.len() as u64);
+        self.entries.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Default for MemStore {
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+impl Store for MemStore {
+    fn name(&self) -> &'static str {
+        "mem"
+    }
+
+    fn create(&self, path: &str, meta: Meta, data: &[u8], excl: bool) -> Result<(Meta, bool)> {
+        let mut files = self.files(path);
+        let chunks = files.entry(path.to_string()).or_default();
+        if let Some(c) = chunks.get(&0) {
+            return if excl {
+                Err(StoreError::Exists(c.meta))
+            } else {
+                Ok((c.meta, false))
+            };
+        }
+        self.reserve(data.len() as u64)?;
+        chunks.insert(
+            0,
+            Chunk {
+                meta,
+                data: data.to_vec(),
+            },
+        );
+        self.entries.fetch_add(1, Ordering::Relaxed);
+        drop(files);
+        self.index_add(path);
+        Ok((meta, true))
+    }
+
+    fn meta(&self, path: &str, idx: u64) -> Result<Option<Meta>> {
+        Ok(self
+            .files(path)
+            .get(path)
+            .and_then(|c| c.get(&idx))
+            .map(|c| c.meta))
+    }
+
+    fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
+        let end = off as usize + data.len();
+        let mut files = self.files(path);
+        if idx == 0 {
+            let c = files
+                .get_mut(path)
+                .and_then(|c| c.get_mut(&0))
+                .ok_or(StoreError::NotFound)?;
+            let old = c.data.len();
+            if end > old {
+                self.reserve((end - old) as u64)?;
+                c.data.resize(end, 0);
+            }
+            c.data[off as usize..end].copy_from_slice(data);
+            c.meta.size = c.meta.size.max(end as u64);
+            c.meta.mtime = template.mtime;
+            c.meta.ctime = template.mtime;
+            return Ok(());
+        }
+        let chunks = files.entry(path.to_string()).or_default();
+        match chunks.get_mut(&idx) {
+            Some(c) if c.meta.fileid == template.fileid => {
+                let old = c.data.len();
+                if end > old {
+                    self.reserve((end - old) as u64)?;
+                    c.data.resize(end, 0);
+                }
+                c.data[off as usize..end].copy_from_slice(data);
+            }
+            existing => {
+                let old = existing.as_ref().map_or(0, |c| c.data.len() as u64);
+                if end as u64 > old {
+                    self.reserve(end as u64 - old)?;
+                } else {
+                    self.release(old - end as u64);
+                }
+                let mut buf = vec![0u8; end];
+                buf[off as usize..].copy_from_slice(data);
+                let fresh = Chunk {
+                    meta: *template,
+                    data: buf,
+                };
+                match existing {
+                    Some(c) => *c = fresh,
+                    None => {
+                        chunks.insert(idx, fresh);
+                        self.entries.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>> {
+        let files = self.files(path);
+        let Some(c) = files.get(path).and_then(|c| c.get(&idx)) else {
+            return Ok(None);
+        };
+        if idx > 0 && c.meta.fileid != fileid {
+            return Ok(None);
+        }
+        let start = (off as usize).min(c.data.len());
+        let end = (off as usize + len as usize).min(c.data.len());
+        Ok(Some(c.data[start..end].to_vec()))
+    }
+
+    fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {
+        let mut files = self.files(path);
+        let c = files
+            .get_mut(path)
+            .and_then(|c| c.get_mut(&idx))
+            .ok_or(StoreError::NotFound)?;
+        let mut m = c.meta;
+        f(&mut m)?;
+        c.meta = m;
+        Ok(m)
+    }
+
+    fn remove(&self, path: &str, idx: u64, check: MetaFn<'_>) -> Result<Meta> {
+        let mut files = self.files(path);
+        let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
+        let c = chunks.get_mut(&idx).ok_or(StoreError::NotFound)?;
+        let mut m = c.meta;
+        check(&mut m)?;
+        let chunk = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        drop(files);
+        self.dropped(&chunk);
+        if idx == 0 {
+            self.index_remove(path);
+        }
+        Ok(chunk.meta)
+    }
+
+    fn remove_chunks(&self, path: &str, from_idx: u64) -> Result<u64> {
+        let mut files = self.files(path);
+        let Some(chunks) = files.get_mut(path) else {
+            return Ok(0);
+        };
+        let gone = chunks.split_off(&from_idx);
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        drop(files);
+        for c in gone.values() {
+            self.dropped(c);
+        }
+        if from_idx == 0 && gone.contains_key(&0) {
+            self.index_remove(path);
+        }
+        Ok(gone.len() as u64)
+    }
+
+    fn truncate_chunk(&self, path: &str, idx: u64, len: u32) -> Result<()> {
+        let mut files = self.files(path);
+        if let Some(c) = files.get_mut(path).and_then(|c| c.get_mut(&idx)) {
+            let len = len as usize;
+            if c.data.len() > len {
+                self.release((c.data.len() - len) as u64);
+                c.data.truncate(len);
+            }
+        }
+        Ok(())
+    }
+
+    fn chunk_indices(&self, path: &str) -> Result<Vec<u64>> {
+        Ok(self
+            .files(path)
+            .get(path)
+            .map(|c| c.keys().copied().collect())
+            .unwrap_or_default())
+    }
+
+    fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
+        let names: Vec<String> = {
+            let d = lock(&self.dirs[shard(dir)]);
+            let Some(set) = d.get(dir) else {
+                return Ok((Vec::new(), true));
+            };
+            let range = if after.is_empty() {
+                set.range::<str, _>(..)
+            } else {
+                set.range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+            };
+            range.take(max + 1).cloned().collect()
+        };
+        let done = names.len() <= max;
+        let mut out = Vec::with_capacity(names.len().min(max));
+        for name in names.into_iter().take(max) {
+            let path = chfs_proto::path::join(dir, &name);
+            if let Some(m) = self.meta(&path, 0)? {
+                out.push((name, m));
+            }
+        }
+        Ok((out, done))
+    }
+
+    fn has_children(&self, dir: &str) -> Result<bool> {
+        Ok(lock(&self.dirs[shard(dir)])
+            .get(dir)
+            .is_some_and(|s| !s.is_empty()))
+    }
+
+    fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for s in &self.files {
+            for p in lock(s).keys() {
+                if p != dir && is_within(p, dir) {
+                    out.push(p.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn take(&self, path: &str, idx: u64) -> Result<Option<Chunk>> {
+        let mut files = self.files(path);
+        let Some(chunks) = files.get_mut(path) else {
+            return Ok(None);
+        };
+        let c = chunks.remove(&idx);
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        drop(files);
+        if let Some(c) = &c {
+            self.dropped(c);
+            if idx == 0 {
+                self.index_remove(path);
+            }
+        }
+        Ok(c)
+    }
+
+    fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
+        let mut files = self.files(path);
+        let chunks = files.entry(path.to_string()).or_default();
+        let old = chunks.get(&idx).map_or(0, |c| c.data.len() as u64);
+        let new = chunk.data.len() as u64;
+        if new > old {
+            self.reserve(new - old)?;
+        } else {
+            self.release(old - new);
+        }
+        if chunks.insert(idx, chunk).is_none() {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(files);
+        if idx == 0 {
+            self.index_add(path);
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            entries: self.entries.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            capacity: self.capacity,
+        }
+    }
+}

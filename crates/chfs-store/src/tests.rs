@@ -1,0 +1,174 @@
+//! Engine conformance tests, run against every engine.
+
+use std::sync::Arc;
+
+use chfs_proto::Meta;
+
+use crate::{MemStore, Store, StoreError};
+
+fn file_meta(fileid: u32) -> Meta {
+    Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 1024,
+        fileid,
+        ..Default::default()
+    }
+}
+
+fn engines() -> Vec<Arc<dyn Store>> {
+    vec![Arc::new(MemStore::new(0))]
+}
+
+#[test]
+fn create_is_exclusive_on_request() {
+    for s in engines() {
+        let m = file_meta(1);
+        assert!(s.create("/a", m, b"", true).unwrap().1);
+        assert!(matches!(
+            s.create("/a", m, b"", true),
+            Err(StoreError::Exists(_))
+        ));
+        let (got, created) = s.create("/a", file_meta(2), b"", false).unwrap();
+        assert!(!created);
+        assert_eq!(got.fileid, 1);
+    }
+}
+
+#[test]
+fn writes_grow_entry_size_and_read_back() {
+    for s in engines() {
+        s.create("/f", file_meta(7), b"", true).unwrap();
+        s.write("/f", 0, 10, b"hello", &file_meta(7)).unwrap();
+        assert_eq!(s.meta("/f", 0).unwrap().unwrap().size, 15);
+        let r = s.read("/f", 0, 7, 0, 100).unwrap().unwrap();
+        assert_eq!(&r[..10], &[0u8; 10]);
+        assert_eq!(&r[10..], b"hello");
+        assert!(matches!(
+            s.write("/nope", 0, 0, b"x", &file_meta(1)),
+            Err(StoreError::NotFound)
+        ));
+    }
+}
+
+#[test]
+fn stale_data_chunks_read_as_holes_and_are_replaced() {
+    for s in engines() {
+        s.write("/f", 3, 0, b"old", &file_meta(1)).unwrap();
+        assert_eq!(s.read("/f", 3, 1, 0, 3).unwrap().unwrap(), b"old");
+        assert!(s.read("/f", 3, 2, 0, 3).unwrap().is_none());
+        s.write("/f", 3, 1, b"n", &file_meta(2)).unwrap();
+        assert_eq!(s.read("/f", 3, 2, 0, 3).unwrap().unwrap(), b"\0n");
+    }
+}
+
+#[test]
+fn concurrent_disjoint_writes_to_one_chunk_all_land() {
+    for s in engines() {
+        let threads: Vec<_> = (0..8u8)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..100u32 {
+                        let off = (i * 8 + t as u32) * 3;
+                        s.write("/c", 1, off, &[t + 1; 3], &file_meta(5)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let data = s.read("/c", 1, 5, 0, 1 << 20).unwrap().unwrap();
+        assert_eq!(data.len(), 2400);
+        for (k, b) in data.chunks(3).enumerate() {
+            assert_eq!(b, &[(k % 8) as u8 + 1; 3]);
+        }
+    }
+}
+
+#[test]
+fn directory_listing_pages_in_name_order() {
+    for s in engines() {
+        for n in ["c", "a", "b", "d"] {
+            s.create(&format!("/d/{n}"), file_meta(1), b"", true)
+                .unwrap();
+        }
+        s.write("/d/a", 1, 0, b"x", &file_meta(1)).unwrap();
+        s.create("/d/a/deeper", file_meta(1), b"", true).unwrap();
+        let (e, done) = s.list_dir("/d", "", 2).unwrap();
+        assert_eq!(
+            e.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(!done);
+        let (e, done) = s.list_dir("/d", "b", 10).unwrap();
+        assert_eq!(
+            e.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
+            ["c", "d"]
+        );
+        assert!(done);
+        assert!(s.has_children("/d").unwrap());
+        assert!(!s.has_children("/d/b").unwrap());
+        let mut below = s.paths_below("/d").unwrap();
+        below.sort();
+        assert_eq!(below, ["/d/a", "/d/a/deeper", "/d/b", "/d/c", "/d/d"]);
+    }
+}
+
+#[test]
+fn remove_checks_and_unindexes() {
+    for s in engines() {
+        s.create("/x", file_meta(1), b"", true).unwrap();
+        let e = s
+            .remove("/x", 0, &mut |_| {
+                Err(StoreError::refused(libc::EISDIR, "is a directory"))
+            })
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EISDIR);
+        s.remove("/x", 0, &mut |_| Ok(())).unwrap();
+        assert!(!s.has_children("/").unwrap());
+        assert!(s.meta("/x", 0).unwrap().is_none());
+        assert!(matches!(
+            s.remove("/x", 0, &mut |_| Ok(())),
+            Err(StoreError::NotFound)
+        ));
+    }
+}
+
+#[test]
+fn remove_and_truncate_chunks() {
+    for s in engines() {
+        for i in 1..6 {
+            s.write("/t", i, 0, &[1; 100], &file_meta(1)).unwrap();
+        }
+        assert_eq!(s.remove_chunks("/t", 3).unwrap(), 3);
+        assert_eq!(s.chunk_indices("/t").unwrap(), [1, 2]);
+        s.truncate_chunk("/t", 2, 10).unwrap();
+        assert_eq!(s.read("/t", 2, 1, 0, 100).unwrap().unwrap().len(), 10);
+        assert_eq!(s.stats().bytes, 110);
+        assert_eq!(s.stats().entries, 2);
+    }
+}
+
+#[test]
+fn capacity_is_enforced_and_freed_space_reused() {
+    let s = MemStore::new(1000);
+    s.write("/a", 1, 0, &[0; 800], &file_meta(1)).unwrap();
+    let e = s.write("/b", 1, 0, &[0; 300], &file_meta(1)).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC);
+    s.remove_chunks("/a", 0).unwrap();
+    s.write("/b", 1, 0, &[0; 300], &file_meta(1)).unwrap();
+    assert_eq!(s.stats().bytes, 300);
+}
+
+#[test]
+fn take_and_put_move_chunks() {
+    for s in engines() {
+        s.create("/m", file_meta(1), b"abc", true).unwrap();
+        let c = s.take("/m", 0).unwrap().unwrap();
+        assert_eq!(c.data, b"abc");
+        assert!(!s.has_children("/").unwrap());
+        s.put("/n", 0, c).unwrap();
+        assert_eq!(s.list_dir("/", "", 10).unwrap().0[0].0, "n");
+    }
+}
