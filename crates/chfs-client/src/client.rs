@@ -1,0 +1,1280 @@
+//! The file-system operations.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use chfs_proto::meta::now_ns;
+use chfs_proto::msg::{encode_write_head, op, RemoveKind, SetAttr};
+use chfs_proto::path::{self, normalize};
+use chfs_proto::ring::path_hash;
+use chfs_proto::{Meta, Request, Response};
+
+use crate::config::ClientConfig;
+use crate::conn::lock;
+use crate::error::{fail, Error, Result};
+use crate::pool::{Op, Pool, PoolState};
+use crate::types::{DirEntry, Stat, StatFs, TimeSet, Whence};
+
+const MAX_SYMLINKS: usize = 40;
+const READDIR_PAGE: u32 = 4096;
+
+/// Unpublished state of an open file.
+#[derive(Default)]
+struct FileState {
+    /// Largest size known to be recorded in the entry.
+    published: u64,
+    /// End of the furthest byte written through this descriptor.
+    written_end: u64,
+    /// Data chunks were written: the entry's size/mtime need publishing.
+    need_publish: bool,
+    /// Write buffer (`CHFS_BUF_SIZE`): offset and bytes.
+    buf_off: u64,
+    buf: Vec<u8>,
+}
+
+struct OpenFile {
+    path: String,
+    hash: u64,
+    meta: Meta,
+    flags: i32,
+    pos: Mutex<u64>,
+    state: Mutex<FileState>,
+}
+
+impl OpenFile {
+    fn readable(&self) -> bool {
+        self.flags & libc::O_ACCMODE != libc::O_WRONLY
+    }
+    fn writable(&self) -> bool {
+        self.flags & libc::O_ACCMODE != libc::O_RDONLY
+    }
+}
+
+/// Counters of this client (for tests and benchmarks).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ClientStats {
+    /// Requests sent.
+    pub rpcs: u64,
+}
+
+struct Inner {
+    pool: Pool,
+    chunk_size: AtomicU32,
+    buf_size: AtomicU64,
+    fds: Mutex<Vec<Option<Arc<OpenFile>>>>,
+    dirs: Mutex<HashMap<String, Instant>>,
+    rpcs: AtomicU64,
+    fileid_seq: AtomicU32,
+}
+
+/// A handle to a chfs-rs pool. Cheap to clone; all clones share
+/// connections and the descriptor table; safe to use from many threads.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn unexpected(r: Response) -> Error {
+    Error::new(libc::EPROTO, format!("unexpected reply {r:?}"))
+}
+
+fn expect_meta(r: Result<Response>) -> Result<Meta> {
+    match r? {
+        Response::Meta(m) => Ok(m),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn ids() -> (u32, u32) {
+    // SAFETY: geteuid/getegid cannot fail and touch no memory.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+impl Client {
+    /// Connects using the environment (`CHFS_SERVER`, ...).
+    pub fn from_env() -> Result<Client> {
+        Self::connect(ClientConfig::from_env()?)
+    }
+
+    /// Connects with an explicit configuration.
+    pub fn connect(cfg: ClientConfig) -> Result<Client> {
+        let chunk_size = AtomicU32::new(cfg.chunk_size);
+        let buf_size = AtomicU64::new(cfg.buf_size as u64);
+        let pool = Pool::connect(cfg)?;
+        let seed = (now_ns() as u64 ^ ((std::process::id() as u64) << 32)) as u32;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                pool,
+                chunk_size,
+                buf_size,
+                fds: Mutex::new(Vec::new()),
+                dirs: Mutex::new(HashMap::new()),
+                rpcs: AtomicU64::new(0),
+                fileid_seq: AtomicU32::new(seed),
+            }),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &ClientConfig {
+        self.inner.pool.cfg()
+    }
+
+    /// Number of servers in the pool.
+    pub fn server_count(&self) -> usize {
+        self.state().ring.len()
+    }
+
+    /// Server addresses, in placement order.
+    pub fn servers(&self) -> Vec<String> {
+        self.state().ring.list().servers.clone()
+    }
+
+    /// Chunk size of files created from now on.
+    pub fn set_chunk_size(&self, cs: u32) -> Result<()> {
+        if cs == 0 || cs > chfs_proto::MAX_CHUNK_SIZE {
+            return fail(libc::EINVAL, format!("chunk size {cs} out of range"));
+        }
+        self.inner.chunk_size.store(cs, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Write buffer size per open file (0 = off).
+    pub fn set_buf_size(&self, n: usize) {
+        self.inner.buf_size.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counters of this client.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            rpcs: self.inner.rpcs.load(Ordering::Relaxed),
+        }
+    }
+
+    fn state(&self) -> Arc<PoolState> {
+        self.inner.pool.state()
+    }
+
+    fn count(&self, n: usize) {
+        self.inner.rpcs.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// One request to the owner of chunk `idx` of `path`.
+    fn call_owner(&self, st: &PoolState, path: &str, idx: u64, req: &Request) -> Result<Response> {
+        self.count(1);
+        self.inner.pool.call(st, st.ring.owner(path, idx), req)
+    }
+
+    fn pipeline(&self, st: &PoolState, ops: Vec<Op<'_>>) -> Vec<Result<Response>> {
+        self.count(ops.len());
+        self.inner.pool.pipeline(st, ops)
+    }
+
+    fn broadcast(&self, st: &PoolState, req: &Request) -> Vec<Result<Response>> {
+        self.count(st.ring.len());
+        self.inner.pool.broadcast(st, req)
+    }
+
+    fn new_fileid(&self) -> u32 {
+        let v = self
+            .inner
+            .fileid_seq
+            .fetch_add(0x9E37_79B9, Ordering::Relaxed);
+        let h = path_hash(&format!("{v}:{}:{}", std::process::id(), now_ns())) as u32;
+        h.max(1)
+    }
+
+    // ----- metadata -------------------------------------------------------
+
+    fn stat_meta(&self, st: &PoolState, path: &str) -> Result<Meta> {
+        expect_meta(self.call_owner(
+            st,
+            path,
+            0,
+            &Request::Stat {
+                path: path.to_string(),
+            },
+        ))
+    }
+
+    /// Follows symbolic links in the last component.
+    fn resolve(&self, st: &PoolState, mut path: String) -> Result<(String, Meta)> {
+        for _ in 0..MAX_SYMLINKS {
+            let m = self.stat_meta(st, &path)?;
+            if !m.is_symlink() {
+                return Ok((path, m));
+            }
+            let target = self.read_link_meta(st, &path, &m)?;
+            path = link_target(&path, &target)?;
+        }
+        fail(
+            libc::ELOOP,
+            format!("{path}: too many levels of symbolic links"),
+        )
+    }
+
+    /// Largest unpublished size of `path` among this client's open files.
+    fn local_size(&self, path: &str) -> u64 {
+        lock(&self.inner.fds)
+            .iter()
+            .flatten()
+            .filter(|f| f.path == path)
+            .map(|f| {
+                let s = lock(&f.state);
+                let buffered = if s.buf.is_empty() {
+                    0
+                } else {
+                    s.buf_off + s.buf.len() as u64
+                };
+                s.written_end.max(buffered)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn to_stat(&self, path: &str, mut m: Meta) -> Stat {
+        if m.is_reg() {
+            m.size = m.size.max(self.local_size(path));
+        }
+        Stat::from_meta(path, &m)
+    }
+
+    /// `stat(2)`: follows a final symbolic link.
+    pub fn stat(&self, path: &str) -> Result<Stat> {
+        let st = self.state();
+        let (p, m) = self.resolve(&st, normalize(path)?)?;
+        Ok(self.to_stat(&p, m))
+    }
+
+    /// `lstat(2)`.
+    pub fn lstat(&self, path: &str) -> Result<Stat> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = self.stat_meta(&st, &p)?;
+        Ok(self.to_stat(&p, m))
+    }
+
+    /// Checks that the parent of `path` is a directory (cached for a while).
+    fn check_parent(&self, st: &PoolState, path: &str) -> Result<()> {
+        let dir = path::parent(path);
+        if dir == "/" || path == "/" {
+            return Ok(());
+        }
+        let ttl = self.inner.pool.cfg().dir_cache;
+        if let Some(t) = lock(&self.inner.dirs).get(dir) {
+            if t.elapsed() < ttl {
+                return Ok(());
+            }
+        }
+        match self.stat_meta(st, dir) {
+            Ok(m) if m.is_dir() => {
+                if !ttl.is_zero() {
+                    let mut d = lock(&self.inner.dirs);
+                    if d.len() > 65536 {
+                        d.clear();
+                    }
+                    d.insert(dir.to_string(), Instant::now());
+                }
+                Ok(())
+            }
+            Ok(m) if m.is_symlink() => fail(
+                libc::ENOTSUP,
+                format!("{dir}: symbolic links inside paths are not followed by the native client"),
+            ),
+            Ok(_) => fail(libc::ENOTDIR, format!("{dir}: not a directory")),
+            Err(e) if e.errno() == libc::ENOENT => {
+                fail(libc::ENOENT, format!("{dir}: no such directory"))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn forget_dirs(&self, path: &str) {
+        lock(&self.inner.dirs).retain(|d, _| !path::is_within(d, path));
+    }
+
+    fn create_entry(
+        &self,
+        st: &PoolState,
+        path: &str,
+        meta: Meta,
+        excl: bool,
+        data: &[u8],
+    ) -> Result<(Meta, bool)> {
+        if path == "/" {
+            return fail(libc::EEXIST, "/: exists");
+        }
+        self.check_parent(st, path)?;
+        let req = Request::Create {
+            path: path.to_string(),
+            meta,
+            excl,
+            data: bytes::Bytes::copy_from_slice(data),
+        };
+        match self.call_owner(st, path, 0, &req)? {
+            Response::Created { meta, created } => Ok((meta, created)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn new_meta(&self, mode: u32, chunk_size: u32) -> Meta {
+        let (uid, gid) = ids();
+        let now = now_ns();
+        Meta {
+            mode,
+            uid,
+            gid,
+            chunk_size,
+            mtime: now,
+            ctime: now,
+            atime: now,
+            fileid: self.new_fileid(),
+            ..Default::default()
+        }
+    }
+
+    /// `mkdir(2)`.
+    pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = self.new_meta(
+            libc::S_IFDIR | (mode & 0o7777),
+            self.inner.chunk_size.load(Ordering::Relaxed),
+        );
+        self.create_entry(&st, &p, m, true, &[])?;
+        Ok(())
+    }
+
+    /// `rmdir(2)`: fails with `ENOTEMPTY` if any server holds an entry in it.
+    pub fn rmdir(&self, path: &str) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        if p == "/" {
+            return fail(libc::EBUSY, "/: cannot remove the root directory");
+        }
+        let m = self.stat_meta(&st, &p)?;
+        if !m.is_dir() {
+            return fail(libc::ENOTDIR, format!("{p}: not a directory"));
+        }
+        self.check_empty(&st, &p)?;
+        self.call_owner(
+            &st,
+            &p,
+            0,
+            &Request::RemoveEntry {
+                path: p.clone(),
+                kind: RemoveKind::Dir,
+            },
+        )?;
+        self.forget_dirs(&p);
+        Ok(())
+    }
+
+    fn check_empty(&self, st: &PoolState, p: &str) -> Result<()> {
+        for r in self.broadcast(
+            st,
+            &Request::HasChildren {
+                path: p.to_string(),
+            },
+        ) {
+            match r? {
+                Response::Bool(false) => {}
+                Response::Bool(true) => {
+                    return fail(libc::ENOTEMPTY, format!("{p}: directory not empty"))
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(())
+    }
+
+    /// `unlink(2)`.
+    pub fn unlink(&self, path: &str) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = expect_meta(self.call_owner(
+            &st,
+            &p,
+            0,
+            &Request::RemoveEntry {
+                path: p.clone(),
+                kind: RemoveKind::NotDir,
+            },
+        ))?;
+        self.remove_data_chunks(&st, &p, &m, m.size.max(self.local_size(&p)))
+    }
+
+    /// Removes the data chunks (index >= 1) of a file of `size` bytes.
+    fn remove_data_chunks(&self, st: &PoolState, p: &str, m: &Meta, size: u64) -> Result<()> {
+        let cs = m.chunk_size.max(1) as u64;
+        let nchunks = size.div_ceil(cs);
+        if nchunks <= 1 {
+            return Ok(());
+        }
+        let mut servers: Vec<usize> = (1..nchunks.min(st.ring.len() as u64 + 1))
+            .map(|i| st.ring.owner(p, i))
+            .collect();
+        servers.sort_unstable();
+        servers.dedup();
+        let req = Request::RemoveChunks {
+            path: p.to_string(),
+            from_idx: 1,
+        };
+        let ops = servers.into_iter().map(|s| Op::req(s, &req)).collect();
+        for r in self.pipeline(st, ops) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// `symlink(2)`: creates `path` pointing at `target`.
+    pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        if target.is_empty() {
+            return fail(libc::ENOENT, "empty symlink target");
+        }
+        if target.len() > path::MAX_PATH {
+            return fail(libc::ENAMETOOLONG, "symlink target too long");
+        }
+        let mut m = self.new_meta(
+            libc::S_IFLNK | 0o777,
+            self.inner
+                .chunk_size
+                .load(Ordering::Relaxed)
+                .max(path::MAX_PATH as u32 + 1),
+        );
+        m.size = target.len() as u64;
+        self.create_entry(&st, &p, m, true, target.as_bytes())?;
+        Ok(())
+    }
+
+    fn read_link_meta(&self, st: &PoolState, p: &str, m: &Meta) -> Result<String> {
+        let req = Request::Read {
+            path: p.to_string(),
+            fileid: m.fileid,
+            idx: 0,
+            off: 0,
+            len: m.size as u32,
+        };
+        match self.call_owner(st, p, 0, &req)? {
+            Response::Data(d) => String::from_utf8(d.to_vec())
+                .map_err(|_| Error::new(libc::EILSEQ, "symlink target is not UTF-8")),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `readlink(2)`.
+    pub fn readlink(&self, path: &str) -> Result<String> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = self.stat_meta(&st, &p)?;
+        if !m.is_symlink() {
+            return fail(libc::EINVAL, format!("{p}: not a symbolic link"));
+        }
+        self.read_link_meta(&st, &p, &m)
+    }
+
+    /// `mknod(2)`: FIFOs, sockets and device files are stored as metadata;
+    /// a regular file is created empty.
+    pub fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let ft = mode & libc::S_IFMT;
+        let ft = if ft == 0 { libc::S_IFREG } else { ft };
+        if ![
+            libc::S_IFREG,
+            libc::S_IFIFO,
+            libc::S_IFSOCK,
+            libc::S_IFCHR,
+            libc::S_IFBLK,
+        ]
+        .contains(&ft)
+        {
+            return fail(
+                libc::EINVAL,
+                format!("{p}: mknod of file type {ft:o} is not allowed"),
+            );
+        }
+        let mut m = self.new_meta(
+            ft | (mode & 0o7777),
+            self.inner.chunk_size.load(Ordering::Relaxed),
+        );
+        m.rdev = rdev as u32;
+        self.create_entry(&st, &p, m, true, &[])?;
+        Ok(())
+    }
+
+    fn set_attr(&self, path: &str, attr: SetAttr, follow: bool) -> Result<Stat> {
+        let st = self.state();
+        let mut p = normalize(path)?;
+        if follow {
+            p = self.resolve(&st, p)?.0;
+        }
+        let m = expect_meta(self.call_owner(
+            &st,
+            &p,
+            0,
+            &Request::SetAttr {
+                path: p.clone(),
+                attr,
+            },
+        ))?;
+        Ok(self.to_stat(&p, m))
+    }
+
+    /// `chmod(2)` (follows a final symbolic link).
+    pub fn chmod(&self, path: &str, mode: u32) -> Result<Stat> {
+        self.set_attr(
+            path,
+            SetAttr {
+                mode: Some(mode),
+                ..Default::default()
+            },
+            true,
+        )
+    }
+
+    /// `lchown(2)`-style ownership change (`None` keeps a field).
+    pub fn chown(&self, path: &str, uid: Option<u32>, gid: Option<u32>) -> Result<Stat> {
+        self.set_attr(
+            path,
+            SetAttr {
+                uid,
+                gid,
+                ..Default::default()
+            },
+            false,
+        )
+    }
+
+    /// `utimensat(2)` without following a final symbolic link.
+    pub fn utimens(&self, path: &str, atime: TimeSet, mtime: TimeSet) -> Result<Stat> {
+        self.set_attr(
+            path,
+            SetAttr {
+                atime,
+                mtime,
+                ..Default::default()
+            },
+            false,
+        )
+    }
+
+    /// Sets several attributes at once (used by the FUSE adapter).
+    pub fn setattr(&self, path: &str, attr: SetAttr) -> Result<Stat> {
+        self.set_attr(path, attr, false)
+    }
+
+    /// `truncate(2)`.
+    pub fn truncate(&self, path: &str, len: u64) -> Result<()> {
+        let st = self.state();
+        let (p, m) = self.resolve(&st, normalize(path)?)?;
+        self.truncate_resolved(&st, &p, &m, len)
+    }
+
+    fn truncate_resolved(&self, st: &PoolState, p: &str, m: &Meta, len: u64) -> Result<()> {
+        if m.is_dir() {
+            return fail(libc::EISDIR, format!("{p}: is a directory"));
+        }
+        if !m.is_reg() {
+            return fail(libc::EINVAL, format!("{p}: not a regular file"));
+        }
+        // Buffered and unpublished writes of our own descriptors first.
+        for f in self.open_files(p) {
+            self.flush_file(st, &f)?;
+        }
+        let req = Request::TruncateChunks {
+            path: p.to_string(),
+            size: len,
+            chunk_size: m.chunk_size,
+        };
+        for r in self.broadcast(st, &req) {
+            r?;
+        }
+        expect_meta(self.call_owner(
+            st,
+            p,
+            0,
+            &Request::SetSize {
+                path: p.to_string(),
+                size: len,
+                grow_only: false,
+            },
+        ))?;
+        for f in self.open_files(p) {
+            let mut s = lock(&f.state);
+            s.written_end = s.written_end.min(len);
+            s.published = len;
+        }
+        Ok(())
+    }
+
+    fn open_files(&self, path: &str) -> Vec<Arc<OpenFile>> {
+        lock(&self.inner.fds)
+            .iter()
+            .flatten()
+            .filter(|f| f.path == path)
+            .cloned()
+            .collect()
+    }
+
+    /// Lists a directory (merged over all servers, each name once, sorted).
+    pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let st = self.state();
+        let (p, m) = self.resolve(&st, normalize(path)?)?;
+        if !m.is_dir() {
+            return fail(libc::ENOTDIR, format!("{p}: not a directory"));
+        }
+        let mut all = BTreeMap::new();
+        let n = st.ring.len();
+        let mut after: Vec<Option<String>> = vec![Some(String::new()); n];
+        while after.iter().any(Option::is_some) {
+            let servers: Vec<usize> = (0..n).filter(|&i| after[i].is_some()).collect();
+            let ops = servers
+                .iter()
+                .map(|&i| {
+                    let a = after[i].clone().unwrap_or_default();
+                    Op::req(
+                        i,
+                        &Request::Readdir {
+                            path: p.clone(),
+                            after: a,
+                            max: READDIR_PAGE,
+                        },
+                    )
+                })
+                .collect();
+            for (&i, r) in servers.iter().zip(self.pipeline(&st, ops)) {
+                match r? {
+                    Response::Entries { entries, done } => {
+                        after[i] = if done {
+                            None
+                        } else {
+                            entries.last().map(|e| e.name.clone())
+                        };
+                        for e in entries {
+                            let full = path::join(&p, &e.name);
+                            let s = self.to_stat(&full, e.meta);
+                            all.insert(e.name, s);
+                        }
+                    }
+                    other => return Err(unexpected(other)),
+                }
+            }
+        }
+        Ok(all
+            .into_iter()
+            .map(|(name, stat)| DirEntry { name, stat })
+            .collect())
+    }
+
+    /// Lists the part of a directory held by server `index` (for parallel
+    /// find). Does not check that `path` is a directory.
+    pub fn readdir_index(&self, path: &str, index: usize) -> Result<Vec<DirEntry>> {
+        let st = self.state();
+        let p = normalize(path)?;
+        if index >= st.ring.len() {
+            return fail(
+                libc::EINVAL,
+                format!("server index {index} out of range (0..{})", st.ring.len()),
+            );
+        }
+        let mut out = Vec::new();
+        let mut after = String::new();
+        loop {
+            let req = Request::Readdir {
+                path: p.clone(),
+                after: after.clone(),
+                max: READDIR_PAGE,
+            };
+            self.count(1);
+            match self.inner.pool.call(&st, index, &req)? {
+                Response::Entries { entries, done } => {
+                    if let Some(l) = entries.last() {
+                        after = l.name.clone();
+                    }
+                    for e in entries {
+                        let full = path::join(&p, &e.name);
+                        out.push(DirEntry {
+                            stat: Stat::from_meta(&full, &e.meta),
+                            name: e.name,
+                        });
+                    }
+                    if done {
+                        return Ok(out);
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+    }
+
+    /// `rename(2)`: files and directories; the destination is replaced
+    /// (an empty directory by a directory, a non-directory by a
+    /// non-directory). Chunks move to their new owners.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_flags(from, to, false)
+    }
+
+    /// `renameat2(2)` with optional `RENAME_NOREPLACE`.
+    pub fn rename_flags(&self, from: &str, to: &str, noreplace: bool) -> Result<()> {
+        let st = self.state();
+        let old = normalize(from)?;
+        let new = normalize(to)?;
+        if old == "/" || new == "/" {
+            return fail(libc::EBUSY, "cannot rename the root directory");
+        }
+        let src = self.stat_meta(&st, &old)?;
+        if old == new {
+            return Ok(());
+        }
+        if src.is_dir() && path::is_within(&new, &old) {
+            return fail(
+                libc::EINVAL,
+                format!("cannot move {old} into itself ({new})"),
+            );
+        }
+        self.check_parent(&st, &new)?;
+        match self.stat_meta(&st, &new) {
+            Ok(dst) => {
+                if noreplace {
+                    return fail(libc::EEXIST, format!("{new}: exists"));
+                }
+                if src.is_dir() {
+                    if !dst.is_dir() {
+                        return fail(libc::ENOTDIR, format!("{new}: not a directory"));
+                    }
+                    self.rmdir(&new)?;
+                } else {
+                    if dst.is_dir() {
+                        return fail(libc::EISDIR, format!("{new}: is a directory"));
+                    }
+                    self.unlink(&new)?;
+                }
+            }
+            Err(e) if e.errno() == libc::ENOENT => {}
+            Err(e) => return Err(e),
+        }
+        for f in self.open_files(&old) {
+            self.flush_file(&st, &f)?;
+        }
+        let req = Request::RenameMove {
+            old: old.clone(),
+            new: new.clone(),
+            is_dir: src.is_dir(),
+        };
+        let mut first_err = None;
+        for r in self.broadcast(&st, &req) {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.forget_dirs(&old);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// `access(2)` against the caller's effective ids.
+    pub fn access(&self, path: &str, mode: i32) -> Result<()> {
+        let s = self.stat(path)?;
+        if mode == libc::F_OK {
+            return Ok(());
+        }
+        let (uid, gid) = ids();
+        if uid == 0 {
+            if mode & libc::X_OK != 0 && s.mode & 0o111 == 0 && !s.is_dir() {
+                return fail(libc::EACCES, format!("{path}: not executable"));
+            }
+            return Ok(());
+        }
+        let bits = if s.uid == uid {
+            (s.mode >> 6) & 7
+        } else if s.gid == gid {
+            (s.mode >> 3) & 7
+        } else {
+            s.mode & 7
+        };
+        if (mode as u32) & !bits & 7 != 0 {
+            return fail(libc::EACCES, format!("{path}: permission denied"));
+        }
+        Ok(())
+    }
+
+    /// `statfs(2)`: capacity and use summed over all servers.
+    pub fn statfs(&self) -> Result<StatFs> {
+        let st = self.state();
+        let mut fs = StatFs {
+            servers: st.ring.len() as u32,
+            ..Default::default()
+        };
+        for r in self.broadcast(&st, &Request::Status) {
+            match r? {
+                Response::Status(s) => {
+                    fs.total += s.capacity.max(s.bytes);
+                    fs.used += s.bytes;
+                    fs.entries += s.entries;
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        fs.free = fs.total - fs.used;
+        Ok(fs)
+    }
+
+    /// Status of every server (address, engine, use, requests).
+    pub fn server_status(&self) -> Vec<(String, Result<chfs_proto::msg::ServerStatus>)> {
+        let st = self.state();
+        let servers = st.ring.list().servers.clone();
+        servers
+            .into_iter()
+            .zip(self.broadcast(&st, &Request::Status))
+            .map(|(a, r)| {
+                let r = r.and_then(|r| match r {
+                    Response::Status(s) => Ok(s),
+                    other => Err(unexpected(other)),
+                });
+                (a, r)
+            })
+            .collect()
+    }
+
+    // ----- file descriptors ----------------------------------------------
+
+    /// `open(2)` / `creat(2)`: returns a descriptor of this client.
+    pub fn open(&self, path: &str, flags: i32, mode: u32) -> Result<i32> {
+        self.open_chunk_size(path, flags, mode, 0)
+    }
+
+    /// Like [`Client::open`], creating with a given chunk size (0 = default).
+    pub fn open_chunk_size(
+        &self,
+        path: &str,
+        flags: i32,
+        mode: u32,
+        chunk_size: u32,
+    ) -> Result<i32> {
+        let st = self.state();
+        let mut p = normalize(path)?;
+        let cs = if chunk_size == 0 {
+            self.inner.chunk_size.load(Ordering::Relaxed)
+        } else {
+            chunk_size
+        };
+        if cs > chfs_proto::MAX_CHUNK_SIZE {
+            return fail(libc::EINVAL, format!("chunk size {cs} out of range"));
+        }
+        let acc = flags & libc::O_ACCMODE;
+        let wants_write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
+        let mut hops = 0;
+        let meta = loop {
+            let (m, created) = if flags & libc::O_CREAT != 0 {
+                let nm = self.new_meta(libc::S_IFREG | (mode & 0o7777), cs);
+                self.create_entry(&st, &p, nm, flags & libc::O_EXCL != 0, &[])?
+            } else {
+                (self.stat_meta(&st, &p)?, false)
+            };
+            if m.is_symlink() && !created {
+                if flags & libc::O_NOFOLLOW != 0 {
+                    return fail(libc::ELOOP, format!("{p}: is a symbolic link (O_NOFOLLOW)"));
+                }
+                hops += 1;
+                if hops > MAX_SYMLINKS {
+                    return fail(
+                        libc::ELOOP,
+                        format!("{p}: too many levels of symbolic links"),
+                    );
+                }
+                let target = self.read_link_meta(&st, &p, &m)?;
+                p = link_target(&p, &target)?;
+                continue;
+            }
+            if m.is_dir() && wants_write {
+                return fail(libc::EISDIR, format!("{p}: is a directory"));
+            }
+            if flags & libc::O_DIRECTORY != 0 && !m.is_dir() {
+                return fail(libc::ENOTDIR, format!("{p}: not a directory"));
+            }
+            if flags & libc::O_TRUNC != 0 && wants_write && !created && m.is_reg() && m.size > 0 {
+                self.truncate_resolved(&st, &p, &m, 0)?;
+                break Meta { size: 0, ..m };
+            }
+            break m;
+        };
+        let f = OpenFile {
+            hash: path_hash(&p),
+            path: p,
+            meta,
+            flags,
+            pos: Mutex::new(0),
+            state: Mutex::new(FileState {
+                published: meta.size,
+                ..Default::default()
+            }),
+        };
+        let mut fds = lock(&self.inner.fds);
+        let fd = match fds.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                fds.push(None);
+                fds.len() - 1
+            }
+        };
+        fds[fd] = Some(Arc::new(f));
+        Ok(fd as i32)
+    }
+
+    /// `open(path, O_CREAT|flags, mode)`.
+    pub fn create(&self, path: &str, flags: i32, mode: u32) -> Result<i32> {
+        self.open(path, flags | libc::O_CREAT, mode)
+    }
+
+    fn file(&self, fd: i32) -> Result<Arc<OpenFile>> {
+        let fds = lock(&self.inner.fds);
+        usize::try_from(fd)
+            .ok()
+            .and_then(|i| fds.get(i).cloned().flatten())
+            .ok_or_else(|| Error::new(libc::EBADF, format!("bad file descriptor {fd}")))
+    }
+
+    /// `close(2)`: writes buffered data and publishes the file size.
+    pub fn close(&self, fd: i32) -> Result<()> {
+        let f = self.file(fd)?;
+        let r = self.flush_file(&self.state(), &f);
+        let mut fds = lock(&self.inner.fds);
+        if let Some(slot) = fds.get_mut(fd as usize) {
+            *slot = None;
+        }
+        while matches!(fds.last(), Some(None)) {
+            fds.pop();
+        }
+        r
+    }
+
+    /// `fsync(2)`: writes buffered data and publishes the size. (With the
+    /// DRAM engine, data is as durable as the servers' memory.)
+    pub fn fsync(&self, fd: i32) -> Result<()> {
+        let f = self.file(fd)?;
+        self.flush_file(&self.state(), &f)
+    }
+
+    fn flush_file(&self, st: &PoolState, f: &OpenFile) -> Result<()> {
+        let mut s = lock(&f.state);
+        if !s.buf.is_empty() {
+            let buf = std::mem::take(&mut s.buf);
+            let off = s.buf_off;
+            let r = self.write_chunks(st, f, &mut s, &buf, off);
+            r?;
+        }
+        if s.need_publish {
+            let req = Request::SetSize {
+                path: f.path.clone(),
+                size: s.written_end,
+                grow_only: true,
+            };
+            let m = expect_meta(self.call_owner(st, &f.path, 0, &req))?;
+            s.published = m.size;
+            s.need_publish = false;
+        }
+        Ok(())
+    }
+
+    /// Sends the chunk writes of `buf` at `off`, concurrently.
+    fn write_chunks(
+        &self,
+        st: &PoolState,
+        f: &OpenFile,
+        s: &mut FileState,
+        buf: &[u8],
+        off: u64,
+    ) -> Result<()> {
+        let cs = f.meta.chunk_size as u64;
+        let mut ops = Vec::new();
+        let mut done = 0usize;
+        let mut data_chunks = false;
+        while done < buf.len() {
+            let pos = off + done as u64;
+            let idx = pos / cs;
+            let in_chunk = (pos % cs) as u32;
+            let n = ((cs - in_chunk as u64) as usize).min(buf.len() - done);
+            let mut head = Vec::with_capacity(48 + f.path.len());
+            encode_write_head(
+                &mut head,
+                &f.path,
+                f.meta.fileid,
+                f.meta.chunk_size,
+                f.meta.mode,
+                idx,
+                in_chunk,
+            );
+            ops.push(Op {
+                server: st.ring.owner_of_hash(f.hash, idx),
+                op: op::WRITE,
+                head,
+                tail: &buf[done..done + n],
+            });
+            data_chunks |= idx > 0;
+            done += n;
+        }
+        let mut first_err = None;
+        for r in self.pipeline(st, ops) {
+            match r {
+                Ok(Response::Written(_)) => {}
+                Ok(other) => {
+                    first_err.get_or_insert(unexpected(other));
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let end = off + buf.len() as u64;
+        s.written_end = s.written_end.max(end);
+        if data_chunks {
+            s.need_publish = true;
+        } else {
+            s.published = s.published.max(end);
+        }
+        Ok(())
+    }
+
+    /// `pwrite(2)`.
+    pub fn pwrite(&self, fd: i32, buf: &[u8], off: u64) -> Result<usize> {
+        let f = self.file(fd)?;
+        if !f.writable() {
+            return fail(
+                libc::EBADF,
+                format!("descriptor {fd} is not open for writing"),
+            );
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        off.checked_add(buf.len() as u64)
+            .filter(|e| *e <= i64::MAX as u64)
+            .ok_or_else(|| Error::new(libc::EFBIG, "file too large"))?;
+        let st = self.state();
+        let mut s = lock(&f.state);
+        let bsize = self.inner.buf_size.load(Ordering::Relaxed) as usize;
+        if bsize > 0 && buf.len() < bsize {
+            let contiguous = s.buf.is_empty() || s.buf_off + s.buf.len() as u64 == off;
+            if !contiguous || s.buf.len() + buf.len() > bsize {
+                let old = std::mem::take(&mut s.buf);
+                let o = s.buf_off;
+                self.write_chunks(&st, &f, &mut s, &old, o)?;
+            }
+            if s.buf.is_empty() {
+                s.buf_off = off;
+            }
+            s.buf.extend_from_slice(buf);
+            return Ok(buf.len());
+        }
+        if !s.buf.is_empty() {
+            let old = std::mem::take(&mut s.buf);
+            let o = s.buf_off;
+            self.write_chunks(&st, &f, &mut s, &old, o)?;
+        }
+        self.write_chunks(&st, &f, &mut s, buf, off)?;
+        Ok(buf.len())
+    }
+
+    /// `write(2)` at the descriptor's position (`O_APPEND`: at the end,
+    /// atomically with respect to other appenders).
+    pub fn write(&self, fd: i32, buf: &[u8]) -> Result<usize> {
+        let f = self.file(fd)?;
+        if f.flags & libc::O_APPEND != 0 {
+            if !f.writable() {
+                return fail(
+                    libc::EBADF,
+                    format!("descriptor {fd} is not open for writing"),
+                );
+            }
+            let st = self.state();
+            self.flush_file(&st, &f)?;
+            let req = Request::AppendReserve {
+                path: f.path.clone(),
+                len: buf.len() as u64,
+            };
+            let off = match self.call_owner(&st, &f.path, 0, &req)? {
+                Response::Count(o) => o,
+                other => return Err(unexpected(other)),
+            };
+            let n = self.pwrite(fd, buf, off)?;
+            *lock(&f.pos) = off + n as u64;
+            return Ok(n);
+        }
+        let mut pos = lock(&f.pos);
+        let n = self.pwrite(fd, buf, *pos)?;
+        *pos += n as u64;
+        Ok(n)
+    }
+
+    /// Current size of an open file as this client sees it.
+    fn file_size(&self, st: &PoolState, f: &OpenFile, refresh: bool) -> Result<u64> {
+        let (published, local) = {
+            let s = lock(&f.state);
+            (s.published, s.written_end)
+        };
+        let mut size = published.max(local).max(self.local_size(&f.path));
+        if refresh {
+            let m = self.stat_meta(st, &f.path)?;
+            lock(&f.state).published = m.size;
+            size = size.max(m.size);
+        }
+        Ok(size)
+    }
+
+    /// `pread(2)`: holes read as zeros; reads end at the file size.
+    pub fn pread(&self, fd: i32, buf: &mut [u8], off: u64) -> Result<usize> {
+        let f = self.file(fd)?;
+        if !f.readable() {
+            return fail(
+                libc::EBADF,
+                format!("descriptor {fd} is not open for reading"),
+            );
+        }
+        if f.meta.is_dir() {
+            return fail(libc::EISDIR, format!("{}: is a directory", f.path));
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let st = self.state();
+        {
+            let has_buf = !lock(&f.state).buf.is_empty();
+            if has_buf {
+                self.flush_file(&st, &f)?;
+            }
+        }
+        let mut size = self.file_size(&st, &f, false)?;
+        if off + buf.len() as u64 > size {
+            size = self.file_size(&st, &f, true)?;
+        }
+        if off >= size {
+            return Ok(0);
+        }
+        let len = ((size - off) as usize).min(buf.len());
+        let cs = f.meta.chunk_size as u64;
+        let mut ops = Vec::new();
+        let mut spans = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let pos = off + done as u64;
+            let idx = pos / cs;
+            let in_chunk = (pos % cs) as u32;
+            let n = ((cs - in_chunk as u64) as usize).min(len - done);
+            let req = Request::Read {
+                path: f.path.clone(),
+                fileid: f.meta.fileid,
+                idx,
+                off: in_chunk,
+                len: n as u32,
+            };
+            ops.push(Op::req(st.ring.owner_of_hash(f.hash, idx), &req));
+            spans.push((done, n));
+            done += n;
+        }
+        for (r, (at, n)) in self.pipeline(&st, ops).into_iter().zip(spans) {
+            match r? {
+                Response::Data(d) => {
+                    let k = d.len().min(n);
+                    buf[at..at + k].copy_from_slice(&d[..k]);
+                    buf[at + k..at + n].fill(0);
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(len)
+    }
+
+    /// `read(2)` at the descriptor's position.
+    pub fn read(&self, fd: i32, buf: &mut [u8]) -> Result<usize> {
+        let f = self.file(fd)?;
+        let mut pos = lock(&f.pos);
+        let n = self.pread(fd, buf, *pos)?;
+        *pos += n as u64;
+        Ok(n)
+    }
+
+    /// `lseek(2)`.
+    pub fn seek(&self, fd: i32, off: i64, whence: Whence) -> Result<u64> {
+        let f = self.file(fd)?;
+        let st = self.state();
+        let base = match whence {
+            Whence::Set => 0,
+            Whence::Cur => *lock(&f.pos) as i64,
+            Whence::End => self.file_size(&st, &f, true)? as i64,
+        };
+        let new = base
+            .checked_add(off)
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| Error::new(libc::EINVAL, "seek before the start of the file"))?;
+        *lock(&f.pos) = new as u64;
+        Ok(new as u64)
+    }
+
+    /// `fstat(2)`.
+    pub fn fstat(&self, fd: i32) -> Result<Stat> {
+        let f = self.file(fd)?;
+        let st = self.state();
+        let m = self.stat_meta(&st, &f.path)?;
+        Ok(self.to_stat(&f.path, m))
+    }
+
+    /// `ftruncate(2)`.
+    pub fn ftruncate(&self, fd: i32, len: u64) -> Result<()> {
+        let f = self.file(fd)?;
+        if !f.writable() {
+            return fail(
+                libc::EINVAL,
+                format!("descriptor {fd} is not open for writing"),
+            );
+        }
+        let st = self.state();
+        let m = self.stat_meta(&st, &f.path)?;
+        self.truncate_resolved(&st, &f.path, &m, len)
+    }
+
+    /// Path of an open descriptor.
+    pub fn fd_path(&self, fd: i32) -> Result<String> {
+        Ok(self.file(fd)?.path.clone())
+    }
+
+    /// Flushes every open descriptor (buffers and sizes).
+    pub fn sync(&self) -> Result<()> {
+        let st = self.state();
+        let files: Vec<_> = lock(&self.inner.fds).iter().flatten().cloned().collect();
+        let mut first = None;
+        for f in files {
+            if let Err(e) = self.flush_file(&st, &f) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Asks every server of the pool to stop.
+    pub fn shutdown_servers(&self) -> Result<()> {
+        let st = self.state();
+        for r in self.broadcast(&st, &Request::Shutdown) {
+            r?;
+        }
+        Ok(())
+    }
+}
+
+/// The path a symbolic link at `link` with `target` points to.
+fn link_target(link: &str, target: &str) -> Result<String> {
+    if target.starts_with('/') {
+        Ok(normalize(target)?)
+    } else {
+        Ok(normalize(&format!("{}/{target}", path::parent(link)))?)
+    }
+}

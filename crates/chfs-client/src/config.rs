@@ -1,0 +1,192 @@
+//! Client configuration: one table defines every setting, its environment
+//! variable, its default and its meaning. [`ClientConfig::from_env`] reads
+//! them; [`SETTINGS`] documents them (`chfs-client` README and `--help`
+//! texts are generated from it).
+
+use std::time::Duration;
+
+use crate::error::{fail, Result};
+
+/// One documented setting.
+pub struct Setting {
+    /// Environment variable.
+    pub env: &'static str,
+    /// Default, as text.
+    pub default: &'static str,
+    /// Meaning.
+    pub help: &'static str,
+}
+
+/// Every client setting.
+pub const SETTINGS: &[Setting] = &[
+    Setting { env: "CHFS_SERVER", default: "(required)", help: "one or more server addresses (host:port, comma separated; a scheme such as tcp:// or ofi+tcp:// is ignored); the full server list is fetched from them" },
+    Setting { env: "CHFS_CHUNK_SIZE", default: "65536", help: "chunk size in bytes of files this client creates" },
+    Setting { env: "CHFS_BUF_SIZE", default: "0", help: "client write buffer per open file in bytes; small writes are aggregated into one RPC (0 = off)" },
+    Setting { env: "CHFS_RPC_TIMEOUT_MSEC", default: "30000", help: "time after which an unanswered request fails with ETIMEDOUT (0 = 30000)" },
+    Setting { env: "CHFS_NODE_LIST_CACHE_TIMEOUT", default: "120", help: "seconds the server list is cached before it is fetched again" },
+    Setting { env: "CHFS_ASYNC_ACCESS", default: "1", help: "issue the chunk RPCs of one read/write concurrently (0 = one after another)" },
+    Setting { env: "CHFS_ASYNC_WINDOW", default: "64", help: "most chunk RPCs of one read/write in flight at once" },
+    Setting { env: "CHFS_DIR_CACHE_MSEC", default: "1000", help: "how long a directory known to exist is trusted when creating entries in it (0 = always check)" },
+    Setting { env: "CHFS_SECRET", default: "(none)", help: "shared secret presented to the servers" },
+    Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the shared secret (takes precedence over CHFS_SECRET)" },
+];
+
+/// Client configuration.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Contact servers (`host:port`).
+    pub servers: Vec<String>,
+    /// Chunk size of new files.
+    pub chunk_size: u32,
+    /// Write buffer size per open file (0 = off).
+    pub buf_size: usize,
+    /// Request timeout.
+    pub rpc_timeout: Duration,
+    /// How long the server list is cached.
+    pub node_list_cache_timeout: Duration,
+    /// Issue the chunk RPCs of one call concurrently.
+    pub async_access: bool,
+    /// Most chunk RPCs in flight per call.
+    pub window: usize,
+    /// How long a known directory is trusted.
+    pub dir_cache: Duration,
+    /// Shared secret.
+    pub secret: Vec<u8>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            servers: Vec::new(),
+            chunk_size: chfs_proto::DEFAULT_CHUNK_SIZE,
+            buf_size: 0,
+            rpc_timeout: Duration::from_millis(30_000),
+            node_list_cache_timeout: Duration::from_secs(120),
+            async_access: true,
+            window: 64,
+            dir_cache: Duration::from_millis(1000),
+            secret: Vec::new(),
+        }
+    }
+}
+
+fn num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
+    v.trim()
+        .parse()
+        .or_else(|_| fail(libc::EINVAL, format!("{name}={v:?} is not a valid number")))
+}
+
+/// Splits a `CHFS_SERVER` value into `host:port` addresses.
+pub fn parse_servers(v: &str) -> Vec<String> {
+    v.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let s = s.rsplit_once("://").map_or(s, |(_, a)| a);
+            let s = s.trim_end_matches('/');
+            if s.rsplit_once(':')
+                .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+            {
+                s.to_string()
+            } else {
+                format!("{s}:{}", chfs_proto::DEFAULT_PORT)
+            }
+        })
+        .collect()
+}
+
+impl ClientConfig {
+    /// Reads the configuration from the environment, validating every value.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the configuration through `get` (testable without touching the
+    /// process environment).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut c = Self::default();
+        if let Some(v) = get("CHFS_SERVER") {
+            c.servers = parse_servers(&v);
+        }
+        if let Some(v) = get("CHFS_CHUNK_SIZE") {
+            c.set_chunk_size(num("CHFS_CHUNK_SIZE", &v)?)?;
+        }
+        if let Some(v) = get("CHFS_BUF_SIZE") {
+            c.buf_size = num("CHFS_BUF_SIZE", &v)?;
+        }
+        if let Some(v) = get("CHFS_RPC_TIMEOUT_MSEC") {
+            let ms: u64 = num("CHFS_RPC_TIMEOUT_MSEC", &v)?;
+            c.rpc_timeout = Duration::from_millis(if ms == 0 { 30_000 } else { ms });
+        }
+        if let Some(v) = get("CHFS_NODE_LIST_CACHE_TIMEOUT") {
+            c.node_list_cache_timeout =
+                Duration::from_secs(num("CHFS_NODE_LIST_CACHE_TIMEOUT", &v)?);
+        }
+        if let Some(v) = get("CHFS_ASYNC_ACCESS") {
+            c.async_access = num::<i64>("CHFS_ASYNC_ACCESS", &v)? != 0;
+        }
+        if let Some(v) = get("CHFS_ASYNC_WINDOW") {
+            c.window = num::<usize>("CHFS_ASYNC_WINDOW", &v)?.max(1);
+        }
+        if let Some(v) = get("CHFS_DIR_CACHE_MSEC") {
+            c.dir_cache = Duration::from_millis(num("CHFS_DIR_CACHE_MSEC", &v)?);
+        }
+        if let Some(f) = get("CHFS_SECRET_FILE") {
+            match std::fs::read(&f) {
+                Ok(s) => c.secret = String::from_utf8_lossy(&s).trim_end().as_bytes().to_vec(),
+                Err(e) => {
+                    return fail(
+                        libc::EACCES,
+                        format!("cannot read CHFS_SECRET_FILE {f}: {e}"),
+                    )
+                }
+            }
+        } else if let Some(s) = get("CHFS_SECRET") {
+            c.secret = s.into_bytes();
+        }
+        Ok(c)
+    }
+
+    /// Sets the chunk size of new files, refusing 0 and sizes above the
+    /// protocol maximum.
+    pub fn set_chunk_size(&mut self, cs: u64) -> Result<()> {
+        if cs == 0 || cs > chfs_proto::MAX_CHUNK_SIZE as u64 {
+            return fail(
+                libc::EINVAL,
+                format!(
+                    "chunk size {cs} out of range (1..={})",
+                    chfs_proto::MAX_CHUNK_SIZE
+                ),
+            );
+        }
+        self.chunk_size = cs as u32;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_parse() {
+        assert_eq!(parse_servers("ofi+tcp://h1:5,h2"), ["h1:5", "h2:50000"]);
+        assert_eq!(parse_servers(" a:1 , b:2 "), ["a:1", "b:2"]);
+    }
+
+    #[test]
+    fn env_is_validated() {
+        let c = ClientConfig::from_lookup(|k| match k {
+            "CHFS_SERVER" => Some("h:1".into()),
+            "CHFS_CHUNK_SIZE" => Some("4096".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.chunk_size, 4096);
+        let e = ClientConfig::from_lookup(|k| (k == "CHFS_CHUNK_SIZE").then(|| "abc".into()))
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+        let e = ClientConfig::from_lookup(|k| (k == "CHFS_CHUNK_SIZE").then(|| "0".into()))
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+}

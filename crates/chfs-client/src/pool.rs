@@ -1,0 +1,210 @@
+//! Server list, placement and one connection per server.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use chfs_proto::ring::{Ring, ServerList};
+use chfs_proto::{Request, Response};
+
+use crate::config::ClientConfig;
+use crate::conn::{lock, Conn, Ticket};
+use crate::error::{fail, Error, Result};
+
+/// The current server list with a connection slot per server.
+pub(crate) struct PoolState {
+    pub ring: Ring,
+    conns: Vec<Mutex<Option<Arc<Conn>>>>,
+    fetched: Instant,
+}
+
+/// One request of a batch: target server, opcode, encoded fields and a
+/// borrowed data tail.
+pub(crate) struct Op<'a> {
+    pub server: usize,
+    pub op: u16,
+    pub head: Vec<u8>,
+    pub tail: &'a [u8],
+}
+
+impl<'a> Op<'a> {
+    /// A batch entry for a [`Request`].
+    pub fn req(server: usize, req: &Request) -> Self {
+        let mut head = Vec::with_capacity(64);
+        req.encode(&mut head);
+        Op {
+            server,
+            op: req.op(),
+            head,
+            tail: &[],
+        }
+    }
+}
+
+pub(crate) struct Pool {
+    cfg: ClientConfig,
+    state: RwLock<Arc<PoolState>>,
+}
+
+impl Pool {
+    /// Contacts the configured servers until one gives the server list.
+    pub fn connect(cfg: ClientConfig) -> Result<Pool> {
+        if cfg.servers.is_empty() {
+            return fail(
+                libc::EINVAL,
+                "no server given: set CHFS_SERVER (host:port[,host:port...])",
+            );
+        }
+        let list = fetch_list(&cfg, &cfg.servers, None)?;
+        let state = RwLock::new(Arc::new(PoolState::new(list, None)));
+        Ok(Pool { cfg, state })
+    }
+
+    pub fn cfg(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    /// The current state, refreshed from a server when the cache expired.
+    pub fn state(&self) -> Arc<PoolState> {
+        let st = self.state.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if st.fetched.elapsed() < self.cfg.node_list_cache_timeout {
+            return st;
+        }
+        let _ = self.refresh(&st);
+        self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Fetches the list again now; keeps connections to unchanged servers.
+    pub fn refresh(&self, old: &PoolState) -> Result<()> {
+        let list = fetch_list(&self.cfg, &old.ring.list().servers, Some(old))?;
+        let new = if list == *old.ring.list() {
+            PoolState {
+                ring: old.ring.clone(),
+                conns: old.clone_conns(&list),
+                fetched: Instant::now(),
+            }
+        } else {
+            PoolState::new(list, Some(old))
+        };
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
+        Ok(())
+    }
+
+    /// The connection to server `i`, opened (or re-opened) on demand.
+    pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
+        let slot = st
+            .conns
+            .get(i)
+            .ok_or_else(|| Error::new(libc::EINVAL, format!("no server with index {i}")))?;
+        let mut g = lock(slot);
+        if let Some(c) = g.as_ref() {
+            if c.alive() {
+                return Ok(c.clone());
+            }
+        }
+        let c = Arc::new(Conn::connect(
+            &st.ring.list().servers[i],
+            &self.cfg.secret,
+            self.cfg.rpc_timeout,
+        )?);
+        *g = Some(c.clone());
+        Ok(c)
+    }
+
+    /// One request to server `i`.
+    pub fn call(&self, st: &PoolState, i: usize, req: &Request) -> Result<Response> {
+        self.conn(st, i)?.call(req)
+    }
+
+    /// Runs a batch with at most `window` requests in flight; results are in
+    /// the order of `ops`.
+    pub fn pipeline(&self, st: &PoolState, ops: Vec<Op<'_>>) -> Vec<Result<Response>> {
+        let window = if self.cfg.async_access {
+            self.cfg.window.max(1)
+        } else {
+            1
+        };
+        let mut results: Vec<Option<Result<Response>>> = (0..ops.len()).map(|_| None).collect();
+        let mut inflight: VecDeque<(usize, Arc<Conn>, Ticket)> = VecDeque::new();
+        for (i, op) in ops.into_iter().enumerate() {
+            if inflight.len() >= window {
+                if let Some((j, c, t)) = inflight.pop_front() {
+                    results[j] = Some(c.wait(t));
+                }
+            }
+            match self
+                .conn(st, op.server)
+                .and_then(|c| c.send_raw(op.op, &op.head, op.tail).map(|t| (c, t)))
+            {
+                Ok((c, t)) => inflight.push_back((i, c, t)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        for (j, c, t) in inflight {
+            results[j] = Some(c.wait(t));
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(libc::EIO, "request not sent"))))
+            .collect()
+    }
+
+    /// Sends `req` to every server; results by server index.
+    pub fn broadcast(&self, st: &PoolState, req: &Request) -> Vec<Result<Response>> {
+        let ops = (0..st.ring.len()).map(|i| Op::req(i, req)).collect();
+        self.pipeline(st, ops)
+    }
+}
+
+impl PoolState {
+    fn new(list: ServerList, old: Option<&PoolState>) -> Self {
+        let conns = match old {
+            Some(o) => o.clone_conns(&list),
+            None => list.servers.iter().map(|_| Mutex::new(None)).collect(),
+        };
+        PoolState {
+            ring: Ring::new(list),
+            conns,
+            fetched: Instant::now(),
+        }
+    }
+
+    fn clone_conns(&self, list: &ServerList) -> Vec<Mutex<Option<Arc<Conn>>>> {
+        list.servers
+            .iter()
+            .map(|s| {
+                let old = self.ring.list().servers.iter().position(|o| o == s);
+                Mutex::new(old.and_then(|i| lock(&self.conns[i]).clone()))
+            })
+            .collect()
+    }
+}
+
+fn fetch_list(
+    cfg: &ClientConfig,
+    servers: &[String],
+    old: Option<&PoolState>,
+) -> Result<ServerList> {
+    let mut last = None;
+    for (i, s) in servers.iter().enumerate() {
+        let conn = match old
+            .and_then(|o| o.conns.get(i))
+            .and_then(|c| lock(c).clone())
+            .filter(|c| c.alive())
+        {
+            Some(c) => Ok(c),
+            None => Conn::connect(s, &cfg.secret, cfg.rpc_timeout).map(Arc::new),
+        };
+        match conn.and_then(|c| c.call(&Request::GetServers)) {
+            Ok(Response::Servers(l)) if !l.servers.is_empty() => return Ok(l),
+            Ok(other) => {
+                last = Some(Error::new(
+                    libc::EPROTO,
+                    format!("server {s}: unexpected answer {other:?}"),
+                ))
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::new(libc::EINVAL, "no server given")))
+}

@@ -1,0 +1,191 @@
+//! Operations through a real pool of chfsd processes.
+
+mod common;
+
+use chfs_client::flags::*;
+use chfs_client::{TimeSet, Whence};
+use common::*;
+
+#[test]
+fn write_read_across_chunks_and_servers() {
+    let (_p, c) = pool(3);
+    c.set_chunk_size(4096).unwrap();
+    let data = pattern(100_000, 1);
+    let fd = c.create("/f", O_RDWR, 0o644).unwrap();
+    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+    let mut back = vec![0u8; 200_000];
+    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+    assert_eq!(&back[..data.len()], &data[..]);
+    c.close(fd).unwrap();
+    assert_eq!(c.stat("/f").unwrap().size, data.len() as u64);
+    // A second client (its own connections) sees the published size.
+    let c2 = client(&_p, |_| {});
+    let fd = c2.open("/f", O_RDONLY, 0).unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(c2.pread(fd, &mut back, 0).unwrap(), data.len());
+    assert_eq!(back, data);
+    assert_eq!(c2.pread(fd, &mut back, data.len() as u64).unwrap(), 0);
+    c2.close(fd).unwrap();
+}
+
+#[test]
+fn holes_read_as_zeros() {
+    let (_p, c) = pool(2);
+    c.set_chunk_size(1000).unwrap();
+    let fd = c.create("/h", O_RDWR, 0o644).unwrap();
+    c.pwrite(fd, b"end", 10_000).unwrap();
+    c.close(fd).unwrap();
+    let fd = c.open("/h", O_RDONLY, 0).unwrap();
+    let mut b = vec![1u8; 10_003];
+    assert_eq!(c.pread(fd, &mut b, 0).unwrap(), 10_003);
+    assert!(b[..10_000].iter().all(|&x| x == 0));
+    assert_eq!(&b[10_000..], b"end");
+}
+
+#[test]
+fn namespace_operations() {
+    let (_p, c) = pool(3);
+    c.mkdir("/d", 0o755).unwrap();
+    assert_eq!(c.mkdir("/d", 0o755).unwrap_err().errno(), libc::EEXIST);
+    assert_eq!(c.mkdir("/nope/x", 0o755).unwrap_err().errno(), libc::ENOENT);
+    for i in 0..50 {
+        let fd = c.create(&format!("/d/f{i}"), O_WRONLY, 0o600).unwrap();
+        c.close(fd).unwrap();
+    }
+    assert_eq!(
+        c.create("/d/f1/x", O_WRONLY, 0o600).unwrap_err().errno(),
+        libc::ENOTDIR
+    );
+    let names: Vec<_> = c
+        .readdir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names.len(), 50);
+    let per_server: usize = (0..3)
+        .map(|i| c.readdir_index("/d", i).unwrap().len())
+        .sum();
+    assert_eq!(per_server, 50);
+    assert_eq!(c.rmdir("/d").unwrap_err().errno(), libc::ENOTEMPTY);
+    for i in 0..50 {
+        c.unlink(&format!("/d/f{i}")).unwrap();
+    }
+    c.rmdir("/d").unwrap();
+    assert_eq!(c.stat("/d").unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(c.unlink("/d").unwrap_err().errno(), libc::ENOENT);
+}
+
+#[test]
+fn excl_trunc_append_seek() {
+    let (_p, c) = pool(2);
+    let fd = c.create("/a", O_WRONLY | O_EXCL, 0o644).unwrap();
+    c.write(fd, b"hello").unwrap();
+    c.close(fd).unwrap();
+    assert_eq!(
+        c.create("/a", O_WRONLY | O_EXCL, 0o644)
+            .unwrap_err()
+            .errno(),
+        libc::EEXIST
+    );
+    let fd = c.open("/a", O_WRONLY | O_APPEND, 0).unwrap();
+    c.write(fd, b" world").unwrap();
+    c.close(fd).unwrap();
+    let fd = c.open("/a", O_RDONLY, 0).unwrap();
+    assert_eq!(c.seek(fd, 0, Whence::End).unwrap(), 11);
+    c.seek(fd, 6, Whence::Set).unwrap();
+    let mut b = [0u8; 10];
+    assert_eq!(c.read(fd, &mut b).unwrap(), 5);
+    assert_eq!(&b[..5], b"world");
+    assert_eq!(c.pwrite(fd, b"x", 0).unwrap_err().errno(), libc::EBADF);
+    c.close(fd).unwrap();
+    let fd = c.open("/a", O_WRONLY | O_TRUNC, 0).unwrap();
+    c.close(fd).unwrap();
+    assert_eq!(c.stat("/a").unwrap().size, 0);
+    assert_eq!(c.close(fd).unwrap_err().errno(), libc::EBADF);
+}
+
+#[test]
+fn truncate_shrinks_and_grows_with_zeros() {
+    let (_p, c) = pool(3);
+    c.set_chunk_size(1024).unwrap();
+    let fd = c.create("/t", O_RDWR, 0o644).unwrap();
+    c.pwrite(fd, &pattern(10_000, 2), 0).unwrap();
+    c.close(fd).unwrap();
+    c.truncate("/t", 2500).unwrap();
+    assert_eq!(c.stat("/t").unwrap().size, 2500);
+    c.truncate("/t", 8000).unwrap();
+    let fd = c.open("/t", O_RDONLY, 0).unwrap();
+    let mut b = vec![0u8; 8000];
+    assert_eq!(c.pread(fd, &mut b, 0).unwrap(), 8000);
+    assert_eq!(&b[..2500], &pattern(10_000, 2)[..2500]);
+    assert!(
+        b[2500..].iter().all(|&x| x == 0),
+        "grown region must be zeros"
+    );
+}
+
+#[test]
+fn rename_files_and_directories() {
+    let (_p, c) = pool(4);
+    c.set_chunk_size(512).unwrap();
+    c.mkdir("/src", 0o755).unwrap();
+    c.mkdir("/src/sub", 0o700).unwrap();
+    let data = pattern(5000, 3);
+    let fd = c.create("/src/sub/file", O_WRONLY, 0o640).unwrap();
+    c.pwrite(fd, &data, 0).unwrap();
+    c.close(fd).unwrap();
+    c.rename("/src", "/dst").unwrap();
+    assert_eq!(c.stat("/src").unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(c.stat("/dst/sub").unwrap().mode & 0o777, 0o700);
+    let fd = c.open("/dst/sub/file", O_RDONLY, 0).unwrap();
+    let mut b = vec![0u8; 6000];
+    assert_eq!(c.pread(fd, &mut b, 0).unwrap(), 5000);
+    assert_eq!(&b[..5000], &data[..]);
+    c.close(fd).unwrap();
+    // Replace an existing file; NOREPLACE refuses.
+    let fd = c.create("/other", O_WRONLY, 0o644).unwrap();
+    c.close(fd).unwrap();
+    assert_eq!(
+        c.rename_flags("/dst/sub/file", "/other", true)
+            .unwrap_err()
+            .errno(),
+        libc::EEXIST
+    );
+    c.rename("/dst/sub/file", "/other").unwrap();
+    assert_eq!(c.stat("/other").unwrap().size, 5000);
+    assert_eq!(
+        c.rename("/dst", "/dst/sub/x").unwrap_err().errno(),
+        libc::EINVAL
+    );
+    assert_eq!(c.readdir("/dst/sub").unwrap().len(), 0);
+}
+
+#[test]
+fn attributes_symlinks_and_special_files() {
+    let (_p, c) = pool(2);
+    let fd = c.create("/f", O_WRONLY, 0o644).unwrap();
+    c.close(fd).unwrap();
+    assert_eq!(c.chmod("/f", 0o600).unwrap().mode, libc::S_IFREG | 0o600);
+    c.chown("/f", Some(1234), Some(99)).unwrap();
+    let s = c
+        .utimens("/f", TimeSet::At(1_000_000_000), TimeSet::At(2_000_000_000))
+        .unwrap();
+    assert_eq!(
+        (s.uid, s.gid, s.atime, s.mtime),
+        (1234, 99, 1_000_000_000, 2_000_000_000)
+    );
+    let before = c.stat("/f").unwrap().mtime;
+    let s = c.utimens("/f", TimeSet::Omit, TimeSet::Omit).unwrap();
+    assert_eq!(s.mtime, before);
+    c.symlink("f", "/l").unwrap();
+    assert_eq!(c.readlink("/l").unwrap(), "f");
+    assert!(c.lstat("/l").unwrap().is_symlink());
+    assert!(c.stat("/l").unwrap().is_file());
+    assert_eq!(c.readlink("/f").unwrap_err().errno(), libc::EINVAL);
+    c.mknod("/fifo", libc::S_IFIFO | 0o644, 0).unwrap();
+    assert_eq!(c.stat("/fifo").unwrap().mode & libc::S_IFMT, libc::S_IFIFO);
+    let fs = c.statfs().unwrap();
+    assert_eq!(fs.servers, 2);
+    assert!(fs.total > 0);
+}

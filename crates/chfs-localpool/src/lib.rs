@@ -1,0 +1,235 @@
+//! Starts N `chfsd` processes on loopback, joined into one pool, and stops
+//! them (by their recorded PIDs) when dropped.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Options of a local pool.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Number of servers.
+    pub servers: usize,
+    /// Shared secret handed to the servers (`CHFS_SECRET`).
+    pub secret: Option<String>,
+    /// Extra `chfsd` arguments for every server.
+    pub args: Vec<String>,
+    /// The `chfsd` binary (default: [`find_chfsd`]).
+    pub chfsd: Option<PathBuf>,
+    /// Log filter of the servers.
+    pub log_level: String,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            servers: 2,
+            secret: None,
+            args: Vec::new(),
+            chfsd: None,
+            log_level: "warn".into(),
+        }
+    }
+}
+
+/// A running local pool.
+pub struct LocalPool {
+    children: Vec<Option<Child>>,
+    addrs: Vec<String>,
+    dir: PathBuf,
+}
+
+/// Finds the `chfsd` binary: `$CHFSD`, next to the running executable (or
+/// one level up, as for test binaries in `target/*/deps`), then `$PATH`.
+pub fn find_chfsd() -> io::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("CHFSD") {
+        return Ok(PathBuf::from(p));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent().map(Path::to_path_buf);
+        for _ in 0..2 {
+            if let Some(d) = &dir {
+                let c = d.join("chfsd");
+                if c.is_file() {
+                    return Ok(c);
+                }
+                dir = d.parent().map(Path::to_path_buf);
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            let c = d.join("chfsd");
+            if c.is_file() {
+                return Ok(c);
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        "chfsd not found (build it, or set CHFSD=/path/to/chfsd)",
+    ))
+}
+
+fn wait_file(path: &Path, child: &mut Child, timeout: Duration) -> io::Result<String> {
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return Ok(s.trim().to_string());
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            return Err(io::Error::other(format!(
+                "chfsd exited early ({status}); see its log next to {}",
+                path.display()
+            )));
+        }
+        if start.elapsed() > timeout {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("chfsd did not start within {timeout:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl LocalPool {
+    /// Starts `n` servers with default options.
+    pub fn start(n: usize) -> io::Result<Self> {
+        Self::start_with(PoolOptions {
+            servers: n,
+            ..Default::default()
+        })
+    }
+
+    /// Starts a pool.
+    pub fn start_with(opts: PoolOptions) -> io::Result<Self> {
+        let chfsd = match &opts.chfsd {
+            Some(p) => p.clone(),
+            None => find_chfsd()?,
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "chfs-pool-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let mut pool = LocalPool {
+            children: Vec::new(),
+            addrs: Vec::new(),
+            dir,
+        };
+        for i in 0..opts.servers.max(1) {
+            let info = pool.dir.join(format!("server{i}.addr"));
+            let log = std::fs::File::create(pool.dir.join(format!("server{i}.log")))?;
+            let mut cmd = Command::new(&chfsd);
+            cmd.args(["--host", "127.0.0.1:0", "-S"])
+                .arg(&info)
+                .args(["--log-level", &opts.log_level]);
+            if let Some(first) = pool.addrs.first() {
+                cmd.args(["--join", first]);
+            }
+            cmd.args(&opts.args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log);
+            cmd.env_remove("CHFS_SECRET").env_remove("CHFS_SECRET_FILE");
+            if let Some(s) = &opts.secret {
+                cmd.env("CHFS_SECRET", s);
+            }
+            let mut child = cmd.spawn()?;
+            let r = wait_file(&info, &mut child, Duration::from_secs(20));
+            pool.children.push(Some(child));
+            pool.addrs.push(r?);
+        }
+        Ok(pool)
+    }
+
+    /// Server addresses.
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// The `CHFS_SERVER` value (every server, comma separated).
+    pub fn server_string(&self) -> String {
+        self.addrs.join(",")
+    }
+
+    /// Directory holding the servers' logs.
+    pub fn log_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Process id of server `i`.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.children.get(i)?.as_ref().map(Child::id)
+    }
+
+    /// Kills server `i` at once (SIGKILL to its recorded PID).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(Some(mut c)) = self.children.get_mut(i).map(Option::take) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends a signal to server `i` (e.g. SIGSTOP to simulate a hung node).
+    pub fn signal(&self, i: usize, sig: i32) -> io::Result<()> {
+        let pid = self
+            .pid(i)
+            .ok_or_else(|| io::Error::other("no such server"))?;
+        // SAFETY: kill(2) with a PID of a child we spawned and still own.
+        if unsafe { libc::kill(pid as i32, sig) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Stops every server (SIGTERM, then SIGKILL after 5 s) and removes the
+    /// log directory.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            // SAFETY: kill(2) on the PID of a child we own and have not reaped.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+            // SAFETY: as above.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for slot in self.children.iter_mut() {
+            if let Some(mut c) = slot.take() {
+                loop {
+                    match c.try_wait() {
+                        Ok(Some(_)) => break,
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(5))
+                        }
+                        _ => {
+                            let _ = c.kill();
+                            let _ = c.wait();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if std::env::var_os("CHFS_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for LocalPool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
