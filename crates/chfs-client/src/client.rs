@@ -74,6 +74,8 @@ struct Inner {
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    /// Owner given to entries this handle creates (default: effective ids).
+    creds: Option<(u32, u32)>,
 }
 
 fn unexpected(r: Response) -> Error {
@@ -114,7 +116,15 @@ impl Client {
                 rpcs: AtomicU64::new(0),
                 fileid_seq: AtomicU32::new(seed),
             }),
+            creds: None,
         })
+    }
+
+    /// A handle sharing this client's connections and descriptors that
+    /// creates entries owned by `uid`/`gid` (used by adapters serving
+    /// requests of other users, such as the FUSE mount).
+    pub fn as_user(&self, uid: u32, gid: u32) -> Client {
+        Client { inner: self.inner.clone(), creds: Some((uid, gid)) }
     }
 
     /// The configuration in use.
@@ -320,7 +330,7 @@ impl Client {
     }
 
     fn new_meta(&self, mode: u32, chunk_size: u32) -> Meta {
-        let (uid, gid) = ids();
+        let (uid, gid) = self.creds.unwrap_or_else(ids);
         let now = now_ns();
         Meta {
             mode,
@@ -785,7 +795,7 @@ impl Client {
         if mode == libc::F_OK {
             return Ok(());
         }
-        let (uid, gid) = ids();
+        let (uid, gid) = self.creds.unwrap_or_else(ids);
         if uid == 0 {
             if mode & libc::X_OK != 0 && s.mode & 0o111 == 0 && !s.is_dir() {
                 return fail(libc::EACCES, format!("{path}: not executable"));
