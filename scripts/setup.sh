@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what building and testing chfs-rs needs on a Debian machine:
+# apt packages (FUSE 3, a C compiler, pkg-config, iproute2, OpenSSH server for
+# the multi-host test) and the Rust components named in rust-toolchain.toml.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+
+need=()
+for pkg in fuse3 libfuse3-dev pkg-config gcc make iproute2 openssh-server openssh-client util-linux procps; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "setup: no Rust toolchain; installing Debian's cargo" >&2
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cargo rustc >/dev/null
+  fi
+fi
+if command -v rustup >/dev/null 2>&1; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 || true
+fi
