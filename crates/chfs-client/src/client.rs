@@ -124,7 +124,10 @@ impl Client {
     /// creates entries owned by `uid`/`gid` (used by adapters serving
     /// requests of other users, such as the FUSE mount).
     pub fn as_user(&self, uid: u32, gid: u32) -> Client {
-        Client { inner: self.inner.clone(), creds: Some((uid, gid)) }
+        Client {
+            inner: self.inner.clone(),
+            creds: Some((uid, gid)),
+        }
     }
 
     /// The configuration in use.
@@ -295,6 +298,15 @@ impl Client {
             ),
             Ok(_) => fail(libc::ENOTDIR, format!("{dir}: not a directory")),
             Err(e) if e.errno() == libc::ENOENT => {
+                // Error path only: a non-directory further up means ENOTDIR.
+                let mut up = path::parent(dir);
+                while up != "/" {
+                    match self.stat_meta(st, up) {
+                        Ok(m) if m.is_dir() => break,
+                        Ok(_) => return fail(libc::ENOTDIR, format!("{up}: not a directory")),
+                        Err(_) => up = path::parent(up),
+                    }
+                }
                 fail(libc::ENOENT, format!("{dir}: no such directory"))
             }
             Err(e) => Err(e),
