@@ -74,6 +74,13 @@ pub struct Config {
     /// Log file (default: standard error).
     #[arg(short = 'l', long = "log-file")]
     pub log_file: Option<PathBuf>,
+
+    /// Detach once serving: the foreground process prints the server's
+    /// address on standard output and exits 0 when the server is ready (or
+    /// prints the error and exits 1); the server runs on in the background
+    /// with standard streams on /dev/null (logs go to --log-file).
+    #[arg(long = "daemon")]
+    pub daemon: bool,
 }
 
 impl Config {

@@ -13,4 +13,4 @@ mod peer;
 mod server;
 
 pub use config::Config;
-pub use server::{run, start, RunningServer, ServerError};
+pub use server::{run, run_with_ready, start, RunningServer, ServerError};

@@ -313,6 +313,12 @@ async fn serve_conn(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
 /// Runs a server until SIGINT/SIGTERM or a `Shutdown` request (the `chfsd`
 /// binary).
 pub fn run(cfg: Config) -> Result<(), ServerError> {
+    run_with_ready(cfg, |_| {})
+}
+
+/// Like [`run`], calling `ready` with the server's address once it serves
+/// (after the pid and server-info files are written).
+pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), ServerError> {
     let mut b = tokio::runtime::Builder::new_multi_thread();
     if cfg.threads > 0 {
         b.worker_threads(cfg.threads);
@@ -328,6 +334,7 @@ pub fn run(cfg: Config) -> Result<(), ServerError> {
             std::fs::write(&tmp, format!("{}\n", srv.addr))?;
             std::fs::rename(&tmp, f)?;
         }
+        ready(&srv.addr);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => { info!("SIGINT: stopping"); }
