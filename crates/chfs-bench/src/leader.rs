@@ -1,0 +1,395 @@
+//! The leader: starts one worker process per rank, drives the phases in
+//! IO500's order with a barrier around each, runs find, and collects the
+//! results of one target.
+
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::{BenchError, Result};
+use crate::fs::Backend;
+use crate::pattern::{self, FindSpec, Kind, Phase, IOR_HARD_FILE, IOR_HARD_XFER, MD_HARD_SIZE};
+use crate::report::{FindCheck, OpenStorm, PhaseResult, TargetResult};
+use crate::score;
+use crate::worker::{FromWorker, Params, RankResult, TargetSpec, ToWorker, Work};
+
+/// The hidden argument that makes the binary a worker.
+pub const WORKER_ARG: &str = "--worker";
+
+/// Running worker processes of one target.
+pub struct Workers {
+    children: Vec<Child>,
+    stdins: Vec<ChildStdin>,
+    rx: Receiver<(usize, std::result::Result<FromWorker, String>)>,
+}
+
+impl Workers {
+    /// Starts `params.nprocs` workers (this executable with
+    /// [`WORKER_ARG`]) and waits until each is connected to the target.
+    pub fn spawn(target: &TargetSpec, name: &str, params: &Params) -> Result<Workers> {
+        let exe = std::env::current_exe().map_err(|e| BenchError::io("current_exe", "", e))?;
+        let (tx, rx) = channel();
+        let mut w = Workers {
+            children: Vec::new(),
+            stdins: Vec::new(),
+            rx,
+        };
+        for rank in 0..params.nprocs {
+            let mut child = Command::new(&exe)
+                .arg(WORKER_ARG)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| BenchError::io("spawn", exe.display(), e))?;
+            let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+                return Err(BenchError::Worker {
+                    rank,
+                    msg: "no pipes".into(),
+                });
+            };
+            w.children.push(child);
+            w.stdins.push(stdin);
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let m = match line {
+                        Ok(l) => serde_json::from_str::<FromWorker>(&l).map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    if tx.send((rank, m)).is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send((rank, Err("exited".into())));
+            });
+        }
+        for rank in 0..params.nprocs {
+            let m = ToWorker::Init {
+                rank,
+                target: target.clone(),
+                name: name.to_string(),
+                params: params.clone(),
+            };
+            w.send(rank, &m)?;
+        }
+        w.collect(None, |_, m| match m {
+            FromWorker::Ready => Ok(Some(())),
+            other => Err(format!("unexpected {other:?}")),
+        })?;
+        Ok(w)
+    }
+
+    fn send(&mut self, rank: usize, m: &ToWorker) -> Result<()> {
+        let mut line = serde_json::to_vec(m)?;
+        line.push(b'\n');
+        self.stdins[rank]
+            .write_all(&line)
+            .and_then(|_| self.stdins[rank].flush())
+            .map_err(|e| BenchError::Worker {
+                rank,
+                msg: format!("cannot send: {e}"),
+            })
+    }
+
+    /// Waits for one final message from every worker; progress goes to `bar`.
+    fn collect<T>(
+        &mut self,
+        bar: Option<&ProgressBar>,
+        mut f: impl FnMut(usize, FromWorker) -> std::result::Result<Option<T>, String>,
+    ) -> Result<Vec<T>> {
+        let n = self.stdins.len();
+        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let mut progress = vec![0u64; n];
+        let mut left = n;
+        while left > 0 {
+            let (rank, m) = self
+                .rx
+                .recv_timeout(Duration::from_secs(3600))
+                .map_err(|_| BenchError::Worker {
+                    rank: 0,
+                    msg: "no answer within an hour".into(),
+                })?;
+            let m = m.map_err(|msg| BenchError::Worker { rank, msg })?;
+            match m {
+                FromWorker::Progress(p) => {
+                    progress[rank] = p;
+                    if let Some(b) = bar {
+                        b.set_position(progress.iter().sum());
+                    }
+                }
+                FromWorker::Failed(msg) => return Err(BenchError::Worker { rank, msg }),
+                m => match f(rank, m) {
+                    Ok(Some(v)) if out[rank].is_none() => {
+                        out[rank] = Some(v);
+                        left -= 1;
+                    }
+                    Ok(_) => {}
+                    Err(msg) => return Err(BenchError::Worker { rank, msg }),
+                },
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Runs one piece of work on every rank at once; returns each rank's
+    /// result and the wall time from the start to the last rank's end.
+    pub fn run(
+        &mut self,
+        work: Work,
+        counts: &[u64],
+        bar: Option<&ProgressBar>,
+    ) -> Result<(Vec<RankResult>, f64)> {
+        let t0 = Instant::now();
+        for rank in 0..self.stdins.len() {
+            self.send(
+                rank,
+                &ToWorker::Run {
+                    work,
+                    counts: counts.to_vec(),
+                },
+            )?;
+        }
+        let r = self.collect(bar, |_, m| match m {
+            FromWorker::Done(r) => Ok(Some(r)),
+            other => Err(format!("unexpected {other:?}")),
+        })?;
+        Ok((r, t0.elapsed().as_secs_f64()))
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for i in 0..self.stdins.len() {
+            let _ = self.send(i, &ToWorker::Quit);
+        }
+        self.stdins.clear();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for c in &mut self.children {
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    _ => {
+                        // Our own child, by its handle (its recorded PID).
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Options of a run that are not worker parameters.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Show progress bars (only on a terminal).
+    pub progress: bool,
+    /// Keep the benchmark directory afterwards.
+    pub keep: bool,
+}
+
+impl RunOptions {
+    /// Progress only if stderr is a terminal.
+    pub fn auto() -> Self {
+        RunOptions {
+            progress: std::io::stderr().is_terminal(),
+            keep: false,
+        }
+    }
+}
+
+fn bar(opts: &RunOptions, label: &str, phase: &str, len: u64) -> Option<ProgressBar> {
+    if !opts.progress {
+        return None;
+    }
+    let b = ProgressBar::new(len.max(1));
+    let style =
+        ProgressStyle::with_template("{prefix:>10} {msg:<20} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    b.set_style(style);
+    b.set_prefix(label.to_string());
+    b.set_message(phase.to_string());
+    Some(b)
+}
+
+/// A unique benchmark directory name.
+pub fn unique_name() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("chfs-bench-{}-{t}", std::process::id())
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn setup(fs: &dyn Backend, nprocs: usize) -> Result<()> {
+    fs.mkdir("")?;
+    for d in pattern::directories(nprocs) {
+        fs.mkdir(&d)?;
+    }
+    fs.create(IOR_HARD_FILE)?.close()
+}
+
+fn cleanup(fs: &dyn Backend, keep: bool) -> Result<()> {
+    if keep {
+        return Ok(());
+    }
+    fs.remove_all("")
+}
+
+/// Runs the twelve phases (and the open storm) on one target.
+pub fn run_target(
+    label: &str,
+    target: &TargetSpec,
+    params: &Params,
+    opts: &RunOptions,
+) -> Result<TargetResult> {
+    let name = unique_name();
+    let fs = target.backend(&name)?;
+    setup(fs.as_ref(), params.nprocs)?;
+    let r = run_phases(label, target, &name, fs.as_ref(), params, opts);
+    let c = cleanup(fs.as_ref(), opts.keep);
+    let r = r?;
+    c?;
+    Ok(r)
+}
+
+fn run_phases(
+    label: &str,
+    target: &TargetSpec,
+    name: &str,
+    fs: &dyn Backend,
+    params: &Params,
+    opts: &RunOptions,
+) -> Result<TargetResult> {
+    let mut workers = Workers::spawn(target, name, params)?;
+    let n = params.nprocs;
+    let start_ns = now_ns();
+    let mut written: std::collections::HashMap<Phase, Vec<u64>> = Default::default();
+    let mut phases = Vec::new();
+    let mut find_check = None;
+    for phase in Phase::ALL {
+        if phase == Phase::Find {
+            let spec = FindSpec::io500(start_ns);
+            let b = bar(opts, label, phase.name(), 1);
+            let t0 = Instant::now();
+            let found = fs.find("", &spec, n)?;
+            let secs = t0.elapsed().as_secs_f64();
+            if let Some(b) = b {
+                b.finish_and_clear();
+            }
+            let expected = pattern::expected_find(
+                written
+                    .get(&Phase::MdtestHardWrite)
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]),
+                &spec,
+            );
+            let valid = found.matched.len() as u64 == expected;
+            phases.push(PhaseResult::new(
+                phase,
+                found.examined,
+                0,
+                secs,
+                vec![found.examined],
+                false,
+                valid,
+            ));
+            find_check = Some(FindCheck {
+                examined: found.examined,
+                found: found.matched.len() as u64,
+                expected,
+            });
+            continue;
+        }
+        let counts = phase
+            .source()
+            .and_then(|s| written.get(&s))
+            .cloned()
+            .unwrap_or_default();
+        let expected_items: Option<u64> = phase.source().map(|_| counts.iter().sum());
+        let max = match phase {
+            Phase::IorEasyWrite => params.easy_max_segments,
+            Phase::IorHardWrite => params.hard_max_records,
+            Phase::MdtestEasyWrite => params.md_easy_max,
+            Phase::MdtestHardWrite => params.md_hard_max,
+            _ => 0,
+        };
+        let b = bar(
+            opts,
+            label,
+            phase.name(),
+            expected_items.unwrap_or(max * n as u64),
+        );
+        let (ranks, secs) = workers.run(Work::Io500(phase), &counts, b.as_ref())?;
+        if let Some(b) = b {
+            b.finish_and_clear();
+        }
+        let items: Vec<u64> = ranks.iter().map(|r| r.items).collect();
+        let bytes: u64 = ranks.iter().map(|r| r.bytes).sum();
+        let stonewalled = ranks.iter().any(|r| r.stonewalled);
+        let total: u64 = items.iter().sum();
+        // Every consumer must have handled exactly what was written, and
+        // moved the bytes that implies.
+        let want_bytes = match phase {
+            Phase::IorEasyWrite | Phase::IorEasyRead => total * params.easy_xfer as u64,
+            Phase::IorHardWrite | Phase::IorHardRead => total * IOR_HARD_XFER as u64,
+            Phase::MdtestHardWrite | Phase::MdtestHardRead => total * MD_HARD_SIZE as u64,
+            _ => 0,
+        };
+        let valid = expected_items.is_none_or(|e| e == total) && bytes == want_bytes && total > 0;
+        if phase.is_write() {
+            written.insert(phase, items.clone());
+        }
+        phases.push(PhaseResult::new(
+            phase,
+            total,
+            bytes,
+            secs,
+            items,
+            stonewalled,
+            valid,
+        ));
+    }
+    let (ranks, _) = workers.run(Work::OpenStorm, &[], None)?;
+    let times: Vec<f64> = ranks.iter().map(|r| r.secs).collect();
+    let storm = OpenStorm {
+        ranks: n,
+        max_secs: times.iter().cloned().fold(0.0, f64::max),
+        min_secs: times.iter().cloned().fold(f64::INFINITY, f64::min),
+    };
+    drop(workers);
+    let bw: Vec<f64> = phases
+        .iter()
+        .filter(|p| p.kind == Kind::Bw)
+        .map(|p| p.rate)
+        .collect();
+    let md: Vec<f64> = phases
+        .iter()
+        .filter(|p| p.kind == Kind::Md)
+        .map(|p| p.rate)
+        .collect();
+    Ok(TargetResult {
+        label: label.to_string(),
+        target: target.clone(),
+        score: score::score(&bw, &md),
+        phases,
+        find: find_check.unwrap_or_default(),
+        open_storm: storm,
+    })
+}

@@ -1,0 +1,20 @@
+//! chfs-bench: IO500-style benchmark of a chfs-rs pool (native client, one
+//! worker process per rank) and of any directory (plain POSIX calls), with
+//! a reference measured side by side in the same invocation.
+//!
+//! Phases run in IO500's order with IO500's access patterns
+//! ([`pattern`]), scored as IO500 does ([`score`]). The leader
+//! ([`leader`]) starts the workers ([`worker`]) and talks to them over
+//! pipes (JSON lines); results go to a table, a JSON file and an SVG chart
+//! ([`report`]). [`sweep`] is the single-process bandwidth sweep.
+
+pub mod error;
+pub mod fs;
+pub mod leader;
+pub mod pattern;
+pub mod report;
+pub mod score;
+pub mod sweep;
+pub mod worker;
+
+pub use error::{BenchError, Result};

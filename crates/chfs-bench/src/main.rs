@@ -1,0 +1,253 @@
+//! `chfs-bench`: IO500-style benchmark of chfs-rs against a reference.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use chfs_bench::leader::{self, RunOptions};
+use chfs_bench::report::{self, RunResult};
+use chfs_bench::worker::{Params, TargetSpec};
+use chfs_bench::{sweep, BenchError, Result};
+use chfs_localpool::LocalPool;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "chfs-bench",
+    version,
+    about = "IO500-style benchmark of a chfs-rs pool or a directory, with a side-by-side reference",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    io500: Io500Args,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// The twelve IO500 phases (the default).
+    Io500(Io500Args),
+    /// Single-process bandwidth vs request size for several chunk sizes,
+    /// pipelined chunk RPCs vs one at a time.
+    Sweep(SweepArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct Target {
+    /// Start a local pool of N chfsd servers for the run (default: the
+    /// pool in CHFS_SERVER).
+    #[arg(long, value_name = "N", conflicts_with = "posix")]
+    servers: Option<usize>,
+    /// Benchmark this directory through POSIX calls instead of a pool.
+    #[arg(long, value_name = "DIR")]
+    posix: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Io500Args {
+    #[command(flatten)]
+    target: Target,
+    /// Run the same phases on this directory and print ratios.
+    #[arg(long, value_name = "DIR")]
+    reference: Option<PathBuf>,
+    /// Worker processes (ranks).
+    #[arg(short = 'n', long, default_value_t = 2)]
+    procs: usize,
+    /// Seconds after which a write/create phase stops (300 for a
+    /// rule-conforming IO500 run).
+    #[arg(long, default_value_t = 2.0)]
+    stonewall: f64,
+    /// ior-easy transfer size in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    transfer: usize,
+    /// ior-easy: most transfers per rank.
+    #[arg(long, default_value_t = 256)]
+    easy_segments: u64,
+    /// ior-hard: most 47,008-byte records per rank.
+    #[arg(long, default_value_t = 2000)]
+    hard_records: u64,
+    /// mdtest-easy: most files per rank.
+    #[arg(long, default_value_t = 20000)]
+    easy_files: u64,
+    /// mdtest-hard: most files per rank.
+    #[arg(long, default_value_t = 10000)]
+    hard_files: u64,
+    /// Write the JSON result here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write an SVG chart here.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Keep the benchmark directories.
+    #[arg(long)]
+    keep: bool,
+    /// No progress bars even on a terminal.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+struct SweepArgs {
+    /// Start a local pool of N chfsd servers (default: CHFS_SERVER).
+    #[arg(long, value_name = "N")]
+    servers: Option<usize>,
+    /// Chunk sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_values_t = [4096u32, 65536, 524288])]
+    chunk_sizes: Vec<u32>,
+    /// Request sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 65536, 1 << 20, 4 << 20])]
+    request_sizes: Vec<usize>,
+    /// MiB written and read per point.
+    #[arg(long, default_value_t = 16)]
+    file_mib: u64,
+    /// Write the JSON result here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+/// The pool to use: a fresh local one, or CHFS_SERVER.
+fn pool(servers: Option<usize>) -> Result<(Option<LocalPool>, String)> {
+    match servers {
+        Some(n) => {
+            let p =
+                LocalPool::start(n).map_err(|e| BenchError::io("start local pool", "chfsd", e))?;
+            let s = p.server_string();
+            Ok((Some(p), s))
+        }
+        None => match std::env::var("CHFS_SERVER") {
+            Ok(s) if !s.trim().is_empty() => Ok((None, s)),
+            _ => Err(BenchError::Config(
+                "no target: set CHFS_SERVER, or use --servers N (local pool) or --posix DIR".into(),
+            )),
+        },
+    }
+}
+
+fn write_file(path: &PathBuf, data: &str) -> Result<()> {
+    std::fs::write(path, data).map_err(|e| BenchError::io("write", path.display(), e))
+}
+
+fn io500(a: Io500Args) -> Result<()> {
+    if a.procs == 0 || a.transfer == 0 {
+        return Err(BenchError::Config(
+            "--procs and --transfer must be at least 1".into(),
+        ));
+    }
+    if !(a.stonewall >= 0.0 && a.stonewall.is_finite()) {
+        return Err(BenchError::Config(
+            "--stonewall must be a number of seconds >= 0".into(),
+        ));
+    }
+    for d in a.reference.iter().chain(a.target.posix.iter()) {
+        if !d.is_dir() {
+            return Err(BenchError::Config(format!(
+                "{}: not a directory",
+                d.display()
+            )));
+        }
+    }
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (_pool, system) = match &a.target.posix {
+        Some(dir) => (None, TargetSpec::Posix { dir: dir.clone() }),
+        None => {
+            let (p, s) = pool(a.target.servers)?;
+            (p, TargetSpec::Chfs { servers: s })
+        }
+    };
+    let params = Params {
+        nprocs: a.procs,
+        stonewall_secs: a.stonewall,
+        easy_xfer: a.transfer,
+        easy_max_segments: a.easy_segments,
+        hard_max_records: a.hard_records,
+        md_easy_max: a.easy_files,
+        md_hard_max: a.hard_files,
+    };
+    let mut opts = RunOptions::auto();
+    opts.progress &= !a.no_progress;
+    opts.keep = a.keep;
+    let sys = leader::run_target("system", &system, &params, &opts)?;
+    let reference = match &a.reference {
+        Some(dir) => Some(leader::run_target(
+            "reference",
+            &TargetSpec::Posix { dir: dir.clone() },
+            &params,
+            &opts,
+        )?),
+        None => None,
+    };
+    let run = RunResult {
+        tool: "chfs-bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        host: report::hostname(),
+        started_unix,
+        params,
+        ratios: reference
+            .as_ref()
+            .map(|r| report::ratios(&sys, r))
+            .unwrap_or_default(),
+        system: sys,
+        reference,
+    };
+    print!("{}", report::table(&run));
+    if let Some(p) = &a.json {
+        write_file(p, &serde_json::to_string_pretty(&run)?)?;
+    }
+    if let Some(p) = &a.svg {
+        write_file(p, &report::svg(&run))?;
+    }
+    let bad: Vec<&str> = run
+        .system
+        .phases
+        .iter()
+        .chain(run.reference.iter().flat_map(|r| r.phases.iter()))
+        .filter(|p| !p.valid)
+        .map(|p| p.name.as_str())
+        .collect();
+    if !bad.is_empty() {
+        return Err(BenchError::Config(format!(
+            "invalid phases: {}",
+            bad.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+fn run_sweep(a: SweepArgs) -> Result<()> {
+    let (_pool, servers) = pool(a.servers)?;
+    let pts = sweep::sweep(&servers, &a.chunk_sizes, &a.request_sizes, a.file_mib << 20)?;
+    print!("{}", sweep::table(&pts));
+    if let Some(p) = &a.json {
+        write_file(p, &serde_json::to_string_pretty(&pts)?)?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some(leader::WORKER_ARG) {
+        return match chfs_bench::worker::worker_main() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("chfs-bench worker: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Some(Cmd::Io500(a)) => io500(a),
+        Some(Cmd::Sweep(a)) => run_sweep(a),
+        None => io500(cli.io500),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("chfs-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! Results: per-phase figures, the JSON record of a run, the final table
+//! and an SVG chart (system vs reference, per phase).
+
+use serde::{Deserialize, Serialize};
+
+use crate::pattern::{Kind, Phase};
+use crate::score::Score;
+use crate::worker::{Params, TargetSpec};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// One phase on one target.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PhaseResult {
+    /// IO500 name.
+    pub name: String,
+    /// Bandwidth or metadata.
+    pub kind: Kind,
+    /// Operations: transfers (ior), files (mdtest), entries examined (find).
+    pub items: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Wall time from the start barrier to the last rank's end.
+    pub secs: f64,
+    /// GiB/s (bw) or kIOPS (md).
+    pub rate: f64,
+    /// Unit of `rate`.
+    pub unit: String,
+    /// Items per rank.
+    pub per_rank: Vec<u64>,
+    /// The stonewall stopped at least one rank.
+    pub stonewalled: bool,
+    /// The phase handled exactly what its source phase wrote, with the
+    /// expected bytes (find: found exactly the expected files).
+    pub valid: bool,
+}
+
+impl PhaseResult {
+    /// Computes the rate of a phase.
+    pub fn new(
+        phase: Phase,
+        items: u64,
+        bytes: u64,
+        secs: f64,
+        per_rank: Vec<u64>,
+        stonewalled: bool,
+        valid: bool,
+    ) -> Self {
+        let kind = phase.kind();
+        let secs = secs.max(1e-9);
+        let (rate, unit) = match kind {
+            Kind::Bw => (bytes as f64 / secs / GIB, "GiB/s"),
+            Kind::Md => (items as f64 / secs / 1000.0, "kIOPS"),
+        };
+        PhaseResult {
+            name: phase.name().to_string(),
+            kind,
+            items,
+            bytes,
+            secs,
+            rate,
+            unit: unit.to_string(),
+            per_rank,
+            stonewalled,
+            valid,
+        }
+    }
+}
+
+/// Find's answer against the files known to match.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct FindCheck {
+    /// Entries examined.
+    pub examined: u64,
+    /// Files found.
+    pub found: u64,
+    /// Files that match by construction.
+    pub expected: u64,
+}
+
+/// Shared-file open storm: every rank opens the ior-hard file at once.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct OpenStorm {
+    /// Ranks that opened it.
+    pub ranks: usize,
+    /// Slowest open, seconds.
+    pub max_secs: f64,
+    /// Fastest open, seconds.
+    pub min_secs: f64,
+}
+
+/// All phases on one target.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TargetResult {
+    /// "system" or "reference".
+    pub label: String,
+    /// What was measured.
+    pub target: TargetSpec,
+    /// The twelve phases in IO500 order.
+    pub phases: Vec<PhaseResult>,
+    /// IO500 score.
+    pub score: Score,
+    /// Find check.
+    pub find: FindCheck,
+    /// Open storm.
+    pub open_storm: OpenStorm,
+}
+
+/// A phase's rate on the system divided by the reference's.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Ratio {
+    /// Phase (or "bandwidth", "metadata", "score").
+    pub name: String,
+    /// system / reference.
+    pub ratio: f64,
+}
+
+/// Everything about one invocation (the JSON result file).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunResult {
+    /// "chfs-bench".
+    pub tool: String,
+    /// Version of chfs-bench.
+    pub version: String,
+    /// Host name of the leader.
+    pub host: String,
+    /// Start, seconds since the epoch.
+    pub started_unix: u64,
+    /// Parameters.
+    pub params: Params,
+    /// The measured system.
+    pub system: TargetResult,
+    /// The reference, if any.
+    pub reference: Option<TargetResult>,
+    /// Per-phase ratios system / reference, then the three score ratios.
+    pub ratios: Vec<Ratio>,
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+/// The ratios of two targets.
+pub fn ratios(sys: &TargetResult, reference: &TargetResult) -> Vec<Ratio> {
+    let mut v: Vec<Ratio> = sys
+        .phases
+        .iter()
+        .zip(&reference.phases)
+        .map(|(a, b)| Ratio {
+            name: a.name.clone(),
+            ratio: ratio(a.rate, b.rate),
+        })
+        .collect();
+    let (a, b) = (sys.score, reference.score);
+    v.push(Ratio {
+        name: "bandwidth".into(),
+        ratio: ratio(a.bandwidth_gib_s, b.bandwidth_gib_s),
+    });
+    v.push(Ratio {
+        name: "metadata".into(),
+        ratio: ratio(a.metadata_kiops, b.metadata_kiops),
+    });
+    v.push(Ratio {
+        name: "score".into(),
+        ratio: ratio(a.score, b.score),
+    });
+    v
+}
+
+/// This machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn cell(p: &PhaseResult) -> String {
+    let mark = if p.valid { "" } else { " INVALID" };
+    format!("{:>10.3} {:<5}{mark}", p.rate, p.unit)
+}
+
+/// The final table (plain text).
+pub fn table(run: &RunResult) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let r = run.reference.as_ref();
+    let _ = writeln!(s, "system:    {}", run.system.target.describe());
+    if let Some(r) = r {
+        let _ = writeln!(s, "reference: {}", r.target.describe());
+    }
+    let _ = writeln!(
+        s,
+        "ranks {}  stonewall {} s  ior-easy transfer {} B",
+        run.params.nprocs, run.params.stonewall_secs, run.params.easy_xfer
+    );
+    let _ = write!(
+        s,
+        "{:<20} {:>16} {:>10} {:>8}",
+        "phase", "system", "items", "secs"
+    );
+    if r.is_some() {
+        let _ = write!(s, " {:>16} {:>8}", "reference", "ratio");
+    }
+    s.push('\n');
+    for (i, p) in run.system.phases.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{:<20} {:>16} {:>10} {:>8.3}",
+            p.name,
+            cell(p),
+            p.items,
+            p.secs
+        );
+        if let Some(q) = r.and_then(|r| r.phases.get(i)) {
+            let _ = write!(s, " {:>16} {:>8.2}", cell(q), ratio(p.rate, q.rate));
+        }
+        s.push('\n');
+    }
+    let line = |s: &mut String, name: &str, f: fn(&Score) -> f64, unit: &str| {
+        let a = f(&run.system.score);
+        let _ = write!(s, "[SCORE] {:<12} {:>10.4} {:<5}", name, a, unit);
+        if let Some(r) = r {
+            let b = f(&r.score);
+            let _ = write!(s, "  reference {:>10.4}  ratio {:>6.2}", b, ratio(a, b));
+        }
+        s.push('\n');
+    };
+    line(&mut s, "bandwidth", |x| x.bandwidth_gib_s, "GiB/s");
+    line(&mut s, "metadata", |x| x.metadata_kiops, "kIOPS");
+    line(&mut s, "score", |x| x.score, "");
+    let f = &run.system.find;
+    let _ = writeln!(
+        s,
+        "find: examined {}, found {} (expected {})",
+        f.examined, f.found, f.expected
+    );
+    let storm = |t: &TargetResult| {
+        format!(
+            "{} ranks, open max {:.1} us, min {:.1} us",
+            t.open_storm.ranks,
+            t.open_storm.max_secs * 1e6,
+            t.open_storm.min_secs * 1e6
+        )
+    };
+    let _ = write!(s, "open storm: system {}", storm(&run.system));
+    if let Some(r) = r {
+        let _ = write!(s, "; reference {}", storm(r));
+    }
+    s.push('\n');
+    s
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// An SVG chart: one row per phase, a bar for the system and one for the
+/// reference, each as long as its rate relative to the larger of the two,
+/// labelled with the rate and the ratio.
+pub fn svg(run: &RunResult) -> String {
+    use std::fmt::Write;
+    let rows = run.system.phases.len() + 3;
+    let (left, barw, rowh) = (170.0, 420.0, 34.0);
+    let h = 60.0 + rows as f64 * rowh;
+    let w = left + barw + 200.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let title = match &run.reference {
+        Some(r) => format!(
+            "{} vs {}",
+            run.system.target.describe(),
+            r.target.describe()
+        ),
+        None => run.system.target.describe(),
+    };
+    let _ = writeln!(
+        s,
+        r#"<text x="10" y="20" font-size="14">chfs-bench: {} ({} ranks)</text>"#,
+        esc(&title),
+        run.params.nprocs
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="10" y="30" width="12" height="10" fill="#3566a8"/><text x="26" y="39">system</text><rect x="90" y="30" width="12" height="10" fill="#e08a2c"/><text x="106" y="39">reference</text>"##
+    );
+    let mut entries: Vec<(String, f64, Option<f64>, String)> = Vec::new();
+    for (i, p) in run.system.phases.iter().enumerate() {
+        let q = run
+            .reference
+            .as_ref()
+            .and_then(|r| r.phases.get(i))
+            .map(|q| q.rate);
+        entries.push((p.name.clone(), p.rate, q, p.unit.clone()));
+    }
+    let sc = |t: &TargetResult| t.score;
+    let rs = run.reference.as_ref().map(sc);
+    entries.push((
+        "bandwidth".into(),
+        run.system.score.bandwidth_gib_s,
+        rs.map(|x| x.bandwidth_gib_s),
+        "GiB/s".into(),
+    ));
+    entries.push((
+        "metadata".into(),
+        run.system.score.metadata_kiops,
+        rs.map(|x| x.metadata_kiops),
+        "kIOPS".into(),
+    ));
+    entries.push((
+        "score".into(),
+        run.system.score.score,
+        rs.map(|x| x.score),
+        String::new(),
+    ));
+    for (i, (name, a, b, unit)) in entries.iter().enumerate() {
+        let y = 50.0 + i as f64 * rowh;
+        let max = a.max(b.unwrap_or(0.0)).max(1e-12);
+        let _ = writeln!(s, r#"<text x="10" y="{}">{}</text>"#, y + 16.0, esc(name));
+        let wa = barw * a / max;
+        let _ = writeln!(
+            s,
+            r##"<rect class="sys" x="{left}" y="{y}" width="{wa:.1}" height="13" fill="#3566a8"/><text x="{:.1}" y="{}">{a:.3} {unit}</text>"##,
+            left + wa + 4.0,
+            y + 11.0
+        );
+        if let Some(b) = b {
+            let wb = barw * b / max;
+            let _ = writeln!(
+                s,
+                r##"<rect class="ref" x="{left}" y="{}" width="{wb:.1}" height="13" fill="#e08a2c"/><text x="{:.1}" y="{}">{b:.3} {unit} (x{:.2})</text>"##,
+                y + 15.0,
+                left + wb + 4.0,
+                y + 26.0,
+                ratio(*a, *b)
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn target(label: &str, scale: f64) -> TargetResult {
+        let phases: Vec<PhaseResult> = Phase::ALL
+            .iter()
+            .map(|&p| {
+                PhaseResult::new(
+                    p,
+                    (1000.0 * scale) as u64,
+                    (GIB * scale) as u64,
+                    1.0,
+                    vec![1],
+                    false,
+                    true,
+                )
+            })
+            .collect();
+        let bw: Vec<f64> = phases
+            .iter()
+            .filter(|p| p.kind == Kind::Bw)
+            .map(|p| p.rate)
+            .collect();
+        let md: Vec<f64> = phases
+            .iter()
+            .filter(|p| p.kind == Kind::Md)
+            .map(|p| p.rate)
+            .collect();
+        TargetResult {
+            label: label.into(),
+            target: TargetSpec::Posix {
+                dir: PathBuf::from("/x<y"),
+            },
+            score: crate::score::score(&bw, &md),
+            phases,
+            find: FindCheck::default(),
+            open_storm: OpenStorm {
+                ranks: 2,
+                max_secs: 1e-3,
+                min_secs: 1e-4,
+            },
+        }
+    }
+
+    fn run() -> RunResult {
+        let sys = target("system", 2.0);
+        let reference = target("reference", 1.0);
+        RunResult {
+            tool: "chfs-bench".into(),
+            version: "0".into(),
+            host: hostname(),
+            started_unix: 0,
+            params: Params {
+                nprocs: 2,
+                stonewall_secs: 1.0,
+                easy_xfer: 1 << 20,
+                easy_max_segments: 1,
+                hard_max_records: 1,
+                md_easy_max: 1,
+                md_hard_max: 1,
+            },
+            ratios: ratios(&sys, &reference),
+            system: sys,
+            reference: Some(reference),
+        }
+    }
+
+    #[test]
+    fn rates_units_and_ratios() {
+        let p = PhaseResult::new(Phase::IorEasyWrite, 3, 3 << 30, 2.0, vec![3], false, true);
+        assert_eq!((p.rate, p.unit.as_str()), (1.5, "GiB/s"));
+        let p = PhaseResult::new(Phase::MdtestHardStat, 5000, 0, 0.5, vec![5000], false, true);
+        assert_eq!((p.rate, p.unit.as_str()), (10.0, "kIOPS"));
+        let r = run();
+        assert_eq!(r.ratios.len(), 15);
+        for x in &r.ratios {
+            assert!((x.ratio - 2.0).abs() < 1e-9, "{x:?}");
+        }
+    }
+
+    #[test]
+    fn json_round_trips_and_table_lists_every_phase() {
+        let r = run();
+        let j = serde_json::to_string(&r).unwrap();
+        let back: RunResult = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, r);
+        let t = table(&r);
+        for p in Phase::ALL {
+            assert!(t.contains(p.name()), "{t}");
+        }
+        assert!(t.contains("[SCORE] score"));
+    }
+
+    #[test]
+    fn svg_has_two_bars_per_row_and_escapes() {
+        let s = svg(&run());
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches(r#"class="sys""#).count(), 15);
+        assert_eq!(s.matches(r#"class="ref""#).count(), 15);
+        assert!(s.contains("/x&lt;y"));
+        assert!(!s.contains("/x<y"));
+        // system twice the reference: full bar and half bar
+        assert!(s.contains(r#"width="420.0""#) && s.contains(r#"width="210.0""#));
+    }
+}

@@ -1,0 +1,381 @@
+//! What one rank does in each phase, the messages between the leader and
+//! its worker processes, and the worker's main loop.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use chfs_client::{Client, ClientConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{BenchError, Result};
+use crate::fs::{Backend, ChfsBackend, PosixBackend};
+use crate::pattern::{self, Phase, IOR_HARD_FILE, IOR_HARD_XFER, MD_HARD_SIZE};
+
+/// Where a target lives.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetSpec {
+    /// A chfs-rs pool (`CHFS_SERVER` syntax).
+    Chfs {
+        /// Server addresses, comma separated.
+        servers: String,
+    },
+    /// A directory, through POSIX calls.
+    Posix {
+        /// The directory.
+        dir: PathBuf,
+    },
+}
+
+impl TargetSpec {
+    /// Connects to the target; `name` is the benchmark's directory in it.
+    pub fn backend(&self, name: &str) -> Result<Box<dyn Backend>> {
+        match self {
+            TargetSpec::Chfs { servers } => {
+                let cfg = chfs_config(servers)?;
+                let c =
+                    Client::connect(cfg).map_err(|e| BenchError::chfs("connect", servers, e))?;
+                Ok(Box::new(ChfsBackend::new(c, &format!("/{name}"))))
+            }
+            TargetSpec::Posix { dir } => Ok(Box::new(PosixBackend::new(dir.join(name)))),
+        }
+    }
+
+    /// Short description.
+    pub fn describe(&self) -> String {
+        match self {
+            TargetSpec::Chfs { servers } => format!("chfs-rs pool {servers}"),
+            TargetSpec::Posix { dir } => format!("POSIX {}", dir.display()),
+        }
+    }
+}
+
+/// The client configuration from the environment, with `servers` as the
+/// contact list.
+pub fn chfs_config(servers: &str) -> Result<ClientConfig> {
+    ClientConfig::from_lookup(|k| {
+        if k == "CHFS_SERVER" {
+            Some(servers.to_string())
+        } else {
+            std::env::var(k).ok()
+        }
+    })
+    .map_err(|e| BenchError::chfs("config", servers, e))
+}
+
+/// Sizes and limits of a run (the same for every rank).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Params {
+    /// Number of ranks.
+    pub nprocs: usize,
+    /// Stonewall: a write/create phase stops issuing new operations after
+    /// this many seconds.
+    pub stonewall_secs: f64,
+    /// ior-easy transfer size in bytes.
+    pub easy_xfer: usize,
+    /// ior-easy: most transfers per rank.
+    pub easy_max_segments: u64,
+    /// ior-hard: most 47,008-byte records per rank.
+    pub hard_max_records: u64,
+    /// mdtest-easy: most files per rank.
+    pub md_easy_max: u64,
+    /// mdtest-hard: most files per rank.
+    pub md_hard_max: u64,
+}
+
+/// What the leader asks of a rank.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Work {
+    /// An IO500 phase (not find, which the leader runs).
+    Io500(Phase),
+    /// Every rank opens the one shared file at once.
+    OpenStorm,
+}
+
+/// Leader to worker.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// Connect to the target.
+    Init {
+        /// This worker's rank.
+        rank: usize,
+        /// The target.
+        target: TargetSpec,
+        /// Benchmark directory name inside the target.
+        name: String,
+        /// Parameters.
+        params: Params,
+    },
+    /// Run one phase; `counts[r]` = items rank `r` wrote in the source phase.
+    Run {
+        /// The work.
+        work: Work,
+        /// Items written per rank by the phase this one consumes.
+        counts: Vec<u64>,
+    },
+    /// Exit.
+    Quit,
+}
+
+/// Worker to leader.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum FromWorker {
+    /// Connected.
+    Ready,
+    /// Items done so far in the current phase.
+    Progress(u64),
+    /// Phase finished.
+    Done(RankResult),
+    /// Something failed.
+    Failed(String),
+}
+
+/// One rank's share of a phase.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct RankResult {
+    /// Operations (transfers or files) done.
+    pub items: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Seconds this rank spent.
+    pub secs: f64,
+    /// The stonewall stopped this rank before its maximum.
+    pub stonewalled: bool,
+}
+
+fn check_stamp(buf: &[u8], path: &str, off: u64, want: (u64, u64)) -> Result<()> {
+    let got = pattern::read_stamp(buf);
+    if got != want {
+        return Err(BenchError::Verify {
+            path: path.to_string(),
+            off,
+            want,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// Reports progress at most every 100 ms.
+struct Ticker<'a> {
+    f: &'a mut dyn FnMut(u64),
+    last: Instant,
+}
+
+impl Ticker<'_> {
+    fn tick(&mut self, n: u64) {
+        if self.last.elapsed() >= Duration::from_millis(100) {
+            (self.f)(n);
+            self.last = Instant::now();
+        }
+    }
+}
+
+/// Runs rank `rank`'s part of `work`. `counts` are the items each rank
+/// wrote in the source phase (for reads, stats and deletes).
+pub fn run_work(
+    fs: &dyn Backend,
+    rank: usize,
+    p: &Params,
+    work: Work,
+    counts: &[u64],
+    progress: &mut dyn FnMut(u64),
+) -> Result<RankResult> {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(p.stonewall_secs.max(0.0));
+    let src = pattern::source_rank(rank, p.nprocs);
+    let src_count = counts.get(src).copied().unwrap_or(0);
+    let mut t = Ticker {
+        f: progress,
+        last: start,
+    };
+    let mut r = RankResult::default();
+    // Loop of a write phase: up to `max` items, stopped by the stonewall.
+    macro_rules! bounded {
+        ($max:expr, |$i:ident| $body:block) => {
+            for $i in 0..$max {
+                if Instant::now() >= deadline {
+                    r.stonewalled = true;
+                    break;
+                }
+                $body
+                r.items += 1;
+                t.tick(r.items);
+            }
+        };
+    }
+    let phase = match work {
+        Work::OpenStorm => {
+            let f = fs.open_read(IOR_HARD_FILE)?;
+            r.secs = start.elapsed().as_secs_f64();
+            f.close()?;
+            r.items = 1;
+            return Ok(r);
+        }
+        Work::Io500(ph) => ph,
+    };
+    match phase {
+        Phase::IorEasyWrite => {
+            let path = pattern::ior_easy_file(rank);
+            let mut buf = pattern::filler(p.easy_xfer);
+            let mut f = fs.create(&path)?;
+            bounded!(p.easy_max_segments, |s| {
+                pattern::stamp(&mut buf, rank as u64, s);
+                f.pwrite_all(&buf, pattern::ior_easy_offset(s, p.easy_xfer))?;
+                r.bytes += buf.len() as u64;
+            });
+            f.close()?;
+        }
+        Phase::IorEasyRead => {
+            let path = pattern::ior_easy_file(src);
+            let mut buf = vec![0u8; p.easy_xfer];
+            let mut f = fs.open_read(&path)?;
+            for s in 0..src_count {
+                let off = pattern::ior_easy_offset(s, p.easy_xfer);
+                f.pread_exact(&mut buf, off)?;
+                check_stamp(&buf, &path, off, (src as u64, s))?;
+                r.bytes += buf.len() as u64;
+                r.items += 1;
+                t.tick(r.items);
+            }
+            f.close()?;
+        }
+        Phase::IorHardWrite => {
+            let mut buf = pattern::filler(IOR_HARD_XFER);
+            let mut f = fs.create(IOR_HARD_FILE)?;
+            bounded!(p.hard_max_records, |s| {
+                pattern::stamp(&mut buf, rank as u64, s);
+                let off = pattern::ior_hard_offset(rank, s, p.nprocs, IOR_HARD_XFER);
+                f.pwrite_all(&buf, off)?;
+                r.bytes += buf.len() as u64;
+            });
+            f.close()?;
+        }
+        Phase::IorHardRead => {
+            let mut buf = vec![0u8; IOR_HARD_XFER];
+            let mut f = fs.open_read(IOR_HARD_FILE)?;
+            for s in 0..src_count {
+                let off = pattern::ior_hard_offset(src, s, p.nprocs, IOR_HARD_XFER);
+                f.pread_exact(&mut buf, off)?;
+                check_stamp(&buf, IOR_HARD_FILE, off, (src as u64, s))?;
+                r.bytes += buf.len() as u64;
+                r.items += 1;
+                t.tick(r.items);
+            }
+            f.close()?;
+        }
+        Phase::MdtestEasyWrite => {
+            bounded!(p.md_easy_max, |i| {
+                fs.create(&pattern::md_easy_file(rank, i))?.close()?;
+            });
+        }
+        Phase::MdtestHardWrite => {
+            let mut buf = pattern::filler(MD_HARD_SIZE);
+            bounded!(p.md_hard_max, |i| {
+                pattern::stamp(&mut buf, rank as u64, i);
+                let mut f = fs.create(&pattern::md_hard_file(rank, i))?;
+                f.pwrite_all(&buf, 0)?;
+                f.close()?;
+                r.bytes += buf.len() as u64;
+            });
+        }
+        Phase::MdtestEasyStat | Phase::MdtestHardStat => {
+            let (want, name): (u64, fn(usize, u64) -> String) = if phase == Phase::MdtestEasyStat {
+                (0, pattern::md_easy_file)
+            } else {
+                (MD_HARD_SIZE as u64, pattern::md_hard_file)
+            };
+            for i in 0..src_count {
+                let path = name(src, i);
+                let got = fs.size(&path)?;
+                if got != want {
+                    return Err(BenchError::Size { path, got, want });
+                }
+                r.items += 1;
+                t.tick(r.items);
+            }
+        }
+        Phase::MdtestHardRead => {
+            let mut buf = vec![0u8; MD_HARD_SIZE];
+            for i in 0..src_count {
+                let path = pattern::md_hard_file(src, i);
+                let mut f = fs.open_read(&path)?;
+                f.pread_exact(&mut buf, 0)?;
+                f.close()?;
+                check_stamp(&buf, &path, 0, (src as u64, i))?;
+                r.bytes += buf.len() as u64;
+                r.items += 1;
+                t.tick(r.items);
+            }
+        }
+        Phase::MdtestEasyDelete | Phase::MdtestHardDelete => {
+            let name: fn(usize, u64) -> String = if phase == Phase::MdtestEasyDelete {
+                pattern::md_easy_file
+            } else {
+                pattern::md_hard_file
+            };
+            for i in 0..src_count {
+                fs.unlink(&name(src, i))?;
+                r.items += 1;
+                t.tick(r.items);
+            }
+        }
+        Phase::Find => {
+            return Err(BenchError::Config(
+                "find is run by the leader, not by a worker".into(),
+            ))
+        }
+    }
+    r.secs = start.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+fn send(out: &mut impl Write, m: &FromWorker) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(m).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()
+}
+
+/// The main loop of a worker process: JSON lines on stdin and stdout.
+/// Returns when told to quit or when stdin closes.
+pub fn worker_main() -> Result<()> {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut state: Option<(usize, Params, Box<dyn Backend>)> = None;
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| BenchError::io("read", "stdin", e))?;
+        let msg: ToWorker = serde_json::from_str(&line)?;
+        let reply = match msg {
+            ToWorker::Quit => return Ok(()),
+            ToWorker::Init {
+                rank,
+                target,
+                name,
+                params,
+            } => match target.backend(&name) {
+                Ok(b) => {
+                    state = Some((rank, params, b));
+                    FromWorker::Ready
+                }
+                Err(e) => FromWorker::Failed(e.to_string()),
+            },
+            ToWorker::Run { work, counts } => match &state {
+                None => FromWorker::Failed("Run before Init".into()),
+                Some((rank, params, fs)) => {
+                    let mut prog = |n: u64| {
+                        let _ = send(&mut std::io::stdout(), &FromWorker::Progress(n));
+                    };
+                    match run_work(fs.as_ref(), *rank, params, work, &counts, &mut prog) {
+                        Ok(r) => FromWorker::Done(r),
+                        Err(e) => FromWorker::Failed(e.to_string()),
+                    }
+                }
+            },
+        };
+        send(&mut out, &reply).map_err(|e| BenchError::io("write", "stdout", e))?;
+    }
+    Ok(())
+}
