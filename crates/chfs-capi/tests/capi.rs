@@ -1,0 +1,502 @@
+//! libchfs through the path C users take: the library, header and chfs.pc
+//! are installed into a temporary PREFIX by `scripts/install-capi.sh`, C
+//! programs from `tests/c/` are compiled with
+//! `cc $(pkg-config --cflags --libs chfs)` and run against real `chfsd`
+//! servers (the ones installed in PREFIX/bin).
+//!
+//! Needs: cc, pkg-config, nm, readelf; `chfsd` built (`cargo build -p
+//! chfs-server`).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use chfs_client::{Client, ClientConfig};
+use chfs_localpool::{LocalPool, PoolOptions};
+
+const CRATE: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The directory holding the built `libchfs.so` and `chfsd`
+/// (`target/<profile>`; this test runs from `target/<profile>/deps`).
+fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut d = exe.parent().expect("exe dir").to_path_buf();
+    for _ in 0..2 {
+        if d.join("libchfs.so").is_file() && d.join("chfsd").is_file() {
+            return d;
+        }
+        d = d.parent().expect("parent").to_path_buf();
+    }
+    panic!(
+        "libchfs.so and chfsd not found next to {} (run `cargo build -p chfs-server -p chfs-capi`)",
+        exe.display()
+    );
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    out
+}
+
+fn check(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A command with no inherited CHFS_* variables.
+fn clean(prog: &Path) -> Command {
+    let mut c = Command::new(prog);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("CHFS_") {
+            c.env_remove(k);
+        }
+    }
+    c.env_remove("LD_LIBRARY_PATH");
+    c
+}
+
+/// An installed tree in a temporary PREFIX.
+struct Prefix {
+    dir: tempfile::TempDir,
+}
+
+impl Prefix {
+    fn install() -> Prefix {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = Path::new(CRATE).join("../../scripts/install-capi.sh");
+        check(
+            Command::new("bash")
+                .arg(&script)
+                .arg("--from")
+                .arg(build_dir())
+                .arg(dir.path()),
+        );
+        Prefix { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn pkg_config(&self, args: &[&str]) -> String {
+        let out = check(
+            Command::new("pkg-config")
+                .args(args)
+                .arg("chfs")
+                .env("PKG_CONFIG_PATH", self.path().join("lib/pkgconfig")),
+        );
+        String::from_utf8(out.stdout)
+            .expect("utf8")
+            .trim()
+            .to_string()
+    }
+
+    /// Compiles `tests/c/<name>.c` with pkg-config's flags only.
+    fn cc(&self, name: &str, out_dir: &Path) -> PathBuf {
+        let flags = self.pkg_config(&["--cflags", "--libs"]);
+        let exe = out_dir.join(name);
+        let src = Path::new(CRATE).join("tests/c").join(format!("{name}.c"));
+        check(
+            Command::new("cc")
+                .args([
+                    "-std=gnu99",
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-O1",
+                    "-pthread",
+                    "-o",
+                ])
+                .arg(&exe)
+                .arg(&src)
+                .args(flags.split_whitespace()),
+        );
+        exe
+    }
+
+    fn chfsd(&self) -> PathBuf {
+        self.path().join("bin/chfsd")
+    }
+
+    fn pool(&self, n: usize) -> LocalPool {
+        LocalPool::start_with(PoolOptions {
+            servers: n,
+            chfsd: Some(self.chfsd()),
+            ..Default::default()
+        })
+        .expect("start chfsd pool from PREFIX/bin")
+    }
+}
+
+fn rust_client(pool: &LocalPool) -> Client {
+    Client::connect(ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    })
+    .expect("connect")
+}
+
+fn server_requests(c: &Client) -> u64 {
+    c.server_status()
+        .into_iter()
+        .map(|(a, s)| s.unwrap_or_else(|e| panic!("status of {a}: {e}")).requests)
+        .sum()
+}
+
+/// Declared `chfs_*` functions of a C header (comments removed).
+fn header_functions(h: &str) -> BTreeSet<String> {
+    let mut code = String::new();
+    let mut rest = h;
+    while let Some(i) = rest.find("/*") {
+        code.push_str(&rest[..i]);
+        rest = rest[i..].find("*/").map_or("", |j| &rest[i + j + 2..]);
+    }
+    code.push_str(rest);
+    let mut out = BTreeSet::new();
+    let b = code.as_bytes();
+    let mut i = 0;
+    while let Some(j) = code[i..].find("chfs_") {
+        let start = i + j;
+        let mut end = start;
+        while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+            end += 1;
+        }
+        let mut k = end;
+        while k < b.len() && b[k] == b' ' {
+            k += 1;
+        }
+        let ident_start =
+            start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
+        if ident_start && k < b.len() && b[k] == b'(' {
+            out.insert(code[start..end].to_string());
+        }
+        i = end;
+    }
+    out
+}
+
+#[test]
+fn installed_tree_header_and_exported_symbols_match() {
+    let p = Prefix::install();
+    let version = env!("CARGO_PKG_VERSION");
+    let lib = p.path().join("lib");
+    for f in ["bin/chfsd", "include/chfs.h", "lib/pkgconfig/chfs.pc"] {
+        assert!(p.path().join(f).is_file(), "{f} not installed");
+    }
+    let real = lib.join(format!("libchfs.so.{version}"));
+    assert!(real.is_file());
+    assert_eq!(
+        std::fs::read_link(lib.join("libchfs.so.0")).unwrap(),
+        PathBuf::from(format!("libchfs.so.{version}"))
+    );
+    assert_eq!(
+        std::fs::read_link(lib.join("libchfs.so")).unwrap(),
+        PathBuf::from("libchfs.so.0")
+    );
+    assert_eq!(p.pkg_config(&["--modversion"]), version);
+
+    let dynamic =
+        String::from_utf8(check(Command::new("readelf").arg("-d").arg(&real)).stdout).unwrap();
+    assert!(
+        dynamic.contains("Library soname: [libchfs.so.0]"),
+        "{dynamic}"
+    );
+    for line in dynamic.lines().filter(|l| l.contains("(NEEDED)")) {
+        assert!(
+            [
+                "libc.so",
+                "libgcc_s.so",
+                "ld-linux",
+                "libm.so",
+                "libpthread.so",
+                "libdl.so"
+            ]
+            .iter()
+            .any(|s| line.contains(s)),
+            "unexpected dependency: {line}"
+        );
+    }
+
+    // Exported functions == declared functions, and nothing else exported.
+    let nm = String::from_utf8(
+        check(Command::new("nm").args(["-D", "--defined-only"]).arg(&real)).stdout,
+    )
+    .unwrap();
+    let mut exported = BTreeSet::new();
+    for l in nm.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() == 3 && matches!(f[1], "T" | "W" | "i") {
+            assert!(f[2].starts_with("chfs_"), "undocumented export {}", f[2]);
+            exported.insert(f[2].to_string());
+        }
+    }
+    let header = std::fs::read_to_string(p.path().join("include/chfs.h")).unwrap();
+    let declared = header_functions(&header);
+    assert_eq!(
+        declared, exported,
+        "chfs.h declarations vs exported symbols"
+    );
+    assert!(declared.len() >= 44, "{declared:?}");
+
+    // Every CHFS signature, redeclared verbatim, agrees with chfs.h and links.
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("signatures", tmp.path());
+    check(&mut clean(&exe));
+}
+
+#[test]
+fn every_function_against_real_servers() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("api_test", tmp.path());
+    let pool = p.pool(3);
+    let local = tmp.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let out = check(
+        clean(&exe)
+            .env("CHFS_SERVER", &pool.addrs()[0])
+            .env("CHFS_RPC_TIMEOUT_MSEC", "10000")
+            .arg(pool.server_string())
+            .arg("3")
+            .arg(&local),
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "api_test: ok\n");
+    assert!(
+        out.stderr.is_empty(),
+        "library printed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn binary_keeps_running_when_only_the_library_is_swapped() {
+    let a = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = a.cc("writer", tmp.path());
+    let dynamic =
+        String::from_utf8(check(Command::new("readelf").arg("-d").arg(&exe)).stdout).unwrap();
+    assert!(
+        dynamic.contains("Shared library: [libchfs.so.0]"),
+        "program must depend on the soname: {dynamic}"
+    );
+    let pool = a.pool(2);
+    let run_writer = |ld: Option<&Path>| {
+        let mut c = clean(&exe);
+        c.env("CHFS_SERVER", pool.server_string())
+            .args(["/swap", "0", "1", "1000", "3"]);
+        if let Some(d) = ld {
+            c.env("LD_LIBRARY_PATH", d);
+        }
+        run(&mut c)
+    };
+    assert!(run_writer(None).status.success());
+
+    // Another build of the library in another tree; the first one removed.
+    let b = Prefix::install();
+    for f in std::fs::read_dir(a.path().join("lib")).unwrap() {
+        let f = f.unwrap().path();
+        if f.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("libchfs.so")
+        {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+    let out = run_writer(None);
+    assert!(!out.status.success(), "ran without any libchfs.so.0");
+    let out = run_writer(Some(&b.path().join("lib")));
+    assert!(
+        out.status.success(),
+        "with the swapped library: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let verify = check(
+        clean(&exe)
+            .env("CHFS_SERVER", pool.server_string())
+            .env("LD_LIBRARY_PATH", b.path().join("lib"))
+            .args(["/swap", "verify", "1", "1000", "3"]),
+    );
+    assert!(String::from_utf8_lossy(&verify.stdout).contains("verified 3000 bytes"));
+}
+
+#[test]
+fn two_processes_write_one_file_at_disjoint_offsets() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("writer", tmp.path());
+    let pool = p.pool(2);
+    // 10000-byte blocks: chunks of 64 KiB are shared by both writers.
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            clean(&exe)
+                .env("CHFS_SERVER", pool.server_string())
+                .args(["/shared", &rank.to_string(), "2", "10000", "40"])
+                .spawn()
+                .expect("spawn writer")
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+    }
+    let out = check(
+        clean(&exe)
+            .env("CHFS_SERVER", pool.server_string())
+            .args(["/shared", "verify", "2", "10000", "40"]),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verified 800000 bytes"));
+}
+
+#[test]
+fn buf_size_aggregates_small_writes_into_few_requests() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("bufwrite", tmp.path());
+    let pool = p.pool(2);
+    let c = rust_client(&pool);
+    let mut delta = Vec::new();
+    for buf in ["0", "65536"] {
+        let before = server_requests(&c);
+        check(
+            clean(&exe)
+                .env("CHFS_SERVER", pool.server_string())
+                .env("CHFS_BUF_SIZE", buf)
+                .args([&format!("/buf{buf}"), "1000", "100"]),
+        );
+        delta.push(server_requests(&c) - before);
+    }
+    let (plain, buffered) = (delta[0], delta[1]);
+    eprintln!("server requests for 1000 writes of 100 B: CHFS_BUF_SIZE=0: {plain}, CHFS_BUF_SIZE=65536: {buffered}");
+    assert!(
+        plain >= 1000,
+        "each unbuffered write is a request ({plain})"
+    );
+    assert!(
+        buffered * 10 <= plain,
+        "buffered {buffered} vs unbuffered {plain}"
+    );
+}
+
+#[test]
+fn bad_environment_makes_init_fail_cleanly() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("env_test", tmp.path());
+    let pool = p.pool(1);
+    let srv = pool.server_string();
+    let cases: &[(&[(&str, &str)], i32)] = &[
+        (&[], libc::EINVAL),
+        (&[("CHFS_SERVER", "")], libc::EINVAL),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_CHUNK_SIZE", "abc")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_CHUNK_SIZE", "0")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_BUF_SIZE", "-1")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_ASYNC_ACCESS", "yes")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_RPC_TIMEOUT_MSEC", "1s")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_NODE_LIST_CACHE_TIMEOUT", "x")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_LOG_PRIORITY", "loud")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_LOOKUP_LOCAL", "2")],
+            libc::EINVAL,
+        ),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_LOOKUP_RELAY_GROUP", "-1")],
+            libc::EINVAL,
+        ),
+        (
+            &[
+                ("CHFS_SERVER", &srv),
+                ("CHFS_LOOKUP_RELAY_GROUP_AUTO", "on"),
+            ],
+            libc::EINVAL,
+        ),
+        (
+            &[
+                ("CHFS_SERVER", &srv),
+                ("CHFS_BACKEND_PATH", "/nonexistent/backend"),
+            ],
+            libc::ENOENT,
+        ),
+        (&[("CHFS_SERVER", &srv), ("CHFS_SUBDIR_PATH", "")], 0),
+        (
+            &[("CHFS_SERVER", &srv), ("CHFS_RDMA_THRESH", "big")],
+            libc::EINVAL,
+        ),
+        (&[("CHFS_SERVER", "127.0.0.1:1")], libc::ECONNREFUSED),
+        (
+            &[
+                ("CHFS_SERVER", &srv),
+                ("CHFS_CHUNK_SIZE", "4096"),
+                ("CHFS_ASYNC_ACCESS", "0"),
+                ("CHFS_BUF_SIZE", "8192"),
+                ("CHFS_RPC_TIMEOUT_MSEC", "5000"),
+                ("CHFS_NODE_LIST_CACHE_TIMEOUT", "10"),
+                ("CHFS_LOOKUP_LOCAL", "1"),
+                ("CHFS_LOOKUP_RELAY_GROUP", "4"),
+                ("CHFS_LOOKUP_RELAY_GROUP_AUTO", "0"),
+                ("CHFS_BACKEND_PATH", "/tmp"),
+                ("CHFS_SUBDIR_PATH", "/stage"),
+                ("CHFS_RDMA_THRESH", "65536"),
+            ],
+            0,
+        ),
+    ];
+    for (env, errno) in cases {
+        let mut c = clean(&exe);
+        c.envs(env.iter().copied()).arg(errno.to_string());
+        let out = check(&mut c);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "env_test: ok\n",
+            "{env:?}"
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{env:?}: library printed {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Logging on request: the reason goes to stderr.
+    let out = check(
+        clean(&exe)
+            .env("CHFS_SERVER", &srv)
+            .env("CHFS_LOG_PRIORITY", "err")
+            .env("CHFS_CHUNK_SIZE", "abc")
+            .arg(libc::EINVAL.to_string()),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("CHFS_CHUNK_SIZE") && err.contains("err:"),
+        "{err}"
+    );
+}
