@@ -480,6 +480,8 @@ impl Client {
             idx: 0,
             off: 0,
             len: m.size as u32,
+            chunk_size: m.chunk_size,
+            flags: rw_flags(m),
         };
         match self.call_owner(st, p, 0, &req)? {
             Response::Data(d) => String::from_utf8(d.to_vec())
@@ -1032,6 +1034,7 @@ impl Client {
                 f.meta.mode,
                 idx,
                 in_chunk,
+                rw_flags(&f.meta),
             );
             ops.push(Op {
                 server: st.ring.owner_of_hash(f.hash, idx),
@@ -1198,6 +1201,8 @@ impl Client {
                 idx,
                 off: in_chunk,
                 len: n as u32,
+                chunk_size: f.meta.chunk_size,
+                flags: rw_flags(&f.meta),
             };
             ops.push(Op::req(st.ring.owner_of_hash(f.hash, idx), &req));
             spans.push((done, n));
@@ -1289,6 +1294,16 @@ impl Client {
             r?;
         }
         Ok(())
+    }
+}
+
+/// Read/write flags for chunks of a file with entry `m`: read-through from
+/// the backend for cached copies of backend files.
+fn rw_flags(m: &Meta) -> u16 {
+    if m.flags & chfs_proto::meta::FLAG_CACHED != 0 {
+        chfs_proto::msg::rw::BACKEND
+    } else {
+        0
     }
 }
 

@@ -28,8 +28,16 @@ pub const META_VERSION: u16 = 1;
 
 /// The entry was modified in the cache and must be flushed to the backend.
 pub const FLAG_DIRTY: u16 = 1;
-/// The entry is a clean cached copy of a backend file.
+/// The entry is a cached copy of a backend file (chunks missing here are
+/// read through from the backend).
 pub const FLAG_CACHED: u16 = 2;
+/// Entry of a backend file whose chunk-0 bytes have not been fetched yet.
+pub const FLAG_PARTIAL: u16 = 4;
+/// A removed backend entry, kept so the backend copy stays hidden (cache
+/// mode, "keep" policy). Never returned to clients.
+pub const FLAG_WHITEOUT: u16 = 8;
+/// A directory entry that exists only in the backend (readdir results).
+pub const FLAG_BACKEND_ONLY: u16 = 16;
 
 /// File metadata as stored with a chunk and carried on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -59,6 +59,32 @@ pub mod op {
     pub const PUT_CHUNK: u16 = 22;
     /// [`super::Request::AppendReserve`]
     pub const APPEND_RESERVE: u16 = 23;
+    /// [`super::Request::FlushStatus`]
+    pub const FLUSH_STATUS: u16 = 25;
+    /// [`super::Request::Flush`]
+    pub const FLUSH: u16 = 26;
+}
+
+/// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
+pub mod rw {
+    /// The file is a cached copy of a backend file: a chunk missing here is
+    /// fetched from the backend (read-through) before it is read or written.
+    pub const BACKEND: u16 = 1;
+    /// Only make sure the chunk is cached; return no bytes (stage-in).
+    pub const FETCH_ONLY: u16 = 2;
+}
+
+/// Write-back state of a server (or of a subtree on it).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlushState {
+    /// Dirty chunks not yet written to the backend.
+    pub chunks: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Chunks whose last flush attempt failed (retried with back-off).
+    pub failing: u64,
+    /// The most recent flush error, empty if none.
+    pub last_error: String,
 }
 
 /// How to change a timestamp in [`SetAttr`].
@@ -123,6 +149,10 @@ pub struct ServerStatus {
     pub requests: u64,
     /// Server list version the server holds.
     pub list_version: u64,
+    /// Backend directory in cache mode (empty otherwise).
+    pub backend: String,
+    /// Write-back state.
+    pub flush: FlushState,
 }
 
 /// A request.
@@ -181,6 +211,8 @@ pub enum Request {
         idx: u64,
         /// Offset within the chunk.
         off: u32,
+        /// `rw::*` flags.
+        flags: u16,
         /// The bytes (payload tail).
         data: Bytes,
     },
@@ -197,6 +229,10 @@ pub enum Request {
         off: u32,
         /// Bytes wanted.
         len: u32,
+        /// Chunk size of the file (to locate the chunk in a backend file).
+        chunk_size: u32,
+        /// `rw::*` flags.
+        flags: u16,
     },
     /// Set the size recorded in the entry; with `grow_only` only if larger.
     SetSize {
@@ -281,6 +317,17 @@ pub enum Request {
         /// Bytes to reserve.
         len: u64,
     },
+    /// Write-back state of this server's chunks under `prefix`.
+    FlushStatus {
+        /// Normalised path of a file or directory (`/` for everything).
+        prefix: String,
+    },
+    /// Start flushing this server's dirty chunks under `prefix` now, without
+    /// waiting for idleness; returns the state at the time of the request.
+    Flush {
+        /// Normalised path of a file or directory (`/` for everything).
+        prefix: String,
+    },
 }
 
 /// A successful response.
@@ -316,6 +363,8 @@ pub enum Response {
     Bool(bool),
     /// A count or offset.
     Count(u64),
+    /// Write-back state.
+    FlushState(FlushState),
 }
 
 fn put_meta(out: &mut Vec<u8>, m: &Meta) {
@@ -391,6 +440,7 @@ fn get_opt(r: &mut Reader) -> Result<Option<u32>, ProtoError> {
 
 /// Encodes the fixed fields of a [`Request::Write`]; the data follows as the
 /// payload tail. Lets a client send user bytes without copying them.
+#[allow(clippy::too_many_arguments)]
 pub fn encode_write_head(
     out: &mut Vec<u8>,
     path: &str,
@@ -399,6 +449,7 @@ pub fn encode_write_head(
     mode: u32,
     idx: u64,
     off: u32,
+    flags: u16,
 ) {
     out.put_str(path);
     out.put_u32(fileid);
@@ -406,6 +457,23 @@ pub fn encode_write_head(
     out.put_u32(mode);
     out.put_u64(idx);
     out.put_u32(off);
+    out.put_u16(flags);
+}
+
+fn put_flush(out: &mut Vec<u8>, f: &FlushState) {
+    out.put_u64(f.chunks);
+    out.put_u64(f.bytes);
+    out.put_u64(f.failing);
+    out.put_str(&f.last_error);
+}
+
+fn get_flush(r: &mut Reader) -> Result<FlushState, ProtoError> {
+    Ok(FlushState {
+        chunks: r.u64()?,
+        bytes: r.u64()?,
+        failing: r.u64()?,
+        last_error: r.string()?,
+    })
 }
 
 impl Request {
@@ -432,6 +500,8 @@ impl Request {
             Request::RenameMove { .. } => op::RENAME_MOVE,
             Request::PutChunk { .. } => op::PUT_CHUNK,
             Request::AppendReserve { .. } => op::APPEND_RESERVE,
+            Request::FlushStatus { .. } => op::FLUSH_STATUS,
+            Request::Flush { .. } => op::FLUSH,
         }
     }
 
@@ -477,9 +547,10 @@ impl Request {
                 mode,
                 idx,
                 off,
+                flags,
                 data,
             } => {
-                encode_write_head(out, path, *fileid, *chunk_size, *mode, *idx, *off);
+                encode_write_head(out, path, *fileid, *chunk_size, *mode, *idx, *off, *flags);
                 out.extend_from_slice(data);
             }
             Request::Read {
@@ -488,12 +559,16 @@ impl Request {
                 idx,
                 off,
                 len,
+                chunk_size,
+                flags,
             } => {
                 out.put_str(path);
                 out.put_u32(*fileid);
                 out.put_u64(*idx);
                 out.put_u32(*off);
                 out.put_u32(*len);
+                out.put_u32(*chunk_size);
+                out.put_u16(*flags);
             }
             Request::SetSize {
                 path,
@@ -557,6 +632,7 @@ impl Request {
                 out.put_str(path);
                 out.put_u64(*len);
             }
+            Request::FlushStatus { prefix } | Request::Flush { prefix } => out.put_str(prefix),
         }
     }
 
@@ -593,8 +669,10 @@ impl Request {
                 let mode = r.u32()?;
                 let idx = r.u64()?;
                 let off = r.u32()?;
+                let flags = r.u16()?;
                 let data = r.rest();
                 return Ok(Request::Write {
+                    flags,
                     path,
                     fileid,
                     chunk_size,
@@ -610,6 +688,14 @@ impl Request {
                 idx: r.u64()?,
                 off: r.u32()?,
                 len: r.u32()?,
+                chunk_size: r.u32()?,
+                flags: r.u16()?,
+            },
+            op::FLUSH_STATUS => Request::FlushStatus {
+                prefix: r.string()?,
+            },
+            op::FLUSH => Request::Flush {
+                prefix: r.string()?,
             },
             op::SET_SIZE => Request::SetSize {
                 path: r.string()?,
@@ -688,6 +774,7 @@ mod tag {
     pub const ENTRIES: u8 = 7;
     pub const BOOL: u8 = 8;
     pub const COUNT: u8 = 9;
+    pub const FLUSH: u8 = 10;
 }
 
 impl Response {
@@ -708,6 +795,8 @@ impl Response {
                 out.put_u64(s.capacity);
                 out.put_u64(s.requests);
                 out.put_u64(s.list_version);
+                out.put_str(&s.backend);
+                put_flush(out, &s.flush);
             }
             Response::Meta(m) => {
                 out.put_u8(tag::META);
@@ -739,6 +828,10 @@ impl Response {
                 out.put_u8(tag::BOOL);
                 out.put_u8(*b as u8)
             }
+            Response::FlushState(f) => {
+                out.put_u8(tag::FLUSH);
+                put_flush(out, f)
+            }
             Response::Count(c) => {
                 out.put_u8(tag::COUNT);
                 out.put_u64(*c)
@@ -760,6 +853,8 @@ impl Response {
                 capacity: r.u64()?,
                 requests: r.u64()?,
                 list_version: r.u64()?,
+                backend: r.string()?,
+                flush: get_flush(&mut r)?,
             }),
             tag::META => Response::Meta(get_meta(&mut r)?),
             tag::CREATED => Response::Created {
@@ -782,6 +877,7 @@ impl Response {
             }
             tag::BOOL => Response::Bool(r.bool()?),
             tag::COUNT => Response::Count(r.u64()?),
+            tag::FLUSH => Response::FlushState(get_flush(&mut r)?),
             t => return Err(ProtoError::Malformed(format!("response tag {t}"))),
         };
         r.finish()?;
@@ -845,6 +941,7 @@ mod tests {
             mode: 0o644,
             idx: 5,
             off: 2,
+            flags: rw::BACKEND,
             data: Bytes::from_static(b"xy"),
         });
         rt(Request::Read {
@@ -853,6 +950,8 @@ mod tests {
             idx: 2,
             off: 3,
             len: 4,
+            chunk_size: 9,
+            flags: 0,
         });
         rt(Request::SetAttr {
             path: "/a".into(),
@@ -883,6 +982,10 @@ mod tests {
             idx: 1,
             meta,
             data: Bytes::from_static(b"q"),
+        });
+        rt(Request::Flush { prefix: "/".into() });
+        rt(Request::FlushStatus {
+            prefix: "/d".into(),
         });
         rt(Request::AppendReserve {
             path: "/a".into(),
@@ -921,6 +1024,12 @@ mod tests {
                 ..Default::default()
             }),
             Response::Count(7),
+            Response::FlushState(FlushState {
+                chunks: 1,
+                bytes: 2,
+                failing: 3,
+                last_error: "x".into(),
+            }),
         ] {
             let mut b = Vec::new();
             resp.encode(&mut b);
@@ -937,6 +1046,8 @@ mod tests {
             idx: 2,
             off: 3,
             len: 4,
+            chunk_size: 9,
+            flags: 0,
         }
         .encode(&mut b);
         for n in 0..b.len() {

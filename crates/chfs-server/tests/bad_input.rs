@@ -225,6 +225,7 @@ fn unnormalised_paths_and_bad_chunk_sizes_are_refused() {
         mode: meta.mode,
         idx: 0,
         off: 90,
+        flags: 0,
         data: Bytes::from(vec![1u8; 20]),
     };
     assert_eq!(
@@ -239,6 +240,7 @@ fn unnormalised_paths_and_bad_chunk_sizes_are_refused() {
         mode: meta.mode,
         idx: 0,
         off: 0,
+        flags: 0,
         data: Bytes::from(vec![1u8; 20]),
     };
     assert_eq!(
@@ -281,6 +283,7 @@ fn requests_reaching_a_non_owner_are_forwarded() {
                 mode: meta.mode,
                 idx,
                 off: 0,
+                flags: 0,
                 data: Bytes::from(vec![idx as u8 + 1; 10]),
             };
             assert_eq!(call(s, 2, &w), Ok(Response::Written(10)));
@@ -294,6 +297,8 @@ fn requests_reaching_a_non_owner_are_forwarded() {
                 idx: 2,
                 off: 0,
                 len: 10,
+                chunk_size: 10,
+                flags: 0,
             },
         );
         assert_eq!(r, Ok(Response::Data(Bytes::from(vec![3u8; 10]))));
