@@ -218,7 +218,7 @@ impl Backend for ChfsBackend {
         let mut level = vec![String::new()];
         let mut out = FindResult::default();
         while !level.is_empty() {
-            let parts: Vec<Result<(u64, Vec<String>, Vec<String>)>> = std::thread::scope(|s| {
+            let parts: Vec<Result<WalkPart>> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..nserv)
                     .map(|i| {
                         let level = &level;

@@ -5,7 +5,11 @@
 /// Geometric mean; 0 if the slice is empty or holds a value that is not
 /// positive (IO500 treats a failed phase as invalidating the score).
 pub fn geomean(values: &[f64]) -> f64 {
-    if values.is_empty() || values.iter().any(|v| !(*v > 0.0) || !v.is_finite()) {
+    if values.is_empty()
+        || values
+            .iter()
+            .any(|v| v.is_nan() || *v <= 0.0 || v.is_infinite())
+    {
         return 0.0;
     }
     (values.iter().map(|v| v.ln()).sum::<f64>() / values.len() as f64).exp()

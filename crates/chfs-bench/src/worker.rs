@@ -379,3 +379,188 @@ pub fn worker_main() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::PosixBackend;
+
+    fn params(nprocs: usize) -> Params {
+        Params {
+            nprocs,
+            stonewall_secs: 60.0,
+            easy_xfer: 1000,
+            easy_max_segments: 5,
+            hard_max_records: 4,
+            md_easy_max: 7,
+            md_hard_max: 6,
+        }
+    }
+
+    /// Runs every phase rank by rank (in one process) on a directory.
+    #[test]
+    fn all_phases_move_what_they_claim() {
+        let t = tempfile::tempdir().unwrap();
+        let fs = PosixBackend::new(t.path());
+        let n = 3;
+        let p = params(n);
+        for d in pattern::directories(n) {
+            fs.mkdir(&d).unwrap();
+        }
+        let mut written: std::collections::HashMap<Phase, Vec<u64>> = Default::default();
+        for ph in Phase::ALL {
+            if ph == Phase::Find {
+                continue;
+            }
+            let counts = ph.source().map(|s| written[&s].clone()).unwrap_or_default();
+            let rs: Vec<RankResult> = (0..n)
+                .map(|r| run_work(&fs, r, &p, Work::Io500(ph), &counts, &mut |_| {}).unwrap())
+                .collect();
+            let items: Vec<u64> = rs.iter().map(|r| r.items).collect();
+            let bytes: u64 = rs.iter().map(|r| r.bytes).sum();
+            match ph {
+                Phase::IorEasyWrite | Phase::IorEasyRead => {
+                    assert_eq!(items, [5, 5, 5]);
+                    assert_eq!(bytes, 15 * 1000);
+                }
+                Phase::IorHardWrite | Phase::IorHardRead => {
+                    assert_eq!(items, [4, 4, 4]);
+                    assert_eq!(bytes, 12 * IOR_HARD_XFER as u64);
+                }
+                Phase::MdtestEasyWrite | Phase::MdtestEasyStat | Phase::MdtestEasyDelete => {
+                    assert_eq!(items, [7, 7, 7])
+                }
+                _ => assert_eq!(items, [6, 6, 6], "{ph:?}"),
+            }
+            if ph.is_write() {
+                written.insert(ph, items);
+            }
+            if ph == Phase::IorHardWrite {
+                // the shared file holds exactly the interleaved records
+                assert_eq!(fs.size(IOR_HARD_FILE).unwrap(), 12 * IOR_HARD_XFER as u64);
+            }
+        }
+        // deletes removed every mdtest file
+        for d in ["mdtest-hard", "mdtest-easy/rank0", "mdtest-easy/rank2"] {
+            assert_eq!(
+                std::fs::read_dir(t.path().join(d)).unwrap().count(),
+                0,
+                "{d}"
+            );
+        }
+    }
+
+    #[test]
+    fn stonewall_bounds_writes_and_reads_use_what_was_written() {
+        let t = tempfile::tempdir().unwrap();
+        let fs = PosixBackend::new(t.path());
+        let mut p = params(2);
+        p.stonewall_secs = 0.0;
+        for d in pattern::directories(2) {
+            fs.mkdir(&d).unwrap();
+        }
+        let r = run_work(
+            &fs,
+            0,
+            &p,
+            Work::Io500(Phase::MdtestHardWrite),
+            &[],
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(r.stonewalled);
+        assert_eq!(r.items, 0);
+        // reading rank 1's files (source of rank 0) with a count of 0 reads none
+        let r = run_work(
+            &fs,
+            0,
+            &p,
+            Work::Io500(Phase::MdtestHardRead),
+            &[0, 0],
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(r.items, 0);
+    }
+
+    #[test]
+    fn wrong_data_and_missing_files_are_errors() {
+        let t = tempfile::tempdir().unwrap();
+        let fs = PosixBackend::new(t.path());
+        let p = params(2);
+        for d in pattern::directories(2) {
+            fs.mkdir(&d).unwrap();
+        }
+        for r in 0..2 {
+            run_work(
+                &fs,
+                r,
+                &p,
+                Work::Io500(Phase::IorHardWrite),
+                &[],
+                &mut |_| {},
+            )
+            .unwrap();
+        }
+        // rank 0 reads rank 1's records; corrupt record 2 of rank 1
+        let off = pattern::ior_hard_offset(1, 2, 2, IOR_HARD_XFER);
+        let mut f = fs.create(IOR_HARD_FILE).unwrap();
+        let mut bad = vec![0u8; 16];
+        pattern::stamp(&mut bad, 0, 2);
+        f.pwrite_all(&bad, off).unwrap();
+        f.close().unwrap();
+        let e = run_work(
+            &fs,
+            0,
+            &p,
+            Work::Io500(Phase::IorHardRead),
+            &[4, 4],
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BenchError::Verify {
+                    want: (1, 2),
+                    got: (0, 2),
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // rank 1 reads rank 0's records: intact
+        run_work(
+            &fs,
+            1,
+            &p,
+            Work::Io500(Phase::IorHardRead),
+            &[4, 4],
+            &mut |_| {},
+        )
+        .unwrap();
+        // claiming more than was written: a short read, not a silent success
+        let e = run_work(
+            &fs,
+            1,
+            &p,
+            Work::Io500(Phase::IorHardRead),
+            &[9, 9],
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(e, BenchError::ShortRead { .. }), "{e}");
+        let e = run_work(
+            &fs,
+            0,
+            &p,
+            Work::Io500(Phase::MdtestHardStat),
+            &[1, 1],
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("mdtest-hard/file.mdtest.1.0"), "{e}");
+        let e = run_work(&fs, 0, &p, Work::Io500(Phase::Find), &[], &mut |_| {}).unwrap_err();
+        assert!(matches!(e, BenchError::Config(_)));
+    }
+}

@@ -1,0 +1,286 @@
+//! Smoke runs of the real binary: every phase with tiny sizes against a
+//! local pool of real chfsd servers and a reference directory, checking the
+//! JSON result; the pool's parallel find against an independent walk; the
+//! bandwidth sweep; bad input.
+//!
+//! Needs `chfsd` built (`cargo build -p chfs-server`).
+
+use std::path::Path;
+use std::process::Command;
+
+use chfs_bench::fs::{Backend, ChfsBackend, FindResult};
+use chfs_bench::pattern::{FindSpec, Phase, MD_HARD_SIZE};
+use chfs_bench::report::RunResult;
+use chfs_client::{Client, ClientConfig};
+use chfs_localpool::LocalPool;
+
+const BIN: &str = env!("CARGO_BIN_EXE_chfs-bench");
+
+/// A scratch directory on /dev/shm if there is one (the usual reference).
+fn scratch() -> tempfile::TempDir {
+    let base = Path::new("/dev/shm");
+    if base.is_dir() {
+        tempfile::tempdir_in(base).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+const TINY: &[&str] = &[
+    "--stonewall",
+    "5",
+    "--transfer",
+    "65536",
+    "--easy-segments",
+    "6",
+    "--hard-records",
+    "5",
+    "--easy-files",
+    "40",
+    "--hard-files",
+    "120",
+    "--no-progress",
+];
+
+fn run_bench(args: &[&str]) -> (RunResult, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(TINY)
+        .env_remove("CHFS_SERVER")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "chfs-bench failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let i = args.iter().position(|a| *a == "--json").unwrap();
+    let json = std::fs::read_to_string(args[i + 1]).unwrap();
+    (serde_json::from_str(&json).unwrap(), stdout)
+}
+
+/// Every phase present, valid, and moving what the sizes imply.
+fn check_target(t: &chfs_bench::report::TargetResult, nprocs: usize) {
+    let names: Vec<&str> = t.phases.iter().map(|p| p.name.as_str()).collect();
+    let want: Vec<&str> = Phase::ALL.iter().map(|p| p.name()).collect();
+    assert_eq!(names, want);
+    let get = |n: &str| t.phases.iter().find(|p| p.name == n).unwrap();
+    for p in &t.phases {
+        assert!(p.valid, "{} invalid: {p:?}", t.label);
+        assert!(p.rate > 0.0 && p.secs > 0.0, "{p:?}");
+        assert!(p.items > 0, "{p:?}");
+    }
+    // tiny maxima, generous stonewall: every rank reaches its maximum
+    let n = nprocs as u64;
+    assert_eq!(get("ior-easy-write").items, 6 * n);
+    assert_eq!(get("ior-easy-write").bytes, 6 * n * 65536);
+    assert_eq!(get("ior-easy-read").bytes, 6 * n * 65536);
+    assert_eq!(get("ior-hard-write").bytes, 5 * n * 47008);
+    assert_eq!(get("ior-hard-read").bytes, 5 * n * 47008);
+    for ph in [
+        "mdtest-easy-write",
+        "mdtest-easy-stat",
+        "mdtest-easy-delete",
+    ] {
+        assert_eq!(get(ph).items, 40 * n, "{ph}");
+        assert_eq!(get(ph).per_rank, vec![40; nprocs], "{ph}");
+    }
+    for ph in [
+        "mdtest-hard-write",
+        "mdtest-hard-stat",
+        "mdtest-hard-read",
+        "mdtest-hard-delete",
+    ] {
+        assert_eq!(get(ph).items, 120 * n, "{ph}");
+    }
+    assert_eq!(get("mdtest-hard-read").bytes, 120 * n * MD_HARD_SIZE as u64);
+    // find: file.mdtest.<r>.<i> for i < 120 contains "01" only at i = 101
+    // (and for rank 0 nothing else) -> one per rank
+    assert_eq!(t.find.expected, n);
+    assert_eq!(t.find.found, n);
+    // examined: all entries of the tree (4 top dirs, n rank dirs, 2 ior
+    // files + n easy files, 40n + 120n md files)
+    assert_eq!(t.find.examined, 4 + n + (1 + n) + 40 * n + 120 * n);
+    assert_eq!(get("find").items, t.find.examined);
+    assert!(t.score.score > 0.0 && t.score.bandwidth_gib_s > 0.0 && t.score.metadata_kiops > 0.0);
+    assert_eq!(t.open_storm.ranks, nprocs);
+    assert!(t.open_storm.max_secs >= t.open_storm.min_secs && t.open_storm.min_secs > 0.0);
+}
+
+#[test]
+fn pool_and_reference_smoke() {
+    let refdir = scratch();
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("r.json");
+    let svg = out.path().join("r.svg");
+    let (run, stdout) = run_bench(&[
+        "--servers",
+        "2",
+        "-n",
+        "3",
+        "--reference",
+        refdir.path().to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(run.params.nprocs, 3);
+    assert!(matches!(
+        run.system.target,
+        chfs_bench::worker::TargetSpec::Chfs { .. }
+    ));
+    check_target(&run.system, 3);
+    let r = run.reference.as_ref().expect("reference");
+    check_target(r, 3);
+    assert_eq!(run.ratios.len(), 15);
+    assert!(run.ratios.iter().all(|x| x.ratio > 0.0));
+    assert!(!run.host.is_empty() && !run.version.is_empty());
+    for p in Phase::ALL {
+        assert!(stdout.contains(p.name()), "{stdout}");
+    }
+    assert!(stdout.contains("[SCORE] score"), "{stdout}");
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(s.matches(r#"class="ref""#).count(), 15);
+    // the benchmark cleaned up after itself in the reference directory
+    assert_eq!(std::fs::read_dir(refdir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn posix_only_smoke() {
+    let dir = scratch();
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("p.json");
+    let (run, _) = run_bench(&[
+        "--posix",
+        dir.path().to_str().unwrap(),
+        "-n",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    check_target(&run.system, 2);
+    assert!(run.reference.is_none() && run.ratios.is_empty());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// An independent walk of the pool: plain recursive `readdir`.
+fn walk(c: &Client, dir: &str, rel: &str, spec: &FindSpec, out: &mut FindResult) {
+    for e in c.readdir(dir).unwrap() {
+        out.examined += 1;
+        let r = if rel.is_empty() {
+            e.name.clone()
+        } else {
+            format!("{rel}/{}", e.name)
+        };
+        if e.stat.is_dir() {
+            walk(c, &format!("{dir}/{}", e.name), &r, spec, out);
+        } else if spec.matches(&e.name, e.stat.mtime, e.stat.size) {
+            out.matched.push(r);
+        }
+    }
+}
+
+#[test]
+fn pool_find_agrees_with_an_independent_walk() {
+    let pool = LocalPool::start(3).expect("start chfsd (cargo build -p chfs-server)");
+    let cfg = ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    };
+    let c = Client::connect(cfg).unwrap();
+    let fs = ChfsBackend::new(c.clone(), "/t");
+    fs.mkdir("").unwrap();
+    let data = vec![1u8; MD_HARD_SIZE];
+    for d in ["a", "a/b", "c", "c/d01", "c/d01/e"] {
+        fs.mkdir(d).unwrap();
+    }
+    for d in ["", "a", "a/b", "c", "c/d01", "c/d01/e"] {
+        for i in 0..110u64 {
+            let p = if d.is_empty() {
+                format!("f.{i}")
+            } else {
+                format!("{d}/f.{i}")
+            };
+            let mut f = fs.create(&p).unwrap();
+            let len = if i % 4 == 0 { 1 } else { data.len() };
+            f.pwrite_all(&data[..len], 0).unwrap();
+            f.close().unwrap();
+        }
+    }
+    let spec = FindSpec::io500(0);
+    let mut want = FindResult::default();
+    walk(&c, "/t", "", &spec, &mut want);
+    want.matched.sort();
+    assert_eq!(want.examined, 5 + 6 * 110);
+    assert!(!want.matched.is_empty());
+    let got = fs.find("", &spec, 1).unwrap();
+    assert_eq!(got, want);
+    // newer than now: nothing matches, everything is still examined
+    let got = fs.find("", &FindSpec::io500(i64::MAX), 1).unwrap();
+    assert!(got.matched.is_empty());
+    assert_eq!(got.examined, want.examined);
+    fs.remove_all("").unwrap();
+    assert!(c.stat("/t").is_err());
+}
+
+#[test]
+fn sweep_smoke() {
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("s.json");
+    let o = Command::new(BIN)
+        .args(["sweep", "--servers", "2", "--chunk-sizes", "4096,65536"])
+        .args([
+            "--request-sizes",
+            "4096,262144",
+            "--file-mib",
+            "1",
+            "--json",
+        ])
+        .arg(&json)
+        .env_remove("CHFS_SERVER")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pts: Vec<chfs_bench::sweep::SweepPoint> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(pts.len(), 4);
+    for p in &pts {
+        assert_eq!(p.file_bytes, 1 << 20);
+        assert!(
+            p.pipelined_write_mib_s > 0.0 && p.sequential_read_mib_s > 0.0,
+            "{p:?}"
+        );
+    }
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("pipelined / sequential"), "{stdout}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let run = |args: &[&str]| {
+        let o = Command::new(BIN)
+            .args(args)
+            .env_remove("CHFS_SERVER")
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    assert!(run(&[]).contains("CHFS_SERVER"));
+    assert!(run(&["--posix", "/nonexistent/chfs-bench"]).contains("not a directory"));
+    assert!(run(&["--posix", "/tmp", "-n", "0"]).contains("--procs"));
+    assert!(run(&["--posix", "/tmp", "--stonewall=-1"]).contains("--stonewall"));
+    // a pool that is not there: an error naming the address, no hang
+    let e = run(&["--no-progress"]);
+    assert!(e.contains("CHFS_SERVER"), "{e}");
+    let o = Command::new(BIN)
+        .args(["--no-progress", "--stonewall", "0"])
+        .env("CHFS_SERVER", "127.0.0.1:9")
+        .env("CHFS_RPC_TIMEOUT_MSEC", "2000")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("127.0.0.1:9"));
+}
