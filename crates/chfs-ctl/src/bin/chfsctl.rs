@@ -1,0 +1,319 @@
+//! chfsctl: create a chfs-rs file system on the nodes of a job, and tear it
+//! down. `eval $(chfsctl -h hostfile -m /mnt start)`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chfs_ctl::ctl::CtlOptions;
+use chfs_ctl::launch::{parse_hostfile, Launcher, LauncherKind};
+use chfs_ctl::CtlError;
+use clap::{Parser, ValueEnum};
+
+/// What to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Action {
+    /// Start chfsd on every host, wait until all joined, print the shell
+    /// lines that set CHFS_SERVER (for eval).
+    Start,
+    /// Unmount, stop every server through the pool, wait until they exited.
+    Stop,
+    /// Show every server: address, state, entries and bytes stored.
+    Status,
+    /// Stop every recorded server at once (SIGKILL by recorded PID).
+    Kill,
+    /// Remove the servers' files and the secret from the scratch directories.
+    Clean,
+}
+
+/// chfsctl — start, stop and inspect a chfs-rs pool on the hosts of a job.
+///
+/// Typical use in a batch job:
+///   eval $(chfsctl -h $HOSTFILE -m /tmp/$USER/mnt start)
+///   ... run the job (CHFS_SERVER is set) ...
+///   chfsctl -h $HOSTFILE -m /tmp/$USER/mnt stop
+///
+/// Exit status: 0 success, 1 a host or server failed (each error line names
+/// it), 2 bad usage.
+#[derive(Debug, Parser)]
+#[command(
+    name = "chfsctl",
+    version,
+    disable_help_flag = true,
+    verbatim_doc_comment
+)]
+struct Args {
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    help: Option<bool>,
+
+    /// Hostfile: one host per line (# comments, extra words such as slots=N
+    /// ignored). Without it the pool is started on this host only.
+    #[arg(short = 'h', long = "hostfile")]
+    hostfile: Option<PathBuf>,
+
+    /// Scratch directory on every host: pid, address and log files of the
+    /// servers, the pool's secret. Default /tmp/$USER.
+    #[arg(short = 'c', long = "scratch")]
+    scratch: Option<String>,
+
+    /// Backend directory (cache mode): passed to chfsd as --backend and
+    /// printed as CHFS_BACKEND_PATH.
+    #[arg(short = 'b', long = "backend")]
+    backend: Option<String>,
+
+    /// Mount chfuse on this directory on every host (unmounted by stop/kill).
+    #[arg(short = 'm', long = "mount")]
+    mount: Option<String>,
+
+    /// Do not mount (or unmount) even if -m is given.
+    #[arg(short = 'M', long = "no-mount")]
+    no_mount: bool,
+
+    /// Add the hosts' servers to the running pool named by CHFS_SERVER.
+    #[arg(short = 'A', long = "add")]
+    add: bool,
+
+    /// Protocol: tcp (the only transport; ofi+tcp and sockets are accepted
+    /// as aliases).
+    #[arg(short = 'p', long = "protocol", default_value = "tcp")]
+    protocol: String,
+
+    /// Store size of every server (K, M, G, T suffixes); chfsd -s.
+    #[arg(short = 's', long = "db-size")]
+    db_size: Option<String>,
+
+    /// Flush threads per server (cache mode); chfsd --flush-threads.
+    #[arg(short = 'f', long = "flush-threads")]
+    flush_threads: Option<u32>,
+
+    /// Log directory on every host (default: the scratch directory).
+    #[arg(short = 'L', long = "log-dir")]
+    log_dir: Option<String>,
+
+    /// Export VAR (with its value here) or VAR=value to the servers.
+    /// Repeatable.
+    #[arg(short = 'x', long = "export", value_name = "VAR[=value]")]
+    export: Vec<String>,
+
+    /// Extra chfsd options, as shell words (e.g. -O "--log-level debug").
+    #[arg(short = 'O', long = "chfsd-options", allow_hyphen_values = true)]
+    chfsd_opts: Option<String>,
+
+    /// Bind the servers to these CPUs (taskset list, e.g. 0 or 0,1 or 0-3),
+    /// keeping I/O service off the cores that compute.
+    #[arg(short = 'C', long = "cpus")]
+    cpus: Option<String>,
+
+    /// Virtual server name (the original's consistent-hashing name). Not
+    /// needed here: servers are placed by their unique host:port.
+    #[arg(short = 'N', long = "vname")]
+    vname: Option<String>,
+
+    /// Servers per host.
+    #[arg(short = 'n', long = "servers-per-host", default_value_t = 1)]
+    per_host: usize,
+
+    /// Generate a per-job secret, hand it to the servers and (through
+    /// CHFS_SECRET_FILE in the scratch directory) to the job's clients.
+    #[arg(long = "secret")]
+    secret: bool,
+
+    /// How to reach the hosts.
+    #[arg(long = "launcher", value_enum, default_value = "ssh")]
+    launcher: LauncherKind,
+
+    /// Remote shell command of the ssh launcher.
+    #[arg(long = "rsh", env = "CHFS_RSH", default_value = "ssh")]
+    rsh: String,
+
+    /// Port of the servers (0 = a free port chosen by each server).
+    #[arg(long = "port", default_value_t = 0)]
+    port: u16,
+
+    /// chfsd binary on the hosts (default: chfsd next to chfsctl, else
+    /// chfsd on the PATH).
+    #[arg(long = "chfsd", env = "CHFSD")]
+    chfsd: Option<String>,
+
+    /// chfuse binary on the hosts (default: chfuse next to chfsctl, else
+    /// chfuse on the PATH).
+    #[arg(long = "chfuse", env = "CHFUSE")]
+    chfuse: Option<String>,
+
+    /// Seconds to wait for servers to start, join or stop, and for ssh to
+    /// connect.
+    #[arg(long = "timeout", default_value_t = 30)]
+    timeout: u64,
+
+    /// Report what is done on standard error.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+
+    /// start | stop | status | kill | clean
+    #[arg(value_enum)]
+    action: Action,
+}
+
+fn sibling(name: &str) -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join(name)))
+        .filter(|p| p.is_file())
+        .map_or_else(|| name.to_string(), |p| p.to_string_lossy().into_owned())
+}
+
+fn user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| {
+            // SAFETY: getuid cannot fail and touches no memory.
+            unsafe { libc::getuid() }.to_string()
+        })
+}
+
+fn this_host() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates
+    // within that length or truncates.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn options(a: &Args) -> Result<CtlOptions, CtlError> {
+    if !matches!(
+        a.protocol.as_str(),
+        "tcp" | "ofi+tcp" | "sockets" | "ofi+sockets"
+    ) {
+        return Err(CtlError::Usage(format!(
+            "-p {}: unsupported protocol (chfs-rs servers speak tcp)",
+            a.protocol
+        )));
+    }
+    if let Some(v) = &a.vname {
+        return Err(CtlError::Usage(format!(
+            "-N {v}: virtual names are not used by chfs-rs (servers are placed by their unique host:port); drop -N"
+        )));
+    }
+    if a.per_host == 0 {
+        return Err(CtlError::Usage("-n must be at least 1".into()));
+    }
+    let (hosts, kind) = match &a.hostfile {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).map_err(|source| CtlError::Io {
+                context: format!("reading hostfile {}", f.display()),
+                source,
+            })?;
+            (parse_hostfile(&text)?, a.launcher)
+        }
+        None => (vec![this_host()], LauncherKind::Local),
+    };
+    let mut exports = Vec::new();
+    for x in &a.export {
+        let (k, v) = match x.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => match std::env::var(x) {
+                Ok(v) => (x.clone(), v),
+                Err(_) => {
+                    return Err(CtlError::Usage(format!(
+                        "-x {x}: {x} is not set here (use -x {x}=value)"
+                    )))
+                }
+            },
+        };
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(CtlError::Usage(format!("-x {x}: not a variable name")));
+        }
+        exports.push((k, v));
+    }
+    let subdir = std::env::var("CHFS_SUBDIR_PATH")
+        .ok()
+        .filter(|s| !s.is_empty());
+    if let Some(s) = &subdir {
+        exports.push(("CHFS_SUBDIR_PATH".into(), s.clone()));
+    }
+    if let Some(b) = &a.backend {
+        exports.push(("CHFS_BACKEND_PATH".into(), b.clone()));
+    }
+    let env = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
+    Ok(CtlOptions {
+        hosts,
+        launcher: Launcher {
+            kind,
+            rsh: a.rsh.split_whitespace().map(String::from).collect(),
+            connect_timeout: Duration::from_secs(a.timeout.clamp(1, 60)),
+        },
+        scratch: a
+            .scratch
+            .clone()
+            .unwrap_or_else(|| format!("/tmp/{}", user())),
+        log_dir: a.log_dir.clone(),
+        backend: a.backend.clone(),
+        subdir,
+        mount: a.mount.clone(),
+        no_mount: a.no_mount,
+        add: a.add,
+        db_size: a.db_size.clone(),
+        flush_threads: a.flush_threads,
+        exports,
+        chfsd_opts: a.chfsd_opts.clone(),
+        cpus: a.cpus.clone(),
+        per_host: a.per_host,
+        gen_secret: a.secret,
+        port: a.port,
+        chfsd: a.chfsd.clone().unwrap_or_else(|| sibling("chfsd")),
+        chfuse: a.chfuse.clone().unwrap_or_else(|| sibling("chfuse")),
+        timeout: Duration::from_secs(a.timeout.max(1)),
+        env_server: env("CHFS_SERVER"),
+        env_secret_file: env("CHFS_SECRET_FILE"),
+        env_secret: env("CHFS_SECRET"),
+    })
+}
+
+fn run(a: &Args) -> Result<i32, CtlError> {
+    let o = options(a)?;
+    if a.verbose {
+        eprintln!(
+            "chfsctl: {:?} on {} host(s) via {:?}, scratch {}",
+            a.action,
+            o.hosts.len(),
+            o.launcher.kind,
+            o.scratch
+        );
+    }
+    match a.action {
+        Action::Start => {
+            print!("{}", o.start()?);
+            Ok(0)
+        }
+        Action::Stop => {
+            let r = o.stop()?;
+            if a.verbose {
+                eprint!("{r}");
+            }
+            Ok(0)
+        }
+        Action::Status => {
+            let (table, ok) = o.status()?;
+            print!("{table}");
+            Ok(if ok { 0 } else { 1 })
+        }
+        Action::Kill => o.kill().map(|_| 0),
+        Action::Clean => o.clean().map(|_| 0),
+    }
+}
+
+fn main() {
+    let a = Args::parse();
+    match run(&a) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            for line in e.to_string().lines() {
+                eprintln!("chfsctl: {line}");
+            }
+            std::process::exit(e.exit_code());
+        }
+    }
+}

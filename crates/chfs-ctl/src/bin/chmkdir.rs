@@ -1,0 +1,71 @@
+//! chmkdir: create directories in the pool named by CHFS_SERVER.
+
+use clap::Parser;
+
+/// chmkdir — create directories in the chfs-rs pool named by CHFS_SERVER.
+///
+/// Exit status: 0 success, 1 some directory could not be created, 2 bad
+/// usage or the pool cannot be reached.
+#[derive(Debug, Parser)]
+#[command(name = "chmkdir", version, verbatim_doc_comment)]
+struct Args {
+    /// Create missing parents too; no error if the directory exists.
+    #[arg(short = 'p', long = "parents")]
+    parents: bool,
+    /// Permission bits (octal), before the umask-free chfs-rs applies them.
+    #[arg(short = 'm', long = "mode", default_value = "755")]
+    mode: String,
+    /// Directories (chfs-rs paths).
+    #[arg(required = true)]
+    dirs: Vec<String>,
+}
+
+fn mkdir_p(c: &chfs_client::Client, dir: &str, mode: u32) -> chfs_client::Result<()> {
+    let norm = chfs_proto::path::normalize(dir)?;
+    let mut cur = String::new();
+    for comp in norm.split('/').filter(|s| !s.is_empty()) {
+        cur.push('/');
+        cur.push_str(comp);
+        match c.mkdir(&cur, mode) {
+            Ok(()) => {}
+            Err(e) if e.errno() == libc::EEXIST => {
+                if !c.stat(&cur)?.is_dir() {
+                    return Err(chfs_client::Error::new(
+                        libc::ENOTDIR,
+                        format!("{cur}: exists and is not a directory"),
+                    ));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let a = Args::parse();
+    let Ok(mode) = u32::from_str_radix(&a.mode, 8).map(|m| m & 0o7777) else {
+        eprintln!("chmkdir: invalid mode {:?} (octal digits)", a.mode);
+        std::process::exit(2);
+    };
+    let c = match chfs_ctl::client_from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("chmkdir: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut code = 0;
+    for d in &a.dirs {
+        let r = if a.parents {
+            mkdir_p(&c, d, mode)
+        } else {
+            c.mkdir(d, mode)
+        };
+        if let Err(e) = r {
+            eprintln!("chmkdir: cannot create directory {d}: {e}");
+            code = 1;
+        }
+    }
+    std::process::exit(code);
+}

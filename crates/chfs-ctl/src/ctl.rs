@@ -1,0 +1,831 @@
+//! `chfsctl`: start, stop, inspect, kill and clean a pool on a job's hosts.
+//!
+//! Every server `k` on host `H` keeps three files named after it in the
+//! scratch directory of its host: `chfsd@H@k.pid` (written by chfsd),
+//! `chfsd@H@k.addr` (its address) and, unless `-L` moves it,
+//! `chfsd@H@k.log`. Servers are stopped through the pool (a `Shutdown`
+//! request) or by these recorded PIDs, never by process name, so other
+//! jobs' servers on a shared node are safe.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use chfs_client::{Client, ClientConfig};
+
+use crate::error::CtlError;
+use crate::launch::{quote, Launcher};
+
+/// What chfsctl was told (see `chfsctl --help`).
+#[derive(Debug, Clone)]
+pub struct CtlOptions {
+    /// Hosts of the job (a host listed twice gets two servers).
+    pub hosts: Vec<String>,
+    /// How commands reach the hosts.
+    pub launcher: Launcher,
+    /// Scratch directory on every host (`-c`).
+    pub scratch: String,
+    /// Log directory on every host (`-L`; default: the scratch directory).
+    pub log_dir: Option<String>,
+    /// Backend directory (`-b`): handed to chfsd as `--backend` and to
+    /// clients as `CHFS_BACKEND_PATH`.
+    pub backend: Option<String>,
+    /// `CHFS_SUBDIR_PATH` to hand to servers and clients.
+    pub subdir: Option<String>,
+    /// Mount directory of chfuse on every host (`-m`).
+    pub mount: Option<String>,
+    /// Skip mounting/unmounting (`-M`).
+    pub no_mount: bool,
+    /// Add the servers to the running pool named by `CHFS_SERVER` (`-A`).
+    pub add: bool,
+    /// Store size per server (`-s`), chfsd's `-s`.
+    pub db_size: Option<String>,
+    /// Flush threads per server (`-f`), chfsd's `--flush-threads`.
+    pub flush_threads: Option<u32>,
+    /// Variables exported to the servers (`-x`), resolved to values.
+    pub exports: Vec<(String, String)>,
+    /// Extra chfsd options (`-O`), inserted as shell words.
+    pub chfsd_opts: Option<String>,
+    /// CPU list the servers are bound to (`-C`), as taskset takes it.
+    pub cpus: Option<String>,
+    /// Servers per host (`-n`).
+    pub per_host: usize,
+    /// Generate a per-job secret (`--secret`).
+    pub gen_secret: bool,
+    /// Port of the servers (0 = any free port).
+    pub port: u16,
+    /// chfsd binary on the hosts.
+    pub chfsd: String,
+    /// chfuse binary on the hosts.
+    pub chfuse: String,
+    /// How long to wait for servers to start or stop.
+    pub timeout: Duration,
+    /// `CHFS_SERVER` of the caller's environment.
+    pub env_server: Option<String>,
+    /// `CHFS_SECRET_FILE` of the caller's environment.
+    pub env_secret_file: Option<String>,
+    /// `CHFS_SECRET` of the caller's environment.
+    pub env_secret: Option<String>,
+}
+
+/// One server as chfsctl identifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerId {
+    /// Host as given in the hostfile.
+    pub host: String,
+    /// Index of the server on that host.
+    pub index: usize,
+}
+
+/// A server found through its files on a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Which server.
+    pub id: ServerId,
+    /// Recorded process id.
+    pub pid: u32,
+    /// Is that process a live chfsd?
+    pub alive: bool,
+    /// Recorded address (empty if unknown).
+    pub addr: String,
+}
+
+const ALIVE_FN: &str = r#"alive() { [ "$(cat /proc/$1/comm 2>/dev/null)" = chfsd ] && ! grep -q '^State:[[:space:]]*Z' /proc/$1/status 2>/dev/null; }"#;
+
+/// The name of the pool's secret file in the scratch directory.
+pub const SECRET_FILE: &str = "chfs.secret";
+
+impl CtlOptions {
+    fn stem(&self, id: &ServerId) -> String {
+        format!("{}/chfsd@{}@{}", self.scratch, id.host, id.index)
+    }
+
+    fn log_dir(&self) -> &str {
+        self.log_dir.as_deref().unwrap_or(&self.scratch)
+    }
+
+    fn unique_hosts(&self) -> Vec<String> {
+        let mut seen = BTreeSet::new();
+        self.hosts
+            .iter()
+            .filter(|h| seen.insert(h.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// The servers `start` creates: `per_host` for every hostfile line.
+    pub fn servers(&self) -> Vec<ServerId> {
+        let mut out: Vec<ServerId> = Vec::new();
+        for h in &self.hosts {
+            for _ in 0..self.per_host.max(1) {
+                let index = out.iter().filter(|s| s.host == *h).count();
+                out.push(ServerId {
+                    host: h.clone(),
+                    index,
+                });
+            }
+        }
+        out
+    }
+
+    /// The shell script that starts server `id` as a daemon and prints its
+    /// address.
+    pub fn start_script(
+        &self,
+        id: &ServerId,
+        join: Option<&str>,
+        secret_file: Option<&str>,
+    ) -> String {
+        let stem = self.stem(id);
+        let mut s = String::new();
+        let _ = writeln!(s, "{ALIVE_FN}");
+        let _ = writeln!(
+            s,
+            "mkdir -p {} {} || exit 1",
+            quote(&self.scratch),
+            quote(self.log_dir())
+        );
+        let _ = writeln!(
+            s,
+            "if [ -e {pid} ] && p=$(cat {pid}) && alive \"$p\"; then echo \"chfsd already runs with pid $p (recorded in {pid}): stop it first or choose another scratch directory (-c)\" >&2; exit 3; fi",
+            pid = quote(&format!("{stem}.pid"))
+        );
+        let mut cmd = String::from("exec");
+        if !self.exports.is_empty() {
+            cmd.push_str(" env");
+            for (k, v) in &self.exports {
+                let _ = write!(cmd, " {}", quote(&format!("{k}={v}")));
+            }
+        }
+        if let Some(c) = &self.cpus {
+            let _ = write!(cmd, " taskset -c {}", quote(c));
+        }
+        let _ = write!(
+            cmd,
+            " {} --daemon --host {} -S {} -P {} -l {}",
+            quote(&self.chfsd),
+            quote(&format!("{}:{}", id.host, self.port)),
+            quote(&format!("{stem}.addr")),
+            quote(&format!("{stem}.pid")),
+            quote(&format!(
+                "{}/chfsd@{}@{}.log",
+                self.log_dir(),
+                id.host,
+                id.index
+            )),
+        );
+        if let Some(j) = join {
+            let _ = write!(cmd, " --join {}", quote(j));
+        }
+        if let Some(f) = secret_file {
+            let _ = write!(cmd, " --secret-file {}", quote(f));
+        }
+        if let Some(sz) = &self.db_size {
+            let _ = write!(cmd, " -s {}", quote(sz));
+        }
+        if let Some(b) = &self.backend {
+            let _ = write!(cmd, " --backend {}", quote(b));
+        }
+        if let Some(f) = self.flush_threads {
+            let _ = write!(cmd, " --flush-threads {f}");
+        }
+        if let Some(o) = &self.chfsd_opts {
+            let _ = write!(cmd, " {o}");
+        }
+        s.push_str(&cmd);
+        s.push('\n');
+        s
+    }
+
+    /// Script stopping the given servers of one host by recorded PID
+    /// (`sig`, then SIGKILL after `grace`) and removing their files.
+    fn kill_script(&self, host: &str, index: Option<usize>, sig: &str, grace: Duration) -> String {
+        let pat = match index {
+            Some(i) => format!("{}/chfsd@{host}@{i}.pid", self.scratch),
+            None => format!("{}/chfsd@{host}@*.pid", self.scratch),
+        };
+        let ticks = (grace.as_millis() / 100).max(1);
+        format!(
+            r#"{ALIVE_FN}
+for f in {pat}; do
+  [ -e "$f" ] || continue
+  p=$(cat "$f" 2>/dev/null)
+  if [ -n "$p" ] && alive "$p"; then
+    kill -{sig} "$p"
+    n=0; while alive "$p" && [ $n -lt {ticks} ]; do sleep 0.1; n=$((n+1)); done
+    if alive "$p"; then echo "pid $p did not stop on SIG{sig}: sent SIGKILL" >&2; kill -KILL "$p"; fi
+  fi
+  rm -f "$f" "${{f%.pid}}.addr"
+done
+"#,
+            pat = pat_quote(&pat),
+        )
+    }
+
+    /// Script listing one host's servers: `index pid alive|dead addr`.
+    fn list_script(&self, host: &str) -> String {
+        format!(
+            r#"{ALIVE_FN}
+for f in {pat}; do
+  [ -e "$f" ] || continue
+  p=$(cat "$f" 2>/dev/null); a=$(cat "${{f%.pid}}.addr" 2>/dev/null)
+  i=${{f%.pid}}; i=${{i##*@}}
+  if [ -n "$p" ] && alive "$p"; then s=alive; else s=dead; fi
+  echo "$i ${{p:-0}} $s $a"
+done
+"#,
+            pat = pat_quote(&format!("{}/chfsd@{host}@*.pid", self.scratch)),
+        )
+    }
+
+    /// Servers recorded on every host (in hostfile order).
+    pub fn records(&self) -> Result<Vec<Record>, CtlError> {
+        let hosts = self.unique_hosts();
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|h| (h.clone(), self.list_script(h), Vec::new()))
+            .collect();
+        let mut out = Vec::new();
+        let mut errs = Vec::new();
+        for (h, r) in hosts.iter().zip(self.launcher.run_all(&jobs)) {
+            match r {
+                Ok(text) => {
+                    for line in text.lines() {
+                        let mut w = line.split_whitespace();
+                        let (Some(i), Some(p), Some(s)) = (w.next(), w.next(), w.next()) else {
+                            continue;
+                        };
+                        let (Ok(index), Ok(pid)) = (i.parse(), p.parse()) else {
+                            continue;
+                        };
+                        out.push(Record {
+                            id: ServerId {
+                                host: h.clone(),
+                                index,
+                            },
+                            pid,
+                            alive: s == "alive",
+                            addr: w.next().unwrap_or("").to_string(),
+                        });
+                    }
+                }
+                Err(e) => errs.push(e),
+            }
+        }
+        one_or_many(errs)?;
+        Ok(out)
+    }
+
+    fn secret_value(&self) -> Result<Option<(String, String)>, CtlError> {
+        let default_path = format!("{}/{SECRET_FILE}", self.scratch);
+        if self.gen_secret && !self.add {
+            let mut b = [0u8; 32];
+            let mut f = std::fs::File::open("/dev/urandom").map_err(|source| CtlError::Io {
+                context: "opening /dev/urandom".into(),
+                source,
+            })?;
+            std::io::Read::read_exact(&mut f, &mut b).map_err(|source| CtlError::Io {
+                context: "reading /dev/urandom".into(),
+                source,
+            })?;
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            return Ok(Some((hex, default_path)));
+        }
+        if let Some(f) = &self.env_secret_file {
+            let s = std::fs::read_to_string(f).map_err(|source| CtlError::Io {
+                context: format!("reading CHFS_SECRET_FILE {f}"),
+                source,
+            })?;
+            return Ok(Some((s.trim_end().to_string(), f.clone())));
+        }
+        if let Some(s) = &self.env_secret {
+            return Ok(Some((s.clone(), default_path)));
+        }
+        if self.gen_secret {
+            return Err(CtlError::Usage(
+                "-A --secret: the running pool's secret is needed: set CHFS_SECRET_FILE (eval the output of chfsctl start)".into(),
+            ));
+        }
+        Ok(None)
+    }
+
+    fn client(&self, contacts: Vec<String>, secret: Option<&str>) -> Result<Client, CtlError> {
+        let mut cfg = ClientConfig::from_lookup(|_| None).map_err(|source| CtlError::Client {
+            context: "client configuration".into(),
+            source,
+        })?;
+        cfg.servers = contacts.clone();
+        cfg.rpc_timeout = self.timeout.max(Duration::from_secs(1));
+        if let Some(s) = secret {
+            cfg.secret = s.as_bytes().to_vec();
+        }
+        Client::connect(cfg).map_err(|source| CtlError::Client {
+            context: format!("cannot reach the pool through {}", contacts.join(",")),
+            source,
+        })
+    }
+
+    fn caller_secret(&self) -> Result<Option<String>, CtlError> {
+        Ok(match &self.env_secret_file {
+            Some(f) => Some(
+                std::fs::read_to_string(f)
+                    .map_err(|source| CtlError::Io {
+                        context: format!("reading CHFS_SECRET_FILE {f}"),
+                        source,
+                    })?
+                    .trim_end()
+                    .to_string(),
+            ),
+            None => self.env_secret.clone(),
+        })
+    }
+
+    /// Stops the given servers by recorded PID (cleanup after a failed
+    /// start).
+    fn stop_ids(&self, ids: &[ServerId]) -> Vec<CtlError> {
+        let jobs: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                (
+                    id.host.clone(),
+                    self.kill_script(&id.host, Some(id.index), "TERM", Duration::from_secs(5)),
+                    Vec::new(),
+                )
+            })
+            .collect();
+        self.launcher
+            .run_all(&jobs)
+            .into_iter()
+            .filter_map(Result::err)
+            .collect()
+    }
+
+    fn unmount(&self, hosts: &[String], lazy: bool) -> Vec<CtlError> {
+        let Some(m) = self.mount.as_deref().filter(|_| !self.no_mount) else {
+            return Vec::new();
+        };
+        let flag = if lazy { "-uz" } else { "-u" };
+        let script = format!(
+            "if grep -qs \" $(realpath -m {m}) \" /proc/self/mounts; then fusermount3 {flag} {m}; fi",
+            m = quote(m)
+        );
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|h| (h.clone(), script.clone(), Vec::new()))
+            .collect();
+        self.launcher
+            .run_all(&jobs)
+            .into_iter()
+            .filter_map(Result::err)
+            .collect()
+    }
+
+    /// `chfsctl start`: starts the servers, waits until all have joined,
+    /// mounts chfuse if asked, and returns the shell lines to `eval`. On any
+    /// failure everything it started is stopped again.
+    pub fn start(&self) -> Result<String, CtlError> {
+        let secret = self.secret_value()?;
+        let ids = self.servers();
+        let join = if self.add {
+            let env = self.env_server.as_deref().unwrap_or("");
+            let c = chfs_client::config::parse_servers(env);
+            match c.first() {
+                Some(a) => Some(a.clone()),
+                None => {
+                    return Err(CtlError::Usage(
+                        "-A adds servers to a running pool: set CHFS_SERVER (eval the output of chfsctl start)".into(),
+                    ))
+                }
+            }
+        } else {
+            None
+        };
+        // Hand the secret to every host (on standard input, never on a
+        // command line) and to this one.
+        let secret_file = match &secret {
+            Some((value, path)) => {
+                let dir = std::path::Path::new(path)
+                    .parent()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| ".".into());
+                let script = format!(
+                    "umask 077 && mkdir -p {d} && cat > {p}.tmp.$$ && mv -f {p}.tmp.$$ {p}",
+                    d = quote(&dir),
+                    p = quote(path)
+                );
+                let mut hosts = self.unique_hosts();
+                if self.launcher.kind != crate::launch::LauncherKind::Local {
+                    hosts.push(String::new());
+                }
+                let local = Launcher {
+                    kind: crate::launch::LauncherKind::Local,
+                    ..self.launcher.clone()
+                };
+                let mut errs = Vec::new();
+                for h in &hosts {
+                    let r = if h.is_empty() {
+                        local.run("localhost", &script, format!("{value}\n").as_bytes())
+                    } else {
+                        self.launcher
+                            .run(h, &script, format!("{value}\n").as_bytes())
+                    };
+                    if let Err(e) = r {
+                        errs.push(e);
+                    }
+                }
+                one_or_many(errs)?;
+                Some(path.clone())
+            }
+            None => None,
+        };
+        let sf = secret_file.as_deref();
+        let mut started: Vec<(ServerId, String)> = Vec::new();
+        let mut errs = Vec::new();
+        let mut rest: &[ServerId] = &ids;
+        let join_addr = match join {
+            Some(j) => j,
+            None => {
+                let first = &ids[0];
+                match self
+                    .launcher
+                    .run(&first.host, &self.start_script(first, None, sf), b"")
+                {
+                    Ok(out) => {
+                        let a = out.trim().to_string();
+                        started.push((first.clone(), a.clone()));
+                        rest = &ids[1..];
+                        a
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let jobs: Vec<_> = rest
+            .iter()
+            .map(|id| {
+                (
+                    id.host.clone(),
+                    self.start_script(id, Some(&join_addr), sf),
+                    Vec::new(),
+                )
+            })
+            .collect();
+        for (id, r) in rest.iter().zip(self.launcher.run_all(&jobs)) {
+            match r {
+                Ok(out) if !out.trim().is_empty() => started.push((id.clone(), out.trim().into())),
+                Ok(_) => errs.push(CtlError::Host {
+                    host: id.host.clone(),
+                    message: format!("server {} printed no address", id.index),
+                }),
+                Err(e) => errs.push(e),
+            }
+        }
+        let rollback = |errs: Vec<CtlError>, started: &[(ServerId, String)]| -> CtlError {
+            let ids: Vec<ServerId> = started.iter().map(|(i, _)| i.clone()).collect();
+            let mut all = errs;
+            all.extend(self.stop_ids(&ids));
+            let n = ids.len();
+            let mut e = match one_or_many(all) {
+                Err(e) => e,
+                Ok(()) => CtlError::Usage("start failed".into()),
+            };
+            if n > 0 {
+                e = CtlError::Many(vec![
+                    e,
+                    CtlError::Usage(format!(
+                        "stopped the {n} server(s) this start had launched; nothing is left running"
+                    )),
+                ]);
+            }
+            e
+        };
+        if !errs.is_empty() {
+            return Err(rollback(errs, &started));
+        }
+        // Every server must be in the pool's list.
+        let secret_str = secret.as_ref().map(|(v, _)| v.as_str());
+        let deadline = Instant::now() + self.timeout;
+        let list = loop {
+            let r = self
+                .client(vec![join_addr.clone()], secret_str)
+                .map(|c| c.servers());
+            match r {
+                Ok(list) if started.iter().all(|(_, a)| list.contains(a)) => break list,
+                Ok(list) if Instant::now() >= deadline => {
+                    let missing: Vec<_> = started
+                        .iter()
+                        .filter(|(_, a)| !list.contains(a))
+                        .map(|(id, a)| CtlError::Host {
+                            host: id.host.clone(),
+                            message: format!("server {a} did not join the pool"),
+                        })
+                        .collect();
+                    return Err(rollback(missing, &started));
+                }
+                Err(e) if Instant::now() >= deadline => return Err(rollback(vec![e], &started)),
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        let server_var = list.join(",");
+        if let Some(m) = self.mount.as_deref().filter(|_| !self.no_mount) {
+            let mut env = format!("CHFS_SERVER={}", quote(&server_var));
+            if let Some(f) = sf {
+                let _ = write!(env, " CHFS_SECRET_FILE={}", quote(f));
+            }
+            let script = format!(
+                "mkdir -p {m} && env {env} {} {m}",
+                quote(&self.chfuse),
+                m = quote(m)
+            );
+            let hosts: Vec<String> = {
+                let mut seen = BTreeSet::new();
+                started
+                    .iter()
+                    .map(|(i, _)| i.host.clone())
+                    .filter(|h| seen.insert(h.clone()))
+                    .collect()
+            };
+            let jobs: Vec<_> = hosts
+                .iter()
+                .map(|h| (h.clone(), script.clone(), Vec::new()))
+                .collect();
+            let mut mounted = Vec::new();
+            let mut errs = Vec::new();
+            for (h, r) in hosts.iter().zip(self.launcher.run_all(&jobs)) {
+                match r {
+                    Ok(_) => mounted.push(h.clone()),
+                    Err(e) => errs.push(e),
+                }
+            }
+            if !errs.is_empty() {
+                errs.extend(self.unmount(&mounted, true));
+                return Err(rollback(errs, &started));
+            }
+        }
+        let mut out = String::new();
+        let mut line = |k: &str, v: &str| {
+            let _ = writeln!(out, "{k}={}; export {k};", quote(v));
+        };
+        line("CHFS_SERVER", &server_var);
+        if let Some(f) = sf {
+            line("CHFS_SECRET_FILE", f);
+        }
+        if let Some(b) = &self.backend {
+            line("CHFS_BACKEND_PATH", b);
+        }
+        if let Some(s) = &self.subdir {
+            line("CHFS_SUBDIR_PATH", s);
+        }
+        Ok(out)
+    }
+
+    /// `chfsctl stop`: unmounts, asks the pool to stop (a `Shutdown`
+    /// request to every server), waits for every recorded server to exit
+    /// (falling back to SIGTERM by recorded PID) and removes its files.
+    pub fn stop(&self) -> Result<String, CtlError> {
+        let hosts = self.unique_hosts();
+        let mut errs = self.unmount(&hosts, false);
+        let recs = self.records()?;
+        let mut contacts: Vec<String> = recs
+            .iter()
+            .filter(|r| r.alive && !r.addr.is_empty())
+            .map(|r| r.addr.clone())
+            .collect();
+        if let Some(s) = &self.env_server {
+            contacts.extend(chfs_client::config::parse_servers(s));
+        }
+        let mut report = String::new();
+        if !contacts.is_empty() {
+            let secret = self.caller_secret()?;
+            match self.client(contacts, secret.as_deref()) {
+                Ok(c) => {
+                    let n = c.server_count();
+                    match c.shutdown_servers() {
+                        Ok(()) => {
+                            let _ = writeln!(report, "asked {n} server(s) to stop");
+                        }
+                        Err(e) => {
+                            let _ = writeln!(
+                                report,
+                                "pool stop request failed ({e}); stopping by recorded PID"
+                            );
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = writeln!(report, "{e}; stopping by recorded PID");
+                }
+            }
+        }
+        // Wait for the servers to exit on their own, then SIGTERM by PID.
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                let wait = format!(
+                    r#"{ALIVE_FN}
+for f in {pat}; do
+  [ -e "$f" ] || continue; p=$(cat "$f" 2>/dev/null); n=0
+  while [ -n "$p" ] && alive "$p" && [ $n -lt {ticks} ]; do sleep 0.1; n=$((n+1)); done
+done
+{kill}for f in {addrs}; do [ -e "$f" ] && [ ! -e "${{f%.addr}}.pid" ] && rm -f "$f"; done
+exit 0
+"#,
+                    addrs = pat_quote(&format!("{}/chfsd@{h}@*.addr", self.scratch)),
+                    pat = pat_quote(&format!("{}/chfsd@{h}@*.pid", self.scratch)),
+                    ticks = (self.timeout.as_millis() / 100).max(1),
+                    kill = self.kill_script(h, None, "TERM", Duration::from_secs(5)),
+                );
+                (h.clone(), wait, Vec::new())
+            })
+            .collect();
+        for r in self.launcher.run_all(&jobs) {
+            match r {
+                Ok(_) => {}
+                Err(e) => errs.push(e),
+            }
+        }
+        let _ = writeln!(
+            report,
+            "stopped {} recorded server(s)",
+            recs.iter().filter(|r| r.alive).count()
+        );
+        one_or_many(errs)?;
+        Ok(report)
+    }
+
+    /// `chfsctl kill`: unmounts lazily and sends SIGKILL to every recorded
+    /// server at once.
+    pub fn kill(&self) -> Result<String, CtlError> {
+        let hosts = self.unique_hosts();
+        let mut errs = self.unmount(&hosts, true);
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                (
+                    h.clone(),
+                    self.kill_script(h, None, "KILL", Duration::from_secs(5)),
+                    Vec::new(),
+                )
+            })
+            .collect();
+        errs.extend(
+            self.launcher
+                .run_all(&jobs)
+                .into_iter()
+                .filter_map(Result::err),
+        );
+        one_or_many(errs)?;
+        Ok(String::new())
+    }
+
+    /// `chfsctl status`: one line per server with its state and use.
+    /// Returns the table and whether every server answered.
+    pub fn status(&self) -> Result<(String, bool), CtlError> {
+        let recs = self.records()?;
+        let mut addrs: Vec<String> = Vec::new();
+        if let Some(s) = &self.env_server {
+            addrs.extend(chfs_client::config::parse_servers(s));
+        }
+        for r in &recs {
+            if !r.addr.is_empty() && !addrs.contains(&r.addr) {
+                addrs.push(r.addr.clone());
+            }
+        }
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<24} {:<8} {:>10} {:>14} {:>14} {:>10} {:>7}  HOST",
+            "SERVER", "STATE", "ENTRIES", "BYTES", "CAPACITY", "REQUESTS", "PID"
+        );
+        if addrs.is_empty() {
+            return Err(CtlError::Usage(
+                "no server found: none recorded on the hosts and CHFS_SERVER is not set".into(),
+            ));
+        }
+        let secret = self.caller_secret()?;
+        let mut answered: Vec<(String, Result<chfs_proto::msg::ServerStatus, String>)> = Vec::new();
+        let live: Vec<String> = addrs
+            .iter()
+            .filter(|a| recs.iter().find(|r| r.addr == **a).is_none_or(|r| r.alive))
+            .cloned()
+            .collect();
+        match self.client(live.clone(), secret.as_deref()) {
+            Ok(c) => {
+                for (a, r) in c.server_status() {
+                    answered.push((a, r.map_err(|e| e.to_string())));
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(out, "# {e}");
+                for a in &live {
+                    answered.push((a.clone(), Err("unreachable".into())));
+                }
+            }
+        }
+        for a in &addrs {
+            if !answered.iter().any(|(x, _)| x == a) {
+                answered.push((a.clone(), Err("not running".into())));
+            }
+        }
+        let mut all_ok = true;
+        for (a, r) in &answered {
+            let rec = recs.iter().find(|r| r.addr == *a);
+            let pid = rec.map_or("-".to_string(), |r| r.pid.to_string());
+            let host = rec.map_or("-".to_string(), |r| format!("{}#{}", r.id.host, r.id.index));
+            match r {
+                Ok(s) => {
+                    let _ = writeln!(
+                        out,
+                        "{:<24} {:<8} {:>10} {:>14} {:>14} {:>10} {:>7}  {host}",
+                        a, "up", s.entries, s.bytes, s.capacity, s.requests, pid
+                    );
+                }
+                Err(e) => {
+                    all_ok = false;
+                    let _ = writeln!(out, "{:<24} {:<8} {e} {:>7}  {host}", a, "DOWN", pid);
+                }
+            }
+        }
+        Ok((out, all_ok))
+    }
+
+    /// `chfsctl clean`: removes the servers' files and the secret from the
+    /// scratch directory of every host (refused while a server runs there).
+    pub fn clean(&self) -> Result<String, CtlError> {
+        let hosts = self.unique_hosts();
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                let script = format!(
+                    r#"{ALIVE_FN}
+for f in {pat}; do
+  [ -e "$f" ] || continue; p=$(cat "$f" 2>/dev/null)
+  if [ -n "$p" ] && alive "$p"; then echo "chfsd (pid $p, $f) still runs: stop it first" >&2; exit 4; fi
+done
+rm -f {all} {secret}
+rmdir {scratch} 2>/dev/null
+exit 0
+"#,
+                    pat = pat_quote(&format!("{}/chfsd@{h}@*.pid", self.scratch)),
+                    all = pat_quote(&format!("{}/chfsd@{h}@*", self.scratch)),
+                    secret = quote(&format!("{}/{SECRET_FILE}", self.scratch)),
+                    scratch = quote(&self.scratch),
+                );
+                (h.clone(), script, Vec::new())
+            })
+            .collect();
+        one_or_many(
+            self.launcher
+                .run_all(&jobs)
+                .into_iter()
+                .filter_map(Result::err)
+                .collect(),
+        )?;
+        Ok(String::new())
+    }
+}
+
+/// Quotes a path whose last component holds a `*` glob: the directory is
+/// quoted, the pattern part is left to the shell.
+fn pat_quote(p: &str) -> String {
+    match p.rsplit_once('/') {
+        Some((d, f)) => {
+            let (pre, post) = f.split_once('*').unwrap_or((f, ""));
+            let star = if f.contains('*') { "*" } else { "" };
+            format!(
+                "{}/{}{star}{}",
+                quote(d),
+                quote(pre),
+                if post.is_empty() {
+                    String::new()
+                } else {
+                    quote(post)
+                }
+            )
+        }
+        None => quote(p),
+    }
+}
+
+fn one_or_many(mut errs: Vec<CtlError>) -> Result<(), CtlError> {
+    match errs.len() {
+        0 => Ok(()),
+        1 => Err(errs.remove(0)),
+        _ => Err(CtlError::Many(errs)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_stay_globs() {
+        assert_eq!(
+            pat_quote("/tmp/a b/chfsd@h@*.pid"),
+            "'/tmp/a b'/chfsd@h@*.pid"
+        );
+        assert_eq!(pat_quote("/tmp/x/chfsd@h@*"), "/tmp/x/chfsd@h@*");
+        assert_eq!(pat_quote("/tmp/x/chfsd@h@3.pid"), "/tmp/x/chfsd@h@3.pid");
+    }
+}

@@ -1,0 +1,348 @@
+//! Parallel find over a chfs-rs pool.
+//!
+//! Every server holds the entries whose chunk 0 it owns. A directory is read
+//! one server at a time with [`Client::readdir_index`]; the work items are
+//! `(directory, server)` pairs run by a pool of threads, and every
+//! directory found (on any server) adds one item per server. No server is
+//! asked to merge lists, and no entry is seen twice.
+
+use std::collections::VecDeque;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use chfs_client::{Client, Stat};
+
+use crate::error::CtlError;
+
+/// Comparison of a `-size` test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeCmp {
+    /// `-size -N`: fewer than N units.
+    Less,
+    /// `-size N`: exactly N units.
+    Equal,
+    /// `-size +N`: more than N units.
+    Greater,
+}
+
+/// A `-size [+-]N[bcwkMG]` test with GNU find's meaning: the size is
+/// rounded up to whole units (512-byte blocks by default, `c` = bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeTest {
+    /// How to compare.
+    pub cmp: SizeCmp,
+    /// Number of units.
+    pub n: u64,
+    /// Unit in bytes.
+    pub unit: u64,
+}
+
+impl SizeTest {
+    /// Parses `[+-]N[bcwkMG]`.
+    pub fn parse(s: &str) -> Result<Self, CtlError> {
+        let bad = || {
+            CtlError::Usage(format!(
+                "invalid -size argument {s:?} (expected [+-]N[bcwkMG])"
+            ))
+        };
+        let (cmp, rest) = match s.as_bytes().first() {
+            Some(b'+') => (SizeCmp::Greater, &s[1..]),
+            Some(b'-') => (SizeCmp::Less, &s[1..]),
+            _ => (SizeCmp::Equal, s),
+        };
+        let (num, unit) = match rest.chars().last() {
+            Some('b') => (&rest[..rest.len() - 1], 512),
+            Some('c') => (&rest[..rest.len() - 1], 1),
+            Some('w') => (&rest[..rest.len() - 1], 2),
+            Some('k') => (&rest[..rest.len() - 1], 1 << 10),
+            Some('M') => (&rest[..rest.len() - 1], 1 << 20),
+            Some('G') => (&rest[..rest.len() - 1], 1 << 30),
+            Some(c) if c.is_ascii_digit() => (rest, 512),
+            _ => return Err(bad()),
+        };
+        if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let n = num.parse().map_err(|_| bad())?;
+        Ok(Self { cmp, n, unit })
+    }
+
+    /// Does a file of `size` bytes pass?
+    pub fn matches(&self, size: u64) -> bool {
+        let units = size.div_ceil(self.unit);
+        match self.cmp {
+            SizeCmp::Less => units < self.n,
+            SizeCmp::Equal => units == self.n,
+            SizeCmp::Greater => units > self.n,
+        }
+    }
+}
+
+/// A `-type` test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeTest {
+    /// `f`: regular file.
+    File,
+    /// `d`: directory.
+    Dir,
+    /// `l`: symbolic link.
+    Symlink,
+}
+
+impl TypeTest {
+    /// Parses `f`, `d` or `l`.
+    pub fn parse(s: &str) -> Result<Self, CtlError> {
+        match s {
+            "f" => Ok(Self::File),
+            "d" => Ok(Self::Dir),
+            "l" => Ok(Self::Symlink),
+            _ => Err(CtlError::Usage(format!(
+                "invalid -type argument {s:?} (supported: f, d, l)"
+            ))),
+        }
+    }
+
+    fn matches(&self, st: &Stat) -> bool {
+        match self {
+            Self::File => st.is_file(),
+            Self::Dir => st.is_dir(),
+            Self::Symlink => st.is_symlink(),
+        }
+    }
+}
+
+/// The tests of one find, all of which must pass (find's implicit `-a`).
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// `-name PATTERN`: shell pattern on the last component (fnmatch(3),
+    /// as GNU find uses it: `*` also matches a leading dot).
+    pub name: Option<CString>,
+    /// `-newer FILE`: modification time strictly after this (ns).
+    pub newer_than: Option<i64>,
+    /// `-size`.
+    pub size: Option<SizeTest>,
+    /// `-type`.
+    pub ftype: Option<TypeTest>,
+}
+
+impl Filter {
+    /// Sets the `-name` pattern.
+    pub fn set_name(&mut self, pat: &str) -> Result<(), CtlError> {
+        self.name = Some(
+            CString::new(pat)
+                .map_err(|_| CtlError::Usage("-name pattern contains a NUL byte".into()))?,
+        );
+        Ok(())
+    }
+
+    /// Does the entry `name` with status `st` pass every test?
+    pub fn matches(&self, name: &str, st: &Stat) -> bool {
+        if let Some(t) = &self.ftype {
+            if !t.matches(st) {
+                return false;
+            }
+        }
+        if let Some(s) = &self.size {
+            if !s.matches(st.size) {
+                return false;
+            }
+        }
+        if let Some(t) = self.newer_than {
+            if st.mtime <= t {
+                return false;
+            }
+        }
+        if let Some(pat) = &self.name {
+            let Ok(n) = CString::new(name) else {
+                return false;
+            };
+            // SAFETY: both pointers are valid NUL-terminated strings that
+            // live across the call; fnmatch only reads them.
+            if unsafe { libc::fnmatch(pat.as_ptr(), n.as_ptr(), 0) } != 0 {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// What a find saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FindStats {
+    /// Entries examined (including the starting point).
+    pub seen: u64,
+    /// Entries that passed the filter.
+    pub matched: u64,
+}
+
+/// An error while reading part of the tree (the find goes on).
+#[derive(Debug)]
+pub struct FindError {
+    /// Directory being read.
+    pub dir: String,
+    /// Server asked (address), if any.
+    pub server: Option<String>,
+    /// The client's error.
+    pub error: chfs_client::Error,
+}
+
+struct Queue {
+    items: VecDeque<(String, usize)>,
+    pending: usize,
+}
+
+/// Walks the tree under `root` with `threads` threads, calling `on_match`
+/// with the full path of every entry that passes `filter` (from several
+/// threads at once, in no particular order). Errors reading a directory do
+/// not stop the walk; they are returned with the counts.
+pub fn find(
+    client: &Client,
+    root: &str,
+    filter: &Filter,
+    threads: usize,
+    on_match: &(dyn Fn(&str) + Sync),
+) -> (FindStats, Vec<FindError>) {
+    let seen = AtomicU64::new(0);
+    let matched = AtomicU64::new(0);
+    let errors = Mutex::new(Vec::new());
+    let root = match chfs_proto::path::normalize(root) {
+        Ok(r) => r,
+        Err(e) => {
+            let err = FindError {
+                dir: root.to_string(),
+                server: None,
+                error: e.into(),
+            };
+            return (FindStats::default(), vec![err]);
+        }
+    };
+    let st = match client.lstat(&root) {
+        Ok(s) => s,
+        Err(error) => {
+            let err = FindError {
+                dir: root,
+                server: None,
+                error,
+            };
+            return (FindStats::default(), vec![err]);
+        }
+    };
+    seen.fetch_add(1, Ordering::Relaxed);
+    if filter.matches(chfs_proto::path::file_name(&root), &st) {
+        matched.fetch_add(1, Ordering::Relaxed);
+        on_match(&root);
+    }
+    if !st.is_dir() {
+        return (
+            FindStats {
+                seen: 1,
+                matched: matched.into_inner(),
+            },
+            Vec::new(),
+        );
+    }
+    let servers = client.servers();
+    let n = servers.len().max(1);
+    let q = Mutex::new(Queue {
+        items: (0..n).map(|i| (root.clone(), i)).collect(),
+        pending: n,
+    });
+    let cv = Condvar::new();
+    let lock = || q.lock().unwrap_or_else(|p| p.into_inner());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let (dir, idx) = {
+                    let mut g = lock();
+                    loop {
+                        if let Some(it) = g.items.pop_front() {
+                            break it;
+                        }
+                        if g.pending == 0 {
+                            return;
+                        }
+                        g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+                    }
+                };
+                let mut subdirs = Vec::new();
+                match client.readdir_index(&dir, idx) {
+                    Ok(entries) => {
+                        seen.fetch_add(entries.len() as u64, Ordering::Relaxed);
+                        for e in entries {
+                            let full = chfs_proto::path::join(&dir, &e.name);
+                            if filter.matches(&e.name, &e.stat) {
+                                matched.fetch_add(1, Ordering::Relaxed);
+                                on_match(&full);
+                            }
+                            if e.stat.is_dir() {
+                                subdirs.push(full);
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        errors
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(FindError {
+                                dir: dir.clone(),
+                                server: servers.get(idx).cloned(),
+                                error,
+                            })
+                    }
+                }
+                let mut g = lock();
+                for d in subdirs {
+                    for i in 0..n {
+                        g.items.push_back((d.clone(), i));
+                        g.pending += 1;
+                    }
+                }
+                g.pending -= 1;
+                drop(g);
+                cv.notify_all();
+            });
+        }
+    });
+    (
+        FindStats {
+            seen: seen.into_inner(),
+            matched: matched.into_inner(),
+        },
+        errors.into_inner().unwrap_or_else(|p| p.into_inner()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_like_gnu_find() {
+        let t = SizeTest::parse("3901c").unwrap();
+        assert!(t.matches(3901) && !t.matches(3900));
+        // 512-byte blocks, rounded up.
+        let t = SizeTest::parse("2").unwrap();
+        assert!(t.matches(513) && t.matches(1024) && !t.matches(512) && !t.matches(1025));
+        let t = SizeTest::parse("-1M").unwrap();
+        assert!(t.matches(0) && !t.matches(1));
+        let t = SizeTest::parse("+1k").unwrap();
+        assert!(t.matches(1025) && !t.matches(1024));
+        for bad in ["", "+", "1x", "-c", "a1"] {
+            assert!(SizeTest::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn name_patterns() {
+        let mut f = Filter::default();
+        f.set_name("*01*").unwrap();
+        let st = Stat::default();
+        assert!(f.matches("file01x", &st));
+        assert!(!f.matches("file10", &st));
+        f.set_name("*").unwrap();
+        assert!(f.matches(".hidden", &st));
+        f.set_name("a[0-9]?").unwrap();
+        assert!(f.matches("a1b", &st) && !f.matches("ab1", &st));
+    }
+}

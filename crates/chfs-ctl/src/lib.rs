@@ -1,0 +1,30 @@
+//! chfsctl and the chfs-rs command-line tools.
+//!
+//! - [`ctl`]: `chfsctl start|stop|status|kill|clean` — create a pool on the
+//!   hosts of a job through ssh (or `mpirun` / `srun`), print the shell
+//!   lines that point clients at it, and tear it down.
+//! - [`find`]: the parallel find behind `chfind`.
+//! - [`launch`]: hostfiles, shell quoting and the launchers.
+//!
+//! Libraries here never print or exit; the binaries in `src/bin` do.
+
+pub mod ctl;
+mod error;
+pub mod find;
+pub mod launch;
+
+pub use error::CtlError;
+
+/// Connects a client from the environment (`CHFS_SERVER`, ...), naming the
+/// servers in the error.
+pub fn client_from_env() -> Result<chfs_client::Client, CtlError> {
+    let cfg = chfs_client::ClientConfig::from_env().map_err(|source| CtlError::Client {
+        context: "reading the client configuration".into(),
+        source,
+    })?;
+    let servers = cfg.servers.join(",");
+    chfs_client::Client::connect(cfg).map_err(|source| CtlError::Client {
+        context: format!("cannot reach the pool through CHFS_SERVER={servers}"),
+        source,
+    })
+}
