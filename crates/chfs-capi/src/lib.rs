@@ -578,7 +578,7 @@ pub extern "C" fn chfs_seek(fd: c_int, off: off_t, whence: c_int) -> off_t {
             libc::SEEK_END => Whence::End,
             _ => return Err(Error::new(libc::EINVAL, format!("whence {whence}"))),
         };
-        let pos = client()?.seek(fd, off as i64, w)?;
+        let pos = client()?.seek(fd, off, w)?;
         off_t::try_from(pos).map_err(|_| Error::new(libc::EOVERFLOW, "position overflows off_t"))
     })
 }
@@ -813,9 +813,10 @@ fn time_set(t: &libc::timespec) -> R<TimeSet> {
     match t.tv_nsec {
         libc::UTIME_NOW => Ok(TimeSet::Now),
         libc::UTIME_OMIT => Ok(TimeSet::Omit),
-        n if (0..1_000_000_000).contains(&n) => (t.tv_sec as i64)
+        n if (0..1_000_000_000).contains(&n) => t
+            .tv_sec
             .checked_mul(1_000_000_000)
-            .and_then(|s| s.checked_add(n as i64))
+            .and_then(|s| s.checked_add(n))
             .map(TimeSet::At)
             .ok_or_else(|| Error::new(libc::EINVAL, "time out of range")),
         n => Err(Error::new(
@@ -876,7 +877,7 @@ pub unsafe extern "C" fn chfs_mknod(path: *const c_char, mode: mode_t, dev: libc
     ffi("chfs_mknod", -1, || {
         // SAFETY: C string by contract.
         let p = unsafe { cstr(path, "path") }?;
-        client()?.mknod(p, mode, dev as u64).map(|()| 0)
+        client()?.mknod(p, mode, dev).map(|()| 0)
     })
 }
 
