@@ -537,6 +537,13 @@ impl Client {
         if follow {
             p = self.resolve(&st, p)?.0;
         }
+        if attr.atime != TimeSet::Omit || attr.mtime != TimeSet::Omit {
+            // Publish our unwritten data first, or publishing it later
+            // (close) would overwrite the times being set now.
+            for f in self.open_files(&p) {
+                self.flush_file(&st, &f)?;
+            }
+        }
         let m = expect_meta(self.call_owner(
             &st,
             &p,

@@ -1,0 +1,928 @@
+//! The FUSE file system: translates kernel requests into
+//! [`chfs_client::Client`] calls. It keeps only what the kernel protocol
+//! needs on top of the client: an inode <-> path table, file handles ->
+//! client descriptors, directory listings per open directory, and the
+//! errno mapping. No file-system logic lives here.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chfs_client::{Client, Stat, TimeSet};
+use chfs_proto::msg::SetAttr;
+use chfs_proto::path::{is_within, join};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tracing::{debug, warn};
+
+/// Largest read/write request asked of the kernel (1 MiB).
+pub const MAX_IO: u32 = 1 << 20;
+
+/// Behaviour of the mount that is not file-system logic.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// How long the kernel may cache attributes (size, mode, times) before
+    /// asking again. Longer = fewer requests, staler view of other nodes.
+    pub attr_timeout: Duration,
+    /// How long the kernel may cache a name -> inode binding. Longer =
+    /// faster path walks; a file removed or renamed on another node stays
+    /// visible here for up to this long.
+    pub entry_timeout: Duration,
+    /// Kernel write-back cache: small writes are gathered in the page cache
+    /// and sent later (faster small writes; data reaches the servers at
+    /// flush/fsync/close, and O_APPEND is no longer atomic across nodes).
+    pub writeback_cache: bool,
+    /// Bypass the page cache for every file (`FOPEN_DIRECT_IO`): every
+    /// read goes to the servers (no mmap of shared writable mappings).
+    pub direct_io: bool,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        Self {
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            writeback_cache: false,
+            direct_io: false,
+        }
+    }
+}
+
+/// One inode known to the kernel.
+struct Node {
+    path: String,
+    nlookup: u64,
+}
+
+/// Inode numbers <-> paths. Inode numbers are the client's `st_ino` (a hash
+/// of the path at first lookup), probed on a collision; the root is 1.
+struct Table {
+    nodes: HashMap<u64, Node>,
+    by_path: HashMap<String, u64>,
+}
+
+impl Table {
+    fn new() -> Self {
+        let mut t = Table {
+            nodes: HashMap::new(),
+            by_path: HashMap::new(),
+        };
+        t.nodes.insert(
+            1,
+            Node {
+                path: "/".into(),
+                nlookup: 1,
+            },
+        );
+        t.by_path.insert("/".into(), 1);
+        t
+    }
+
+    /// The inode of `path` (counting one more kernel lookup).
+    fn intern(&mut self, path: &str, hint: u64) -> u64 {
+        if let Some(&ino) = self.by_path.get(path) {
+            if let Some(n) = self.nodes.get_mut(&ino) {
+                n.nlookup += 1;
+            }
+            return ino;
+        }
+        let mut ino = hint.max(2);
+        while self.nodes.contains_key(&ino) {
+            ino = ino.wrapping_add(2).max(2);
+        }
+        self.nodes.insert(
+            ino,
+            Node {
+                path: path.to_string(),
+                nlookup: 1,
+            },
+        );
+        self.by_path.insert(path.to_string(), ino);
+        ino
+    }
+
+    fn forget(&mut self, ino: u64, n: u64) {
+        if ino == 1 {
+            return;
+        }
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.nlookup = node.nlookup.saturating_sub(n);
+            if node.nlookup == 0 {
+                let node = self.nodes.remove(&ino).expect("present");
+                if self.by_path.get(&node.path) == Some(&ino) {
+                    self.by_path.remove(&node.path);
+                }
+            }
+        }
+    }
+
+    /// The name no longer refers to its inode (unlink, rmdir, replaced by
+    /// a rename).
+    fn detach(&mut self, path: &str) {
+        self.by_path.remove(path);
+    }
+
+    /// Rewrites the paths of `old` and everything below it.
+    fn rename(&mut self, old: &str, new: &str) -> Vec<u64> {
+        self.detach(new);
+        let moved: Vec<(String, u64)> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| is_within(p, old))
+            .map(|(p, &i)| (p.clone(), i))
+            .collect();
+        let mut inos = Vec::new();
+        for (p, ino) in moved {
+            self.by_path.remove(&p);
+            let np = format!("{new}{}", &p[old.len()..]);
+            if let Some(n) = self.nodes.get_mut(&ino) {
+                n.path = np.clone();
+            }
+            self.by_path.insert(np, ino);
+            inos.push(ino);
+        }
+        inos
+    }
+}
+
+/// An open file: the client descriptor (replaced if the file is renamed).
+struct FileH {
+    ino: u64,
+    fd: Mutex<i32>,
+    flags: i32,
+    append: bool,
+    sync: bool,
+}
+
+/// An open directory: the listing read at offset 0, so offsets stay valid
+/// while the directory changes.
+struct DirH {
+    entries: Mutex<Option<Vec<(String, u64, FileType)>>>,
+}
+
+enum Handle {
+    File(Arc<FileH>),
+    Dir(Arc<DirH>),
+}
+
+/// The FUSE file system over a chfs-rs client.
+pub struct ChfsFs {
+    client: Client,
+    opts: FsOptions,
+    table: Mutex<Table>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn errno(e: &chfs_client::Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// A file name as UTF-8 (the client's paths are strings).
+fn name_str(name: &OsStr) -> Result<&str, Errno> {
+    std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::from_i32(libc::EILSEQ))
+}
+
+fn kind_of(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn systime(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn time_ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn time_set(t: Option<TimeOrNow>) -> TimeSet {
+    match t {
+        None => TimeSet::Omit,
+        Some(TimeOrNow::Now) => TimeSet::Now,
+        Some(TimeOrNow::SpecificTime(t)) => TimeSet::At(time_ns(t)),
+    }
+}
+
+fn attr(ino: u64, s: &Stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: s.size,
+        blocks: s.blocks,
+        atime: systime(s.atime),
+        mtime: systime(s.mtime),
+        ctime: systime(s.ctime),
+        crtime: systime(s.ctime),
+        kind: kind_of(s.mode),
+        perm: (s.mode & 0o7777) as u16,
+        nlink: s.nlink,
+        uid: s.uid,
+        gid: s.gid,
+        rdev: s.rdev as u32,
+        blksize: s.blksize,
+        flags: 0,
+    }
+}
+
+type R<T> = Result<T, Errno>;
+
+impl ChfsFs {
+    /// A file system serving `client`.
+    pub fn new(client: Client, opts: FsOptions) -> Self {
+        Self {
+            client,
+            opts,
+            table: Mutex::new(Table::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn path(&self, ino: INodeNo) -> R<String> {
+        lock(&self.table)
+            .nodes
+            .get(&ino.0)
+            .map(|n| n.path.clone())
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> R<String> {
+        let name = name_str(name)?;
+        if name.len() > chfs_proto::path::MAX_NAME {
+            return Err(Errno::from_i32(libc::ENAMETOOLONG));
+        }
+        Ok(join(&self.path(parent)?, name))
+    }
+
+    /// Client acting for the requesting user (owner of what it creates).
+    fn user(&self, req: &Request) -> Client {
+        self.client.as_user(req.uid(), req.gid())
+    }
+
+    /// Looks `path` up and counts a kernel reference to its inode.
+    fn entry(&self, path: &str) -> R<FileAttr> {
+        let s = self.client.lstat(path).map_err(|e| errno(&e))?;
+        let ino = lock(&self.table).intern(path, s.ino);
+        Ok(attr(ino, &s))
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: R<FileAttr>) {
+        match r {
+            Ok(a) => reply.entry_with_ttls(
+                &self.opts.attr_timeout,
+                &self.opts.entry_timeout,
+                &a,
+                Generation(0),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn file(&self, fh: FileHandle) -> R<Arc<FileH>> {
+        match lock(&self.handles).get(&fh.0) {
+            Some(Handle::File(f)) => Ok(f.clone()),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    fn fd(&self, fh: FileHandle) -> R<i32> {
+        Ok(*lock(&self.file(fh)?.fd))
+    }
+
+    fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(fh, h);
+        fh
+    }
+
+    /// Client open flags for a kernel open: access mode and the flags the
+    /// client acts on. With the write-back cache the kernel may read
+    /// through a write-only file and computes append offsets itself.
+    fn open_flags(&self, flags: i32) -> i32 {
+        let mut f = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC);
+        if self.opts.writeback_cache {
+            if f & libc::O_ACCMODE == libc::O_WRONLY {
+                f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            f &= !libc::O_APPEND;
+        }
+        f
+    }
+
+    fn new_file(&self, ino: u64, fd: i32, flags: i32) -> (u64, FopenFlags) {
+        let append = flags & libc::O_APPEND != 0;
+        let h = FileH {
+            ino,
+            fd: Mutex::new(fd),
+            flags,
+            append,
+            sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
+        };
+        let fh = self.add_handle(Handle::File(Arc::new(h)));
+        // Appends are placed by the servers (atomic across nodes), so the
+        // page cache cannot know where they land: bypass it for them.
+        let fopen = if self.opts.direct_io || append {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        };
+        (fh, fopen)
+    }
+
+    /// After a rename, open files below `new` get descriptors for their
+    /// new paths (the client names open files by path).
+    fn reopen_moved(&self, inos: &[u64]) {
+        let files: Vec<Arc<FileH>> = lock(&self.handles)
+            .values()
+            .filter_map(|h| match h {
+                Handle::File(f) if inos.contains(&f.ino) => Some(f.clone()),
+                _ => None,
+            })
+            .collect();
+        for f in files {
+            let Ok(path) = self.path(INodeNo(f.ino)) else {
+                continue;
+            };
+            let fl = f.flags & (libc::O_ACCMODE | libc::O_APPEND);
+            match self.client.open(&path, fl, 0) {
+                Ok(nfd) => {
+                    let old = std::mem::replace(&mut *lock(&f.fd), nfd);
+                    if let Err(e) = self.client.close(old) {
+                        warn!(%path, error = %e, "closing the pre-rename descriptor");
+                    }
+                }
+                Err(e) => warn!(%path, error = %e, "reopening a renamed open file"),
+            }
+        }
+    }
+
+    fn do_setattr(
+        &self,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        fh: Option<FileHandle>,
+    ) -> R<FileAttr> {
+        let path = self.path(ino)?;
+        if let Some(size) = size {
+            let r = match fh.map(|fh| self.fd(fh)) {
+                Some(Ok(fd)) => self.client.ftruncate(fd, size),
+                _ => self.client.truncate(&path, size),
+            };
+            r.map_err(|e| errno(&e))?;
+        }
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            atime: time_set(atime),
+            mtime: time_set(mtime),
+        };
+        let s = if a != SetAttr::default() {
+            self.client.setattr(&path, a).map_err(|e| errno(&e))?
+        } else {
+            self.client.lstat(&path).map_err(|e| errno(&e))?
+        };
+        Ok(attr(ino.0, &s))
+    }
+
+    fn load_dir(&self, ino: INodeNo) -> R<Vec<(String, u64, FileType)>> {
+        let path = self.path(ino)?;
+        let list = self.client.readdir(&path).map_err(|e| errno(&e))?;
+        let parent = if ino.0 == 1 {
+            1
+        } else {
+            let pp = chfs_proto::path::parent(&path).to_string();
+            lock(&self.table).by_path.get(&pp).copied().unwrap_or(1)
+        };
+        let t = lock(&self.table);
+        let mut out = Vec::with_capacity(list.len() + 2);
+        out.push((".".to_string(), ino.0, FileType::Directory));
+        out.push(("..".to_string(), parent, FileType::Directory));
+        for e in list {
+            let full = join(&path, &e.name);
+            let i = t.by_path.get(&full).copied().unwrap_or(e.stat.ino);
+            out.push((e.name, i, kind_of(e.stat.mode)));
+        }
+        Ok(out)
+    }
+}
+
+impl Filesystem for ChfsFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        let _ = config.set_max_background(64);
+        let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC | InitFlags::FUSE_PARALLEL_DIROPS;
+        if self.opts.writeback_cache {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        for flag in want.iter() {
+            if let Err(e) = config.add_capabilities(flag) {
+                warn!(?e, "kernel lacks a FUSE capability");
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.client.sync() {
+            warn!(error = %e, "flushing open files at unmount");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = self.child(parent, name).and_then(|p| self.entry(&p));
+        self.reply_entry(reply, r);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        lock(&self.table).forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = self
+            .path(ino)
+            .and_then(|p| self.client.lstat(&p).map_err(|e| errno(&e)));
+        match r {
+            Ok(s) => reply.attr(&self.opts.attr_timeout, &attr(ino.0, &s)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match self.do_setattr(ino, mode, uid, gid, size, atime, mtime, fh) {
+            Ok(a) => reply.attr(&self.opts.attr_timeout, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self
+            .path(ino)
+            .and_then(|p| self.client.readlink(&p).map_err(|e| errno(&e)))
+        {
+            Ok(t) => reply.data(t.as_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.child(parent, name).and_then(|p| {
+            self.user(req)
+                .mknod(&p, mode, rdev as u64)
+                .map_err(|e| errno(&e))?;
+            self.entry(&p)
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.child(parent, name).and_then(|p| {
+            self.user(req)
+                .mkdir(&p, mode & 0o7777)
+                .map_err(|e| errno(&e))?;
+            self.entry(&p)
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.child(parent, name).and_then(|p| {
+            self.client.unlink(&p).map_err(|e| errno(&e))?;
+            lock(&self.table).detach(&p);
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.child(parent, name).and_then(|p| {
+            self.client.rmdir(&p).map_err(|e| errno(&e))?;
+            lock(&self.table).detach(&p);
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.child(parent, link_name).and_then(|p| {
+            let t = name_str(target.as_os_str())?;
+            self.user(req).symlink(t, &p).map_err(|e| errno(&e))?;
+            self.entry(&p)
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            // RENAME_EXCHANGE / RENAME_WHITEOUT: not supported (EINVAL, as
+            // renameat2(2) documents for flags a file system lacks).
+            if !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
+                return Err(Errno::EINVAL);
+            }
+            let old = self.child(parent, name)?;
+            let new = self.child(newparent, newname)?;
+            let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+            self.client
+                .rename_flags(&old, &new, noreplace)
+                .map_err(|e| errno(&e))?;
+            if old != new {
+                let inos = lock(&self.table).rename(&old, &new);
+                self.reopen_moved(&inos);
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // Hard links are not supported (entries are keyed by path).
+        reply.error(Errno::EPERM);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let r = self.path(ino).and_then(|p| {
+            let fd = self
+                .client
+                .open(&p, self.open_flags(flags.0), 0)
+                .map_err(|e| errno(&e))?;
+            Ok(self.new_file(ino.0, fd, flags.0))
+        });
+        match r {
+            Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let r = self.fd(fh).and_then(|fd| {
+            let mut buf = vec![0u8; size as usize];
+            let n = self
+                .client
+                .pread(fd, &mut buf, offset)
+                .map_err(|e| errno(&e))?;
+            buf.truncate(n);
+            Ok(buf)
+        });
+        match r {
+            Ok(b) => reply.data(&b),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = self.file(fh).and_then(|f| {
+            let fd = *lock(&f.fd);
+            let n = if f.append && !self.opts.writeback_cache {
+                self.client.write(fd, data)
+            } else {
+                self.client.pwrite(fd, data, offset)
+            }
+            .map_err(|e| errno(&e))?;
+            if f.sync {
+                self.client.fsync(fd).map_err(|e| errno(&e))?;
+            }
+            Ok(n)
+        });
+        match r {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close(2): publish size and buffered data so other nodes see them.
+        match self
+            .fd(fh)
+            .and_then(|fd| self.client.fsync(fd).map_err(|e| errno(&e)))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = lock(&self.handles).remove(&fh.0);
+        match h {
+            Some(Handle::File(f)) => match self.client.close(*lock(&f.fd)) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            },
+            _ => reply.error(Errno::EBADF),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self
+            .fd(fh)
+            .and_then(|fd| self.client.fsync(fd).map_err(|e| errno(&e)))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fh = self.add_handle(Handle::Dir(Arc::new(DirH {
+            entries: Mutex::new(None),
+        })));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let d = match lock(&self.handles).get(&fh.0) {
+            Some(Handle::Dir(d)) => d.clone(),
+            _ => return reply.error(Errno::EBADF),
+        };
+        let mut ents = lock(&d.entries);
+        if offset == 0 || ents.is_none() {
+            match self.load_dir(ino) {
+                Ok(v) => *ents = Some(v),
+                Err(e) => return reply.error(e),
+            }
+        }
+        let list = ents.as_ref().expect("loaded");
+        for (i, (name, eino, kind)) in list.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*eino), i as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.handles).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are applied on the servers before they return.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        const BS: u64 = 4096;
+        match self.client.statfs() {
+            Ok(s) => {
+                let free = s.free / BS;
+                reply.statfs(
+                    s.total / BS,
+                    free,
+                    free,
+                    s.entries + free,
+                    free,
+                    BS as u32,
+                    chfs_proto::path::MAX_NAME as u32,
+                    BS as u32,
+                )
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.path(ino).and_then(|p| {
+            self.user(req)
+                .access(&p, mask.bits())
+                .map_err(|e| errno(&e))
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = self.child(parent, name).and_then(|p| {
+            let fl = self.open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
+            let fd = self
+                .user(req)
+                .open(&p, fl, mode & 0o7777)
+                .map_err(|e| errno(&e))?;
+            let a = match self.entry(&p) {
+                Ok(a) => a,
+                Err(e) => {
+                    let _ = self.client.close(fd);
+                    return Err(e);
+                }
+            };
+            let (fh, fl) = self.new_file(a.ino.0, fd, flags);
+            Ok((a, fh, fl))
+        });
+        match r {
+            Ok((a, fh, fl)) => {
+                debug!(ino = a.ino.0, "created");
+                reply.created(
+                    &self.opts.entry_timeout,
+                    &a,
+                    Generation(0),
+                    FileHandle(fh),
+                    fl,
+                )
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! `chfuse`: a FUSE 3 mount of a chfs-rs pool.
+//!
+//! [`fs::ChfsFs`] translates kernel requests into [`chfs_client::Client`]
+//! calls; [`mount`] mounts it, serves it with several threads, and
+//! unmounts on SIGINT/SIGTERM/SIGHUP. The binary `chfuse` adds the command
+//! line and backgrounding.
+
+pub mod fs;
+pub mod mount;
+
+pub use fs::{ChfsFs, FsOptions};
+pub use mount::{unmount, MountConfig, MountError};

@@ -1,0 +1,214 @@
+//! Mounting, serving and unmounting.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use chfs_client::{Client, ClientConfig};
+use fuser::{Config, MountOption, Session, SessionACL};
+use tracing::{info, warn};
+
+use crate::fs::{ChfsFs, FsOptions};
+
+/// Errors of mounting and serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MountError {
+    /// The client could not be configured or connected.
+    #[error("cannot connect to the chfs servers: {0}")]
+    Client(#[from] chfs_client::Error),
+    /// The mount point is unusable.
+    #[error("mount point {path}: {source}")]
+    MountPoint {
+        /// The mount point.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The kernel mount or the FUSE session failed.
+    #[error("FUSE {what}: {source}")]
+    Fuse {
+        /// Step that failed.
+        what: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Everything `chfuse` needs to mount.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// Kernel cache and I/O behaviour.
+    pub fs: FsOptions,
+    /// Let other users use the mount (`allow_other`; non-root users need
+    /// `user_allow_other` in /etc/fuse.conf).
+    pub allow_other: bool,
+    /// Let the kernel check permission bits (`default_permissions`).
+    pub default_permissions: bool,
+    /// Read-only mount.
+    pub read_only: bool,
+    /// Threads reading kernel requests.
+    pub threads: usize,
+    /// Client configuration (`CHFS_SERVER`, ...).
+    pub client: ClientConfig,
+}
+
+impl MountConfig {
+    /// Defaults for `mountpoint`, with the client configured from the
+    /// environment.
+    pub fn from_env(mountpoint: impl Into<PathBuf>) -> Result<Self, MountError> {
+        Ok(Self {
+            mountpoint: mountpoint.into(),
+            fs: FsOptions::default(),
+            // SAFETY: geteuid cannot fail and touches no memory.
+            allow_other: unsafe { libc::geteuid() } == 0,
+            default_permissions: true,
+            read_only: false,
+            threads: 4,
+            client: ClientConfig::from_env()?,
+        })
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Unmounts a FUSE mount: `umount2` as root, `fusermount3 -u` otherwise;
+/// `lazy` detaches it even while in use (also clears a stale mount whose
+/// daemon died).
+pub fn unmount(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
+    if is_root() {
+        let c = CString::new(mountpoint.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: `c` is a valid NUL-terminated string for the call.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            return Ok(());
+        }
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u").arg("-q");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let st = cmd
+        .arg("--")
+        .arg(mountpoint)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("fusermount3 -u failed ({st})")))
+    }
+}
+
+/// Checks the mount point; a stale FUSE mount left by a crashed daemon
+/// (ENOTCONN) is detached first.
+pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, MountError> {
+    let err = |source| MountError::MountPoint {
+        path: mp.to_path_buf(),
+        source,
+    };
+    match std::fs::metadata(mp) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            warn!(mountpoint = %mp.display(), "clearing a stale mount");
+            unmount(mp, true).map_err(err)?;
+        }
+        Err(e) => return Err(err(e)),
+        Ok(m) if !m.is_dir() => {
+            return Err(err(std::io::Error::from_raw_os_error(libc::ENOTDIR)))
+        }
+        Ok(_) => {}
+    }
+    std::fs::canonicalize(mp).map_err(err)
+}
+
+/// Blocks SIGINT/SIGTERM/SIGHUP in the calling thread (and in the threads
+/// it starts afterwards), so that one thread can wait for them.
+pub fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Mounts the pool and serves it until it is unmounted (by a signal, by
+/// `fusermount3 -u` or `umount`). `ready` runs once the mount is live.
+pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
+    let set = block_signals();
+    let mp = prepare_mountpoint(&cfg.mountpoint)?;
+    let client = Client::connect(cfg.client.clone())?;
+    let fs = ChfsFs::new(client, cfg.fs.clone());
+    let mut opts = vec![
+        MountOption::FSName("chfs".into()),
+        MountOption::Subtype("chfs".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    ];
+    if cfg.default_permissions {
+        opts.push(MountOption::DefaultPermissions);
+    }
+    opts.push(if cfg.read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
+    let mut fc = Config::default();
+    fc.mount_options = opts;
+    fc.acl = if cfg.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    fc.n_threads = Some(cfg.threads.max(1));
+    fc.clone_fd = true;
+    let session = Session::new(fs, &mp, &fc).map_err(|source| MountError::Fuse {
+        what: "mount",
+        source,
+    })?;
+    info!(mountpoint = %mp.display(), threads = cfg.threads, "mounted");
+    let sig_mp = mp.clone();
+    std::thread::Builder::new()
+        .name("chfuse-signals".into())
+        .spawn(move || loop {
+            let mut sig = 0;
+            // SAFETY: `set` is an initialised signal set; `sig` is a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                continue;
+            }
+            info!(signal = sig, "unmounting on signal");
+            if let Err(e) = unmount(&sig_mp, false) {
+                warn!(error = %e, "unmount failed (busy?); detaching lazily");
+                if let Err(e) = unmount(&sig_mp, true) {
+                    warn!(error = %e, "lazy unmount failed");
+                }
+            }
+        })
+        .map_err(|source| MountError::Fuse {
+            what: "signal thread",
+            source,
+        })?;
+    ready();
+    session.run().map_err(|source| MountError::Fuse {
+        what: "session",
+        source,
+    })?;
+    info!(mountpoint = %mp.display(), "unmounted");
+    Ok(())
+}

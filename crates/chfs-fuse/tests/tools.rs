@@ -1,0 +1,384 @@
+//! Ordinary tools and syscalls on a real mount of a real pool.
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::time::Duration;
+
+use common::*;
+
+/// Builds a local tree with symlinks and odd names.
+fn make_tree(root: &std::path::Path) {
+    let odd = [
+        "with space",
+        "ünïcødé-名前",
+        "-leading-dash",
+        "quote'\"mark",
+        "star*and?question",
+        ".hidden",
+    ];
+    std::fs::create_dir_all(root.join("sub/deeper/deepest")).unwrap();
+    for (i, n) in odd.iter().enumerate() {
+        std::fs::write(root.join(n), pattern(1000 * i + 7, i as u64)).unwrap();
+        std::fs::write(root.join("sub").join(n), pattern(300_000, 50 + i as u64)).unwrap();
+    }
+    std::fs::write(root.join("sub/deeper/deepest/empty"), b"").unwrap();
+    std::fs::write(root.join("sub/deeper/big"), pattern(3 << 20, 99)).unwrap();
+    std::os::unix::fs::symlink("sub/deeper/big", root.join("link-rel")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/target", root.join("link-dangling")).unwrap();
+    std::os::unix::fs::symlink("../with space", root.join("sub/link-up")).unwrap();
+    std::fs::set_permissions(root.join("sub/deeper/big"), PermissionsExt::from_mode(0o640))
+        .unwrap();
+}
+
+#[test]
+fn cp_tar_find_mv_rm_round_trips() {
+    let pool = pool(3);
+    let m = Mount::new(&pool, &[]);
+    let local = tempfile::tempdir().unwrap();
+    let src = local.path().join("src");
+    make_tree(&src);
+
+    // cp -r into the mount, then compare.
+    sh(&format!("cp -a {} {}", q(&src), q(&m.p("copy"))));
+    sh(&format!("diff -r --no-dereference {} {}", q(&src), q(&m.p("copy"))));
+
+    // find lists the same tree (names, types).
+    let list = |d: &std::path::Path| {
+        let mut v: Vec<String> = sh(&format!("cd {} && find . -printf '%y %p %s\\n'", q(d)))
+            .lines()
+            .map(|l| {
+                // Directory sizes differ between file systems.
+                if l.starts_with("d ") {
+                    l.rsplit_once(' ').unwrap().0.to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(list(&src), list(&m.p("copy")));
+
+    // tar c from local | tar x into the mount; tar c from the mount | tar x
+    // back to local disk: identical, symlinks included.
+    std::fs::create_dir(m.p("tarx")).unwrap();
+    sh(&format!(
+        "tar cf - -C {} . | tar xf - -C {}",
+        q(&src),
+        q(&m.p("tarx"))
+    ));
+    let back = local.path().join("back");
+    std::fs::create_dir(&back).unwrap();
+    sh(&format!(
+        "tar cf {}/t.tar -C {} . && tar xf {}/t.tar -C {}",
+        q(local.path()),
+        q(&m.p("tarx")),
+        q(local.path()),
+        q(&back)
+    ));
+    sh(&format!("diff -r --no-dereference {} {}", q(&src), q(&back)));
+    assert_eq!(
+        std::fs::read_link(back.join("link-rel")).unwrap(),
+        std::path::Path::new("sub/deeper/big")
+    );
+    assert_eq!(
+        std::fs::metadata(back.join("sub/deeper/big")).unwrap().mode() & 0o777,
+        0o640
+    );
+
+    // mv a whole tree, then rm -rf it.
+    sh(&format!("mv {} {}", q(&m.p("copy")), q(&m.p("moved"))));
+    assert!(!m.p("copy").exists());
+    sh(&format!("diff -r --no-dereference {} {}", q(&src), q(&m.p("moved"))));
+    sh(&format!("rm -rf {} {}", q(&m.p("moved")), q(&m.p("tarx"))));
+    let left: Vec<_> = std::fs::read_dir(&m.mp).unwrap().collect();
+    assert!(left.is_empty(), "left after rm -rf: {left:?}");
+}
+
+#[test]
+fn dd_with_1mib_blocks() {
+    let pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    let local = tempfile::tempdir().unwrap();
+    let src = local.path().join("src.bin");
+    std::fs::write(&src, pattern(16 << 20, 5)).unwrap();
+    sh(&format!(
+        "dd if={} of={} bs=1M status=none && dd if={} of={}/back.bin bs=1M status=none",
+        q(&src),
+        q(&m.p("f.bin")),
+        q(&m.p("f.bin")),
+        q(local.path())
+    ));
+    sh(&format!("cmp {} {}/back.bin", q(&src), q(local.path())));
+    assert_eq!(std::fs::metadata(m.p("f.bin")).unwrap().len(), 16 << 20);
+    // Overwrite a middle block in place (conv=notrunc) and check it.
+    sh(&format!(
+        "dd if=/dev/zero of={} bs=1M seek=3 count=1 conv=notrunc status=none",
+        q(&m.p("f.bin"))
+    ));
+    let got = std::fs::read(m.p("f.bin")).unwrap();
+    let mut want = pattern(16 << 20, 5);
+    want[3 << 20..4 << 20].fill(0);
+    assert!(got == want, "in-place overwrite mismatch");
+}
+
+#[test]
+fn stat_fields_chmod_chown_utimens() {
+    let pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    let f = m.p("f");
+    std::fs::write(&f, b"12345").unwrap();
+    sh(&format!("chmod 640 {}", q(&f)));
+    sh(&format!("touch -m -d '2001-02-03 04:05:06.5 UTC' {}", q(&f)));
+    let out = sh(&format!("stat -c '%s %a %F %Y %h' {}", q(&f)));
+    assert_eq!(out.trim(), "5 640 regular file 981173106 1");
+    // UTIME_OMIT for mtime leaves it; atime changes.
+    let c = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
+    let ts = [
+        libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 7 },
+        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+    ];
+    // SAFETY: valid path and a two-element timespec array.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) }, 0);
+    let md = std::fs::metadata(&f).unwrap();
+    assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 7));
+    assert_eq!((md.mtime(), md.mtime_nsec()), (981_173_106, 500_000_000));
+    // UTIME_NOW sets mtime to about now.
+    let ts = [
+        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+    ];
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) }, 0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let md = std::fs::metadata(&f).unwrap();
+    assert!((md.mtime() - now).abs() < 5, "mtime {} vs now {now}", md.mtime());
+    assert_eq!(md.atime(), 1_000_000_000);
+    if is_root() {
+        sh(&format!("chown 1234:5678 {}", q(&f)));
+        let md = std::fs::metadata(&f).unwrap();
+        assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    }
+    // Other file types.
+    std::fs::create_dir(m.p("d")).unwrap();
+    std::os::unix::fs::symlink("f", m.p("l")).unwrap();
+    sh(&format!("mkfifo {}", q(&m.p("fifo"))));
+    let types = sh(&format!(
+        "cd {} && stat -c '%n %F' d l fifo",
+        q(&m.mp)
+    ));
+    assert_eq!(types, "d directory\nl symbolic link\nfifo fifo\n");
+    // truncate grows with zeros and shrinks.
+    sh(&format!("truncate -s 3000000 {}", q(&f)));
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 3_000_000);
+    let data = std::fs::read(&f).unwrap();
+    assert_eq!(&data[..5], b"12345");
+    assert!(data[5..].iter().all(|&b| b == 0));
+    sh(&format!("truncate -s 2 {}", q(&f)));
+    assert_eq!(std::fs::read(&f).unwrap(), b"12");
+    // statfs answers.
+    sh(&format!("df {}", q(&m.mp)));
+}
+
+#[test]
+fn permission_denied_for_another_uid() {
+    if !is_root() {
+        eprintln!("SKIPPED: permission test needs root (to run a command as uid 65534)");
+        return;
+    }
+    let pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    let as_nobody = |cmd: &str| {
+        sh_status(&format!(
+            "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c {}",
+            q(std::path::Path::new(cmd))
+        ))
+    };
+    std::fs::create_dir(m.p("private")).unwrap();
+    std::fs::set_permissions(m.p("private"), PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::write(m.p("private/secret"), b"s").unwrap();
+    std::fs::write(m.p("ro"), b"readonly").unwrap();
+    std::fs::set_permissions(m.p("ro"), PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::create_dir(m.p("shared")).unwrap();
+    std::fs::set_permissions(m.p("shared"), PermissionsExt::from_mode(0o777)).unwrap();
+
+    let (ok, out) = as_nobody(&format!("cat {}", q(&m.p("private/secret"))));
+    assert!(!ok && out.contains("Permission denied"), "{out}");
+    let (ok, out) = as_nobody(&format!("ls {}", q(&m.p("private"))));
+    assert!(!ok && out.contains("Permission denied"), "{out}");
+    let (ok, out) = as_nobody(&format!("echo x >> {}", q(&m.p("ro"))));
+    assert!(!ok && out.contains("Permission denied"), "{out}");
+    let (ok, out) = as_nobody(&format!("cat {}", q(&m.p("ro"))));
+    assert!(ok && out == "readonly", "{out}");
+    let (ok, out) = as_nobody(&format!("chmod 777 {}", q(&m.p("ro"))));
+    assert!(!ok && out.contains("not permitted"), "{out}");
+    let (ok, out) = as_nobody(&format!("touch {}", q(&m.p("newfile"))));
+    assert!(!ok && out.contains("Permission denied"), "{out}");
+    // Entries created by another user belong to that user.
+    let (ok, out) = as_nobody(&format!(
+        "echo mine > {} && mkdir {}",
+        q(&m.p("shared/f")),
+        q(&m.p("shared/d"))
+    ));
+    assert!(ok, "{out}");
+    for p in ["shared/f", "shared/d"] {
+        let md = std::fs::metadata(m.p(p)).unwrap();
+        assert_eq!((md.uid(), md.gid()), (65534, 65534), "{p}");
+    }
+    assert_eq!(std::fs::read(m.p("ro")).unwrap(), b"readonly");
+}
+
+/// Appends `n` records of `tag` through one mount, from a shell loop that
+/// reopens with O_APPEND each time and from one long-lived descriptor.
+fn appender(path: &std::path::Path, tag: &str, n: usize) -> std::process::Child {
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "i=0; while [ $i -lt {n} ]; do printf '{tag}%05d\\n' $i >> {p}; i=$((i+1)); done; \
+             exec 3>>{p}; i=0; while [ $i -lt {n} ]; do printf '{tag}%05d\\n' $((i+{n})) >&3; i=$((i+1)); done",
+            p = q(path)
+        ))
+        .spawn()
+        .unwrap()
+}
+
+fn check_appends(data: &str, tags: &[&str], n: usize) {
+    let mut seen: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+    for l in data.lines() {
+        assert_eq!(l.len(), 6, "torn record {l:?}");
+        seen.entry(&l[..1]).or_default().push(l[1..].parse().unwrap());
+    }
+    for t in tags {
+        let mut v = seen.remove(t).unwrap_or_default();
+        v.sort();
+        assert_eq!(v, (0..2 * n).collect::<Vec<_>>(), "records of {t}");
+    }
+    assert!(seen.is_empty());
+}
+
+#[test]
+fn o_append_from_two_processes_and_two_mounts() {
+    let pool = pool(2);
+    let a = Mount::new(&pool, &[]);
+    let b = Mount::new(&pool, &[]);
+    let n = 150;
+    // Two processes on one mount.
+    let mut p1 = appender(&a.p("log1"), "A", n);
+    let mut p2 = appender(&a.p("log1"), "B", n);
+    assert!(p1.wait().unwrap().success() && p2.wait().unwrap().success());
+    check_appends(&std::fs::read_to_string(a.p("log1")).unwrap(), &["A", "B"], n);
+    // Two processes on two mounts (two nodes' view): still no lost or torn
+    // records, because the servers place appends.
+    let mut p1 = appender(&a.p("log2"), "C", n);
+    let mut p2 = appender(&b.p("log2"), "D", n);
+    assert!(p1.wait().unwrap().success() && p2.wait().unwrap().success());
+    check_appends(&std::fs::read_to_string(b.p("log2")).unwrap(), &["C", "D"], n);
+}
+
+#[test]
+fn mmap_read_and_shared_write() {
+    let pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    let data = pattern(300_000, 3);
+    std::fs::write(m.p("f"), &data).unwrap();
+    let f = std::fs::File::open(m.p("f")).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: mapping a file we hold open, read-only, with its exact length.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            data.len(),
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: the mapping is data.len() bytes long and stays mapped below.
+    let got = unsafe { std::slice::from_raw_parts(p as *const u8, data.len()) }.to_vec();
+    // SAFETY: unmapping what we mapped.
+    unsafe { libc::munmap(p, data.len()) };
+    assert!(got == data, "mmap read differs");
+
+    // A shared writable mapping reaches the file after msync.
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(m.p("f")).unwrap();
+    // SAFETY: as above, read-write.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: the first 4096 bytes are mapped writable.
+    unsafe {
+        std::ptr::write_bytes(p as *mut u8, b'Z', 100);
+        assert_eq!(libc::msync(p, 4096, libc::MS_SYNC), 0);
+        libc::munmap(p, 4096);
+    }
+    drop(f);
+    let back = std::fs::read(m.p("f")).unwrap();
+    assert!(back[..100].iter().all(|&b| b == b'Z'));
+    assert_eq!(&back[100..], &data[100..]);
+}
+
+#[test]
+fn second_mount_reads_what_the_first_wrote() {
+    let pool = pool(3);
+    let a = Mount::new(&pool, &[]);
+    let b = Mount::new(&pool, &["--attr-timeout", "0", "--entry-timeout", "0"]);
+    let data = pattern(5 << 20, 11);
+    std::fs::create_dir(a.p("dir")).unwrap();
+    std::fs::write(a.p("dir/f"), &data).unwrap();
+    assert!(std::fs::read(b.p("dir/f")).unwrap() == data);
+    // Overwrite and grow on A; B (no attribute caching) sees it at open.
+    let mut f = std::fs::OpenOptions::new().write(true).open(a.p("dir/f")).unwrap();
+    f.seek(SeekFrom::End(0)).unwrap();
+    f.write_all(b"tail").unwrap();
+    drop(f);
+    let mut got = Vec::new();
+    std::fs::File::open(b.p("dir/f")).unwrap().read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), data.len() + 4);
+    assert_eq!(&got[data.len()..], b"tail");
+    // Removal on B is seen on A (after A's entry timeout).
+    std::fs::remove_file(b.p("dir/f")).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(!a.p("dir/f").exists());
+}
+
+#[test]
+fn rename_of_an_open_file_keeps_its_descriptor() {
+    let pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .mode(0o644)
+        .open(m.p("old"))
+        .unwrap();
+    f.write_all(b"before ").unwrap();
+    std::fs::create_dir(m.p("d")).unwrap();
+    std::fs::rename(m.p("old"), m.p("d/new")).unwrap();
+    f.write_all(b"after").unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(m.p("d/new")).unwrap(), b"before after");
+    assert!(!m.p("old").exists());
+    // A directory renamed while a file inside it is open.
+    let mut f = std::fs::File::create(m.p("d/inner")).unwrap();
+    std::fs::rename(m.p("d"), m.p("e")).unwrap();
+    f.write_all(b"x").unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(m.p("e/inner")).unwrap(), b"x");
+}
