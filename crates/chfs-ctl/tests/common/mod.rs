@@ -1,0 +1,155 @@
+//! Helpers of the chfs-ctl integration tests: running the tools, parsing
+//! what `eval` would set, and cleaning up servers by recorded PID.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Path of one of this crate's binaries.
+pub fn bin(name: &str) -> PathBuf {
+    match name {
+        "chfsctl" => env!("CARGO_BIN_EXE_chfsctl").into(),
+        "chlist" => env!("CARGO_BIN_EXE_chlist").into(),
+        "chmkdir" => env!("CARGO_BIN_EXE_chmkdir").into(),
+        "chrmdir" => env!("CARGO_BIN_EXE_chrmdir").into(),
+        "chfind" => env!("CARGO_BIN_EXE_chfind").into(),
+        other => panic!("no binary {other}"),
+    }
+}
+
+/// The chfsd binary (build it with `cargo build -p chfs-server`).
+pub fn chfsd() -> PathBuf {
+    chfs_localpool::find_chfsd().expect("chfsd binary (cargo build -p chfs-server)")
+}
+
+/// Runs a command with extra environment, without inheriting the caller's
+/// CHFS_* variables.
+pub fn run(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(prog);
+    c.args(args);
+    for k in ["CHFS_SERVER", "CHFS_SECRET", "CHFS_SECRET_FILE", "CHFS_RSH", "CHFSD"] {
+        c.env_remove(k);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("run tool");
+    eprintln!(
+        "$ {} {}\n  -> {:?}\n  stdout: {}\n  stderr: {}",
+        prog.display(),
+        args.join(" "),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        String::from_utf8_lossy(&out.stderr).trim_end()
+    );
+    out
+}
+
+/// Text of a stream.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// What `eval "$(chfsctl ... start)"` sets, evaluated by a real `sh`.
+pub fn eval_env(start_output: &str) -> Vec<(String, String)> {
+    let vars = [
+        "CHFS_SERVER",
+        "CHFS_SECRET_FILE",
+        "CHFS_BACKEND_PATH",
+        "CHFS_SUBDIR_PATH",
+    ];
+    let script = format!(
+        "eval \"$1\"; {}",
+        vars.iter()
+            .map(|v| format!("sh -c 'printf \"%s=%s\\n\" {v} \"${v}\"'"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script, "sh", start_output])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("sh");
+    assert!(out.status.success(), "eval failed: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Looks a variable up in an evaluated environment.
+pub fn var<'a>(env: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    env.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str())
+}
+
+/// Is `pid` a live (not zombie) chfsd?
+pub fn chfsd_alive(pid: u32) -> bool {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    comm.trim() == "chfsd"
+        && !status
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'))
+}
+
+/// PIDs recorded in `dir/chfsd@*.pid`.
+pub fn recorded_pids(dir: &Path) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("chfsd@") && n.ends_with(".pid")
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+/// A scratch directory whose recorded servers are killed (by PID, only if
+/// they are chfsd) and whose files are removed when dropped, even when the
+/// test failed.
+pub struct Scratch {
+    /// The temporary directory (removed on drop).
+    pub dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    /// A new scratch directory.
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::Builder::new()
+                .prefix("chfsctl-test-")
+                .tempdir()
+                .expect("tempdir"),
+        }
+    }
+
+    /// Path of the scratch directory given to chfsctl (`-c`).
+    pub fn scratch(&self) -> PathBuf {
+        self.dir.path().join("scratch")
+    }
+
+    /// The scratch path as a string.
+    pub fn s(&self) -> String {
+        self.scratch().to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for pid in recorded_pids(&self.scratch()) {
+            if chfsd_alive(pid) {
+                eprintln!("cleanup: killing leftover chfsd pid {pid}");
+                // SAFETY: kill(2) on a PID recorded by a server this test
+                // started, checked to be a chfsd just before.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}

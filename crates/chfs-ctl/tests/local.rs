@@ -1,0 +1,246 @@
+//! chfsctl and the ch* tools on this host: real chfsd daemons started,
+//! used, inspected, stopped and cleaned through the binaries users run.
+
+mod common;
+
+use std::time::Duration;
+
+use chfs_client::{Client, ClientConfig};
+use common::*;
+
+fn client(env: &[(String, String)], secret: bool) -> chfs_client::Result<Client> {
+    let mut cfg = ClientConfig::from_lookup(|k| {
+        if k == "CHFS_SECRET_FILE" && !secret {
+            return None;
+        }
+        var(env, k).map(String::from)
+    })?;
+    cfg.rpc_timeout = Duration::from_secs(10);
+    Client::connect(cfg)
+}
+
+fn envs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+#[test]
+fn start_use_status_stop_clean() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let chfsd = chfsd.to_str().unwrap();
+    let ctl = bin("chfsctl");
+    let base = ["-c", &s, "--chfsd", chfsd];
+    let args = |extra: &[&'static str]| {
+        let mut v: Vec<&str> = base.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+
+    let out = run(&ctl, &args(&["-n", "3", "--secret", "-C", "0", "start"]), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    let servers = var(&env, "CHFS_SERVER").expect("CHFS_SERVER set").to_string();
+    assert_eq!(servers.split(',').count(), 3, "{servers}");
+    let secret_file = var(&env, "CHFS_SECRET_FILE").expect("secret file");
+    assert!(secret_file.starts_with(&s));
+    let meta = std::fs::metadata(secret_file).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o600
+    );
+
+    // Three daemons, recorded by PID, bound to CPU 0 (-C 0).
+    let pids = recorded_pids(&sc.scratch());
+    assert_eq!(pids.len(), 3);
+    for p in &pids {
+        assert!(chfsd_alive(*p));
+        let st = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        let cpus = st
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .unwrap();
+        assert_eq!(cpus.split_whitespace().nth(1), Some("0"), "{cpus}");
+    }
+
+    // Only the job's processes (with the secret) get in.
+    let e = client(&env, false).err().expect("refused without secret");
+    assert_ne!(e.errno(), 0);
+    let c = client(&env, true).expect("connect with secret");
+    assert_eq!(c.server_count(), 3);
+    let fd = c.create("/data", libc::O_WRONLY, 0o644).unwrap();
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    c.write(fd, &payload).unwrap();
+    c.close(fd).unwrap();
+
+    // The tools with the evaluated environment.
+    let e = envs(&env);
+    let out = run(&bin("chlist"), &["-c"], &e);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout).trim(), servers);
+    let out = run(&bin("chlist"), &[], &e);
+    assert_eq!(text(&out.stdout).lines().count(), 3);
+    let out = run(&bin("chmkdir"), &["-p", "/x/y/z"], &e);
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&bin("chmkdir"), &["/x"], &e);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("EEXIST"), "{}", text(&out.stderr));
+    let out = run(&bin("chrmdir"), &["/x"], &e);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("ENOTEMPTY"));
+    assert!(c.stat("/x/y/z").unwrap().is_dir(), "refused rmdir lost nothing");
+    let out = run(&bin("chrmdir"), &["/x/y/z", "/x/y"], &e);
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&bin("chfind"), &["/", "-type", "d"], &e);
+    let mut dirs: Vec<_> = text(&out.stdout).lines().map(String::from).collect();
+    dirs.sort();
+    assert_eq!(dirs, ["/", "/x"]);
+    let out = run(&bin("chlist"), &["-c"], &[("CHFS_SERVER", &servers)]);
+    assert_ne!(out.status.code(), Some(0), "no secret, no listing");
+
+    // status: every server up, with its host and PID.
+    let out = run(
+        &ctl,
+        &args(&["status"]),
+        &[("CHFS_SECRET_FILE", secret_file)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert_eq!(table.lines().filter(|l| l.contains(" up ")).count(), 3, "{table}");
+    for p in &pids {
+        assert!(table.contains(&p.to_string()), "{table}");
+    }
+    let total: u64 = table
+        .lines()
+        .filter(|l| l.contains(" up "))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(total >= payload.len() as u64, "{table}");
+
+    // A second start on the same scratch directory is refused and harms
+    // nothing.
+    let out = run(&ctl, &args(&["start"]), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("already runs"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("host "), "names the host");
+    for p in &pids {
+        assert!(chfsd_alive(*p));
+    }
+    let mut back = vec![0u8; payload.len()];
+    let fd = c.open("/data", libc::O_RDONLY, 0).unwrap();
+    assert_eq!(c.read(fd, &mut back).unwrap(), payload.len());
+    assert_eq!(back, payload);
+    c.close(fd).unwrap();
+    drop(c);
+
+    // clean is refused while servers run.
+    let out = run(&ctl, &args(&["clean"]), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("stop it first"));
+
+    // stop: through the pool, then every recorded process is gone.
+    let out = run(&ctl, &args(&["stop"]), &[("CHFS_SECRET_FILE", secret_file)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for p in &pids {
+        assert!(!chfsd_alive(*p), "pid {p} still runs");
+    }
+    assert!(recorded_pids(&sc.scratch()).is_empty());
+    let out = run(&ctl, &args(&["status"]), &[("CHFS_SERVER", &servers)]);
+    assert_ne!(out.status.code(), Some(0));
+
+    let out = run(&ctl, &args(&["clean"]), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!sc.scratch().exists(), "scratch directory removed");
+}
+
+#[test]
+fn kill_stops_at_once() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap(), "-n", "2"];
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let pids = recorded_pids(&sc.scratch());
+    assert_eq!(pids.len(), 2);
+    let out = run(&ctl, &[&a[..], &["kill"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for p in &pids {
+        assert!(!chfsd_alive(*p));
+    }
+    assert!(recorded_pids(&sc.scratch()).is_empty());
+}
+
+#[test]
+fn failed_start_leaves_nothing() {
+    // Three "hosts" on loopback; the third cannot bind its port because this
+    // test holds it.
+    let hold = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
+    let port = hold.local_addr().unwrap().port().to_string();
+    let sc = Scratch::new();
+    let s = sc.s();
+    let hf = sc.dir.path().join("hosts");
+    std::fs::write(&hf, "127.0.0.1\n127.0.0.2\n127.0.0.3\n").unwrap();
+    let chfsd = chfsd();
+    let out = run(
+        &bin("chfsctl"),
+        &[
+            "-h",
+            hf.to_str().unwrap(),
+            "--launcher",
+            "local",
+            "--port",
+            &port,
+            "-c",
+            &s,
+            "--chfsd",
+            chfsd.to_str().unwrap(),
+            "start",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "nothing to eval on failure");
+    let err = text(&out.stderr);
+    assert!(err.contains("host 127.0.0.3"), "{err}");
+    assert!(err.contains("cannot listen"), "{err}");
+    assert!(err.contains("nothing is left running"), "{err}");
+    assert!(recorded_pids(&sc.scratch()).is_empty());
+    for h in ["127.0.0.1", "127.0.0.2"] {
+        assert!(
+            std::net::TcpStream::connect(format!("{h}:{port}")).is_err(),
+            "server on {h} was stopped"
+        );
+    }
+}
+
+#[test]
+fn usage_errors() {
+    let ctl = bin("chfsctl");
+    for (args, needle) in [
+        (&["-N", "v", "start"][..], "-N"),
+        (&["-p", "verbs", "start"][..], "protocol"),
+        (&["-n", "0", "start"][..], "-n"),
+        (&["-x", "NO_SUCH_VAR_CHFSCTL", "start"][..], "NO_SUCH_VAR_CHFSCTL"),
+        (&["-A", "start"][..], "CHFS_SERVER"),
+        (&["frobnicate"][..], "frobnicate"),
+    ] {
+        let out = run(&ctl, args, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(text(&out.stderr).contains(needle), "{args:?}");
+    }
+    let out = run(&ctl, &["--help"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("eval $(chfsctl"));
+    for t in ["chlist", "chmkdir", "chrmdir", "chfind"] {
+        let out = run(&bin(t), &["--help"], &[]);
+        assert_eq!(out.status.code(), Some(0), "{t}");
+        assert!(text(&out.stdout).contains(t));
+    }
+    let out = run(&bin("chfind"), &["-size", "x"], &[("CHFS_SERVER", "127.0.0.1:1")]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&bin("chlist"), &[], &[]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(text(&out.stderr).contains("CHFS_SERVER"));
+}
