@@ -11,9 +11,18 @@
 //! of one chunk never lose each other's bytes. The server holds an
 //! `Arc<dyn Store>` and knows nothing of how an engine keeps its data.
 
+pub mod crc;
+mod dirindex;
+mod media;
 mod mem;
+pub mod pmem;
+pub mod posix;
+pub mod record;
 
+pub use media::PersistMode;
 pub use mem::MemStore;
+pub use pmem::PmemStore;
+pub use posix::PosixStore;
 
 use chfs_proto::Meta;
 
@@ -173,4 +182,8 @@ pub trait Store: Send + Sync + 'static {
 }
 
 #[cfg(test)]
+mod fault;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_persist;

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use chfs_proto::Meta;
 
-use crate::{MemStore, Store, StoreError};
+use crate::fault::{CrashKind, FaultMedia};
+use crate::{MemStore, PmemStore, PosixStore, Store, StoreError};
 
 fn file_meta(fileid: u32) -> Meta {
     Meta {
@@ -15,13 +16,43 @@ fn file_meta(fileid: u32) -> Meta {
     }
 }
 
-fn engines() -> Vec<Arc<dyn Store>> {
-    vec![Arc::new(MemStore::new(0))]
+/// A store and the scratch directory it lives in (removed on drop).
+pub(crate) type Engine = (Arc<dyn Store>, Option<tempfile::TempDir>);
+
+/// A scratch directory on tmpfs when there is one.
+pub(crate) fn shm_dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::tempdir_in(shm) {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+/// Every engine: DRAM, pmem on a tmpfs file, pmem on the fault model (no
+/// fault), POSIX on a disk directory.
+pub(crate) fn engines() -> Vec<Engine> {
+    let pd = shm_dir();
+    let pmem = PmemStore::open(&pd.path().join("s.pmem"), 8 << 20).unwrap();
+    let fault = PmemStore::with_media(
+        Box::new(FaultMedia::new(8 << 20, 0, CrashKind::Kill, 1)),
+        true,
+    )
+    .unwrap();
+    let xd = tempfile::tempdir().unwrap();
+    let posix = PosixStore::open(xd.path(), 0).unwrap();
+    vec![
+        (Arc::new(MemStore::new(0)), None),
+        (Arc::new(pmem), Some(pd)),
+        (Arc::new(fault), None),
+        (Arc::new(posix), Some(xd)),
+    ]
 }
 
 #[test]
 fn create_is_exclusive_on_request() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         let m = file_meta(1);
         assert!(s.create("/a", m, b"", true).unwrap().1);
         assert!(matches!(
@@ -36,7 +67,7 @@ fn create_is_exclusive_on_request() {
 
 #[test]
 fn writes_grow_entry_size_and_read_back() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         s.create("/f", file_meta(7), b"", true).unwrap();
         s.write("/f", 0, 10, b"hello", &file_meta(7)).unwrap();
         assert_eq!(s.meta("/f", 0).unwrap().unwrap().size, 15);
@@ -52,7 +83,7 @@ fn writes_grow_entry_size_and_read_back() {
 
 #[test]
 fn stale_data_chunks_read_as_holes_and_are_replaced() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         s.write("/f", 3, 0, b"old", &file_meta(1)).unwrap();
         assert_eq!(s.read("/f", 3, 1, 0, 3).unwrap().unwrap(), b"old");
         assert!(s.read("/f", 3, 2, 0, 3).unwrap().is_none());
@@ -63,7 +94,7 @@ fn stale_data_chunks_read_as_holes_and_are_replaced() {
 
 #[test]
 fn concurrent_disjoint_writes_to_one_chunk_all_land() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         let threads: Vec<_> = (0..8u8)
             .map(|t| {
                 let s = s.clone();
@@ -88,7 +119,7 @@ fn concurrent_disjoint_writes_to_one_chunk_all_land() {
 
 #[test]
 fn directory_listing_pages_in_name_order() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         for n in ["c", "a", "b", "d"] {
             s.create(&format!("/d/{n}"), file_meta(1), b"", true)
                 .unwrap();
@@ -117,7 +148,7 @@ fn directory_listing_pages_in_name_order() {
 
 #[test]
 fn remove_checks_and_unindexes() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         s.create("/x", file_meta(1), b"", true).unwrap();
         let e = s
             .remove("/x", 0, &mut |_| {
@@ -137,7 +168,7 @@ fn remove_checks_and_unindexes() {
 
 #[test]
 fn remove_and_truncate_chunks() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         for i in 1..6 {
             s.write("/t", i, 0, &[1; 100], &file_meta(1)).unwrap();
         }
@@ -163,7 +194,7 @@ fn capacity_is_enforced_and_freed_space_reused() {
 
 #[test]
 fn take_and_put_move_chunks() {
-    for s in engines() {
+    for (s, _dir) in engines() {
         s.create("/m", file_meta(1), b"abc", true).unwrap();
         let c = s.take("/m", 0).unwrap().unwrap();
         assert_eq!(c.data, b"abc");

@@ -1,0 +1,86 @@
+//! In-memory name index (parent directory -> names of its entries), kept
+//! by every engine and rebuilt at open by the persistent ones.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use chfs_proto::path::parent;
+use xxhash_rust::xxh3::xxh3_64;
+
+const SHARDS: usize = 64;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Engines never leave shared state half-changed across a panic point
+    // that matters for memory safety; recover from poisoning.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn shard_of(key: &str, n: usize) -> usize {
+    (xxh3_64(key.as_bytes()) % n as u64) as usize
+}
+
+/// parent directory -> names of entries (chunk 0) in it.
+pub(crate) struct DirIndex {
+    dirs: Vec<Mutex<HashMap<String, BTreeSet<String>>>>,
+}
+
+fn split(path: &str) -> (&str, &str) {
+    let dir = parent(path);
+    let name = path[dir.len().max(1)..].trim_start_matches('/');
+    (dir, name)
+}
+
+impl DirIndex {
+    pub fn new() -> Self {
+        Self {
+            dirs: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(&self, dir: &str) -> MutexGuard<'_, HashMap<String, BTreeSet<String>>> {
+        lock(&self.dirs[shard_of(dir, SHARDS)])
+    }
+
+    pub fn add(&self, path: &str) {
+        if path == "/" {
+            return;
+        }
+        let (dir, name) = split(path);
+        self.shard(dir)
+            .entry(dir.to_string())
+            .or_default()
+            .insert(name.to_string());
+    }
+
+    pub fn remove(&self, path: &str) {
+        if path == "/" {
+            return;
+        }
+        let (dir, name) = split(path);
+        let mut d = self.shard(dir);
+        if let Some(set) = d.get_mut(dir) {
+            set.remove(name);
+            if set.is_empty() {
+                d.remove(dir);
+            }
+        }
+    }
+
+    /// Up to `max + 1` names after `after` (to tell whether more follow).
+    pub fn names(&self, dir: &str, after: &str, max: usize) -> Vec<String> {
+        let d = self.shard(dir);
+        let Some(set) = d.get(dir) else {
+            return Vec::new();
+        };
+        let range = if after.is_empty() {
+            set.range::<str, _>(..)
+        } else {
+            set.range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+        };
+        range.take(max.saturating_add(1)).cloned().collect()
+    }
+
+    pub fn has_children(&self, dir: &str) -> bool {
+        self.shard(dir).get(dir).is_some_and(|s| !s.is_empty())
+    }
+}

@@ -1,0 +1,1160 @@
+//! Persistent-memory engine: every chunk is a record in one memory-mapped
+//! region (a DAX device, a file on a DAX mount, or any file), with an
+//! in-memory index rebuilt at open by walking the region.
+//!
+//! # Layout
+//!
+//! ```text
+//! 0      superblock (4 KiB): "CHFSPMEM", version, unit, size, uuid, crc
+//! 4096   extents, back to back, each starting with an 8-byte word:
+//!        magic (16 bits) | state FREE/USED (8 bits) | length in bytes (40 bits)
+//! ```
+//!
+//! A USED extent holds a record: word (cache line 0), two header slots
+//! ([`crate::record`]) at +64 and +192, the path at +320, the data from the
+//! next 64-byte boundary. Extents are 64-byte aligned.
+//!
+//! # Crash consistency
+//!
+//! Every state change ends with one failure-atomic 8-byte store, after the
+//! bytes it publishes were made durable ([`Media::persist`]):
+//! - new record (create, copy-on-write overwrite): write path, data and slot
+//!   into free space, persist, then store the USED word; the previous
+//!   version is freed only afterwards (at open, two versions of a key: the
+//!   higher `seq` with intact data wins);
+//! - append within the record's spare capacity, header change, truncate:
+//!   write the bytes past the current length, persist, then write the
+//!   *other* slot and persist; the old slot still describes a valid prefix;
+//! - allocation: the word of the remaining free space is stored and
+//!   persisted before the allocated space is written; free: one word store.
+//!
+//! Bytes already covered by the current slot are never overwritten in place
+//! (that would tear them): overwrites are copy-on-write. A record whose
+//! header is valid but whose data fails its checksum at open reads as EIO.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use chfs_proto::path::is_within;
+use chfs_proto::Meta;
+
+use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
+use crate::dirindex::{lock, shard_of, DirIndex};
+use crate::media::{Media, MmapMedia, PersistMode};
+use crate::record::{new_uuid, Slot, SLOT_LEN};
+use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
+
+/// Superblock magic.
+pub const PMEM_MAGIC: &[u8; 8] = b"CHFSPMEM";
+/// Format version.
+pub const PMEM_VERSION: u32 = 1;
+/// Allocation unit and alignment.
+const UNIT: u64 = 64;
+/// Start of the extent area.
+const DATA_START: u64 = 4096;
+const SLOT0: u64 = 64;
+const PATH_OFF: u64 = 64 + 2 * SLOT_LEN as u64;
+/// Smallest store accepted.
+pub const PMEM_MIN_SIZE: u64 = 64 << 10;
+/// File name used when `--path` is a directory.
+pub const PMEM_FILE: &str = "chfs.pmem";
+
+const WORD_MAGIC: u64 = 0xC4F5;
+const FREE: u64 = 1;
+const USED: u64 = 2;
+const LEN_MASK: u64 = (1 << 40) - 1;
+const SHARDS: usize = 64;
+
+fn word(state: u64, len: u64) -> u64 {
+    (WORD_MAGIC << 48) | (state << 40) | (len & LEN_MASK)
+}
+
+fn unword(w: u64) -> Option<(u64, u64)> {
+    if w >> 48 != WORD_MAGIC {
+        return None;
+    }
+    let state = (w >> 40) & 0xff;
+    matches!(state, FREE | USED).then_some((state, w & LEN_MASK))
+}
+
+fn align(n: u64) -> u64 {
+    n.div_ceil(UNIT) * UNIT
+}
+
+fn data_rel(path_len: usize) -> u64 {
+    align(PATH_OFF + path_len as u64)
+}
+
+/// In-memory index entry of one record.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    /// Extent start and length.
+    ext: u64,
+    ext_len: u64,
+    /// Absolute offset of the data and its capacity.
+    data: u64,
+    cap: u64,
+    len: u64,
+    crc: u32,
+    meta: Meta,
+    /// Sequence number of the current slot.
+    seq: u64,
+    /// Current slot (0 or 1).
+    slot: u8,
+    /// Header valid but data failed its checksum at open.
+    corrupt: bool,
+}
+
+type Chunks = BTreeMap<u64, Rec>;
+
+/// Free space: by start and by (length, start) for best fit.
+#[derive(Default)]
+struct FreeSpace {
+    by_start: BTreeMap<u64, u64>,
+    by_size: BTreeSet<(u64, u64)>,
+    used: u64,
+}
+
+impl FreeSpace {
+    fn insert(&mut self, s: u64, l: u64) {
+        self.by_start.insert(s, l);
+        self.by_size.insert((l, s));
+    }
+    fn remove(&mut self, s: u64, l: u64) {
+        self.by_start.remove(&s);
+        self.by_size.remove(&(l, s));
+    }
+}
+
+/// What opening a store found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Records indexed.
+    pub records: u64,
+    /// Records whose data failed its checksum (read as EIO).
+    pub corrupt: u64,
+    /// Older versions of a key found and freed (interrupted replacement).
+    pub superseded: u64,
+    /// USED extents without a valid header, freed.
+    pub unreadable: u64,
+    /// Free bytes.
+    pub free_bytes: u64,
+    /// Whether the store was created by this open.
+    pub created: bool,
+    /// How the medium persists.
+    pub persist: String,
+}
+
+/// The persistent-memory engine. See the module documentation.
+pub struct PmemStore {
+    media: Box<dyn Media>,
+    uuid: u64,
+    end: u64,
+    files: Vec<Mutex<HashMap<String, Chunks>>>,
+    dirs: DirIndex,
+    free: Mutex<FreeSpace>,
+    seq: AtomicU64,
+    entries: AtomicU64,
+    bytes: AtomicU64,
+    report: RecoveryReport,
+}
+
+fn corrupt(msg: impl Into<String>) -> StoreError {
+    StoreError::Corrupt(msg.into())
+}
+
+/// Superblock fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Superblock {
+    /// Format version.
+    pub version: u32,
+    /// Total size of the region in bytes.
+    pub size: u64,
+    /// Store identity.
+    pub uuid: u64,
+}
+
+fn encode_super(sb: &Superblock) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    b[0..8].copy_from_slice(PMEM_MAGIC);
+    b[8..12].copy_from_slice(&sb.version.to_le_bytes());
+    b[12..16].copy_from_slice(&(UNIT as u32).to_le_bytes());
+    b[16..24].copy_from_slice(&sb.size.to_le_bytes());
+    b[24..32].copy_from_slice(&sb.uuid.to_le_bytes());
+    b[32..40].copy_from_slice(&DATA_START.to_le_bytes());
+    let c = crc32c(&b[..40]);
+    b[40..44].copy_from_slice(&c.to_le_bytes());
+    b
+}
+
+fn decode_super(b: &[u8; 64]) -> Result<Superblock> {
+    if &b[0..8] != PMEM_MAGIC {
+        return Err(StoreError::refused(
+            libc::EINVAL,
+            "not a chfs pmem store (bad magic)",
+        ));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let u64_at = |o: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[o..o + 8]);
+        u64::from_le_bytes(a)
+    };
+    if crc32c(&b[..40]) != u32_at(40) {
+        return Err(corrupt("superblock checksum mismatch"));
+    }
+    let version = u32_at(8);
+    if version != PMEM_VERSION {
+        return Err(StoreError::refused(
+            libc::EINVAL,
+            format!("pmem store format version {version}, this build reads {PMEM_VERSION}"),
+        ));
+    }
+    if u32_at(12) as u64 != UNIT || u64_at(32) != DATA_START {
+        return Err(corrupt("superblock geometry mismatch"));
+    }
+    Ok(Superblock {
+        version,
+        size: u64_at(16),
+        uuid: u64_at(24),
+    })
+}
+
+/// Resolves `--path`: a directory means `DIR/chfs.pmem`.
+pub fn pmem_file(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join(PMEM_FILE)
+    } else {
+        path.to_path_buf()
+    }
+}
+
+fn device_size(path: &Path, f: &File) -> io::Result<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let md = f.metadata()?;
+    if md.file_type().is_char_device() {
+        // devdax: /sys/dev/char/MAJ:MIN/size
+        let rdev = md.rdev();
+        let (maj, min) = (libc::major(rdev), libc::minor(rdev));
+        let s =
+            std::fs::read_to_string(format!("/sys/dev/char/{maj}:{min}/size")).map_err(|e| {
+                io::Error::new(e.kind(), format!("{}: size of device: {e}", path.display()))
+            })?;
+        return s
+            .trim()
+            .parse()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad device size"));
+    }
+    Ok(md.len())
+}
+
+impl PmemStore {
+    /// Opens the store at `path` (a file, a DAX device, or a directory that
+    /// gets `chfs.pmem`), creating and formatting it with `size` bytes when
+    /// it does not exist or is empty. `size` 0 means "use the existing
+    /// size"; a different size than the existing store's is refused.
+    pub fn open(path: &Path, size: u64) -> Result<Self> {
+        let file_path = pmem_file(path);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&file_path)?;
+        let cur = device_size(&file_path, &f)?;
+        let fresh = cur == 0;
+        if !fresh && size != 0 && size / 4096 * 4096 != cur {
+            return Err(StoreError::refused(
+                libc::EINVAL,
+                format!(
+                    "{}: store was created with size {cur}, not {size} (give --size 0 or the same size)",
+                    file_path.display()
+                ),
+            ));
+        }
+        let size = if fresh {
+            if size < PMEM_MIN_SIZE {
+                return Err(StoreError::refused(
+                    libc::EINVAL,
+                    format!(
+                        "{}: a new pmem store needs a size of at least {PMEM_MIN_SIZE} bytes (--size)",
+                        file_path.display()
+                    ),
+                ));
+            }
+            let size = size / 4096 * 4096;
+            allocate(&f, size)?;
+            size
+        } else {
+            cur
+        };
+        let media = MmapMedia::map(f, &file_path, size, false)?;
+        Self::with_media(Box::new(media), fresh)
+    }
+
+    /// Builds a store on a medium, formatting it when `format`.
+    pub(crate) fn with_media(media: Box<dyn Media>, format: bool) -> Result<Self> {
+        let size = media.len();
+        if format {
+            let sb = Superblock {
+                version: PMEM_VERSION,
+                size,
+                uuid: new_uuid(),
+            };
+            let start_len = (size - DATA_START) / UNIT * UNIT;
+            media.store_word(DATA_START, word(FREE, start_len));
+            media.persist(DATA_START, 8)?;
+            media.write(0, &encode_super(&sb));
+            media.persist(0, 64)?;
+        }
+        let mut b = [0u8; 64];
+        media.read(0, &mut b);
+        if !format && b.iter().all(|&x| x == 0) {
+            // Formatting never completed (the superblock is written last).
+            return Self::with_media(media, true);
+        }
+        let sb = decode_super(&b)?;
+        if sb.size != size {
+            return Err(corrupt(format!(
+                "superblock says {} bytes, medium has {size}",
+                sb.size
+            )));
+        }
+        let mut s = Self {
+            uuid: sb.uuid,
+            end: DATA_START + (size - DATA_START) / UNIT * UNIT,
+            files: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            dirs: DirIndex::new(),
+            free: Mutex::new(FreeSpace::default()),
+            seq: AtomicU64::new(1),
+            entries: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            report: RecoveryReport {
+                created: format,
+                persist: media.mode().name().to_string(),
+                ..Default::default()
+            },
+            media,
+        };
+        s.recover()?;
+        Ok(s)
+    }
+
+    /// What the last open found.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// How the medium persists.
+    pub fn persist_mode(&self) -> PersistMode {
+        self.media.mode()
+    }
+
+    fn files(&self, path: &str) -> MutexGuard<'_, HashMap<String, Chunks>> {
+        lock(&self.files[shard_of(path, SHARDS)])
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn read_slot(&self, ext: u64, n: u8) -> Option<Slot> {
+        let mut b = [0u8; SLOT_LEN];
+        self.media
+            .read(ext + SLOT0 + n as u64 * SLOT_LEN as u64, &mut b);
+        Slot::decode(&b).filter(|s| s.uuid == self.uuid)
+    }
+
+    fn recover(&mut self) -> Result<()> {
+        let mut pos = DATA_START;
+        let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // (start, len, needs word)
+        let mut losers = Vec::new();
+        let mut max_seq = 0u64;
+        let mut report = std::mem::take(&mut self.report);
+        while pos < self.end {
+            let w = self.media.load_word(pos);
+            let Some((state, len)) = unword(w) else {
+                return Err(corrupt(format!(
+                    "extent chain broken at offset {pos} (word {w:#018x})"
+                )));
+            };
+            if len == 0 || len % UNIT != 0 || pos + len > self.end {
+                return Err(corrupt(format!(
+                    "extent at offset {pos} has bad length {len}"
+                )));
+            }
+            let mut is_free = state == FREE;
+            if state == USED {
+                match self.recover_record(pos, len) {
+                    Some((path, idx, rec, seq)) => {
+                        max_seq = max_seq.max(seq);
+                        let files = self.files.get_mut(shard_of(&path, SHARDS));
+                        let files = files.map(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()));
+                        if let Some(files) = files {
+                            let chunks = files.entry(path).or_default();
+                            match chunks.get(&idx) {
+                                Some(old) if better(old, &rec) => {
+                                    losers.push((pos, len));
+                                }
+                                Some(old) => {
+                                    losers.push((old.ext, old.ext_len));
+                                    chunks.insert(idx, rec);
+                                }
+                                None => {
+                                    chunks.insert(idx, rec);
+                                }
+                            }
+                        }
+                    }
+                    None => {
+                        report.unreadable += 1;
+                        is_free = true;
+                    }
+                }
+            }
+            if is_free {
+                match runs.last_mut() {
+                    Some((s, l, fix)) if *s + *l == pos => {
+                        *l += len;
+                        *fix = true;
+                    }
+                    _ => runs.push((pos, len, state == USED)),
+                }
+            }
+            pos += len;
+        }
+        // Every free extent gets one word covering all of it.
+        let mut fs = FreeSpace::default();
+        for (s, l, fix) in runs {
+            if fix {
+                self.media.store_word(s, word(FREE, l));
+                self.media.persist(s, 8)?;
+            }
+            fs.insert(s, l);
+        }
+        fs.used = (self.end - DATA_START) - fs.by_start.values().sum::<u64>();
+        *self.free.get_mut().unwrap_or_else(|p| p.into_inner()) = fs;
+        self.seq = AtomicU64::new(max_seq + 1);
+        report.superseded = losers.len() as u64;
+        for (s, l) in losers {
+            self.release(s, l)?;
+        }
+        let (mut entries, mut bytes) = (0u64, 0u64);
+        for sh in &self.files {
+            let m = lock(sh);
+            for (path, chunks) in m.iter() {
+                for (idx, r) in chunks {
+                    entries += 1;
+                    bytes += r.len;
+                    report.corrupt += r.corrupt as u64;
+                    if *idx == 0 {
+                        self.dirs.add(path);
+                    }
+                }
+            }
+        }
+        self.entries = AtomicU64::new(entries);
+        self.bytes = AtomicU64::new(bytes);
+        report.records = entries;
+        report.free_bytes = lock(&self.free).by_start.values().sum();
+        self.report = report;
+        Ok(())
+    }
+
+    /// Reads a USED extent: (path, idx, record, highest valid slot seq).
+    fn recover_record(&self, ext: u64, len: u64) -> Option<(String, u64, Rec, u64)> {
+        let mut slots: Vec<(u8, Slot)> = (0..2u8)
+            .filter_map(|n| self.read_slot(ext, n).map(|s| (n, s)))
+            .filter(|(_, s)| {
+                (s.path_len as usize) <= chfs_proto::path::MAX_PATH
+                    && data_rel(s.path_len as usize) + s.data_len as u64 <= len
+            })
+            .collect();
+        slots.sort_by_key(|(_, s)| std::cmp::Reverse(s.seq));
+        let (_, first) = *slots.first()?;
+        let plen = first.path_len as usize;
+        let mut pb = vec![0u8; plen];
+        self.media.read(ext + PATH_OFF, &mut pb);
+        if crc32c(&pb) != first.path_crc {
+            return None;
+        }
+        let path = String::from_utf8(pb).ok()?;
+        let data = ext + data_rel(plen);
+        let cap = ext + len - data;
+        let mk = |n: u8, s: &Slot, corrupt: bool| Rec {
+            ext,
+            ext_len: len,
+            data,
+            cap,
+            len: s.data_len as u64,
+            crc: s.data_crc,
+            meta: s.meta,
+            seq: s.seq,
+            slot: n,
+            corrupt,
+        };
+        for (n, s) in &slots {
+            if s.path_len != first.path_len || s.idx != first.idx {
+                continue;
+            }
+            if self.media.crc(data, s.data_len as u64, 0) == s.data_crc {
+                return Some((path, s.idx, mk(*n, s, false), first.seq));
+            }
+        }
+        let (n, s) = slots[0];
+        Some((path, s.idx, mk(n, &s, true), s.seq))
+    }
+
+    /// Allocates an extent of at least `want` bytes (a multiple of UNIT).
+    fn alloc(&self, want: u64) -> Result<(u64, u64)> {
+        let mut fs = lock(&self.free);
+        let Some(&(len, start)) = fs.by_size.range((want, 0)..).next() else {
+            return Err(StoreError::NoSpace {
+                used: fs.used,
+                capacity: self.end - DATA_START,
+            });
+        };
+        fs.remove(start, len);
+        let rest = len - want;
+        let got = if rest >= UNIT {
+            let r = start + want;
+            self.media.store_word(r, word(FREE, rest));
+            if let Err(e) = self.media.persist(r, 8) {
+                fs.insert(start, len);
+                return Err(e.into());
+            }
+            fs.insert(r, rest);
+            want
+        } else {
+            len
+        };
+        fs.used += got;
+        Ok((start, got))
+    }
+
+    /// Returns an extent to free space (one word store, merged with free
+    /// neighbours).
+    fn release(&self, start: u64, len: u64) -> Result<()> {
+        let mut fs = lock(&self.free);
+        fs.used -= len;
+        self.media.store_word(start, word(FREE, len));
+        self.media.persist(start, 8)?;
+        let (mut s, mut l) = (start, len);
+        if let Some((&ls, &ll)) = fs.by_start.range(..start).next_back() {
+            if ls + ll == start {
+                fs.remove(ls, ll);
+                s = ls;
+                l += ll;
+            }
+        }
+        if let Some(&rl) = fs.by_start.get(&(start + len)) {
+            fs.remove(start + len, rl);
+            l += rl;
+        }
+        if (s, l) != (start, len) {
+            self.media.store_word(s, word(FREE, l));
+            self.media.persist(s, 8)?;
+        }
+        fs.insert(s, l);
+        Ok(())
+    }
+
+    fn write_slot(&self, rec: &mut Rec, path: &str, idx: u64, n: u8) {
+        rec.seq = self.next_seq();
+        let s = Slot {
+            seq: rec.seq,
+            uuid: self.uuid,
+            idx,
+            data_len: rec.len as u32,
+            data_crc: rec.crc,
+            path_len: path.len() as u32,
+            path_crc: crc32c(path.as_bytes()),
+            meta: rec.meta,
+        };
+        self.media
+            .write(rec.ext + SLOT0 + n as u64 * SLOT_LEN as u64, &s.encode());
+    }
+
+    /// Publishes a changed header/length of `rec` through its other slot.
+    fn flip(&self, rec: &mut Rec, path: &str, idx: u64) -> Result<()> {
+        let n = 1 - rec.slot;
+        self.write_slot(rec, path, idx, n);
+        self.media.persist(
+            rec.ext + SLOT0 + n as u64 * SLOT_LEN as u64,
+            SLOT_LEN as u64,
+        )?;
+        rec.slot = n;
+        Ok(())
+    }
+
+    /// Writes a complete new record; returns it once durable and published.
+    fn new_record(
+        &self,
+        path: &str,
+        idx: u64,
+        meta: Meta,
+        cap: u64,
+        parts: &[Part<'_>],
+    ) -> Result<Rec> {
+        let len: u64 = parts.iter().map(Part::len).sum();
+        if len > u32::MAX as u64 {
+            return Err(StoreError::refused(libc::EFBIG, "chunk too large"));
+        }
+        let rel = data_rel(path.len());
+        let want = align(rel + cap.max(len).max(1));
+        let (ext, ext_len) = self.alloc(want)?;
+        let data = ext + rel;
+        self.media.write(ext + PATH_OFF, path.as_bytes());
+        let mut pos = data;
+        let mut crc = 0u32;
+        for p in parts {
+            match *p {
+                Part::Bytes(b) => {
+                    self.media.write(pos, b);
+                    crc = crc32c_append(crc, b);
+                }
+                Part::Zero(n) => {
+                    self.media.zero(pos, n);
+                    crc = crc32c_zeros(crc, n);
+                }
+                Part::Copy(src, n) => {
+                    self.media.copy(src, pos, n);
+                    crc = self.media.crc(pos, n, crc);
+                }
+            }
+            pos += p.len();
+        }
+        let mut rec = Rec {
+            ext,
+            ext_len,
+            data,
+            cap: ext + ext_len - data,
+            len,
+            crc,
+            meta,
+            seq: 0,
+            slot: 0,
+            corrupt: false,
+        };
+        self.write_slot(&mut rec, path, idx, 0);
+        // Slot 1 may hold a stale slot of an earlier record at this offset.
+        self.media
+            .zero(ext + SLOT0 + SLOT_LEN as u64, SLOT_LEN as u64);
+        let publish = || -> Result<()> {
+            self.media.persist(ext + SLOT0, rel - SLOT0 + len)?;
+            self.media.store_word(ext, word(USED, ext_len));
+            self.media.persist(ext, 8)?;
+            Ok(())
+        };
+        if let Err(e) = publish() {
+            let _ = self.release(ext, ext_len);
+            return Err(e);
+        }
+        Ok(rec)
+    }
+
+    /// Installs `rec` for a key, freeing the version it replaces.
+    fn replace(&self, chunks: &mut Chunks, idx: u64, rec: Rec) -> Result<()> {
+        self.bytes.fetch_add(rec.len, Ordering::Relaxed);
+        match chunks.insert(idx, rec) {
+            Some(old) => {
+                self.bytes.fetch_sub(old.len, Ordering::Relaxed);
+                self.release(old.ext, old.ext_len)
+            }
+            None => {
+                self.entries.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    fn drop_rec(&self, rec: &Rec) -> Result<()> {
+        self.bytes.fetch_sub(rec.len, Ordering::Relaxed);
+        self.entries.fetch_sub(1, Ordering::Relaxed);
+        self.release(rec.ext, rec.ext_len)
+    }
+
+    /// Writes `data` at `off` into an existing record (append in place or
+    /// copy-on-write), with `meta` as the new header.
+    fn write_into(
+        &self,
+        chunks: &mut Chunks,
+        path: &str,
+        idx: u64,
+        off: u64,
+        data: &[u8],
+        meta: Meta,
+    ) -> Result<()> {
+        let Some(rec) = chunks.get_mut(&idx) else {
+            return Err(StoreError::NotFound);
+        };
+        if rec.corrupt {
+            return Err(corrupt(format!(
+                "{path} chunk {idx}: data checksum mismatch"
+            )));
+        }
+        let end = off + data.len() as u64;
+        let max_cap = (meta.chunk_size as u64).max(end);
+        if off >= rec.len && end <= rec.cap {
+            // Append into spare capacity: the current slot's bytes are untouched.
+            let gap = off - rec.len;
+            if gap > 0 {
+                self.media.zero(rec.data + rec.len, gap);
+            }
+            self.media.write(rec.data + off, data);
+            self.media.persist(rec.data + rec.len, end - rec.len)?;
+            let mut next = *rec;
+            next.crc = crc32c_append(crc32c_zeros(rec.crc, gap), data);
+            next.len = end;
+            next.meta = meta;
+            self.flip(&mut next, path, idx)?;
+            self.bytes.fetch_add(end - rec.len, Ordering::Relaxed);
+            *rec = next;
+            return Ok(());
+        }
+        // Copy-on-write.
+        let old = *rec;
+        let new_len = end.max(old.len);
+        let cap = if new_len > old.cap {
+            new_len.max(old.cap.saturating_mul(2).min(max_cap))
+        } else {
+            old.cap.min(max_cap.max(new_len))
+        };
+        let mut parts = Vec::with_capacity(4);
+        let keep = off.min(old.len);
+        if keep > 0 {
+            parts.push(Part::Copy(old.data, keep));
+        }
+        if off > old.len {
+            parts.push(Part::Zero(off - old.len));
+        }
+        parts.push(Part::Bytes(data));
+        if end < old.len {
+            parts.push(Part::Copy(old.data + end, old.len - end));
+        }
+        let rec = self.new_record(path, idx, meta, cap, &parts)?;
+        self.replace(chunks, idx, rec)
+    }
+
+    /// Reads a record's data range.
+    fn read_rec(&self, r: &Rec, off: u64, len: u64) -> Vec<u8> {
+        let start = off.min(r.len);
+        let end = (off + len).min(r.len);
+        let mut v = vec![0u8; (end - start) as usize];
+        self.media.read(r.data + start, &mut v);
+        v
+    }
+}
+
+/// Is the already indexed `old` version of a key better than `new`?
+/// Intact data beats a checksum failure; then the later version wins.
+fn better(old: &Rec, new: &Rec) -> bool {
+    match (old.corrupt, new.corrupt) {
+        (false, true) => true,
+        (true, false) => false,
+        _ => old.seq > new.seq,
+    }
+}
+
+/// Data of a record under construction.
+enum Part<'a> {
+    Bytes(&'a [u8]),
+    Zero(u64),
+    Copy(u64, u64),
+}
+
+impl Part<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::Zero(n) | Part::Copy(_, n) => *n,
+        }
+    }
+}
+
+fn allocate(f: &File, size: u64) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on a file descriptor we own.
+    let rc = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, size as libc::off_t) };
+    match rc {
+        0 => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => Ok(f.set_len(size)?),
+        e => Err(io::Error::from_raw_os_error(e).into()),
+    }
+}
+
+impl Store for PmemStore {
+    fn name(&self) -> &'static str {
+        "pmem"
+    }
+
+    fn create(&self, path: &str, meta: Meta, data: &[u8], excl: bool) -> Result<(Meta, bool)> {
+        let mut files = self.files(path);
+        if let Some(r) = files.get(path).and_then(|c| c.get(&0)) {
+            return if excl {
+                Err(StoreError::Exists(r.meta))
+            } else {
+                Ok((r.meta, false))
+            };
+        }
+        let rec = self.new_record(path, 0, meta, data.len() as u64, &[Part::Bytes(data)])?;
+        let chunks = files.entry(path.to_string()).or_default();
+        self.replace(chunks, 0, rec)?;
+        drop(files);
+        self.dirs.add(path);
+        Ok((meta, true))
+    }
+
+    fn meta(&self, path: &str, idx: u64) -> Result<Option<Meta>> {
+        Ok(self
+            .files(path)
+            .get(path)
+            .and_then(|c| c.get(&idx))
+            .map(|r| r.meta))
+    }
+
+    fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
+        let off = off as u64;
+        let end = off + data.len() as u64;
+        let mut files = self.files(path);
+        if idx == 0 {
+            let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
+            let r = chunks.get(&0).ok_or(StoreError::NotFound)?;
+            let mut m = r.meta;
+            m.size = m.size.max(end);
+            m.mtime = template.mtime;
+            m.ctime = template.mtime;
+            return self.write_into(chunks, path, 0, off, data, m);
+        }
+        let chunks = files.entry(path.to_string()).or_default();
+        let r = match chunks.get(&idx) {
+            Some(r) if r.meta.fileid == template.fileid => {
+                let m = r.meta;
+                self.write_into(chunks, path, idx, off, data, m)
+            }
+            _ => {
+                let parts = [Part::Zero(off), Part::Bytes(data)];
+                match self.new_record(path, idx, *template, end, &parts) {
+                    Ok(rec) => self.replace(chunks, idx, rec),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        r
+    }
+
+    fn read(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>> {
+        let files = self.files(path);
+        let Some(r) = files.get(path).and_then(|c| c.get(&idx)) else {
+            return Ok(None);
+        };
+        if idx > 0 && r.meta.fileid != fileid {
+            return Ok(None);
+        }
+        if r.corrupt {
+            return Err(corrupt(format!(
+                "{path} chunk {idx}: data checksum mismatch"
+            )));
+        }
+        Ok(Some(self.read_rec(r, off as u64, len as u64)))
+    }
+
+    fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {
+        let mut files = self.files(path);
+        let r = files
+            .get_mut(path)
+            .and_then(|c| c.get_mut(&idx))
+            .ok_or(StoreError::NotFound)?;
+        let mut m = r.meta;
+        f(&mut m)?;
+        if m != r.meta {
+            let mut next = *r;
+            next.meta = m;
+            self.flip(&mut next, path, idx)?;
+            *r = next;
+        }
+        Ok(m)
+    }
+
+    fn remove(&self, path: &str, idx: u64, check: MetaFn<'_>) -> Result<Meta> {
+        let mut files = self.files(path);
+        let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
+        let r = chunks.get(&idx).ok_or(StoreError::NotFound)?;
+        let mut m = r.meta;
+        check(&mut m)?;
+        let r = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        drop(files);
+        if idx == 0 {
+            self.dirs.remove(path);
+        }
+        self.drop_rec(&r)?;
+        Ok(r.meta)
+    }
+
+    fn remove_chunks(&self, path: &str, from_idx: u64) -> Result<u64> {
+        let mut files = self.files(path);
+        let Some(chunks) = files.get_mut(path) else {
+            return Ok(0);
+        };
+        let gone = chunks.split_off(&from_idx);
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        drop(files);
+        if gone.contains_key(&0) {
+            self.dirs.remove(path);
+        }
+        let mut first_err = None;
+        for r in gone.values() {
+            if let Err(e) = self.drop_rec(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(gone.len() as u64),
+        }
+    }
+
+    fn truncate_chunk(&self, path: &str, idx: u64, len: u32) -> Result<()> {
+        let len = len as u64;
+        let mut files = self.files(path);
+        let Some(chunks) = files.get_mut(path) else {
+            return Ok(());
+        };
+        let Some(r) = chunks.get_mut(&idx) else {
+            return Ok(());
+        };
+        if r.len <= len {
+            return Ok(());
+        }
+        if r.corrupt {
+            return Err(corrupt(format!(
+                "{path} chunk {idx}: data checksum mismatch"
+            )));
+        }
+        if r.cap > 4096 && len < r.cap / 4 {
+            // Reclaim the space: move the short remainder to a small record.
+            let (meta, data) = (r.meta, r.data);
+            let rec = self.new_record(path, idx, meta, len, &[Part::Copy(data, len)])?;
+            return self.replace(chunks, idx, rec);
+        }
+        let mut next = *r;
+        next.len = len;
+        next.crc = self.media.crc(r.data, len, 0);
+        self.flip(&mut next, path, idx)?;
+        self.bytes.fetch_sub(r.len - len, Ordering::Relaxed);
+        *r = next;
+        Ok(())
+    }
+
+    fn chunk_indices(&self, path: &str) -> Result<Vec<u64>> {
+        Ok(self
+            .files(path)
+            .get(path)
+            .map(|c| c.keys().copied().collect())
+            .unwrap_or_default())
+    }
+
+    fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
+        let names = self.dirs.names(dir, after, max);
+        let done = names.len() <= max;
+        let mut out = Vec::with_capacity(names.len().min(max));
+        for name in names.into_iter().take(max) {
+            let path = chfs_proto::path::join(dir, &name);
+            if let Some(m) = self.meta(&path, 0)? {
+                out.push((name, m));
+            }
+        }
+        Ok((out, done))
+    }
+
+    fn has_children(&self, dir: &str) -> Result<bool> {
+        Ok(self.dirs.has_children(dir))
+    }
+
+    fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for s in &self.files {
+            for p in lock(s).keys() {
+                if p != dir && is_within(p, dir) {
+                    out.push(p.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn take(&self, path: &str, idx: u64) -> Result<Option<Chunk>> {
+        let mut files = self.files(path);
+        let Some(chunks) = files.get_mut(path) else {
+            return Ok(None);
+        };
+        let Some(r) = chunks.get(&idx) else {
+            return Ok(None);
+        };
+        if r.corrupt {
+            return Err(corrupt(format!(
+                "{path} chunk {idx}: data checksum mismatch"
+            )));
+        }
+        let data = self.read_rec(r, 0, r.len);
+        let r = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        drop(files);
+        if idx == 0 {
+            self.dirs.remove(path);
+        }
+        self.drop_rec(&r)?;
+        Ok(Some(Chunk { meta: r.meta, data }))
+    }
+
+    fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
+        let mut files = self.files(path);
+        let rec = self.new_record(
+            path,
+            idx,
+            chunk.meta,
+            chunk.data.len() as u64,
+            &[Part::Bytes(&chunk.data)],
+        )?;
+        let chunks = files.entry(path.to_string()).or_default();
+        self.replace(chunks, idx, rec)?;
+        drop(files);
+        if idx == 0 {
+            self.dirs.add(path);
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            entries: self.entries.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            capacity: self.end - DATA_START,
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(self.media.sync()?)
+    }
+}
+
+/// One extent as seen by [`inspect_pmem`].
+#[derive(Debug, Clone)]
+pub struct PmemExtent {
+    /// Offset in the region.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// `true` when it holds a record.
+    pub used: bool,
+    /// Valid header slots (slot number, decoded slot).
+    pub slots: Vec<(u8, Slot)>,
+    /// Path of the record (when its checksum matched).
+    pub path: Option<String>,
+    /// Slot whose data checksum matches (the current version), if any.
+    pub good_slot: Option<u8>,
+}
+
+/// Result of [`inspect_pmem`].
+#[derive(Debug, Clone)]
+pub struct PmemInspection {
+    /// Superblock.
+    pub superblock: Superblock,
+    /// Every extent in order.
+    pub extents: Vec<PmemExtent>,
+    /// Set when the extent chain is broken at this offset.
+    pub broken_at: Option<(u64, String)>,
+}
+
+/// Walks a pmem store read-only, decoding every header and verifying every
+/// checksum (the `chfs-store-dump` tool).
+pub fn inspect_pmem(path: &Path) -> Result<PmemInspection> {
+    let file_path = pmem_file(path);
+    let f = File::open(&file_path)?;
+    let size = device_size(&file_path, &f)?;
+    if size < DATA_START {
+        return Err(StoreError::refused(
+            libc::EINVAL,
+            "file too small for a pmem store",
+        ));
+    }
+    let m = MmapMedia::map(f, &file_path, size, true)?;
+    let mut b = [0u8; 64];
+    m.read(0, &mut b);
+    let sb = decode_super(&b)?;
+    let end = DATA_START + (size.min(sb.size) - DATA_START) / UNIT * UNIT;
+    let mut out = PmemInspection {
+        superblock: sb,
+        extents: Vec::new(),
+        broken_at: None,
+    };
+    let mut pos = DATA_START;
+    while pos < end {
+        let w = m.load_word(pos);
+        let Some((state, len)) =
+            unword(w).filter(|(_, l)| *l > 0 && l % UNIT == 0 && pos + l <= end)
+        else {
+            out.broken_at = Some((pos, format!("bad extent word {w:#018x}")));
+            break;
+        };
+        let mut e = PmemExtent {
+            offset: pos,
+            len,
+            used: state == USED,
+            slots: Vec::new(),
+            path: None,
+            good_slot: None,
+        };
+        if e.used {
+            for n in 0..2u8 {
+                let mut sb = [0u8; SLOT_LEN];
+                m.read(pos + SLOT0 + n as u64 * SLOT_LEN as u64, &mut sb);
+                if let Some(s) = Slot::decode(&sb).filter(|s| {
+                    s.uuid == out.superblock.uuid
+                        && (s.path_len as usize) <= chfs_proto::path::MAX_PATH
+                        && data_rel(s.path_len as usize) + s.data_len as u64 <= len
+                }) {
+                    e.slots.push((n, s));
+                }
+            }
+            e.slots.sort_by_key(|(_, s)| std::cmp::Reverse(s.seq));
+            if let Some((_, s)) = e.slots.first() {
+                let mut pb = vec![0u8; s.path_len as usize];
+                m.read(pos + PATH_OFF, &mut pb);
+                if crc32c(&pb) == s.path_crc {
+                    e.path = String::from_utf8(pb).ok();
+                }
+                let data = pos + data_rel(s.path_len as usize);
+                e.good_slot = e
+                    .slots
+                    .iter()
+                    .find(|(_, s)| m.crc(data, s.data_len as u64, 0) == s.data_crc)
+                    .map(|(n, _)| *n);
+            }
+        }
+        out.extents.push(e);
+        pos += len;
+    }
+    Ok(out)
+}

@@ -1,0 +1,623 @@
+//! Model-based, restart, crash-consistency and capacity tests of the
+//! persistent engines (MemStore is the reference model).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use chfs_proto::Meta;
+use proptest::prelude::*;
+
+use crate::fault::{CrashKind, FaultMedia};
+use crate::tests::shm_dir;
+use crate::{Chunk, MemStore, PmemStore, PosixStore, Store, StoreError};
+
+const PATHS: [&str; 5] = ["/a", "/b", "/d", "/d/x", "/d/y"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create {
+        p: usize,
+        fid: u32,
+        len: usize,
+        excl: bool,
+    },
+    Write {
+        p: usize,
+        idx: u64,
+        off: u32,
+        len: usize,
+        fid: u32,
+        byte: u8,
+    },
+    Truncate {
+        p: usize,
+        idx: u64,
+        len: u32,
+    },
+    Chmod {
+        p: usize,
+        idx: u64,
+        mode: u32,
+    },
+    Remove {
+        p: usize,
+        idx: u64,
+    },
+    RemoveChunks {
+        p: usize,
+        from: u64,
+    },
+    Put {
+        p: usize,
+        idx: u64,
+        len: usize,
+        byte: u8,
+    },
+    Take {
+        p: usize,
+        idx: u64,
+    },
+    Sync,
+}
+
+fn meta(fid: u32) -> Meta {
+    Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 1024,
+        fileid: fid,
+        mtime: 5,
+        ..Default::default()
+    }
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let p = 0..PATHS.len();
+    prop_oneof![
+        1 => (p.clone(), 1..3u32, 0..200usize, any::<bool>())
+            .prop_map(|(p, fid, len, excl)| Op::Create { p, fid, len, excl }),
+        4 => (p.clone(), 0..3u64, 0..1024u32, 0..400usize, 1..3u32, any::<u8>()).prop_map(
+            |(p, idx, off, len, fid, byte)| Op::Write { p, idx, off, len: len.min(1024 - off as usize), fid, byte }
+        ),
+        1 => (p.clone(), 0..3u64, 0..600u32).prop_map(|(p, idx, len)| Op::Truncate { p, idx, len }),
+        1 => (p.clone(), 0..3u64, 0..0o777u32).prop_map(|(p, idx, mode)| Op::Chmod { p, idx, mode }),
+        1 => (p.clone(), 0..3u64).prop_map(|(p, idx)| Op::Remove { p, idx }),
+        1 => (p.clone(), 0..3u64).prop_map(|(p, from)| Op::RemoveChunks { p, from }),
+        1 => (p.clone(), 0..3u64, 0..300usize, any::<u8>()).prop_map(|(p, idx, len, byte)| Op::Put { p, idx, len, byte }),
+        1 => (p, 0..3u64).prop_map(|(p, idx)| Op::Take { p, idx }),
+        1 => Just(Op::Sync),
+    ]
+}
+
+/// Deterministic op from a seed (for the crash loops).
+fn op_from(r: &mut u64) -> Op {
+    let mut n = |m: u64| {
+        *r ^= *r << 13;
+        *r ^= *r >> 7;
+        *r ^= *r << 17;
+        *r % m
+    };
+    let p = n(PATHS.len() as u64) as usize;
+    let idx = n(3);
+    match n(12) {
+        0 => Op::Create {
+            p,
+            fid: 1 + n(2) as u32,
+            len: n(200) as usize,
+            excl: n(2) == 0,
+        },
+        1..=5 => {
+            let off = n(1024) as u32;
+            Op::Write {
+                p,
+                idx,
+                off,
+                len: (n(400) as usize).min(1024 - off as usize),
+                fid: 1 + n(2) as u32,
+                byte: n(256) as u8,
+            }
+        }
+        6 => Op::Truncate {
+            p,
+            idx,
+            len: n(600) as u32,
+        },
+        7 => Op::Chmod {
+            p,
+            idx,
+            mode: n(0o777) as u32,
+        },
+        8 => Op::Remove { p, idx },
+        9 => Op::RemoveChunks { p, from: idx },
+        10 => Op::Put {
+            p,
+            idx,
+            len: n(300) as usize,
+            byte: n(256) as u8,
+        },
+        _ => Op::Take { p, idx },
+    }
+}
+
+/// Applies an op; returns a comparable outcome.
+fn apply(s: &dyn Store, op: &Op) -> std::result::Result<String, i32> {
+    let e = |e: StoreError| e.errno();
+    match *op {
+        Op::Create { p, fid, len, excl } => s
+            .create(PATHS[p], meta(fid), &vec![7u8; len], excl)
+            .map(|(m, c)| format!("{} {c}", m.fileid))
+            .map_err(e),
+        Op::Write {
+            p,
+            idx,
+            off,
+            len,
+            fid,
+            byte,
+        } => s
+            .write(PATHS[p], idx, off, &vec![byte; len], &meta(fid))
+            .map(|_| String::new())
+            .map_err(e),
+        Op::Truncate { p, idx, len } => s
+            .truncate_chunk(PATHS[p], idx, len)
+            .map(|_| String::new())
+            .map_err(e),
+        Op::Chmod { p, idx, mode } => s
+            .update_meta(PATHS[p], idx, &mut |m| {
+                m.mode = (m.mode & libc::S_IFMT) | mode;
+                Ok(())
+            })
+            .map(|m| format!("{:o}", m.mode))
+            .map_err(e),
+        Op::Remove { p, idx } => s
+            .remove(PATHS[p], idx, &mut |_| Ok(()))
+            .map(|m| m.fileid.to_string())
+            .map_err(e),
+        Op::RemoveChunks { p, from } => s
+            .remove_chunks(PATHS[p], from)
+            .map(|n| n.to_string())
+            .map_err(e),
+        Op::Put { p, idx, len, byte } => s
+            .put(
+                PATHS[p],
+                idx,
+                Chunk {
+                    meta: meta(1),
+                    data: vec![byte; len],
+                },
+            )
+            .map(|_| String::new())
+            .map_err(e),
+        Op::Take { p, idx } => s
+            .take(PATHS[p], idx)
+            .map(|c| format!("{:?}", c.map(|c| (c.meta.fileid, c.data))))
+            .map_err(e),
+        Op::Sync => s.sync().map(|_| String::new()).map_err(e),
+    }
+}
+
+type Snap = BTreeMap<(String, u64), (Meta, Vec<u8>)>;
+
+fn snapshot(s: &dyn Store) -> Snap {
+    let mut out = Snap::new();
+    let mut paths = s.paths_below("/").unwrap();
+    paths.push("/".into());
+    for p in paths {
+        for idx in s.chunk_indices(&p).unwrap() {
+            let m = s.meta(&p, idx).unwrap().unwrap();
+            let d = s.read(&p, idx, m.fileid, 0, u32::MAX).unwrap().unwrap();
+            out.insert((p.clone(), idx), (m, d));
+        }
+    }
+    // The name index agrees with the entries.
+    for d in ["/", "/d"] {
+        let (names, done) = s.list_dir(d, "", 100).unwrap();
+        assert!(done);
+        let want: Vec<String> = out
+            .keys()
+            .filter(|(p, i)| *i == 0 && p != "/" && chfs_proto::path::parent(p) == d)
+            .map(|(p, _)| p.rsplit('/').next().unwrap().to_string())
+            .collect();
+        assert_eq!(names.into_iter().map(|n| n.0).collect::<Vec<_>>(), want);
+    }
+    out
+}
+
+/// Asserts two snapshots are equal, describing differences briefly.
+fn same(a: &Snap, b: &Snap, what: &str) {
+    if a == b {
+        return;
+    }
+    let mut d = Vec::new();
+    for k in a.keys().chain(b.keys()) {
+        let (x, y) = (a.get(k), b.get(k));
+        if x != y {
+            d.push(format!(
+                "{k:?}: {:?} vs {:?}",
+                x.map(|v| (v.0.size, v.0.mode, v.0.fileid, v.1.len())),
+                y.map(|v| (v.0.size, v.0.mode, v.0.fileid, v.1.len()))
+            ));
+        }
+    }
+    d.dedup();
+    panic!("{what}: snapshots differ: {}", d.join("; "));
+}
+
+fn load(snap: &Snap) -> MemStore {
+    let m = MemStore::new(0);
+    for ((p, i), (meta, d)) in snap {
+        m.put(
+            p,
+            *i,
+            Chunk {
+                meta: *meta,
+                data: d.clone(),
+            },
+        )
+        .unwrap();
+    }
+    m
+}
+
+/// Runs ops on a persistent engine and the model, reopening now and then.
+fn run_model(ops: &[Op], mut open: impl FnMut() -> Box<dyn Store>) {
+    let model = MemStore::new(0);
+    let mut s = open();
+    for (i, op) in ops.iter().enumerate() {
+        assert_eq!(apply(&*s, op), apply(&model, op), "op {i}: {op:?}");
+        if i % 7 == 6 {
+            drop(s);
+            s = open();
+            same(
+                &snapshot(&*s),
+                &snapshot(&model),
+                &format!("after reopen at op {i}"),
+            );
+        }
+    }
+    same(&snapshot(&*s), &snapshot(&model), "at the end");
+    let st = s.stats();
+    assert_eq!(
+        (st.entries, st.bytes),
+        (model.stats().entries, model.stats().bytes)
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pmem_matches_model_across_restarts(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        let d = shm_dir();
+        let f = d.path().join("m.pmem");
+        run_model(&ops, || Box::new(PmemStore::open(&f, 1 << 20).unwrap()));
+    }
+
+    #[test]
+    fn posix_matches_model_across_restarts(ops in proptest::collection::vec(op_strategy(), 1..60)) {
+        let d = shm_dir();
+        run_model(&ops, || Box::new(PosixStore::open(d.path(), 0).unwrap()));
+    }
+}
+
+#[test]
+fn pmem_on_a_block_file_system_restarts_with_msync() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = 99u64;
+    let ops: Vec<Op> = (0..60).map(|_| op_from(&mut r)).collect();
+    let mut mode = None;
+    run_model(&ops, || {
+        let s = PmemStore::open(d.path(), 1 << 20).unwrap();
+        mode = Some(s.persist_mode());
+        Box::new(s)
+    });
+    // /tmp is normally a disk here; on a tmpfs /tmp the mode is volatile.
+    assert!(mode.is_some());
+}
+
+/// Crash at mutation `cut` while running seeded ops; returns false when the
+/// run ended before the cut.
+fn crash_trial(kind: CrashKind, seed: u64, cut: u64) -> bool {
+    let fm = FaultMedia::new(512 << 10, 0, kind, seed);
+    let s = PmemStore::with_media(Box::new(fm.clone()), true).unwrap();
+    fm.cut_after(cut);
+    let model = MemStore::new(0);
+    let mut r = seed | 1;
+    let mut before = snapshot(&model);
+    let mut inflight = None;
+    for i in 0..60 {
+        let op = op_from(&mut r);
+        before = snapshot(&model);
+        assert_eq!(
+            apply(&s, &op),
+            apply(&model, &op),
+            "seed {seed} op {i}: {op:?}"
+        );
+        if fm.crash_image().is_some() {
+            inflight = Some(op);
+            break;
+        }
+    }
+    let after = snapshot(&model);
+    let Some(img) = fm.crash_image() else {
+        return false;
+    };
+    drop(s);
+    let fm2 = FaultMedia::from_image(img, 0, CrashKind::Kill, 1);
+    let rec = PmemStore::with_media(Box::new(fm2.clone()), false)
+        .unwrap_or_else(|e| panic!("seed {seed} cut {cut}: store does not open: {e}"));
+    assert_eq!(rec.recovery().corrupt, 0, "seed {seed} cut {cut}");
+    let got = snapshot(&rec);
+    let keys: std::collections::BTreeSet<_> = before
+        .keys()
+        .chain(after.keys())
+        .chain(got.keys())
+        .cloned()
+        .collect();
+    for k in keys {
+        let g = got.get(&k);
+        assert!(
+            g == before.get(&k) || g == after.get(&k),
+            "seed {seed} cut {cut} ({kind:?}) during {inflight:?}: {k:?} recovered as {:?}, before {:?}, after {:?}",
+            g.map(|v| v.1.len()),
+            before.get(&k).map(|v| v.1.len()),
+            after.get(&k).map(|v| v.1.len())
+        );
+    }
+    // The recovered store keeps working and reopens to the same state.
+    let model = load(&got);
+    for i in 0..25 {
+        let op = op_from(&mut r);
+        assert_eq!(
+            apply(&rec, &op),
+            apply(&model, &op),
+            "after recovery op {i}: {op:?}"
+        );
+    }
+    let want = snapshot(&model);
+    same(
+        &snapshot(&rec),
+        &want,
+        &format!("seed {seed} cut {cut}: after recovery and more ops"),
+    );
+    drop(rec);
+    let again = PmemStore::with_media(
+        Box::new(FaultMedia::from_image(fm2.current(), 0, CrashKind::Kill, 1)),
+        false,
+    )
+    .unwrap();
+    same(
+        &snapshot(&again),
+        &want,
+        &format!("seed {seed} cut {cut}: reopened"),
+    );
+    true
+}
+
+fn crash_loop(kind: CrashKind) {
+    let mut crashed = 0;
+    for seed in 1..=200u64 {
+        // Cut points spread over the run (a run makes a few hundred mutations).
+        let cut = 1 + (seed * 7919) % 220;
+        crashed += crash_trial(kind, seed, cut) as u32;
+    }
+    assert!(crashed > 150, "only {crashed} trials crashed");
+}
+
+#[test]
+fn pmem_survives_power_cuts_with_torn_writes() {
+    crash_loop(CrashKind::PowerCut);
+}
+
+#[test]
+fn pmem_survives_process_kills_mid_write() {
+    crash_loop(CrashKind::Kill);
+}
+
+#[test]
+fn pmem_corrupt_data_reads_as_eio_and_dump_reports_it() {
+    let d = shm_dir();
+    let f = d.path().join("c.pmem");
+    {
+        let s = PmemStore::open(&f, 1 << 20).unwrap();
+        s.create("/f", meta(1), b"", true).unwrap();
+        s.write("/f", 1, 0, &[0xAB; 1000], &meta(1)).unwrap();
+        s.write("/f", 2, 0, &[0xCD; 1000], &meta(1)).unwrap();
+        s.sync().unwrap();
+    }
+    // Flip one data byte of chunk 1 on the medium.
+    let mut img = std::fs::read(&f).unwrap();
+    let pos = img.windows(16).position(|w| w == [0xAB; 16]).unwrap();
+    img[pos + 100] ^= 0x01;
+    std::fs::write(&f, &img).unwrap();
+    let ins = crate::pmem::inspect_pmem(&f).unwrap();
+    let bad: Vec<_> = ins
+        .extents
+        .iter()
+        .filter(|e| e.used && e.good_slot.is_none())
+        .collect();
+    assert_eq!(bad.len(), 1);
+    let s = PmemStore::open(&f, 0).unwrap();
+    assert_eq!(s.recovery().corrupt, 1);
+    let e = s.read("/f", 1, 1, 0, 10).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert_eq!(s.read("/f", 2, 1, 0, 3).unwrap().unwrap(), [0xCD; 3]);
+    // The damaged chunk can be removed, and the space reused.
+    s.remove_chunks("/f", 1).unwrap();
+    s.write("/f", 1, 0, b"fresh", &meta(1)).unwrap();
+    assert_eq!(s.read("/f", 1, 1, 0, 10).unwrap().unwrap(), b"fresh");
+}
+
+#[test]
+fn pmem_fills_to_enospc_and_reuses_freed_space() {
+    let d = shm_dir();
+    let f = d.path().join("full.pmem");
+    let s = PmemStore::open(&f, 256 << 10).unwrap();
+    let mut n = 0;
+    let err = loop {
+        let p = format!("/f{n}");
+        if let Err(e) = s.create(&p, meta(1), b"", true) {
+            break e;
+        }
+        if let Err(e) = s.write(&p, 1, 0, &[n as u8; 8000], &meta(1)) {
+            break e;
+        }
+        n += 1;
+    };
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert!(n > 20, "only {n} files fit");
+    // Everything written before is intact, also after a restart.
+    drop(s);
+    let s = PmemStore::open(&f, 256 << 10).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            s.read(&format!("/f{i}"), 1, 1, 0, 8000).unwrap().unwrap(),
+            vec![i as u8; 8000]
+        );
+    }
+    // Freeing makes room again, repeatedly (no leak).
+    for round in 0..5 {
+        for i in 0..n {
+            s.remove_chunks(&format!("/f{i}"), 0).unwrap();
+        }
+        for i in 0..n {
+            let p = format!("/g{round}-{i}");
+            s.create(&p, meta(1), b"", true).unwrap();
+            s.write(&p, 1, 0, &[1; 8000], &meta(1)).unwrap();
+        }
+        for i in 0..n {
+            let (from, to) = (format!("/g{round}-{i}"), format!("/f{i}"));
+            let c0 = s.take(&from, 0).unwrap().unwrap();
+            let c1 = s.take(&from, 1).unwrap().unwrap();
+            s.put(&to, 0, c0).unwrap();
+            s.put(&to, 1, c1).unwrap();
+        }
+    }
+    // (/f{n} was created before its data hit ENOSPC.)
+    assert_eq!(s.stats().entries, 2 * n as u64 + 1);
+    // A too-large size on reopen is refused, 0 means "as created".
+    drop(s);
+    assert_eq!(
+        PmemStore::open(&f, 1 << 20).err().unwrap().errno(),
+        libc::EINVAL
+    );
+    PmemStore::open(&f, 0).unwrap();
+}
+
+#[test]
+fn pmem_refuses_bad_files_and_sizes() {
+    let d = shm_dir();
+    assert_eq!(
+        PmemStore::open(&d.path().join("tiny"), 1000)
+            .err()
+            .unwrap()
+            .errno(),
+        libc::EINVAL
+    );
+    let junk = d.path().join("junk");
+    std::fs::write(&junk, vec![1u8; 1 << 20]).unwrap();
+    assert_eq!(
+        PmemStore::open(&junk, 0).err().unwrap().errno(),
+        libc::EINVAL
+    );
+    // A directory gets chfs.pmem inside.
+    let s = PmemStore::open(d.path(), 128 << 10).unwrap();
+    assert!(s.recovery().created);
+    assert!(d.path().join(crate::pmem::PMEM_FILE).exists());
+}
+
+fn chunk_files(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut v = Vec::new();
+    for d in std::fs::read_dir(root).unwrap() {
+        let d = d.unwrap();
+        if d.file_type().unwrap().is_dir() {
+            for f in std::fs::read_dir(d.path()).unwrap() {
+                v.push(f.unwrap().path());
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+#[test]
+fn posix_recovers_from_interrupted_appends_and_replacements() {
+    use std::os::unix::fs::FileExt;
+    let d = tempfile::tempdir().unwrap();
+    {
+        let s = PosixStore::open(d.path(), 0).unwrap();
+        s.create("/f", meta(1), b"", true).unwrap();
+        s.write("/f", 1, 0, &[1; 3000], &meta(1)).unwrap();
+        s.sync().unwrap();
+    }
+    let files = chunk_files(d.path());
+    assert_eq!(files.len(), 2);
+    let data_file = files
+        .iter()
+        .find(|f| std::fs::metadata(f).unwrap().len() > crate::posix::DATA_OFF)
+        .unwrap()
+        .clone();
+    // 1. An append whose header slot never landed: bytes past the length
+    //    and a torn (garbage) second slot.
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&data_file)
+            .unwrap();
+        f.write_all_at(&[9; 500], crate::posix::DATA_OFF + 3000)
+            .unwrap();
+        f.write_all_at(&[0x55; 128], crate::posix::slot_off(1))
+            .unwrap();
+    }
+    // 2. A replacement file (copy-on-write) that was half written: a copy
+    //    with a valid header but wrong data must lose to the intact one...
+    let dup = d.path().join("ff").join("00000000000000ff");
+    std::fs::create_dir_all(dup.parent().unwrap()).unwrap();
+    std::fs::copy(&data_file, &dup).unwrap();
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(&dup).unwrap();
+        f.write_all_at(&[7; 100], crate::posix::DATA_OFF).unwrap();
+    }
+    // 3. ...and a new file whose header never landed is dropped.
+    let orphan = d.path().join("01").join("0000000000000101");
+    std::fs::create_dir_all(orphan.parent().unwrap()).unwrap();
+    std::fs::write(&orphan, vec![0u8; 9000]).unwrap();
+    let s = PosixStore::open(d.path(), 0).unwrap();
+    let rep = s.recovery().clone();
+    assert_eq!(
+        (rep.superseded, rep.unreadable, rep.corrupt),
+        (1, 1, 0),
+        "{rep:?}"
+    );
+    assert_eq!(
+        s.read("/f", 1, 1, 0, 10_000).unwrap().unwrap(),
+        vec![1; 3000]
+    );
+    assert_eq!(chunk_files(d.path()).len(), 2);
+    // A chunk whose data was damaged reads as EIO.
+    drop(s);
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&data_file)
+            .unwrap();
+        f.write_all_at(&[2], crate::posix::DATA_OFF + 10).unwrap();
+    }
+    let s = PosixStore::open(d.path(), 0).unwrap();
+    assert_eq!(s.recovery().corrupt, 1);
+    assert_eq!(s.read("/f", 1, 1, 0, 10).unwrap_err().errno(), libc::EIO);
+}
+
+#[test]
+fn posix_capacity_enospc_and_reuse() {
+    let d = shm_dir();
+    let s = PosixStore::open(d.path(), 10_000).unwrap();
+    s.create("/a", meta(1), b"", true).unwrap();
+    s.write("/a", 1, 0, &[1; 8000], &meta(1)).unwrap();
+    let e = s.write("/a", 2, 0, &[1; 3000], &meta(1)).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC);
+    // Overwrite in place of the whole chunk needs no extra room.
+    s.write("/a", 1, 0, &[2; 8000], &meta(1)).unwrap();
+    s.remove_chunks("/a", 1).unwrap();
+    s.write("/a", 2, 0, &[1; 3000], &meta(1)).unwrap();
+    assert_eq!(s.stats().bytes, 3000);
+}
