@@ -2,6 +2,7 @@
 //! IO500's order with a barrier around each, runs find, and collects the
 //! results of one target.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
@@ -237,89 +238,84 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
-fn setup(fs: &dyn Backend, nprocs: usize) -> Result<()> {
-    fs.mkdir("")?;
-    for d in pattern::directories(nprocs) {
-        fs.mkdir(&d)?;
+/// One target being measured: its own backend (for setup, find and
+/// cleanup) and its worker processes.
+struct TargetRun<'a> {
+    label: String,
+    target: TargetSpec,
+    fs: Box<dyn Backend>,
+    workers: Option<Workers>,
+    params: &'a Params,
+    opts: &'a RunOptions,
+    start_ns: i64,
+    written: HashMap<Phase, Vec<u64>>,
+    phases: Vec<PhaseResult>,
+    find: FindCheck,
+    cleaned: bool,
+}
+
+impl<'a> TargetRun<'a> {
+    fn start(
+        label: &str,
+        target: &TargetSpec,
+        params: &'a Params,
+        opts: &'a RunOptions,
+    ) -> Result<Self> {
+        let name = unique_name();
+        let fs = target.backend(&name)?;
+        let mut t = TargetRun {
+            label: label.to_string(),
+            target: target.clone(),
+            fs,
+            workers: None,
+            params,
+            opts,
+            start_ns: 0,
+            written: HashMap::new(),
+            phases: Vec::new(),
+            find: FindCheck::default(),
+            cleaned: true,
+        };
+        t.fs.mkdir("")?;
+        t.cleaned = false;
+        for d in pattern::directories(params.nprocs) {
+            t.fs.mkdir(&d)?;
+        }
+        t.fs.create(IOR_HARD_FILE)?.close()?;
+        t.workers = Some(Workers::spawn(target, &name, params)?);
+        // find looks for files newer than this (taken before the first write)
+        t.start_ns = now_ns();
+        Ok(t)
     }
-    fs.create(IOR_HARD_FILE)?.close()
-}
 
-fn cleanup(fs: &dyn Backend, keep: bool) -> Result<()> {
-    if keep {
-        return Ok(());
-    }
-    fs.remove_all("")
-}
-
-/// Runs the twelve phases (and the open storm) on one target.
-pub fn run_target(
-    label: &str,
-    target: &TargetSpec,
-    params: &Params,
-    opts: &RunOptions,
-) -> Result<TargetResult> {
-    let name = unique_name();
-    let fs = target.backend(&name)?;
-    setup(fs.as_ref(), params.nprocs)?;
-    let r = run_phases(label, target, &name, fs.as_ref(), params, opts);
-    let c = cleanup(fs.as_ref(), opts.keep);
-    let r = r?;
-    c?;
-    Ok(r)
-}
-
-fn run_phases(
-    label: &str,
-    target: &TargetSpec,
-    name: &str,
-    fs: &dyn Backend,
-    params: &Params,
-    opts: &RunOptions,
-) -> Result<TargetResult> {
-    let mut workers = Workers::spawn(target, name, params)?;
-    let n = params.nprocs;
-    let start_ns = now_ns();
-    let mut written: std::collections::HashMap<Phase, Vec<u64>> = Default::default();
-    let mut phases = Vec::new();
-    let mut find_check = None;
-    for phase in Phase::ALL {
+    fn phase(&mut self, phase: Phase) -> Result<()> {
+        let (params, n) = (self.params, self.params.nprocs);
         if phase == Phase::Find {
-            let spec = FindSpec::io500(start_ns);
-            let b = bar(opts, label, phase.name(), 1);
+            let spec = FindSpec::io500(self.start_ns);
+            let b = bar(self.opts, &self.label, phase.name(), 1);
             let t0 = Instant::now();
-            let found = fs.find("", &spec, n)?;
+            let found = self.fs.find("", &spec, n)?;
             let secs = t0.elapsed().as_secs_f64();
             if let Some(b) = b {
                 b.finish_and_clear();
             }
-            let expected = pattern::expected_find(
-                written
-                    .get(&Phase::MdtestHardWrite)
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]),
-                &spec,
-            );
-            let valid = found.matched.len() as u64 == expected;
-            phases.push(PhaseResult::new(
-                phase,
-                found.examined,
-                0,
-                secs,
-                vec![found.examined],
-                false,
-                valid,
-            ));
-            find_check = Some(FindCheck {
-                examined: found.examined,
-                found: found.matched.len() as u64,
+            let written = self.written.get(&Phase::MdtestHardWrite);
+            let expected = pattern::expected_find(written.map(Vec::as_slice).unwrap_or(&[]), &spec);
+            let nfound = found.matched.len() as u64;
+            let valid = nfound == expected;
+            let ex = found.examined;
+            self.phases
+                .push(PhaseResult::new(phase, ex, 0, secs, vec![ex], false, valid));
+            self.find = FindCheck {
+                examined: ex,
+                found: nfound,
                 expected,
-            });
-            continue;
+            };
+            return Ok(());
         }
         let counts = phase
             .source()
-            .and_then(|s| written.get(&s))
+            .and_then(|s| self.written.get(&s))
             .cloned()
             .unwrap_or_default();
         let expected_items: Option<u64> = phase.source().map(|_| counts.iter().sum());
@@ -331,11 +327,15 @@ fn run_phases(
             _ => 0,
         };
         let b = bar(
-            opts,
-            label,
+            self.opts,
+            &self.label,
             phase.name(),
             expected_items.unwrap_or(max * n as u64),
         );
+        let workers = self
+            .workers
+            .as_mut()
+            .ok_or_else(|| BenchError::Config("workers gone".into()))?;
         let (ranks, secs) = workers.run(Work::Io500(phase), &counts, b.as_ref())?;
         if let Some(b) = b {
             b.finish_and_clear();
@@ -354,9 +354,9 @@ fn run_phases(
         };
         let valid = expected_items.is_none_or(|e| e == total) && bytes == want_bytes && total > 0;
         if phase.is_write() {
-            written.insert(phase, items.clone());
+            self.written.insert(phase, items.clone());
         }
-        phases.push(PhaseResult::new(
+        self.phases.push(PhaseResult::new(
             phase,
             total,
             bytes,
@@ -365,31 +365,87 @@ fn run_phases(
             stonewalled,
             valid,
         ));
+        Ok(())
     }
-    let (ranks, _) = workers.run(Work::OpenStorm, &[], None)?;
-    let times: Vec<f64> = ranks.iter().map(|r| r.secs).collect();
-    let storm = OpenStorm {
-        ranks: n,
-        max_secs: times.iter().cloned().fold(0.0, f64::max),
-        min_secs: times.iter().cloned().fold(f64::INFINITY, f64::min),
-    };
-    drop(workers);
-    let bw: Vec<f64> = phases
-        .iter()
-        .filter(|p| p.kind == Kind::Bw)
-        .map(|p| p.rate)
-        .collect();
-    let md: Vec<f64> = phases
-        .iter()
-        .filter(|p| p.kind == Kind::Md)
-        .map(|p| p.rate)
-        .collect();
-    Ok(TargetResult {
-        label: label.to_string(),
-        target: target.clone(),
-        score: score::score(&bw, &md),
-        phases,
-        find: find_check.unwrap_or_default(),
-        open_storm: storm,
-    })
+
+    fn finish(mut self) -> Result<TargetResult> {
+        let mut workers = self
+            .workers
+            .take()
+            .ok_or_else(|| BenchError::Config("workers gone".into()))?;
+        let (ranks, _) = workers.run(Work::OpenStorm, &[], None)?;
+        drop(workers);
+        let times: Vec<f64> = ranks.iter().map(|r| r.secs).collect();
+        let open_storm = OpenStorm {
+            ranks: self.params.nprocs,
+            max_secs: times.iter().cloned().fold(0.0, f64::max),
+            min_secs: times.iter().cloned().fold(f64::INFINITY, f64::min),
+        };
+        self.cleaned = true;
+        if !self.opts.keep {
+            self.fs.remove_all("")?;
+        }
+        let phases = std::mem::take(&mut self.phases);
+        let bw: Vec<f64> = phases
+            .iter()
+            .filter(|p| p.kind == Kind::Bw)
+            .map(|p| p.rate)
+            .collect();
+        let md: Vec<f64> = phases
+            .iter()
+            .filter(|p| p.kind == Kind::Md)
+            .map(|p| p.rate)
+            .collect();
+        Ok(TargetResult {
+            label: self.label.clone(),
+            target: self.target.clone(),
+            score: score::score(&bw, &md),
+            phases,
+            find: self.find,
+            open_storm,
+        })
+    }
+}
+
+impl Drop for TargetRun<'_> {
+    /// After a failure: stop the workers, then remove what was written.
+    fn drop(&mut self) {
+        self.workers = None;
+        if !self.cleaned && !self.opts.keep {
+            let _ = self.fs.remove_all("");
+        }
+    }
+}
+
+/// Runs the twelve phases (and the open storm) on every target, phase by
+/// phase: each phase runs on the first target, then on the second, so
+/// that the targets are measured side by side in time (a machine whose
+/// load drifts affects both alike).
+pub fn run_targets(
+    targets: &[(&str, TargetSpec)],
+    params: &Params,
+    opts: &RunOptions,
+) -> Result<Vec<TargetResult>> {
+    let mut runs = Vec::new();
+    for (label, t) in targets {
+        runs.push(TargetRun::start(label, t, params, opts)?);
+    }
+    for phase in Phase::ALL {
+        for r in &mut runs {
+            r.phase(phase)?;
+        }
+    }
+    runs.into_iter().map(TargetRun::finish).collect()
+}
+
+/// Runs the twelve phases (and the open storm) on one target.
+pub fn run_target(
+    label: &str,
+    target: &TargetSpec,
+    params: &Params,
+    opts: &RunOptions,
+) -> Result<TargetResult> {
+    let mut v = run_targets(&[(label, target.clone())], params, opts)?;
+    v.pop()
+        .ok_or_else(|| BenchError::Config("no result".into()))
 }

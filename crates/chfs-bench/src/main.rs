@@ -170,15 +170,13 @@ fn io500(a: Io500Args) -> Result<()> {
     let mut opts = RunOptions::auto();
     opts.progress &= !a.no_progress;
     opts.keep = a.keep;
-    let sys = leader::run_target("system", &system, &params, &opts)?;
-    let reference = match &a.reference {
-        Some(dir) => Some(leader::run_target(
-            "reference",
-            &TargetSpec::Posix { dir: dir.clone() },
-            &params,
-            &opts,
-        )?),
-        None => None,
+    let mut targets = vec![("system", system)];
+    if let Some(dir) = &a.reference {
+        targets.push(("reference", TargetSpec::Posix { dir: dir.clone() }));
+    }
+    let mut results = leader::run_targets(&targets, &params, &opts)?.into_iter();
+    let (Some(sys), reference) = (results.next(), results.next()) else {
+        return Err(BenchError::Config("no result".into()));
     };
     let run = RunResult {
         tool: "chfs-bench".into(),
