@@ -59,6 +59,8 @@ pub mod op {
     pub const PUT_CHUNK: u16 = 22;
     /// [`super::Request::AppendReserve`]
     pub const APPEND_RESERVE: u16 = 23;
+    /// [`super::Request::Sync`]
+    pub const SYNC: u16 = 24;
     /// [`super::Request::FlushStatus`]
     pub const FLUSH_STATUS: u16 = 25;
     /// [`super::Request::Flush`]
@@ -328,6 +330,9 @@ pub enum Request {
         /// Normalised path of a file or directory (`/` for everything).
         prefix: String,
     },
+    /// Make everything this server stored so far durable on its medium
+    /// (fsync; a no-op for the DRAM engine).
+    Sync,
 }
 
 /// A successful response.
@@ -502,6 +507,7 @@ impl Request {
             Request::AppendReserve { .. } => op::APPEND_RESERVE,
             Request::FlushStatus { .. } => op::FLUSH_STATUS,
             Request::Flush { .. } => op::FLUSH,
+            Request::Sync => op::SYNC,
         }
     }
 
@@ -525,7 +531,11 @@ impl Request {
     /// Encodes the payload (fields, then the data tail).
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
-            Request::Ping | Request::GetServers | Request::Status | Request::Shutdown => {}
+            Request::Ping
+            | Request::GetServers
+            | Request::Status
+            | Request::Shutdown
+            | Request::Sync => {}
             Request::Join { addr } => out.put_str(addr),
             Request::UpdateServers { list } => put_list(out, list),
             Request::Create {
@@ -641,6 +651,7 @@ impl Request {
         let mut r = Reader::new(payload);
         let req = match op {
             op::PING => Request::Ping,
+            op::SYNC => Request::Sync,
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -984,6 +995,7 @@ mod tests {
             data: Bytes::from_static(b"q"),
         });
         rt(Request::Flush { prefix: "/".into() });
+        rt(Request::Sync);
         rt(Request::FlushStatus {
             prefix: "/d".into(),
         });
