@@ -38,9 +38,17 @@ pub struct Config {
     #[arg(long, default_value = "modular")]
     pub hashing: Hashing,
 
-    /// Storage engine: mem (DRAM).
-    #[arg(long, default_value = "mem")]
+    /// Storage engine: mem (DRAM), pmem (a memory-mapped persistent region:
+    /// DAX device, file on a DAX mount, or any file; needs --path, and
+    /// --size when it is created) or posix (one file per chunk under the
+    /// directory --path). pmem and posix survive restarts.
+    #[arg(long, env = "CHFS_STORE", default_value = "mem")]
     pub store: String,
+
+    /// Where a persistent store lives: for pmem a file or device (a
+    /// directory gets `chfs.pmem` inside), for posix a directory.
+    #[arg(long = "path", env = "CHFS_STORE_PATH")]
+    pub path: Option<PathBuf>,
 
     /// Store capacity in bytes (suffixes K, M, G, T); 0 = no limit but memory.
     #[arg(short = 's', long = "size", default_value = "0", value_parser = parse_size)]

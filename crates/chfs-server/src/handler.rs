@@ -63,6 +63,15 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
     let st = &sh.store;
     match req {
         Request::Ping => Ok(Response::Ok),
+        Request::Sync => {
+            // fsync/msync block: keep them off the async workers.
+            let s = st.clone();
+            tokio::task::spawn_blocking(move || s.sync())
+                .await
+                .map_err(|e| ErrorReply::new(libc::EIO, format!("sync: {e}")))?
+                .map_err(|e| store_err("sync", e))?;
+            Ok(Response::Ok)
+        }
         Request::GetServers => Ok(Response::Servers(sh.placement().ring.list().clone())),
         Request::Join { addr } => join(sh, addr).await,
         Request::UpdateServers { list } => {

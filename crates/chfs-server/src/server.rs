@@ -110,10 +110,51 @@ impl RunningServer {
 }
 
 fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
+    let need_path = || {
+        cfg.path
+            .clone()
+            .ok_or_else(|| ServerError::Config(format!("--store {} needs --path", cfg.store)))
+    };
+    let failed = |p: &std::path::Path, e: chfs_store::StoreError| {
+        ServerError::Config(format!(
+            "cannot open {} store at {}: {e}",
+            cfg.store,
+            p.display()
+        ))
+    };
     match cfg.store.as_str() {
         "mem" => Ok(Arc::new(MemStore::new(cfg.size))),
+        "pmem" => {
+            let p = need_path()?;
+            let s = chfs_store::PmemStore::open(&p, cfg.size).map_err(|e| failed(&p, e))?;
+            let r = s.recovery();
+            info!(path = %p.display(), created = r.created, records = r.records, corrupt = r.corrupt,
+                  superseded = r.superseded, unreadable = r.unreadable, free = r.free_bytes,
+                  persist = %r.persist, "pmem store opened");
+            if r.corrupt > 0 {
+                warn!(
+                    corrupt = r.corrupt,
+                    "chunks failed their checksum and read as EIO"
+                );
+            }
+            Ok(Arc::new(s))
+        }
+        "posix" => {
+            let p = need_path()?;
+            let s = chfs_store::PosixStore::open(&p, cfg.size).map_err(|e| failed(&p, e))?;
+            let r = s.recovery();
+            info!(path = %p.display(), created = r.created, records = r.records, corrupt = r.corrupt,
+                  superseded = r.superseded, unreadable = r.unreadable, "posix store opened");
+            if r.corrupt > 0 {
+                warn!(
+                    corrupt = r.corrupt,
+                    "chunks failed their checksum and read as EIO"
+                );
+            }
+            Ok(Arc::new(s))
+        }
         other => Err(ServerError::Config(format!(
-            "unknown store {other:?} (available: mem)"
+            "unknown store {other:?} (available: mem, pmem, posix)"
         ))),
     }
 }
