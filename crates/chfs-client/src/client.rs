@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use chfs_proto::meta::now_ns;
+use chfs_proto::meta::{FLAG_BACKEND_ONLY, FLAG_CACHED};
+use chfs_proto::msg::FlushState;
 use chfs_proto::msg::{encode_write_head, op, RemoveKind, SetAttr};
 use chfs_proto::path::{self, normalize};
 use chfs_proto::ring::path_hash;
@@ -617,6 +619,11 @@ impl Client {
         for f in self.open_files(p) {
             self.flush_file(st, &f)?;
         }
+        // A cached backend file is fetched whole before it is cut, so the
+        // part that stays is complete once the backend is no longer read.
+        if m.flags & FLAG_CACHED != 0 && len > 0 {
+            self.stagein_file(st, p, m)?;
+        }
         let req = Request::TruncateChunks {
             path: p.to_string(),
             size: len,
@@ -688,8 +695,19 @@ impl Client {
                         };
                         for e in entries {
                             let full = path::join(&p, &e.name);
+                            let backend_only = e.meta.flags & FLAG_BACKEND_ONLY != 0;
                             let s = self.to_stat(&full, e.meta);
-                            all.insert(e.name, s);
+                            // A cached entry wins over the backend's listing.
+                            match all.entry(e.name) {
+                                std::collections::btree_map::Entry::Vacant(v) => {
+                                    v.insert((s, backend_only));
+                                }
+                                std::collections::btree_map::Entry::Occupied(mut o) => {
+                                    if o.get().1 && !backend_only {
+                                        o.insert((s, false));
+                                    }
+                                }
+                            }
                         }
                     }
                     other => return Err(unexpected(other)),
@@ -698,7 +716,7 @@ impl Client {
         }
         Ok(all
             .into_iter()
-            .map(|(name, stat)| DirEntry { name, stat })
+            .map(|(name, (stat, _))| DirEntry { name, stat })
             .collect())
     }
 
@@ -797,8 +815,17 @@ impl Client {
             new: new.clone(),
             is_dir: src.is_dir(),
         };
+        // The owner of the source entry first: it may refuse (cache mode) or
+        // rename the backend copy; then every other server moves its chunks.
+        let owner = st.ring.owner(&old, 0);
+        self.count(1);
+        self.inner.pool.call(&st, owner, &req)?;
+        let others = (0..st.ring.len())
+            .filter(|&i| i != owner)
+            .map(|i| Op::req(i, &req))
+            .collect();
         let mut first_err = None;
-        for r in self.broadcast(&st, &req) {
+        for r in self.pipeline(&st, others) {
             if let Err(e) = r {
                 first_err.get_or_insert(e);
             }
@@ -986,11 +1013,44 @@ impl Client {
         r
     }
 
-    /// `fsync(2)`: writes buffered data and publishes the size. (With the
-    /// DRAM engine, data is as durable as the servers' memory.)
+    /// `fsync(2)`: writes buffered data, publishes the size, then asks each
+    /// server that may hold one of the file's chunks to make its store
+    /// durable (`Sync`). With a persistent engine (pmem, posix) the file's
+    /// data then survives a server restart; with the DRAM engine it is as
+    /// durable as the servers' memory.
     pub fn fsync(&self, fd: i32) -> Result<()> {
         let f = self.file(fd)?;
-        self.flush_file(&self.state(), &f)
+        let st = self.state();
+        self.flush_file(&st, &f)?;
+        let size = {
+            let s = lock(&f.state);
+            s.published.max(s.written_end)
+        };
+        self.sync_owners(&st, &f.path, f.meta.chunk_size, size)
+    }
+
+    /// Sends `Sync` to every server owning one of the chunks of a file of
+    /// `size` bytes.
+    fn sync_owners(&self, st: &PoolState, path: &str, chunk_size: u32, size: u64) -> Result<()> {
+        let n = st.ring.len();
+        let mut owners = Vec::new();
+        for idx in 0..=size / chunk_size.max(1) as u64 {
+            let o = st.ring.owner(path, idx);
+            if !owners.contains(&o) {
+                owners.push(o);
+                if owners.len() >= n {
+                    break;
+                }
+            }
+        }
+        for o in owners {
+            self.count(1);
+            match self.inner.pool.call(st, o, &Request::Sync)? {
+                Response::Ok => {}
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(())
     }
 
     fn flush_file(&self, st: &PoolState, f: &OpenFile) -> Result<()> {
@@ -1281,7 +1341,9 @@ impl Client {
         Ok(self.file(fd)?.path.clone())
     }
 
-    /// Flushes every open descriptor (buffers and sizes).
+    /// `chfs_sync`: flushes every open descriptor (buffers and sizes) and, in
+    /// cache mode, waits until the servers wrote every dirty chunk back to
+    /// the backend ([`Client::wait_flushed`] on `/`).
     pub fn sync(&self) -> Result<()> {
         let st = self.state();
         let files: Vec<_> = lock(&self.inner.fds).iter().flatten().cloned().collect();
@@ -1291,7 +1353,140 @@ impl Client {
                 first.get_or_insert(e);
             }
         }
-        first.map_or(Ok(()), Err)
+        if let Some(e) = first {
+            return Err(e);
+        }
+        self.wait_flushed("/", None)
+    }
+
+    fn flush_states(&self, st: &PoolState, req: &Request) -> Result<FlushState> {
+        let mut sum = FlushState::default();
+        for r in self.broadcast(st, req) {
+            match r? {
+                Response::FlushState(f) => {
+                    sum.chunks += f.chunks;
+                    sum.bytes += f.bytes;
+                    sum.failing += f.failing;
+                    if !f.last_error.is_empty() {
+                        sum.last_error = f.last_error;
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Write-back state (cache mode) of everything under `path`, summed over
+    /// all servers: dirty chunks and bytes not yet in the backend.
+    pub fn flush_status(&self, path: &str) -> Result<FlushState> {
+        let st = self.state();
+        self.flush_states(
+            &st,
+            &Request::FlushStatus {
+                prefix: normalize(path)?,
+            },
+        )
+    }
+
+    /// Asks every server to write back everything under `path` now and
+    /// waits until it is in the backend. Fails with the backend's errno if
+    /// writing back keeps failing without progress for 10 s, or with
+    /// ETIMEDOUT after `timeout`.
+    pub fn wait_flushed(&self, path: &str, timeout: Option<std::time::Duration>) -> Result<()> {
+        let st = self.state();
+        let prefix = normalize(path)?;
+        let start = Instant::now();
+        let mut s = self.flush_states(
+            &st,
+            &Request::Flush {
+                prefix: prefix.clone(),
+            },
+        )?;
+        let mut pause = std::time::Duration::from_millis(5);
+        let (mut best, mut since) = (s.chunks, Instant::now());
+        while s.chunks > 0 {
+            if timeout.is_some_and(|t| start.elapsed() > t) {
+                return fail(
+                    libc::ETIMEDOUT,
+                    format!(
+                        "{prefix}: {} chunks ({} bytes) still not written back",
+                        s.chunks, s.bytes
+                    ),
+                );
+            }
+            if s.failing > 0 && since.elapsed() > std::time::Duration::from_secs(10) {
+                let errno = errno_in(&s.last_error);
+                return fail(
+                    errno,
+                    format!(
+                        "{prefix}: {} chunks cannot be written back: {}",
+                        s.failing, s.last_error
+                    ),
+                );
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(200));
+            s = self.flush_states(
+                &st,
+                &Request::Flush {
+                    prefix: prefix.clone(),
+                },
+            )?;
+            if s.chunks < best {
+                best = s.chunks;
+                since = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetches a file from the backend into the cache (cache mode), every
+    /// chunk by its owner, in parallel; a directory recursively. Files
+    /// already cached are not fetched again. Returns the bytes staged.
+    pub fn stagein(&self, path: &str) -> Result<u64> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = self.stat_meta(&st, &p)?;
+        if m.is_dir() {
+            let mut n = 0;
+            for e in self.readdir(&p)? {
+                n += self.stagein(&path::join(&p, &e.name))?;
+            }
+            return Ok(n);
+        }
+        if m.is_reg() {
+            self.stagein_file(&st, &p, &m)?;
+            return Ok(m.size);
+        }
+        Ok(0)
+    }
+
+    fn stagein_file(&self, st: &PoolState, p: &str, m: &Meta) -> Result<()> {
+        if m.flags & FLAG_CACHED == 0 {
+            return Ok(());
+        }
+        let cs = m.chunk_size.max(1) as u64;
+        let n = m.size.div_ceil(cs).max(1);
+        let hash = path_hash(p);
+        let ops = (0..n)
+            .map(|idx| {
+                let req = Request::Read {
+                    path: p.to_string(),
+                    fileid: m.fileid,
+                    idx,
+                    off: 0,
+                    len: 0,
+                    chunk_size: m.chunk_size,
+                    flags: chfs_proto::msg::rw::BACKEND | chfs_proto::msg::rw::FETCH_ONLY,
+                };
+                Op::req(st.ring.owner_of_hash(hash, idx), &req)
+            })
+            .collect();
+        for r in self.pipeline(st, ops) {
+            r?;
+        }
+        Ok(())
     }
 
     /// Asks every server of the pool to stop.
@@ -1302,6 +1497,13 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// The errno named in a flush error message ("... (os error 13)").
+fn errno_in(msg: &str) -> i32 {
+    msg.rsplit_once("os error ")
+        .and_then(|(_, r)| r.trim_end_matches(')').parse().ok())
+        .unwrap_or(libc::EIO)
 }
 
 /// Read/write flags for chunks of a file with entry `m`: read-through from

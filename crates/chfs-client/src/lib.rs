@@ -14,6 +14,7 @@ mod error;
 mod pool;
 mod types;
 
+pub use chfs_proto::msg::FlushState;
 pub use client::{Client, ClientStats};
 pub use config::ClientConfig;
 pub use error::{Error, Result};

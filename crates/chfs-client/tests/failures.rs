@@ -49,6 +49,13 @@ fn hung_server_times_out() {
     c.mkdir("/d", 0o755).unwrap();
     p.signal(0, libc::SIGSTOP).unwrap();
     p.signal(1, libc::SIGSTOP).unwrap();
+    // kill(2) returns before the stop takes effect: wait for state T.
+    for i in 0..2 {
+        let stat = format!("/proc/{}/stat", p.pid(i).unwrap());
+        while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let start = Instant::now();
     let e = c.stat("/d").unwrap_err();
     assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");

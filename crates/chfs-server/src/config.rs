@@ -89,6 +89,51 @@ pub struct Config {
     /// with standard streams on /dev/null (logs go to --log-file).
     #[arg(long = "daemon")]
     pub daemon: bool,
+
+    /// Backend directory (cache mode): the pool caches this directory's
+    /// namespace, reads missing files through from it, and writes new and
+    /// modified files back to it.
+    #[arg(short = 'b', long = "backend", env = "CHFS_BACKEND_PATH")]
+    pub backend: Option<PathBuf>,
+
+    /// Subdirectory of the backend to cache (relative to --backend).
+    #[arg(long = "subdir", env = "CHFS_SUBDIR_PATH")]
+    pub subdir: Option<String>,
+
+    /// What namespace changes do to the backend: mirror (unlink, rmdir and
+    /// rename reach the backend too) or keep (only new and modified files
+    /// are written; removals hide the backend copy, renaming a backend entry
+    /// gives EXDEV).
+    #[arg(long = "backend-policy", default_value = "mirror")]
+    pub backend_policy: crate::cache::Policy,
+
+    /// Flush dirty data after this many ms without client requests; a
+    /// negative value flushes at once.
+    #[arg(
+        long = "flush-idle-msec",
+        env = "CHFS_FLUSH_IDLE_MSEC",
+        default_value_t = 1000,
+        allow_hyphen_values = true
+    )]
+    pub flush_idle_msec: i64,
+
+    /// Chunks flushed to the backend concurrently.
+    #[arg(
+        short = 'F',
+        long = "flush-threads",
+        env = "CHFS_FLUSH_THREADS",
+        default_value_t = 2
+    )]
+    pub flush_threads: usize,
+
+    /// On lookup, compare a clean cached file's backend mtime and size and
+    /// drop the cached copy if the backend changed.
+    #[arg(long = "revalidate", env = "CHFS_REVALIDATE")]
+    pub revalidate: bool,
+
+    /// Chunk size of files imported from the backend.
+    #[arg(long = "chunk-size", env = "CHFS_CHUNK_SIZE", default_value_t = chfs_proto::DEFAULT_CHUNK_SIZE)]
+    pub chunk_size: u32,
 }
 
 impl Config {

@@ -5,13 +5,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
-use chfs_proto::meta::now_ns;
-use chfs_proto::msg::{DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
+use chfs_proto::meta::{
+    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_DIRTY, FLAG_PARTIAL, FLAG_WHITEOUT,
+};
+use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
 use chfs_proto::path::validate;
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::{Chunk, StoreError};
 use tracing::{debug_span, info, warn, Instrument};
 
+use crate::cache::{Cache, Policy};
 use crate::metrics::Counters;
 use crate::server::Shared;
 
@@ -61,6 +64,19 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
 
 async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
     let st = &sh.store;
+    let cache = sh.cache.as_deref();
+    if let Some(c) = cache {
+        if !matches!(
+            req,
+            Request::Ping
+                | Request::Status
+                | Request::FlushStatus { .. }
+                | Request::Flush { .. }
+                | Request::GetServers
+        ) {
+            c.touch();
+        }
+    }
     match req {
         Request::Ping => Ok(Response::Ok),
         Request::Sync => {
@@ -99,7 +115,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     .requests
                     .load(std::sync::atomic::Ordering::Relaxed),
                 list_version: sh.placement().ring.list().version,
-                ..Default::default()
+                backend: cache
+                    .map(|c| c.backend.path().display().to_string())
+                    .unwrap_or_default(),
+                flush: cache.map(|c| c.state("/")).unwrap_or_default(),
             }))
         }
         Request::Shutdown => {
@@ -124,11 +143,45 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 ));
             }
             check_chunk_size(meta.chunk_size)?;
+            if let Some(c) = cache {
+                let existing = lookup(sh, c, &path)?;
+                if let Some(m) = existing {
+                    if excl {
+                        return Err(ErrorReply::new(libc::EEXIST, format!("{path}: exists")));
+                    }
+                    return Ok(Response::Created {
+                        meta: m,
+                        created: false,
+                    });
+                }
+                // A whiteout (removed backend entry) gives way to the new entry.
+                let _ = st.remove(&path, 0, &mut |m| {
+                    if m.flags & FLAG_WHITEOUT != 0 {
+                        Ok(())
+                    } else {
+                        Err(refuse(libc::EEXIST, "exists"))
+                    }
+                });
+            }
             let (meta, created) = st
                 .create(&path, meta, &data, excl)
                 .map_err(|e| store_err(&path, e))?;
+            if created {
+                if let Some(c) = cache {
+                    c.mark_dirty(&**st, &path, 0)
+                        .map_err(|e| store_err(&path, e))?;
+                }
+            }
             Ok(Response::Created { meta, created })
         }
+        Request::Stat { path } if cache.is_some() => match lookup(sh, cache.unwrap(), &path)? {
+            Some(m) => Ok(Response::Meta(m)),
+            None if path == "/" => Ok(Response::Meta(default_root())),
+            None => Err(ErrorReply::new(
+                libc::ENOENT,
+                format!("{path}: no such file or directory"),
+            )),
+        },
         Request::Stat { path } => match st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
             Some(m) => Ok(Response::Meta(m)),
             None if path == "/" => Ok(Response::Meta(default_root())),
@@ -145,7 +198,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             idx,
             off,
             data,
-            ..
+            flags,
         } => {
             Counters::inc(&sh.counters.writes);
             check_chunk_size(chunk_size)?;
@@ -154,6 +207,14 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     libc::EINVAL,
                     format!("{path}: write of {} bytes at offset {off} crosses the chunk boundary (chunk size {chunk_size})", data.len()),
                 ));
+            }
+            if let Some(c) = cache {
+                if idx == 0 || flags & rw::BACKEND != 0 {
+                    tokio::task::block_in_place(|| {
+                        c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode)
+                    })
+                    .map_err(|e| store_err(&path, e))?;
+                }
             }
             if idx == 0 {
                 match st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
@@ -190,6 +251,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             };
             st.write(&path, idx, off, &data, &t)
                 .map_err(|e| store_err(&path, e))?;
+            if let Some(c) = cache {
+                c.mark_dirty(&**st, &path, idx)
+                    .map_err(|e| store_err(&path, e))?;
+            }
             Ok(Response::Written(data.len() as u32))
         }
         Request::Read {
@@ -198,9 +263,23 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             idx,
             off,
             len,
-            ..
+            chunk_size,
+            flags,
         } => {
             Counters::inc(&sh.counters.reads);
+            if let Some(c) = cache {
+                if idx == 0 || flags & rw::BACKEND != 0 {
+                    check_chunk_size(chunk_size)?;
+                    let mode = libc::S_IFREG | 0o644;
+                    tokio::task::block_in_place(|| {
+                        c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode)
+                    })
+                    .map_err(|e| store_err(&path, e))?;
+                }
+            }
+            if flags & rw::FETCH_ONLY != 0 {
+                return Ok(Response::Data(Bytes::new()));
+            }
             if idx == 0 {
                 if let Some(m) = st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
                     if m.is_dir() {
@@ -230,20 +309,29 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     if !grow_only || size > m.size {
                         m.size = size;
                     }
+                    if !grow_only {
+                        // Truncated: the cache holds the whole file now.
+                        m.flags &= !(FLAG_CACHED | FLAG_PARTIAL);
+                    }
                     m.mtime = now_ns();
                     m.ctime = m.mtime;
                     Ok(())
                 })
                 .map_err(|e| store_err(&path, e))?;
+            dirty_entry(sh, &path)?;
             Ok(Response::Meta(m))
         }
         Request::SetAttr { path, attr } => {
             if path == "/" {
                 let _ = st.create("/", default_root(), b"", false);
             }
+            if let Some(c) = cache {
+                lookup(sh, c, &path)?;
+            }
             let m = st
                 .update_meta(&path, 0, &mut |m| apply_attr(m, &attr))
                 .map_err(|e| store_err(&path, e))?;
+            dirty_entry(sh, &path)?;
             Ok(Response::Meta(m))
         }
         Request::RemoveEntry { path, kind } => {
@@ -252,6 +340,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     libc::EBUSY,
                     "/: cannot remove the root directory",
                 ));
+            }
+            if let Some(c) = cache {
+                return remove_cached(sh, c, &path, kind);
             }
             let m = st
                 .remove(&path, 0, &mut |m| match kind {
@@ -264,10 +355,13 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::RemoveChunks { path, from_idx } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
-            Ok(Response::Count(
-                st.remove_chunks(&path, from_idx.max(1))
-                    .map_err(|e| store_err(&path, e))?,
-            ))
+            let n = st
+                .remove_chunks(&path, from_idx.max(1))
+                .map_err(|e| store_err(&path, e))?;
+            if let Some(c) = cache {
+                c.forget(&path, from_idx.max(1));
+            }
+            Ok(Response::Count(n))
         }
         Request::TruncateChunks {
             path,
@@ -281,6 +375,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let n = st
                 .remove_chunks(&path, from)
                 .map_err(|e| store_err(&path, e))?;
+            if let Some(c) = cache {
+                c.forget(&path, from);
+            }
             if size % cs != 0 || size == 0 {
                 st.truncate_chunk(&path, size / cs, (size % cs) as u32)
                     .map_err(|e| store_err(&path, e))?;
@@ -290,9 +387,18 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         Request::Readdir { path, after, max } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             let max = (max as usize).clamp(1, 65536);
-            let (entries, done) = st
-                .list_dir(&path, &after, max)
-                .map_err(|e| store_err(&path, e))?;
+            let (entries, done) = match cache {
+                Some(c) if sh.placement().owns(&path) => {
+                    tokio::task::block_in_place(|| list_with_backend(&**st, c, &path, &after, max))?
+                }
+                _ => st
+                    .list_dir(&path, &after, max)
+                    .map_err(|e| store_err(&path, e))?,
+            };
+            let entries: Vec<(String, Meta)> = entries
+                .into_iter()
+                .filter(|(_, m)| m.flags & FLAG_WHITEOUT == 0)
+                .collect();
             Ok(Response::Entries {
                 entries: entries
                     .into_iter()
@@ -303,9 +409,20 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::HasChildren { path } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
-            Ok(Response::Bool(
-                st.has_children(&path).map_err(|e| store_err(&path, e))?,
-            ))
+            let mut any = st.has_children(&path).map_err(|e| store_err(&path, e))?;
+            if let Some(c) = cache {
+                if !any && sh.placement().owns(&path) {
+                    let list =
+                        tokio::task::block_in_place(|| c.backend.list(&path)).map_err(|e| {
+                            ErrorReply::new(
+                                e.raw_os_error().unwrap_or(libc::EIO),
+                                format!("backend listing of {path}: {e}"),
+                            )
+                        })?;
+                    any = !list.is_empty();
+                }
+            }
+            Ok(Response::Bool(any))
         }
         Request::RenameMove { old, new, is_dir } => rename_move(sh, &old, &new, is_dir).await,
         Request::PutChunk {
@@ -323,11 +440,30 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 },
             )
             .map_err(|e| store_err(&path, e))?;
+            if let Some(c) = cache {
+                if meta.flags & FLAG_DIRTY != 0 {
+                    c.mark_dirty(&**st, &path, idx)
+                        .map_err(|e| store_err(&path, e))?;
+                }
+            }
             Ok(Response::Ok)
         }
-        Request::FlushStatus { .. } | Request::Flush { .. } => {
+        Request::FlushStatus { prefix } => {
+            validate(&prefix).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             // Without a backend nothing is ever dirty.
-            Ok(Response::FlushState(Default::default()))
+            Ok(Response::FlushState(
+                cache.map(|c| c.state(&prefix)).unwrap_or_default(),
+            ))
+        }
+        Request::Flush { prefix } => {
+            validate(&prefix).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            Ok(Response::FlushState(match cache {
+                Some(c) => {
+                    c.force(&prefix);
+                    c.state(&prefix)
+                }
+                None => Default::default(),
+            }))
         }
         Request::AppendReserve { path, len } => {
             let mut at = 0;
@@ -342,6 +478,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 Ok(())
             })
             .map_err(|e| store_err(&path, e))?;
+            dirty_entry(sh, &path)?;
             Ok(Response::Count(at))
         }
     }
@@ -427,6 +564,27 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
         validate(p).map_err(|e| ErrorReply::new(e.errno, e.message))?;
     }
     let st = &sh.store;
+    let cache = sh.cache.as_deref();
+    if let Some(c) = cache {
+        if sh.placement().owns(old) {
+            if let Some(m) = st.meta(old, 0).map_err(|e| store_err(old, e))? {
+                let from_backend = m.flags & FLAG_CACHED != 0;
+                match c.cfg.policy {
+                    Policy::Keep if from_backend => {
+                        return Err(ErrorReply::new(libc::EXDEV, format!("{old}: a backend entry cannot be renamed with --backend-policy keep (copy it)")));
+                    }
+                    Policy::Keep => {}
+                    Policy::Mirror => tokio::task::block_in_place(|| c.backend.rename(old, new))
+                        .map_err(|e| {
+                            ErrorReply::new(
+                                e.raw_os_error().unwrap_or(libc::EIO),
+                                format!("backend rename of {old} to {new}: {e}"),
+                            )
+                        })?,
+                }
+            }
+        }
+    }
     let mut paths = vec![old.to_string()];
     if is_dir {
         paths.extend(st.paths_below(old).map_err(|e| store_err(old, e))?);
@@ -439,10 +597,20 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
             let Some(chunk) = st.take(&p, idx).map_err(|e| store_err(&p, e))? else {
                 continue;
             };
+            if let Some(c) = cache {
+                c.forget_one(&p, idx);
+            }
             let owner = place.ring.owner(&target, idx);
             let r = if place.me == Some(owner) {
+                let dirty = chunk.meta.flags & FLAG_DIRTY != 0;
                 st.put(&target, idx, chunk.clone())
                     .map_err(|e| store_err(&target, e))
+                    .and_then(|_| match cache {
+                        Some(c) if dirty => c
+                            .mark_dirty(&**st, &target, idx)
+                            .map_err(|e| store_err(&target, e)),
+                        _ => Ok(()),
+                    })
             } else {
                 let addr = &place.ring.list().servers[owner];
                 let req = Request::PutChunk {
@@ -462,4 +630,128 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
         }
     }
     Ok(Response::Count(moved))
+}
+
+/// Cache mode lookup of an entry: the store, else the backend (imported),
+/// skipping whiteouts; revalidates when asked to.
+fn lookup(sh: &Arc<Shared>, c: &Cache, path: &str) -> Result<Option<Meta>, ErrorReply> {
+    let st = &*sh.store;
+    tokio::task::block_in_place(|| match st.meta(path, 0)? {
+        Some(m) if m.flags & FLAG_WHITEOUT != 0 => Ok(None),
+        Some(m) => c.revalidate(st, path, m).map(Some),
+        None if path == "/" => Ok(None),
+        None => c.import(st, path),
+    })
+    .map_err(|e| store_err(path, e))
+}
+
+/// Marks an entry dirty after a metadata change (cache mode).
+fn dirty_entry(sh: &Arc<Shared>, path: &str) -> Result<(), ErrorReply> {
+    if let Some(c) = sh.cache.as_deref() {
+        c.mark_dirty(&*sh.store, path, 0)
+            .map_err(|e| store_err(path, e))?;
+    }
+    Ok(())
+}
+
+/// unlink/rmdir in cache mode.
+fn remove_cached(sh: &Arc<Shared>, c: &Cache, path: &str, kind: RemoveKind) -> Reply {
+    let st = &*sh.store;
+    let Some(m) = lookup(sh, c, path)? else {
+        return Err(ErrorReply::new(
+            libc::ENOENT,
+            format!("{path}: no such file or directory"),
+        ));
+    };
+    match kind {
+        RemoveKind::NotDir if m.is_dir() => {
+            return Err(ErrorReply::new(
+                libc::EISDIR,
+                format!("{path}: is a directory"),
+            ))
+        }
+        RemoveKind::Dir if !m.is_dir() => {
+            return Err(ErrorReply::new(
+                libc::ENOTDIR,
+                format!("{path}: not a directory"),
+            ))
+        }
+        _ => {}
+    }
+    let bk = |e: std::io::Error| {
+        ErrorReply::new(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("backend: removing {path}: {e}"),
+        )
+    };
+    tokio::task::block_in_place(|| -> Result<(), ErrorReply> {
+        match c.cfg.policy {
+            Policy::Mirror => {
+                if m.is_dir() {
+                    c.backend.rmdir(path).map_err(bk)?;
+                } else {
+                    c.backend.unlink(path).map_err(bk)?;
+                }
+                st.remove(path, 0, &mut |_| Ok(()))
+                    .map_err(|e| store_err(path, e))?;
+            }
+            Policy::Keep => {
+                st.remove(path, 0, &mut |_| Ok(()))
+                    .map_err(|e| store_err(path, e))?;
+                if c.backend.lstat(path).map_err(bk)?.is_some() {
+                    let w = Meta {
+                        flags: FLAG_WHITEOUT,
+                        chunk_size: 1,
+                        ..Default::default()
+                    };
+                    st.put(
+                        path,
+                        0,
+                        Chunk {
+                            meta: w,
+                            data: Vec::new(),
+                        },
+                    )
+                    .map_err(|e| store_err(path, e))?;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    c.forget(path, 0);
+    Ok(Response::Meta(m))
+}
+
+/// A directory page merging the store's entries with the backend's (at the
+/// server owning the directory's entry).
+fn list_with_backend(
+    st: &dyn chfs_store::Store,
+    c: &Cache,
+    dir: &str,
+    after: &str,
+    max: usize,
+) -> Result<(Vec<(String, Meta)>, bool), ErrorReply> {
+    let mut all: std::collections::BTreeMap<String, Meta> = std::collections::BTreeMap::new();
+    let (mine, _) = st
+        .list_dir(dir, after, usize::MAX >> 1)
+        .map_err(|e| store_err(dir, e))?;
+    for (n, m) in mine {
+        all.insert(n, m);
+    }
+    let backend = c.backend.list(dir).map_err(|e| {
+        ErrorReply::new(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("backend listing of {dir}: {e}"),
+        )
+    })?;
+    for (name, bst) in backend {
+        if name.as_str() <= after || all.contains_key(&name) {
+            continue;
+        }
+        let mut m = crate::backend::meta_from_stat(&bst, c.cfg.chunk_size, 0);
+        m.flags |= FLAG_BACKEND_ONLY;
+        all.insert(name, m);
+    }
+    let done = all.len() <= max;
+    Ok((all.into_iter().take(max).collect(), done))
 }

@@ -5,6 +5,8 @@
 //! protocol, forwards requests for keys it does not own to their owner, and
 //! takes part in pool membership (join, list distribution).
 
+mod backend;
+pub mod cache;
 pub mod config;
 mod handler;
 pub mod metrics;

@@ -53,6 +53,13 @@ pub(crate) struct Placement {
     pub me: Option<usize>,
 }
 
+impl Placement {
+    /// Does this server own the entry (chunk 0) of `path`?
+    pub fn owns(&self, path: &str) -> bool {
+        self.me.is_some() && self.me == Some(self.ring.owner(path, 0))
+    }
+}
+
 /// State shared by every connection of a server.
 pub(crate) struct Shared {
     pub store: Arc<dyn Store>,
@@ -62,6 +69,8 @@ pub(crate) struct Shared {
     pub counters: Counters,
     pub join_lock: tokio::sync::Mutex<()>,
     pub shutdown: watch::Sender<bool>,
+    /// Cache mode state (backend, dirty set, flusher).
+    pub cache: Option<Arc<crate::cache::Cache>>,
     secret: Vec<u8>,
 }
 
@@ -159,6 +168,48 @@ fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
     }
 }
 
+fn open_cache(
+    cfg: &Config,
+    store: &dyn Store,
+) -> Result<Option<Arc<crate::cache::Cache>>, ServerError> {
+    let Some(b) = &cfg.backend else {
+        return Ok(None);
+    };
+    let mut root = b.clone();
+    if let Some(sub) = &cfg.subdir {
+        let sub = sub.trim_matches('/');
+        if sub.split('/').any(|c| c == "..") {
+            return Err(ServerError::Config(format!(
+                "--subdir {sub:?} must not contain '..'"
+            )));
+        }
+        if !sub.is_empty() {
+            root = root.join(sub);
+        }
+    }
+    if cfg.chunk_size == 0 || cfg.chunk_size > chfs_proto::MAX_CHUNK_SIZE {
+        return Err(ServerError::Config(format!(
+            "--chunk-size {} out of range",
+            cfg.chunk_size
+        )));
+    }
+    let cc = crate::cache::CacheConfig {
+        backend: root.clone(),
+        policy: cfg.backend_policy,
+        flush_idle_ms: cfg.flush_idle_msec,
+        flush_threads: cfg.flush_threads,
+        revalidate: cfg.revalidate,
+        chunk_size: cfg.chunk_size,
+    };
+    let cache = crate::cache::Cache::open(cc)
+        .map_err(|e| ServerError::Config(format!("backend directory {}: {e}", root.display())))?;
+    let n = cache.rescan(store).map_err(|e| {
+        ServerError::Config(format!("cannot rescan the store for dirty chunks: {e}"))
+    })?;
+    info!(backend = %root.display(), dirty = n, "cache mode");
+    Ok(Some(Arc::new(cache)))
+}
+
 /// Binds, joins the pool and starts serving; returns once the server is
 /// ready.
 pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
@@ -166,6 +217,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         .load_secret()
         .map_err(|e| ServerError::Config(format!("cannot read secret: {e}")))?;
     let store = open_store(&cfg)?;
+    let cache = open_cache(&cfg, &*store)?;
     let want = cfg.listen_addr();
     let listener = TcpListener::bind(&want)
         .await
@@ -191,8 +243,15 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         counters: Counters::default(),
         join_lock: Default::default(),
         shutdown,
+        cache,
         secret,
     });
+    if let Some(c) = &shared.cache {
+        tokio::spawn(
+            c.clone()
+                .run_flusher(shared.store.clone(), shared.shutdown.subscribe()),
+        );
+    }
     let task = tokio::spawn(accept_loop(shared.clone(), listener));
     match &cfg.join {
         None => shared.set_list(ServerList {
@@ -381,6 +440,26 @@ pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), Serve
             _ = tokio::signal::ctrl_c() => { info!("SIGINT: stopping"); }
             _ = term.recv() => { info!("SIGTERM: stopping"); }
             _ = srv.wait() => {}
+        }
+        if let Some(c) = srv.shared.cache.clone() {
+            // Last chance to write back what is still dirty.
+            c.force("/");
+            for _ in 0..600 {
+                let s = c.state("/");
+                if s.chunks == 0 || (s.failing == s.chunks && s.failing > 0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let s = c.state("/");
+            if s.chunks > 0 {
+                tracing::error!(
+                    chunks = s.chunks,
+                    bytes = s.bytes,
+                    "stopping with dirty data not written to the backend: {}",
+                    s.last_error
+                );
+            }
         }
         let _ = srv.shared.shutdown.send(true);
         if let Some(p) = &cfg.pid_file {
