@@ -38,6 +38,9 @@ pub struct CtlOptions {
     pub no_mount: bool,
     /// Add the servers to the running pool named by `CHFS_SERVER` (`-A`).
     pub add: bool,
+    /// Storage engine of the servers (chfsd `--store`); a persistent one
+    /// keeps its data at `chfsd@H@k.db` in the scratch directory.
+    pub store: Option<String>,
     /// Store size per server (`-s`), chfsd's `-s`.
     pub db_size: Option<String>,
     /// Flush threads per server (`-f`), chfsd's `--flush-threads`.
@@ -179,6 +182,14 @@ impl CtlOptions {
         }
         if let Some(f) = secret_file {
             let _ = write!(cmd, " --secret-file {}", quote(f));
+        }
+        if let Some(st) = self.store.as_deref().filter(|s| *s != "mem") {
+            let _ = write!(
+                cmd,
+                " --store {} --path {}",
+                quote(st),
+                quote(&format!("{stem}.db"))
+            );
         }
         if let Some(sz) = &self.db_size {
             let _ = write!(cmd, " -s {}", quote(sz));
@@ -600,6 +611,20 @@ done
             match self.client(contacts, secret.as_deref()) {
                 Ok(c) => {
                     let n = c.server_count();
+                    // Cache mode: nothing is stopped before every dirty
+                    // chunk is in the backend.
+                    let cached = c
+                        .server_status()
+                        .iter()
+                        .any(|(_, r)| r.as_ref().is_ok_and(|s| !s.backend.is_empty()));
+                    if cached {
+                        let t = Instant::now();
+                        c.wait_flushed("/", None).map_err(|source| CtlError::Client {
+                            context: "dirty data could not be written back to the backend; the servers keep running (chfsctl kill discards it)".into(),
+                            source,
+                        })?;
+                        let _ = writeln!(report, "dirty data written back in {:?}", t.elapsed());
+                    }
                     match c.shutdown_servers() {
                         Ok(()) => {
                             let _ = writeln!(report, "asked {n} server(s) to stop");
@@ -694,8 +719,8 @@ exit 0
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<24} {:<8} {:>10} {:>14} {:>14} {:>10} {:>7}  HOST",
-            "SERVER", "STATE", "ENTRIES", "BYTES", "CAPACITY", "REQUESTS", "PID"
+            "{:<24} {:<8} {:>10} {:>14} {:>14} {:>12} {:>10} {:>7}  HOST",
+            "SERVER", "STATE", "ENTRIES", "BYTES", "CAPACITY", "DIRTY_BYTES", "REQUESTS", "PID"
         );
         if addrs.is_empty() {
             return Err(CtlError::Usage(
@@ -734,10 +759,15 @@ exit 0
             let host = rec.map_or("-".to_string(), |r| format!("{}#{}", r.id.host, r.id.index));
             match r {
                 Ok(s) => {
+                    let dirty = if s.backend.is_empty() {
+                        "-".to_string()
+                    } else {
+                        s.flush.bytes.to_string()
+                    };
                     let _ = writeln!(
                         out,
-                        "{:<24} {:<8} {:>10} {:>14} {:>14} {:>10} {:>7}  {host}",
-                        a, "up", s.entries, s.bytes, s.capacity, s.requests, pid
+                        "{:<24} {:<8} {:>10} {:>14} {:>14} {:>12} {:>10} {:>7}  {host}",
+                        a, "up", s.entries, s.bytes, s.capacity, dirty, s.requests, pid
                     );
                 }
                 Err(e) => {
@@ -762,7 +792,8 @@ for f in {pat}; do
   [ -e "$f" ] || continue; p=$(cat "$f" 2>/dev/null)
   if [ -n "$p" ] && alive "$p"; then echo "chfsd (pid $p, $f) still runs: stop it first" >&2; exit 4; fi
 done
-rm -f {all} {secret}
+rm -rf {all}
+rm -f {secret}
 rmdir {scratch} 2>/dev/null
 exit 0
 "#,

@@ -81,7 +81,11 @@ fn build(c: &Client, local: &Path) -> usize {
             s.spawn(move || {
                 for i in (w..files).step_by(threads) {
                     let rel = format!("{}/{}", file_dir(i), file_name(i));
-                    let size = if i % 10 == 0 { SIZES[(i / 10) % SIZES.len()] } else { 0 };
+                    let size = if i % 10 == 0 {
+                        SIZES[(i / 10) % SIZES.len()]
+                    } else {
+                        0
+                    };
                     let mtime = BASE + (i % 600) as i64;
                     let p = format!("/{rel}");
                     let fd = c.create(&p, libc::O_WRONLY, 0o644).unwrap();
@@ -174,11 +178,19 @@ fn chfind_matches_gnu_find_on_100k_entries() {
         vec!["-type", "f", "-size", "2"],
         vec!["-type", "f", "-newer", "REF"],
         vec!["-type", "d", "-newer", "REF"],
-        vec!["-newer", "REF", "-size", "3901c", "-name", "*01*", "-type", "f"],
+        vec![
+            "-newer", "REF", "-size", "3901c", "-name", "*01*", "-type", "f",
+        ],
     ];
     for q in &queries {
-        let cq: Vec<&str> = q.iter().map(|a| if *a == "REF" { cref.as_str() } else { a }).collect();
-        let lq: Vec<&str> = q.iter().map(|a| if *a == "REF" { lref.as_str() } else { a }).collect();
+        let cq: Vec<&str> = q
+            .iter()
+            .map(|a| if *a == "REF" { cref.as_str() } else { a })
+            .collect();
+        let lq: Vec<&str> = q
+            .iter()
+            .map(|a| if *a == "REF" { lref.as_str() } else { a })
+            .collect();
         let t = Instant::now();
         let out = Command::new(bin("chfind"))
             .arg("/t")
@@ -199,8 +211,16 @@ fn chfind_matches_gnu_find_on_100k_entries() {
             gnu.len()
         );
         if mine != gnu {
-            let only_mine: Vec<_> = mine.iter().filter(|l| gnu.binary_search(l).is_err()).take(5).collect();
-            let only_gnu: Vec<_> = gnu.iter().filter(|l| mine.binary_search(l).is_err()).take(5).collect();
+            let only_mine: Vec<_> = mine
+                .iter()
+                .filter(|l| gnu.binary_search(l).is_err())
+                .take(5)
+                .collect();
+            let only_gnu: Vec<_> = gnu
+                .iter()
+                .filter(|l| mine.binary_search(l).is_err())
+                .take(5)
+                .collect();
             panic!(
                 "{q:?}: chfind {} vs find {} matches; only chfind: {only_mine:?}; only find: {only_gnu:?}",
                 mine.len(),
@@ -211,8 +231,14 @@ fn chfind_matches_gnu_find_on_100k_entries() {
     }
     // -q prints the count (IO500's find phase reads it).
     let io500 = &queries[queries.len() - 1];
-    let cq: Vec<&str> = io500.iter().map(|a| if *a == "REF" { cref.as_str() } else { a }).collect();
-    let lq: Vec<&str> = io500.iter().map(|a| if *a == "REF" { lref.as_str() } else { a }).collect();
+    let cq: Vec<&str> = io500
+        .iter()
+        .map(|a| if *a == "REF" { cref.as_str() } else { a })
+        .collect();
+    let lq: Vec<&str> = io500
+        .iter()
+        .map(|a| if *a == "REF" { lref.as_str() } else { a })
+        .collect();
     let out = run(&bin("chfind"), &[&["-q", "/t"][..], &cq].concat(), &env);
     let gnu = Command::new("find").arg(lroot).args(&lq).output().unwrap();
     let count = text(&gnu.stdout).lines().count();

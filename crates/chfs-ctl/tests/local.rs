@@ -37,10 +37,16 @@ fn start_use_status_stop_clean() {
         v
     };
 
-    let out = run(&ctl, &args(&["-n", "3", "--secret", "-C", "0", "start"]), &[]);
+    let out = run(
+        &ctl,
+        &args(&["-n", "3", "--secret", "-C", "0", "start"]),
+        &[],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = eval_env(&text(&out.stdout));
-    let servers = var(&env, "CHFS_SERVER").expect("CHFS_SERVER set").to_string();
+    let servers = var(&env, "CHFS_SERVER")
+        .expect("CHFS_SERVER set")
+        .to_string();
     assert_eq!(servers.split(',').count(), 3, "{servers}");
     let secret_file = var(&env, "CHFS_SECRET_FILE").expect("secret file");
     assert!(secret_file.starts_with(&s));
@@ -84,11 +90,18 @@ fn start_use_status_stop_clean() {
     assert_eq!(out.status.code(), Some(0));
     let out = run(&bin("chmkdir"), &["/x"], &e);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("EEXIST"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("EEXIST"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = run(&bin("chrmdir"), &["/x"], &e);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("ENOTEMPTY"));
-    assert!(c.stat("/x/y/z").unwrap().is_dir(), "refused rmdir lost nothing");
+    assert!(
+        c.stat("/x/y/z").unwrap().is_dir(),
+        "refused rmdir lost nothing"
+    );
     let out = run(&bin("chrmdir"), &["/x/y/z", "/x/y"], &e);
     assert_eq!(out.status.code(), Some(0));
     let out = run(&bin("chfind"), &["/", "-type", "d"], &e);
@@ -106,7 +119,11 @@ fn start_use_status_stop_clean() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let table = text(&out.stdout);
-    assert_eq!(table.lines().filter(|l| l.contains(" up ")).count(), 3, "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.contains(" up ")).count(),
+        3,
+        "{table}"
+    );
     for p in &pids {
         assert!(table.contains(&p.to_string()), "{table}");
     }
@@ -121,7 +138,11 @@ fn start_use_status_stop_clean() {
     // nothing.
     let out = run(&ctl, &args(&["start"]), &[]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("already runs"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("already runs"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(text(&out.stderr).contains("host "), "names the host");
     for p in &pids {
         assert!(chfsd_alive(*p));
@@ -222,7 +243,10 @@ fn usage_errors() {
         (&["-N", "v", "start"][..], "-N"),
         (&["-p", "verbs", "start"][..], "protocol"),
         (&["-n", "0", "start"][..], "-n"),
-        (&["-x", "NO_SUCH_VAR_CHFSCTL", "start"][..], "NO_SUCH_VAR_CHFSCTL"),
+        (
+            &["-x", "NO_SUCH_VAR_CHFSCTL", "start"][..],
+            "NO_SUCH_VAR_CHFSCTL",
+        ),
         (&["-A", "start"][..], "CHFS_SERVER"),
         (&["frobnicate"][..], "frobnicate"),
     ] {
@@ -238,9 +262,88 @@ fn usage_errors() {
         assert_eq!(out.status.code(), Some(0), "{t}");
         assert!(text(&out.stdout).contains(t));
     }
-    let out = run(&bin("chfind"), &["-size", "x"], &[("CHFS_SERVER", "127.0.0.1:1")]);
+    let out = run(
+        &bin("chfind"),
+        &["-size", "x"],
+        &[("CHFS_SERVER", "127.0.0.1:1")],
+    );
     assert_eq!(out.status.code(), Some(2));
     let out = run(&bin("chlist"), &[], &[]);
     assert_ne!(out.status.code(), Some(0));
     assert!(text(&out.stderr).contains("CHFS_SERVER"));
+}
+
+#[test]
+fn cache_mode_stop_writes_back_and_clean_removes_the_store() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let backend = sc.dir.path().join("backend");
+    std::fs::create_dir(&backend).unwrap();
+    let b = backend.to_str().unwrap();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = [
+        "-c",
+        &s,
+        "--chfsd",
+        chfsd.to_str().unwrap(),
+        "-n",
+        "2",
+        "-b",
+        b,
+        "--store",
+        "posix",
+        "-O",
+        "--flush-idle-msec 600000",
+    ];
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    assert_eq!(var(&env, "CHFS_BACKEND_PATH"), Some(b));
+    for k in 0..2 {
+        let db = sc.scratch().join(format!("chfsd@{}@{k}.db", hostname()));
+        assert!(
+            db.exists(),
+            "{} (persistent store in scratch)",
+            db.display()
+        );
+    }
+    let c = client(&env, false).unwrap();
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+    let fd = c.create("/result.dat", libc::O_WRONLY, 0o644).unwrap();
+    c.write(fd, &payload).unwrap();
+    c.close(fd).unwrap();
+    // Flushing waits for a long idle time: the data is dirty until stop.
+    let out = run(&ctl, &[&a[..], &["status"]].concat(), &envs(&env));
+    assert_eq!(out.status.code(), Some(0));
+    let dirty: u64 = text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" up "))
+        .map(|l| l.split_whitespace().nth(5).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(dirty >= payload.len() as u64, "{}", text(&out.stdout));
+    assert!(!backend.join("result.dat").exists());
+    drop(c);
+    let out = run(&ctl, &[&a[..], &["stop"]].concat(), &envs(&env));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(backend.join("result.dat")).unwrap(), payload);
+    assert!(recorded_pids(&sc.scratch()).is_empty());
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!sc.scratch().exists());
+    assert!(
+        backend.join("result.dat").exists(),
+        "clean leaves the backend alone"
+    );
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for buf.len() bytes.
+    assert_eq!(
+        unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) },
+        0
+    );
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }

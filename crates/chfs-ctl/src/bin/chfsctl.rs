@@ -78,6 +78,11 @@ struct Args {
     #[arg(short = 'p', long = "protocol", default_value = "tcp")]
     protocol: String,
 
+    /// Storage engine of the servers: mem (DRAM), pmem or posix (chfsd
+    /// --store); a persistent store lives in the scratch directory.
+    #[arg(long = "store")]
+    store: Option<String>,
+
     /// Store size of every server (K, M, G, T suffixes); chfsd -s.
     #[arg(short = 's', long = "db-size")]
     db_size: Option<String>,
@@ -255,6 +260,7 @@ fn options(a: &Args) -> Result<CtlOptions, CtlError> {
         mount: a.mount.clone(),
         no_mount: a.no_mount,
         add: a.add,
+        store: a.store.clone(),
         db_size: a.db_size.clone(),
         flush_threads: a.flush_threads,
         exports,

@@ -28,7 +28,13 @@ pub fn chfsd() -> PathBuf {
 pub fn run(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(prog);
     c.args(args);
-    for k in ["CHFS_SERVER", "CHFS_SECRET", "CHFS_SECRET_FILE", "CHFS_RSH", "CHFSD"] {
+    for k in [
+        "CHFS_SERVER",
+        "CHFS_SECRET",
+        "CHFS_SECRET_FILE",
+        "CHFS_RSH",
+        "CHFSD",
+    ] {
         c.env_remove(k);
     }
     for (k, v) in env {
