@@ -1,0 +1,98 @@
+//! Shared code of the cache-mode tools: parallel stage-in with progress.
+
+use std::io::{BufRead, IsTerminal};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use chfs_client::Client;
+
+/// Outcome of a stage-in.
+#[derive(Debug, Default)]
+pub struct StageReport {
+    /// Paths staged.
+    pub paths: usize,
+    /// Bytes staged.
+    pub bytes: u64,
+    /// Paths that failed, with the error.
+    pub failures: Vec<(String, chfs_client::Error)>,
+}
+
+/// Reads paths from arguments, or from standard input when there are none
+/// or one is `-` (one path a line, as from `find | chstagein`).
+pub fn collect_paths(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let from_stdin = args.is_empty() || args.iter().any(|a| a == "-");
+    for a in args.iter().filter(|a| *a != "-") {
+        out.push(a.clone());
+    }
+    if from_stdin {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            let l = line.trim_end();
+            if !l.is_empty() {
+                out.push(l.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Stages `paths` in with `threads` threads (each path's chunks are
+/// fetched by their owner servers in parallel); a progress bar is drawn
+/// only when standard error is a terminal.
+pub fn stagein(client: &Client, paths: &[String], threads: usize) -> StageReport {
+    let bar = if std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new(paths.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} files {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let next = AtomicUsize::new(0);
+    let bytes = AtomicU64::new(0);
+    let failures = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(p) = paths.get(i) else { break };
+                match client.stagein(p) {
+                    Ok(n) => {
+                        let total = bytes.fetch_add(n, Ordering::Relaxed) + n;
+                        if let Some(b) = &bar {
+                            b.set_message(format!("{} MiB", total >> 20));
+                        }
+                    }
+                    Err(e) => failures
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((p.clone(), e)),
+                }
+                if let Some(b) = &bar {
+                    b.inc(1);
+                }
+            });
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    StageReport {
+        paths: paths.len(),
+        bytes: bytes.into_inner(),
+        failures: failures.into_inner().unwrap_or_else(|p| p.into_inner()),
+    }
+}
+
+/// Connects from the environment or exits with a message (tools only).
+pub fn connect_or_exit(tool: &str) -> Client {
+    match Client::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{tool}: cannot connect: {e}");
+            std::process::exit(1);
+        }
+    }
+}
