@@ -39,6 +39,9 @@ pub struct LocalPool {
     children: Vec<Option<Child>>,
     addrs: Vec<String>,
     dir: PathBuf,
+    chfsd: PathBuf,
+    opts: PoolOptions,
+    starts: usize,
 }
 
 /// Finds the `chfsd` binary: `$CHFSD`, next to the running executable (or
@@ -120,35 +123,76 @@ impl LocalPool {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir)?;
+        let n = opts.servers.max(1);
         let mut pool = LocalPool {
             children: Vec::new(),
             addrs: Vec::new(),
             dir,
+            chfsd,
+            opts,
+            starts: 0,
         };
-        for i in 0..opts.servers.max(1) {
-            let info = pool.dir.join(format!("server{i}.addr"));
-            let log = std::fs::File::create(pool.dir.join(format!("server{i}.log")))?;
-            let mut cmd = Command::new(&chfsd);
-            cmd.args(["--host", "127.0.0.1:0", "-S"])
-                .arg(&info)
-                .args(["--log-level", &opts.log_level]);
-            if let Some(first) = pool.addrs.first() {
-                cmd.args(["--join", first]);
-            }
-            cmd.args(&opts.args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log);
-            cmd.env_remove("CHFS_SECRET").env_remove("CHFS_SECRET_FILE");
-            if let Some(s) = &opts.secret {
-                cmd.env("CHFS_SECRET", s);
-            }
-            let mut child = cmd.spawn()?;
-            let r = wait_file(&info, &mut child, Duration::from_secs(20));
+        for i in 0..n {
+            let (child, addr) = pool.spawn(i, "127.0.0.1:0")?;
             pool.children.push(Some(child));
-            pool.addrs.push(r?);
+            pool.addrs.push(addr);
         }
         Ok(pool)
+    }
+
+    /// Starts server `i` on `host`, joining the first other known server;
+    /// `{i}` in the extra arguments becomes the server's index (for
+    /// per-server store paths).
+    fn spawn(&mut self, i: usize, host: &str) -> io::Result<(Child, String)> {
+        self.starts += 1;
+        let info = self.dir.join(format!("server{i}.{}.addr", self.starts));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("server{i}.log")))?;
+        let mut cmd = Command::new(&self.chfsd);
+        cmd.args(["--host", host, "-S"])
+            .arg(&info)
+            .args(["--log-level", &self.opts.log_level]);
+        if let Some(first) = self.addrs.first() {
+            cmd.args(["--join", first]);
+        }
+        cmd.args(
+            self.opts
+                .args
+                .iter()
+                .map(|a| a.replace("{i}", &i.to_string())),
+        );
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        cmd.env_remove("CHFS_SECRET").env_remove("CHFS_SECRET_FILE");
+        if let Some(s) = &self.opts.secret {
+            cmd.env("CHFS_SECRET", s);
+        }
+        let mut child = cmd.spawn()?;
+        match wait_file(&info, &mut child, Duration::from_secs(20)) {
+            Ok(addr) => Ok((child, addr)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// Kills every server at once (SIGKILL) and starts them again on the
+    /// same addresses with the same options, in the original order — what a
+    /// persistent store must survive.
+    pub fn restart_all(&mut self) -> io::Result<()> {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+        let addrs = std::mem::take(&mut self.addrs);
+        for (i, a) in addrs.iter().enumerate() {
+            let (child, addr) = self.spawn(i, a)?;
+            self.children[i] = Some(child);
+            self.addrs.push(addr);
+        }
+        Ok(())
     }
 
     /// Server addresses.

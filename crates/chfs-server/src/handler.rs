@@ -525,6 +525,11 @@ async fn join(sh: &Arc<Shared>, addr: String) -> Reply {
     let _g = sh.join_lock.lock().await;
     let p = sh.placement();
     let list = p.ring.list();
+    if list.servers.contains(&addr) {
+        // A member restarting on its old address: it gets the list as is.
+        info!(%addr, "server rejoined");
+        return Ok(Response::Servers(list.clone()));
+    }
     let leader = list.servers.first().cloned().unwrap_or_default();
     if leader != sh.me {
         return sh.peers.call(&leader, &Request::Join { addr }, 0).await;
