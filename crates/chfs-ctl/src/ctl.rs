@@ -376,13 +376,28 @@ done
             return Vec::new();
         };
         let flag = if lazy { "-uz" } else { "-u" };
-        let script = format!(
-            "if grep -qs \" $(realpath -m {m}) \" /proc/self/mounts; then fusermount3 {flag} {m}; fi",
-            m = quote(m)
-        );
+        // Unmount, then wait for the recorded chfuse daemon to exit (it
+        // flushes on unmount); SIGTERM it by PID if it lingers.
         let jobs: Vec<_> = hosts
             .iter()
-            .map(|h| (h.clone(), script.clone(), Vec::new()))
+            .map(|h| {
+                let script = format!(
+                    r#"if grep -qs " $(realpath -m {m}) " /proc/self/mounts; then fusermount3 {flag} {m} || exit 1; fi
+pf={pf}
+if [ -e "$pf" ]; then
+  p=$(cat "$pf"); n=0
+  while [ -n "$p" ] && [ "$(cat /proc/$p/comm 2>/dev/null)" = chfuse ] && [ $n -lt {ticks} ]; do sleep 0.1; n=$((n+1)); done
+  if [ -n "$p" ] && [ "$(cat /proc/$p/comm 2>/dev/null)" = chfuse ]; then kill -TERM "$p"; fi
+  rm -f "$pf"
+fi
+exit 0
+"#,
+                    m = quote(m),
+                    pf = quote(&format!("{}/chfuse@{h}.pid", self.scratch)),
+                    ticks = if lazy { 1 } else { 100 },
+                );
+                (h.clone(), script, Vec::new())
+            })
             .collect();
         self.launcher
             .run_all(&jobs)
@@ -543,11 +558,16 @@ done
             if let Some(f) = sf {
                 let _ = write!(env, " CHFS_SECRET_FILE={}", quote(f));
             }
-            let script = format!(
-                "mkdir -p {m} && env {env} {} {m}",
-                quote(&self.chfuse),
-                m = quote(m)
-            );
+            let script = |h: &str| {
+                format!(
+                    "mkdir -p {m} {l} && env {env} {} --pid-file {pf} --log-file {lf} {m}",
+                    quote(&self.chfuse),
+                    m = quote(m),
+                    l = quote(self.log_dir()),
+                    pf = quote(&format!("{}/chfuse@{h}.pid", self.scratch)),
+                    lf = quote(&format!("{}/chfuse@{h}.log", self.log_dir())),
+                )
+            };
             let hosts: Vec<String> = {
                 let mut seen = BTreeSet::new();
                 started
@@ -558,7 +578,7 @@ done
             };
             let jobs: Vec<_> = hosts
                 .iter()
-                .map(|h| (h.clone(), script.clone(), Vec::new()))
+                .map(|h| (h.clone(), script(h), Vec::new()))
                 .collect();
             let mut mounted = Vec::new();
             let mut errs = Vec::new();
@@ -793,13 +813,14 @@ for f in {pat}; do
   if [ -n "$p" ] && alive "$p"; then echo "chfsd (pid $p, $f) still runs: stop it first" >&2; exit 4; fi
 done
 rm -rf {all}
-rm -f {secret}
+rm -f {secret} {fuse}
 rmdir {scratch} 2>/dev/null
 exit 0
 "#,
                     pat = pat_quote(&format!("{}/chfsd@{h}@*.pid", self.scratch)),
                     all = pat_quote(&format!("{}/chfsd@{h}@*", self.scratch)),
                     secret = quote(&format!("{}/{SECRET_FILE}", self.scratch)),
+                    fuse = pat_quote(&format!("{}/chfuse@{h}.*", self.scratch)),
                     scratch = quote(&self.scratch),
                 );
                 (h.clone(), script, Vec::new())

@@ -347,3 +347,70 @@ fn hostname() -> String {
     let end = buf.iter().position(|&b| b == 0).unwrap();
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
+
+#[test]
+fn mount_on_start_unmount_on_stop() {
+    let chfuse = bin("chfsctl").with_file_name("chfuse");
+    if !chfuse.is_file() {
+        eprintln!("SKIPPED mount_on_start_unmount_on_stop: no chfuse binary next to chfsctl (cargo build -p chfs-fuse)");
+        return;
+    }
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED mount_on_start_unmount_on_stop: /dev/fuse is missing");
+        return;
+    }
+    let sc = Scratch::new();
+    let s = sc.s();
+    let mnt = sc.dir.path().join("mnt");
+    let m = mnt.to_str().unwrap();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = [
+        "-c",
+        &s,
+        "-m",
+        m,
+        "--chfsd",
+        chfsd.to_str().unwrap(),
+        "--chfuse",
+        chfuse.to_str().unwrap(),
+        "-n",
+        "2",
+        "--secret",
+    ];
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(m))
+    };
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    // Unmount even if an assertion below fails.
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("fusermount3")
+                .args(["-uz", &self.0])
+                .output();
+        }
+    }
+    let _guard = Unmount(m.to_string());
+    assert!(mounted(), "chfuse mounted on {m}");
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    std::fs::write(mnt.join("d/f"), b"through the mount").unwrap();
+    let c = client(&env, true).unwrap();
+    let fd = c.open("/d/f", libc::O_RDONLY, 0).unwrap();
+    let mut b = [0u8; 64];
+    let n = c.read(fd, &mut b).unwrap();
+    assert_eq!(&b[..n], b"through the mount");
+    c.close(fd).unwrap();
+    drop(c);
+    let out = run(&ctl, &[&a[..], &["stop"]].concat(), &envs(&env));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!mounted(), "stop unmounted {m}");
+    assert!(recorded_pids(&sc.scratch()).is_empty());
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
