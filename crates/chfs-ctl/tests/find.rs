@@ -54,7 +54,7 @@ fn file_dir(i: usize) -> String {
 }
 
 fn file_name(i: usize) -> String {
-    if i % 97 == 0 {
+    if i.is_multiple_of(97) {
         format!(".h{i:06}")
     } else {
         format!("f{i:06}.dat")
@@ -101,7 +101,7 @@ fn build(c: &Client, local: &Path) -> usize {
                     drop(f);
                     // One file in five gets an old time around REF's; the
                     // others keep "now" on both sides (newer than REF).
-                    if i % 5 == 0 {
+                    if i.is_multiple_of(5) {
                         set_chfs_mtime(&c, &p, mtime);
                         set_local_mtime(&lp, mtime);
                     }
