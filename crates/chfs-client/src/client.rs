@@ -1322,6 +1322,20 @@ impl Client {
         Ok(self.to_stat(&f.path, m))
     }
 
+    /// Status of an open descriptor from what this client already knows
+    /// (the entry as returned when it was opened or created, with the size
+    /// this client wrote), without a round trip. Attributes changed by
+    /// others since the open are not seen: use [`Client::fstat`] for those.
+    pub fn fstat_cached(&self, fd: i32) -> Result<Stat> {
+        let f = self.file(fd)?;
+        let mut m = f.meta;
+        {
+            let s = lock(&f.state);
+            m.size = m.size.max(s.published).max(s.written_end);
+        }
+        Ok(self.to_stat(&f.path, m))
+    }
+
     /// `ftruncate(2)`.
     pub fn ftruncate(&self, fd: i32, len: u64) -> Result<()> {
         let f = self.file(fd)?;

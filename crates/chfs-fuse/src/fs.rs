@@ -180,6 +180,9 @@ pub struct ChfsFs {
     table: Mutex<Table>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    /// Inodes unlinked while open here: renamed to a hidden name, removed
+    /// at their last release (as libfuse's high-level API does).
+    doomed: Mutex<HashMap<u64, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -261,6 +264,7 @@ impl ChfsFs {
             table: Mutex::new(Table::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            doomed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -382,15 +386,46 @@ impl ChfsFs {
         }
     }
 
+    fn is_open(&self, ino: u64) -> bool {
+        lock(&self.handles)
+            .values()
+            .any(|h| matches!(h, Handle::File(f) if f.ino == ino))
+    }
+
+    /// unlink(2) of `p`: an entry open through this mount is renamed to a
+    /// hidden name instead, so its open descriptors keep working, and is
+    /// removed at its last release.
+    fn do_unlink(&self, p: &str) -> R<()> {
+        let open = lock(&self.table)
+            .by_path
+            .get(p)
+            .copied()
+            .filter(|&i| self.is_open(i));
+        if let Some(ino) = open {
+            let hidden = join(
+                chfs_proto::path::parent(p),
+                &format!(
+                    ".chfuse_hidden_{ino:016x}_{}",
+                    self.next_fh.fetch_add(1, Ordering::Relaxed)
+                ),
+            );
+            if self.client.rename_flags(p, &hidden, true).is_ok() {
+                let inos = lock(&self.table).rename(p, &hidden);
+                self.reopen_moved(&inos);
+                lock(&self.doomed).insert(ino, hidden);
+                return Ok(());
+            }
+        }
+        self.client.unlink(p).map_err(|e| errno(&e))?;
+        lock(&self.table).detach(p);
+        Ok(())
+    }
+
     fn do_setattr(
         &self,
         ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
         size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
+        a: SetAttr,
         fh: Option<FileHandle>,
     ) -> R<FileAttr> {
         let path = self.path(ino)?;
@@ -401,13 +436,6 @@ impl ChfsFs {
             };
             r.map_err(|e| errno(&e))?;
         }
-        let a = SetAttr {
-            mode,
-            uid,
-            gid,
-            atime: time_set(atime),
-            mtime: time_set(mtime),
-        };
         let s = if a != SetAttr::default() {
             self.client.setattr(&path, a).map_err(|e| errno(&e))?
         } else {
@@ -498,7 +526,14 @@ impl Filesystem for ChfsFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.do_setattr(ino, mode, uid, gid, size, atime, mtime, fh) {
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            atime: time_set(atime),
+            mtime: time_set(mtime),
+        };
+        match self.do_setattr(ino, size, a, fh) {
             Ok(a) => reply.attr(&self.opts.attr_timeout, &a),
             Err(e) => reply.error(e),
         }
@@ -552,11 +587,7 @@ impl Filesystem for ChfsFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.child(parent, name).and_then(|p| {
-            self.client.unlink(&p).map_err(|e| errno(&e))?;
-            lock(&self.table).detach(&p);
-            Ok(())
-        });
+        let r = self.child(parent, name).and_then(|p| self.do_unlink(&p));
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -738,10 +769,22 @@ impl Filesystem for ChfsFs {
     ) {
         let h = lock(&self.handles).remove(&fh.0);
         match h {
-            Some(Handle::File(f)) => match self.client.close(*lock(&f.fd)) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            },
+            Some(Handle::File(f)) => {
+                let r = self.client.close(*lock(&f.fd));
+                if !self.is_open(f.ino) {
+                    let hidden = lock(&self.doomed).remove(&f.ino);
+                    if let Some(h) = hidden {
+                        if let Err(e) = self.client.unlink(&h) {
+                            warn!(path = %h, error = %e, "removing an unlinked file at its last close");
+                        }
+                        lock(&self.table).detach(&h);
+                    }
+                }
+                match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
             _ => reply.error(Errno::EBADF),
         }
     }
@@ -901,11 +944,12 @@ impl Filesystem for ChfsFs {
                 .user(req)
                 .open(&p, fl, mode & 0o7777)
                 .map_err(|e| errno(&e))?;
-            let a = match self.entry(&p) {
-                Ok(a) => a,
+            // The entry the server returned at create: no second trip.
+            let a = match self.client.fstat_cached(fd) {
+                Ok(s) => attr(lock(&self.table).intern(&p, s.ino), &s),
                 Err(e) => {
                     let _ = self.client.close(fd);
-                    return Err(e);
+                    return Err(errno(&e));
                 }
             };
             let (fh, fl) = self.new_file(a.ino.0, fd, flags);

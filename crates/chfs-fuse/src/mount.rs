@@ -107,7 +107,9 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
     if st.success() {
         Ok(())
     } else {
-        Err(std::io::Error::other(format!("fusermount3 -u failed ({st})")))
+        Err(std::io::Error::other(format!(
+            "fusermount3 -u failed ({st})"
+        )))
     }
 }
 
@@ -124,9 +126,7 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, MountError> {
             unmount(mp, true).map_err(err)?;
         }
         Err(e) => return Err(err(e)),
-        Ok(m) if !m.is_dir() => {
-            return Err(err(std::io::Error::from_raw_os_error(libc::ENOTDIR)))
-        }
+        Ok(m) if !m.is_dir() => return Err(err(std::io::Error::from_raw_os_error(libc::ENOTDIR))),
         Ok(_) => {}
     }
     std::fs::canonicalize(mp).map_err(err)

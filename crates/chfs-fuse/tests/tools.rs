@@ -28,8 +28,11 @@ fn make_tree(root: &std::path::Path) {
     std::os::unix::fs::symlink("sub/deeper/big", root.join("link-rel")).unwrap();
     std::os::unix::fs::symlink("/nonexistent/target", root.join("link-dangling")).unwrap();
     std::os::unix::fs::symlink("../with space", root.join("sub/link-up")).unwrap();
-    std::fs::set_permissions(root.join("sub/deeper/big"), PermissionsExt::from_mode(0o640))
-        .unwrap();
+    std::fs::set_permissions(
+        root.join("sub/deeper/big"),
+        PermissionsExt::from_mode(0o640),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -42,7 +45,11 @@ fn cp_tar_find_mv_rm_round_trips() {
 
     // cp -r into the mount, then compare.
     sh(&format!("cp -a {} {}", q(&src), q(&m.p("copy"))));
-    sh(&format!("diff -r --no-dereference {} {}", q(&src), q(&m.p("copy"))));
+    sh(&format!(
+        "diff -r --no-dereference {} {}",
+        q(&src),
+        q(&m.p("copy"))
+    ));
 
     // find lists the same tree (names, types).
     let list = |d: &std::path::Path| {
@@ -79,20 +86,31 @@ fn cp_tar_find_mv_rm_round_trips() {
         q(local.path()),
         q(&back)
     ));
-    sh(&format!("diff -r --no-dereference {} {}", q(&src), q(&back)));
+    sh(&format!(
+        "diff -r --no-dereference {} {}",
+        q(&src),
+        q(&back)
+    ));
     assert_eq!(
         std::fs::read_link(back.join("link-rel")).unwrap(),
         std::path::Path::new("sub/deeper/big")
     );
     assert_eq!(
-        std::fs::metadata(back.join("sub/deeper/big")).unwrap().mode() & 0o777,
+        std::fs::metadata(back.join("sub/deeper/big"))
+            .unwrap()
+            .mode()
+            & 0o777,
         0o640
     );
 
     // mv a whole tree, then rm -rf it.
     sh(&format!("mv {} {}", q(&m.p("copy")), q(&m.p("moved"))));
     assert!(!m.p("copy").exists());
-    sh(&format!("diff -r --no-dereference {} {}", q(&src), q(&m.p("moved"))));
+    sh(&format!(
+        "diff -r --no-dereference {} {}",
+        q(&src),
+        q(&m.p("moved"))
+    ));
     sh(&format!("rm -rf {} {}", q(&m.p("moved")), q(&m.p("tarx"))));
     let left: Vec<_> = std::fs::read_dir(&m.mp).unwrap().collect();
     assert!(left.is_empty(), "left after rm -rf: {left:?}");
@@ -132,33 +150,54 @@ fn stat_fields_chmod_chown_utimens() {
     let f = m.p("f");
     std::fs::write(&f, b"12345").unwrap();
     sh(&format!("chmod 640 {}", q(&f)));
-    sh(&format!("touch -m -d '2001-02-03 04:05:06.5 UTC' {}", q(&f)));
+    sh(&format!(
+        "touch -m -d '2001-02-03 04:05:06.5 UTC' {}",
+        q(&f)
+    ));
     let out = sh(&format!("stat -c '%s %a %F %Y %h' {}", q(&f)));
     assert_eq!(out.trim(), "5 640 regular file 981173106 1");
     // UTIME_OMIT for mtime leaves it; atime changes.
     let c = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
     let ts = [
-        libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 7 },
-        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 7,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
     ];
     // SAFETY: valid path and a two-element timespec array.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) }, 0);
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) };
+    assert_eq!(r, 0);
     let md = std::fs::metadata(&f).unwrap();
     assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 7));
     assert_eq!((md.mtime(), md.mtime_nsec()), (981_173_106, 500_000_000));
     // UTIME_NOW sets mtime to about now.
     let ts = [
-        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
     ];
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) }, 0);
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) };
+    assert_eq!(r, 0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
     let md = std::fs::metadata(&f).unwrap();
-    assert!((md.mtime() - now).abs() < 5, "mtime {} vs now {now}", md.mtime());
+    assert!(
+        (md.mtime() - now).abs() < 5,
+        "mtime {} vs now {now}",
+        md.mtime()
+    );
     assert_eq!(md.atime(), 1_000_000_000);
     if is_root() {
         sh(&format!("chown 1234:5678 {}", q(&f)));
@@ -169,10 +208,7 @@ fn stat_fields_chmod_chown_utimens() {
     std::fs::create_dir(m.p("d")).unwrap();
     std::os::unix::fs::symlink("f", m.p("l")).unwrap();
     sh(&format!("mkfifo {}", q(&m.p("fifo"))));
-    let types = sh(&format!(
-        "cd {} && stat -c '%n %F' d l fifo",
-        q(&m.mp)
-    ));
+    let types = sh(&format!("cd {} && stat -c '%n %F' d l fifo", q(&m.mp)));
     assert_eq!(types, "d directory\nl symbolic link\nfifo fifo\n");
     // truncate grows with zeros and shrinks.
     sh(&format!("truncate -s 3000000 {}", q(&f)));
@@ -252,7 +288,9 @@ fn check_appends(data: &str, tags: &[&str], n: usize) {
     let mut seen: std::collections::HashMap<&str, Vec<usize>> = Default::default();
     for l in data.lines() {
         assert_eq!(l.len(), 6, "torn record {l:?}");
-        seen.entry(&l[..1]).or_default().push(l[1..].parse().unwrap());
+        seen.entry(&l[..1])
+            .or_default()
+            .push(l[1..].parse().unwrap());
     }
     for t in tags {
         let mut v = seen.remove(t).unwrap_or_default();
@@ -272,13 +310,21 @@ fn o_append_from_two_processes_and_two_mounts() {
     let mut p1 = appender(&a.p("log1"), "A", n);
     let mut p2 = appender(&a.p("log1"), "B", n);
     assert!(p1.wait().unwrap().success() && p2.wait().unwrap().success());
-    check_appends(&std::fs::read_to_string(a.p("log1")).unwrap(), &["A", "B"], n);
+    check_appends(
+        &std::fs::read_to_string(a.p("log1")).unwrap(),
+        &["A", "B"],
+        n,
+    );
     // Two processes on two mounts (two nodes' view): still no lost or torn
     // records, because the servers place appends.
     let mut p1 = appender(&a.p("log2"), "C", n);
     let mut p2 = appender(&b.p("log2"), "D", n);
     assert!(p1.wait().unwrap().success() && p2.wait().unwrap().success());
-    check_appends(&std::fs::read_to_string(b.p("log2")).unwrap(), &["C", "D"], n);
+    check_appends(
+        &std::fs::read_to_string(b.p("log2")).unwrap(),
+        &["C", "D"],
+        n,
+    );
 }
 
 #[test]
@@ -308,7 +354,11 @@ fn mmap_read_and_shared_write() {
     assert!(got == data, "mmap read differs");
 
     // A shared writable mapping reaches the file after msync.
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(m.p("f")).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("f"))
+        .unwrap();
     // SAFETY: as above, read-write.
     let p = unsafe {
         libc::mmap(
@@ -343,12 +393,18 @@ fn second_mount_reads_what_the_first_wrote() {
     std::fs::write(a.p("dir/f"), &data).unwrap();
     assert!(std::fs::read(b.p("dir/f")).unwrap() == data);
     // Overwrite and grow on A; B (no attribute caching) sees it at open.
-    let mut f = std::fs::OpenOptions::new().write(true).open(a.p("dir/f")).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(a.p("dir/f"))
+        .unwrap();
     f.seek(SeekFrom::End(0)).unwrap();
     f.write_all(b"tail").unwrap();
     drop(f);
     let mut got = Vec::new();
-    std::fs::File::open(b.p("dir/f")).unwrap().read_to_end(&mut got).unwrap();
+    std::fs::File::open(b.p("dir/f"))
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
     assert_eq!(got.len(), data.len() + 4);
     assert_eq!(&got[data.len()..], b"tail");
     // Removal on B is seen on A (after A's entry timeout).
@@ -363,6 +419,7 @@ fn rename_of_an_open_file_keeps_its_descriptor() {
     let m = Mount::new(&pool, &[]);
     let mut f = std::fs::OpenOptions::new()
         .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
         .mode(0o644)

@@ -77,7 +77,9 @@ fn build(args: &Args) -> Result<MountConfig, String> {
     c.fs.direct_io = args.direct_io;
     c.threads = args.threads.max(1);
     for o in &args.options {
-        let (k, v) = o.split_once('=').map_or((o.as_str(), None), |(k, v)| (k, Some(v)));
+        let (k, v) = o
+            .split_once('=')
+            .map_or((o.as_str(), None), |(k, v)| (k, Some(v)));
         match (k, v) {
             ("allow_other", None) => c.allow_other = true,
             ("noallow_other", None) => c.allow_other = false,
@@ -108,11 +110,21 @@ fn build(args: &Args) -> Result<MountConfig, String> {
 
 fn init_log(args: &Args) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CHFUSE_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if args.debug { "debug" } else { "info" })
+        tracing_subscriber::EnvFilter::new(if args.debug {
+            "debug"
+        } else if args.foreground || args.log_file.is_some() {
+            "info"
+        } else {
+            "warn"
+        })
     });
     let b = tracing_subscriber::fmt().with_env_filter(filter);
     if let Some(f) = &args.log_file {
-        match std::fs::OpenOptions::new().create(true).append(true).open(f) {
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(f)
+        {
             Ok(file) => {
                 b.with_ansi(false)
                     .with_writer(std::sync::Mutex::new(file))

@@ -1,0 +1,146 @@
+//! Mounting and unmounting: signals, fusermount3/umount, background mode,
+//! stale mounts after a crash, bad configuration.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: sending a signal to a child process we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+#[test]
+fn sigterm_and_sigint_unmount_cleanly() {
+    let pool = pool(2);
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mut m = Mount::new(&pool, &[]);
+        std::fs::write(m.p("f"), b"data").unwrap();
+        signal(m.pid(), sig);
+        let st = m.wait_exit(Duration::from_secs(10)).expect("chfuse exits");
+        assert!(st.success(), "exit status {st}");
+        assert!(!is_mounted(&m.mp));
+    }
+    // The data written before the signal is in the pool.
+    let m = Mount::new(&pool, &[]);
+    assert_eq!(std::fs::read(m.p("f")).unwrap(), b"data");
+}
+
+#[test]
+fn fusermount_and_umount_end_the_daemon() {
+    let pool = pool(1);
+    let mut m = Mount::new(&pool, &[]);
+    sh(&format!("fusermount3 -u {}", q(&m.mp)));
+    let st = m.wait_exit(Duration::from_secs(10)).expect("chfuse exits");
+    assert!(st.success(), "{st}");
+    if is_root() {
+        let mut m = Mount::new(&pool, &[]);
+        sh(&format!("umount {}", q(&m.mp)));
+        let st = m.wait_exit(Duration::from_secs(10)).expect("chfuse exits");
+        assert!(st.success(), "{st}");
+    }
+}
+
+#[test]
+fn background_mode_with_pid_file() {
+    let pool = pool(2);
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let pidf = dir.path().join("pid");
+    let st = Command::new(chfuse_bin())
+        .arg(&mp)
+        .arg("--pid-file")
+        .arg(&pidf)
+        .env("CHFS_SERVER", pool.server_string())
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    // The foreground command returns only once the mount is live.
+    assert!(st.success());
+    let pid: i32 = std::fs::read_to_string(&pidf)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    struct Guard(std::path::PathBuf, i32);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            force_unmount(&self.0);
+            // SAFETY: signalling the daemon whose PID it recorded.
+            unsafe { libc::kill(self.1, libc::SIGKILL) };
+        }
+    }
+    let _g = Guard(mp.clone(), pid);
+    assert!(is_mounted(&mp));
+    std::fs::write(mp.join("x"), b"1").unwrap();
+    sh(&format!("fusermount3 -u {}", q(&mp)));
+    let t = Instant::now();
+    // SAFETY: probing whether the recorded PID still exists.
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "daemon still running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn stale_mount_after_a_crash_is_cleared() {
+    let pool = pool(2);
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let keep = tempfile::tempdir().unwrap();
+    let mut m = Mount::at(&pool, keep, mp.clone(), &[]);
+    std::fs::write(m.p("f"), b"survives").unwrap();
+    signal(m.pid(), libc::SIGKILL);
+    m.wait_exit(Duration::from_secs(10)).expect("killed");
+    let e = std::fs::metadata(&mp).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    // A new chfuse on the same mount point clears the stale mount.
+    m.child.take();
+    let m2 = Mount::at(&pool, dir, mp.clone(), &[]);
+    assert_eq!(std::fs::read(m2.p("f")).unwrap(), b"survives");
+    drop(m2);
+    drop(m);
+}
+
+#[test]
+fn bad_configuration_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(chfuse_bin())
+        .arg(dir.path())
+        .env_remove("CHFS_SERVER")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CHFS_SERVER"));
+    let out = Command::new(chfuse_bin())
+        .arg(dir.path())
+        .args(["-o", "bogus"])
+        .env("CHFS_SERVER", "127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
+    // No server listening: the background start fails with a message,
+    // and nothing stays mounted.
+    let out = Command::new(chfuse_bin())
+        .arg(dir.path())
+        .env("CHFS_SERVER", "127.0.0.1:1")
+        .env("CHFS_RPC_TIMEOUT_MSEC", "2000")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot connect"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(dir.path()));
+}
