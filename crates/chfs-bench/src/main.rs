@@ -101,6 +101,9 @@ struct SweepArgs {
     /// MiB written and read per point.
     #[arg(long, default_value_t = 16)]
     file_mib: u64,
+    /// Repetitions of every point (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
     /// Write the JSON result here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -217,7 +220,13 @@ fn io500(a: Io500Args) -> Result<()> {
 
 fn run_sweep(a: SweepArgs) -> Result<()> {
     let (_pool, servers) = pool(a.servers)?;
-    let pts = sweep::sweep(&servers, &a.chunk_sizes, &a.request_sizes, a.file_mib << 20)?;
+    let pts = sweep::sweep(
+        &servers,
+        &a.chunk_sizes,
+        &a.request_sizes,
+        a.file_mib << 20,
+        a.reps,
+    )?;
     print!("{}", sweep::table(&pts));
     if let Some(p) = &a.json {
         write_file(p, &serde_json::to_string_pretty(&pts)?)?;

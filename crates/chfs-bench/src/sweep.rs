@@ -84,12 +84,30 @@ fn one(c: &Client, path: &str, cs: u32, req: usize, file_bytes: u64) -> Result<(
     Ok((w, r))
 }
 
-/// Runs the sweep against the pool at `servers`.
+/// Median of each column of (write, read) pairs.
+pub fn medians(v: &[(f64, f64)]) -> (f64, f64) {
+    let med = |mut x: Vec<f64>| {
+        x.sort_by(f64::total_cmp);
+        match x.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => x[n / 2],
+            n => (x[n / 2 - 1] + x[n / 2]) / 2.0,
+        }
+    };
+    (
+        med(v.iter().map(|p| p.0).collect()),
+        med(v.iter().map(|p| p.1).collect()),
+    )
+}
+
+/// Runs the sweep against the pool at `servers`: every point `reps`
+/// times, alternating which mode runs first, reporting medians.
 pub fn sweep(
     servers: &str,
     chunk_sizes: &[u32],
     request_sizes: &[usize],
     file_bytes: u64,
+    reps: usize,
 ) -> Result<Vec<SweepPoint>> {
     let mut cfg = chfs_config(servers)?;
     cfg.async_access = true;
@@ -104,8 +122,21 @@ pub fn sweep(
             if req == 0 {
                 return Err(BenchError::Config("request size 0".into()));
             }
-            let (pw, pr) = one(&piped, &format!("{base}-p-{cs}-{req}"), cs, req, file_bytes)?;
-            let (sw, sr) = one(&seq, &format!("{base}-s-{cs}-{req}"), cs, req, file_bytes)?;
+            // Repeated, alternating which mode goes first; medians.
+            let (mut p, mut q) = (Vec::new(), Vec::new());
+            for rep in 0..reps.max(1) {
+                let pp = format!("{base}-p-{cs}-{req}");
+                let sp = format!("{base}-s-{cs}-{req}");
+                if rep % 2 == 0 {
+                    p.push(one(&piped, &pp, cs, req, file_bytes)?);
+                    q.push(one(&seq, &sp, cs, req, file_bytes)?);
+                } else {
+                    q.push(one(&seq, &sp, cs, req, file_bytes)?);
+                    p.push(one(&piped, &pp, cs, req, file_bytes)?);
+                }
+            }
+            let (pw, pr) = medians(&p);
+            let (sw, sr) = medians(&q);
             out.push(SweepPoint {
                 chunk_size: cs,
                 request_size: req,
@@ -143,4 +174,16 @@ pub fn table(points: &[SweepPoint]) -> String {
     }
     s.push_str("(MiB/s; 'x' = pipelined / sequential, measured in the same run)\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_by_hand() {
+        assert_eq!(medians(&[(1.0, 9.0), (3.0, 7.0), (2.0, 8.0)]), (2.0, 8.0));
+        assert_eq!(medians(&[(1.0, 4.0), (3.0, 2.0)]), (2.0, 3.0));
+        assert_eq!(medians(&[]), (0.0, 0.0));
+    }
 }
