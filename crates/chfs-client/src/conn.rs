@@ -224,7 +224,7 @@ impl Drop for Conn {
     }
 }
 
-fn read_frame(s: &mut TcpStream) -> std::io::Result<(Header, Bytes)> {
+fn read_frame(s: &mut impl Read) -> std::io::Result<(Header, Bytes)> {
     let mut hb = [0u8; HEADER_LEN];
     s.read_exact(&mut hb)?;
     let h = Header::decode(&hb).map_err(std::io::Error::other)?;
@@ -233,7 +233,9 @@ fn read_frame(s: &mut TcpStream) -> std::io::Result<(Header, Bytes)> {
     Ok((h, buf.freeze()))
 }
 
-fn read_loop(mut s: TcpStream, sh: Arc<Shared>) {
+fn read_loop(s: TcpStream, sh: Arc<Shared>) {
+    // Buffered: several small replies arriving together cost one read(2).
+    let mut s = std::io::BufReader::with_capacity(256 << 10, s);
     let why = loop {
         match read_frame(&mut s) {
             Ok((h, payload)) => {

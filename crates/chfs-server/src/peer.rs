@@ -80,7 +80,8 @@ impl Peers {
             net::timeout(self.timeout, async { Ok(TcpStream::connect(addr).await?) }).await?;
         s.set_nodelay(true)?;
         net::timeout(self.timeout, net::connect_handshake(&mut s, &self.secret)).await?;
-        let (mut rd, wr) = s.into_split();
+        let (rd, wr) = s.into_split();
+        let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
         let (tx, mut rx) = mpsc::unbounded_channel::<(u64, u16, u16, Vec<u8>)>();
         let pending: Pending = Default::default();
         let alive = Arc::new(AtomicBool::new(true));

@@ -353,7 +353,8 @@ async fn serve_conn(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
         return;
     }
     debug!(%peer, "connection accepted");
-    let (mut rd, wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
+    let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
     let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
     let writer = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(256 << 10, wr);
