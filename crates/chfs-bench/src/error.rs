@@ -73,6 +73,9 @@ pub enum BenchError {
         /// What happened.
         msg: String,
     },
+    /// Stopped by a signal (SIGINT, SIGTERM or SIGHUP).
+    #[error("interrupted")]
+    Interrupted,
     /// Invalid parameters or environment.
     #[error("{0}")]
     Config(String),

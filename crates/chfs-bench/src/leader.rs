@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -19,6 +20,29 @@ use crate::worker::{FromWorker, Params, RankResult, TargetSpec, ToWorker, Work};
 
 /// The hidden argument that makes the binary a worker.
 pub const WORKER_ARG: &str = "--worker";
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Makes SIGINT, SIGTERM and SIGHUP stop the run cleanly: the current
+/// phase is abandoned, the workers are stopped and the benchmark
+/// directories removed before the program exits with an error. For the
+/// `chfs-bench` binary only (it replaces the process's handlers).
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe; `signal` is called before any worker thread
+        // relies on the previous disposition.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
 
 /// Running worker processes of one target.
 pub struct Workers {
@@ -107,13 +131,16 @@ impl Workers {
         let mut progress = vec![0u64; n];
         let mut left = n;
         while left > 0 {
-            let (rank, m) = self
-                .rx
-                .recv_timeout(Duration::from_secs(3600))
-                .map_err(|_| BenchError::Worker {
-                    rank: 0,
-                    msg: "no answer within an hour".into(),
-                })?;
+            if interrupted() {
+                return Err(BenchError::Interrupted);
+            }
+            let (rank, m) = match self.rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(x) => x,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(BenchError::Config("worker channel closed".into()))
+                }
+            };
             let m = m.map_err(|msg| BenchError::Worker { rank, msg })?;
             match m {
                 FromWorker::Progress(p) => {
@@ -168,7 +195,8 @@ impl Drop for Workers {
             let _ = self.send(i, &ToWorker::Quit);
         }
         self.stdins.clear();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let wait = if interrupted() { 0 } else { 10 };
+        let deadline = Instant::now() + Duration::from_secs(wait);
         for c in &mut self.children {
             loop {
                 match c.try_wait() {

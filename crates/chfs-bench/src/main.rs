@@ -245,6 +245,7 @@ fn main() -> ExitCode {
         };
     }
     let cli = Cli::parse();
+    leader::install_signal_handlers();
     let r = match cli.cmd {
         Some(Cmd::Io500(a)) => io500(a),
         Some(Cmd::Sweep(a)) => run_sweep(a),

@@ -284,3 +284,47 @@ fn bad_input_is_a_clear_error() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("127.0.0.1:9"));
 }
+
+#[test]
+fn sigterm_stops_the_run_and_cleans_up() {
+    let dir = scratch();
+    let child = Command::new(BIN)
+        .args([
+            "--posix",
+            dir.path().to_str().unwrap(),
+            "-n",
+            "2",
+            "--no-progress",
+        ])
+        .args([
+            "--stonewall",
+            "60",
+            "--easy-segments",
+            "100000000",
+            "--transfer",
+            "4096",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // wait until the benchmark directory exists (the run has started)
+    let t0 = std::time::Instant::now();
+    while std::fs::read_dir(dir.path()).unwrap().count() == 0 {
+        assert!(t0.elapsed().as_secs() < 20, "run did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: kill(2) on the PID of the child this test spawned.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let t1 = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(t1.elapsed().as_secs() < 10, "took {:?}", t1.elapsed());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "left files behind"
+    );
+}
