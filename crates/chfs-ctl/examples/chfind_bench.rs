@@ -1,0 +1,234 @@
+//! chfind against GNU find over the chfuse mount of the same pool, in the
+//! same run: entries/s of each and their ratio.
+//!
+//! ```text
+//! cargo build --release -p chfs-server -p chfs-fuse -p chfs-ctl
+//! cargo run --release -p chfs-ctl --example chfind_bench -- [ENTRIES] [SERVERS] [ROUNDS]
+//! ```
+//! Defaults: 100000 entries, 2 servers, 3 rounds (alternating tools; the
+//! median is reported). Needs `chfuse` and `chfind` next to `chfsd`
+//! (target/release) and /dev/fuse; without a mount it still reports chfind
+//! and GNU find on a local tmpfs copy of the tree.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use chfs_client::{Client, ClientConfig, TimeSet};
+use chfs_localpool::{LocalPool, PoolOptions};
+
+fn arg(i: usize, d: usize) -> usize {
+    std::env::args()
+        .nth(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(d)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Runs `cmd` and returns (elapsed, number of output lines).
+fn timed(cmd: &mut Command) -> (Duration, usize) {
+    let t = Instant::now();
+    let out = cmd.output().expect("run");
+    let el = t.elapsed();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (el, out.stdout.iter().filter(|&&b| b == b'\n').count())
+}
+
+fn main() {
+    let entries = arg(1, 100_000);
+    let servers = arg(2, 2);
+    let rounds = arg(3, 3).max(1);
+    let chfsd = chfs_localpool::find_chfsd().expect("chfsd (cargo build --release -p chfs-server)");
+    let dir = chfsd.parent().unwrap().to_path_buf();
+    let chfind = dir.join("chfind");
+    let chfuse = dir.join("chfuse");
+    assert!(
+        chfind.is_file(),
+        "{} missing (cargo build --release -p chfs-ctl)",
+        chfind.display()
+    );
+    let pool = LocalPool::start_with(PoolOptions {
+        servers,
+        chfsd: Some(chfsd.clone()),
+        ..Default::default()
+    })
+    .expect("pool");
+    let c = Client::connect(ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    })
+    .expect("client");
+    let tmp = tempfile::tempdir_in(if Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    })
+    .unwrap();
+    let local = tmp.path().join("local");
+
+    // Tree: 100 directories, files spread over them, IO500-like names,
+    // one in ten of 3901 bytes, one in five with an old time.
+    let ndirs = 100.min(entries / 10).max(1);
+    let t = Instant::now();
+    c.mkdir("/b", 0o755).unwrap();
+    std::fs::create_dir_all(local.join("b")).unwrap();
+    for d in 0..ndirs {
+        c.mkdir(&format!("/b/d{d}"), 0o755).unwrap();
+        std::fs::create_dir(local.join(format!("b/d{d}"))).unwrap();
+    }
+    let files = entries - ndirs - 1;
+    std::thread::scope(|s| {
+        for w in 0..4 {
+            let c = c.clone();
+            let local = local.clone();
+            s.spawn(move || {
+                for i in (w..files).step_by(4) {
+                    let rel = format!("b/d{}/file.mdtest.{i}.{}", i % ndirs, i % 100);
+                    let p = format!("/{rel}");
+                    let fd = c.create(&p, libc::O_WRONLY, 0o644).unwrap();
+                    if i % 10 == 0 {
+                        c.ftruncate(fd, 3901).unwrap();
+                    }
+                    c.close(fd).unwrap();
+                    let f = std::fs::File::create(local.join(&rel)).unwrap();
+                    if i % 10 == 0 {
+                        f.set_len(3901).unwrap();
+                    }
+                    if i % 5 == 1 || i % 20 == 0 {
+                        let old = TimeSet::At(1_700_000_000_000_000_000);
+                        c.utimens(&p, old, old).unwrap();
+                        f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+                            .unwrap();
+                    }
+                }
+            });
+        }
+    });
+    // Reference time stamp: between the old and the new files.
+    c.create("/ref", libc::O_WRONLY, 0o644)
+        .and_then(|fd| c.close(fd))
+        .unwrap();
+    let mid = TimeSet::At(1_700_000_100_000_000_000);
+    c.utimens("/ref", mid, mid).unwrap();
+    let lref = tmp.path().join("ref");
+    std::fs::File::create(&lref)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_100))
+        .unwrap();
+    println!(
+        "tree: {entries} entries ({ndirs} directories) on {servers} servers, built in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = chfuse.is_file()
+        && Path::new("/dev/fuse").exists()
+        && Command::new(&chfuse)
+            .arg(&mnt)
+            .env("CHFS_SERVER", pool.server_string())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !mounted {
+        println!(
+            "(no chfuse mount: {} or /dev/fuse missing, or mount failed)",
+            chfuse.display()
+        );
+    }
+    struct Unmount(Option<PathBuf>);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            if let Some(m) = &self.0 {
+                let _ = Command::new("fusermount3").arg("-u").arg(m).status();
+            }
+        }
+    }
+    let _u = Unmount(mounted.then(|| mnt.clone()));
+
+    let io500 = |root: &str, refp: &str| -> Vec<String> {
+        [root, "-newer", refp, "-size", "3901c", "-name", "*01*"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let mut t_chfind = Vec::new();
+    let mut t_mount = Vec::new();
+    let mut t_local = Vec::new();
+    let (mut n_chfind, mut n_mount, mut n_local) = (0, 0, 0);
+    let mref = mnt.join("ref");
+    for r in 0..rounds {
+        let (el, n) = timed(
+            Command::new(&chfind)
+                .args(io500("/b", "/ref"))
+                .env("CHFS_SERVER", pool.server_string()),
+        );
+        t_chfind.push(el);
+        n_chfind = n;
+        if mounted {
+            let (el, n) = timed(Command::new("find").args(io500(
+                mnt.join("b").to_str().unwrap(),
+                mref.to_str().unwrap(),
+            )));
+            t_mount.push(el);
+            n_mount = n;
+        }
+        let (el, n) = timed(Command::new("find").args(io500(
+            local.join("b").to_str().unwrap(),
+            lref.to_str().unwrap(),
+        )));
+        t_local.push(el);
+        n_local = n;
+        eprintln!(
+            "round {r}: chfind {:?}, find over mount {:?}, find local {:?}",
+            t_chfind[r],
+            t_mount.get(r),
+            t_local[r]
+        );
+    }
+    assert_eq!(n_chfind, n_local, "chfind and GNU find disagree");
+    if mounted {
+        assert_eq!(
+            n_chfind, n_mount,
+            "chfind and GNU find over the mount disagree"
+        );
+    }
+    let rate = |d: Duration| entries as f64 / d.as_secs_f64();
+    let tc = median(t_chfind);
+    println!("IO500-style query (-newer -size 3901c -name *01*): {n_chfind} matches of {entries}");
+    println!(
+        "chfind ({servers} servers, readdir-by-index)   {:>8.3} s  {:>10.0} entries/s",
+        tc.as_secs_f64(),
+        rate(tc)
+    );
+    if mounted {
+        let tm = median(t_mount);
+        println!(
+            "GNU find over the chfuse mount      {:>8.3} s  {:>10.0} entries/s",
+            tm.as_secs_f64(),
+            rate(tm)
+        );
+        println!(
+            "ratio chfind / GNU find over the mount: {:.2}x",
+            rate(tc) / rate(tm)
+        );
+    }
+    let tl = median(t_local);
+    println!(
+        "GNU find on a local tmpfs copy      {:>8.3} s  {:>10.0} entries/s",
+        tl.as_secs_f64(),
+        rate(tl)
+    );
+    println!(
+        "ratio chfind / GNU find on tmpfs: {:.2}x",
+        rate(tc) / rate(tl)
+    );
+}
