@@ -328,3 +328,35 @@ fn sigterm_stops_the_run_and_cleans_up() {
         "left files behind"
     );
 }
+
+#[test]
+fn a_dead_server_fails_the_run_with_a_clear_error() {
+    let mut pool = LocalPool::start(2).expect("start chfsd (cargo build -p chfs-server)");
+    let cfg = ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    };
+    let c = Client::connect(cfg).unwrap();
+    let child = Command::new(BIN)
+        .args(["-n", "2", "--no-progress", "--stonewall", "30"])
+        .args(["--easy-segments", "100000000", "--transfer", "65536"])
+        .env("CHFS_SERVER", pool.server_string())
+        .env("CHFS_RPC_TIMEOUT_MSEC", "3000")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while c.readdir("/").map(|v| v.is_empty()).unwrap_or(true) {
+        assert!(t0.elapsed().as_secs() < 20, "run did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    pool.kill(1);
+    let out = child.wait_with_output().unwrap();
+    assert!(t0.elapsed().as_secs() < 30, "took {:?}", t0.elapsed());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chfs-bench: worker"), "{err}");
+    assert!(err.contains("ior-easy/file."), "{err}");
+}
