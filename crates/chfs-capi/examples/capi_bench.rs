@@ -5,7 +5,9 @@
 //!     cargo build --release -p chfs-server -p chfs-capi
 //!     cargo run --release -p chfs-capi --example capi_bench -- [MiB] [rounds] [servers]
 //!
-//! Defaults: 1024 MiB, 3 rounds, 2 servers, 1 MiB requests. The library,
+//! Defaults: 1024 MiB, 3 rounds, 2 servers, 1 MiB requests. Each side runs
+//! in its own fresh process (the Rust side is this program re-executed with
+//! `--rust-worker`), so both pay the same start-up costs. The library,
 //! header and chfs.pc are installed into a temporary PREFIX with
 //! scripts/install-capi.sh and the C program is built with pkg-config.
 
@@ -13,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use chfs_client::{Client, ClientConfig};
+use chfs_client::Client;
 use chfs_localpool::{LocalPool, PoolOptions};
 
 const REQ: usize = 1 << 20;
@@ -70,13 +72,48 @@ fn rust_round(c: &Client, path: &str, mib: u64) -> (f64, f64) {
     (tw, tr)
 }
 
+/// CPU seconds (user + system) of the children waited for so far.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage writes one `struct rusage` to the pointer given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru
+    };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
+/// `capi_bench --rust-worker PATH MIB`: the Rust side in its own process
+/// (as the C side is), connected through `CHFS_SERVER`.
+fn rust_worker(path: &str, mib: u64) {
+    let c = Client::from_env().expect("connect");
+    let (tw, tr) = rust_round(&c, path, mib);
+    println!("write_s={tw:.6} read_s={tr:.6}");
+}
+
+fn parse_times(out: &str) -> (f64, f64) {
+    let mut it = out.split_whitespace().map(|kv| {
+        kv.split_once('=')
+            .expect("k=v")
+            .1
+            .parse::<f64>()
+            .expect("number")
+    });
+    (it.next().expect("write"), it.next().expect("read"))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--rust-worker") {
+        rust_worker(&args[1], args[2].parse().expect("MiB"));
+        return;
+    }
     let mib: u64 = args.first().map_or(1024, |s| s.parse().expect("MiB"));
     let rounds: usize = args.get(1).map_or(3, |s| s.parse().expect("rounds"));
     let servers: usize = args.get(2).map_or(2, |s| s.parse().expect("servers"));
@@ -104,46 +141,77 @@ fn main() {
         ..Default::default()
     })
     .expect("pool");
-    let client = Client::connect(ClientConfig {
-        servers: vec![pool.addrs()[0].clone()],
-        ..Default::default()
-    })
-    .expect("connect");
+    let me = std::env::current_exe().expect("current_exe");
     println!(
         "capi_bench: {mib} MiB sequential, {} KiB requests, {servers} servers on loopback, {rounds} rounds (median)",
         REQ >> 10
     );
-    let (mut cw, mut cr, mut rw, mut rr) = (vec![], vec![], vec![], vec![]);
+    // The sides: C through libchfs; the same C program with glibc's heap
+    // trim threshold fixed (see README: the client's per-chunk buffers make
+    // glibc trim and re-fault heap pages in some processes); the Rust client.
+    let sides: [(&str, &Path, bool, Option<&str>); 3] = [
+        ("C via libchfs", &exe, false, None),
+        (
+            "C, malloc trim 4 MiB",
+            &exe,
+            false,
+            Some("glibc.malloc.trim_threshold=4194304"),
+        ),
+        ("Rust chfs_client", &me, true, None),
+    ];
+    let mut mibs = vec![(Vec::new(), Vec::new()); sides.len()];
+    let mut cpu = vec![0.0; sides.len()];
     for round in 0..rounds {
-        let out = ok(Command::new(&exe)
-            .env("CHFS_SERVER", pool.server_string())
-            .args([
-                &format!("/bench_c{round}"),
-                &mib.to_string(),
-                &REQ.to_string(),
-            ]));
-        let mut it = out.split_whitespace().map(|kv| {
-            kv.split_once('=')
-                .expect("k=v")
-                .1
-                .parse::<f64>()
-                .expect("number")
-        });
-        let (tw, tr) = (it.next().expect("write"), it.next().expect("read"));
-        cw.push(mib as f64 / tw);
-        cr.push(mib as f64 / tr);
-        let (tw, tr) = rust_round(&client, &format!("/bench_r{round}"), mib);
-        rw.push(mib as f64 / tw);
-        rr.push(mib as f64 / tr);
+        // Rotate which side goes first, so none always meets a cold server.
+        for k in 0..sides.len() {
+            let i = (round + k) % sides.len();
+            let (_, prog, rust, tunables) = sides[i];
+            let path = format!("/bench{i}_{round}");
+            let mut cmd = Command::new(prog);
+            cmd.env("CHFS_SERVER", pool.server_string());
+            if rust {
+                cmd.args(["--rust-worker", &path, &mib.to_string()]);
+            } else {
+                cmd.args([&path, &mib.to_string(), &REQ.to_string()]);
+            }
+            if let Some(t) = tunables {
+                cmd.env("GLIBC_TUNABLES", t);
+            }
+            let t0 = children_cpu();
+            let (tw, tr) = parse_times(&ok(&mut cmd));
+            cpu[i] += children_cpu() - t0;
+            mibs[i].0.push(mib as f64 / tw);
+            mibs[i].1.push(mib as f64 / tr);
+        }
     }
-    let (cw, cr, rw, rr) = (median(cw), median(cr), median(rw), median(rr));
-    println!("{:<22} {:>12} {:>12}", "", "write MiB/s", "read MiB/s");
-    println!("{:<22} {cw:>12.0} {cr:>12.0}", "C via libchfs");
-    println!("{:<22} {rw:>12.0} {rr:>12.0}", "Rust chfs_client");
+    let gib = (mib * rounds as u64) as f64 / 1024.0;
+    println!(
+        "{:<22} {:>12} {:>12} {:>18}",
+        "", "write MiB/s", "read MiB/s", "client CPU s/GiB"
+    );
+    let med: Vec<(f64, f64)> = mibs
+        .into_iter()
+        .map(|(w, r)| (median(w), median(r)))
+        .collect();
+    for (i, (name, ..)) in sides.iter().enumerate() {
+        println!(
+            "{name:<22} {:>12.0} {:>12.0} {:>18.2}",
+            med[i].0,
+            med[i].1,
+            cpu[i] / (2.0 * gib)
+        );
+    }
+    let rust = med[2];
     println!(
         "{:<22} {:>12.3} {:>12.3}",
         "ratio C / Rust",
-        cw / rw,
-        cr / rr
+        med[0].0 / rust.0,
+        med[0].1 / rust.1
+    );
+    println!(
+        "{:<22} {:>12.3} {:>12.3}",
+        "ratio C(trim) / Rust",
+        med[1].0 / rust.0,
+        med[1].1 / rust.1
     );
 }
