@@ -12,7 +12,7 @@ struct Args {
     /// Create missing parents too; no error if the directory exists.
     #[arg(short = 'p', long = "parents")]
     parents: bool,
-    /// Permission bits (octal), before the umask-free chfs-rs applies them.
+    /// Permission bits (octal).
     #[arg(short = 'm', long = "mode", default_value = "755")]
     mode: String,
     /// Directories (chfs-rs paths).
