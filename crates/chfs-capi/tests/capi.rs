@@ -251,6 +251,19 @@ fn installed_tree_header_and_exported_symbols_match() {
     let tmp = tempfile::tempdir().unwrap();
     let exe = p.cc("signatures", tmp.path());
     check(&mut clean(&exe));
+
+    // The header also works from C++.
+    let flags = p.pkg_config(&["--cflags", "--libs"]);
+    let cxx = tmp.path().join("cxx_header");
+    check(
+        Command::new("c++")
+            .args(["-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&cxx)
+            .arg(Path::new(CRATE).join("tests/c/cxx_header.cc"))
+            .args(flags.split_whitespace()),
+    );
+    let out = check(&mut clean(&cxx));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "cxx_header: ok\n");
 }
 
 #[test]

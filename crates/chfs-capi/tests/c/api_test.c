@@ -433,6 +433,32 @@ main(int argc, char **argv)
 	CHECK_EQ(chfs_term_without_sync(), 0);
 	CHECK_EQ(chfs_initialized(), 0);
 
+	/* chfs_term flushes buffered writes; chfs_term_without_sync drops them */
+	chfs_set_buf_size(4096);
+	CHECK_EQ(chfs_init(NULL), 0);
+	fd = chfs_create("/kept", O_WRONLY, 0644);
+	CHECK(fd >= 0);
+	CHECK_EQ(chfs_write(fd, "0123456789", 10), 10);
+	fd2 = chfs_create("/dropped", O_WRONLY, 0644);
+	CHECK(fd2 >= 0);
+	CHECK_EQ(chfs_write(fd2, "0123456789", 10), 10);
+	CHECK_EQ(chfs_term(), 0);
+	CHECK_EQ(chfs_init(NULL), 0);
+	CHECK_EQ(chfs_stat("/kept", &st), 0);
+	CHECK_EQ(st.st_size, 10);
+	CHECK_EQ(chfs_stat("/dropped", &st), 0);
+	CHECK_EQ(st.st_size, 10);	/* flushed by the chfs_term above */
+	fd = chfs_open("/dropped", O_WRONLY);
+	CHECK(fd >= 0);
+	CHECK_EQ(chfs_pwrite(fd, "abc", 3, 10), 3);	/* buffered */
+	CHECK_EQ(chfs_term_without_sync(), 0);
+	CHECK_EQ(chfs_init(NULL), 0);
+	CHECK_EQ(chfs_stat("/dropped", &st), 0);
+	CHECK_EQ(st.st_size, 10);
+	CHECK_EQ(chfs_unlink("/kept"), 0);
+	CHECK_EQ(chfs_unlink("/dropped"), 0);
+	CHECK_EQ(chfs_term(), 0);
+
 	printf("api_test: ok\n");
 	return (0);
 }
