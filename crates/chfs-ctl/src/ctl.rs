@@ -251,6 +251,14 @@ done
 
     /// Servers recorded on every host (in hostfile order).
     pub fn records(&self) -> Result<Vec<Record>, CtlError> {
+        let (out, errs) = self.records_partial();
+        one_or_many(errs)?;
+        Ok(out)
+    }
+
+    /// Servers recorded on the hosts that answered, and one error per host
+    /// that did not.
+    pub fn records_partial(&self) -> (Vec<Record>, Vec<CtlError>) {
         let hosts = self.unique_hosts();
         let jobs: Vec<_> = hosts
             .iter()
@@ -283,8 +291,7 @@ done
                 Err(e) => errs.push(e),
             }
         }
-        one_or_many(errs)?;
-        Ok(out)
+        (out, errs)
     }
 
     fn secret_value(&self) -> Result<Option<(String, String)>, CtlError> {
@@ -616,7 +623,8 @@ exit 0
     pub fn stop(&self) -> Result<String, CtlError> {
         let hosts = self.unique_hosts();
         let mut errs = self.unmount(&hosts, false);
-        let recs = self.records()?;
+        let (recs, rerrs) = self.records_partial();
+        errs.extend(rerrs);
         let mut contacts: Vec<String> = recs
             .iter()
             .filter(|r| r.alive && !r.addr.is_empty())
@@ -726,7 +734,7 @@ exit 0
     /// `chfsctl status`: one line per server with its state and use.
     /// Returns the table and whether every server answered.
     pub fn status(&self) -> Result<(String, bool), CtlError> {
-        let recs = self.records()?;
+        let (recs, host_errs) = self.records_partial();
         let mut addrs: Vec<String> = Vec::new();
         if let Some(s) = &self.env_server {
             addrs.extend(chfs_client::config::parse_servers(s));
@@ -743,7 +751,8 @@ exit 0
             "SERVER", "STATE", "ENTRIES", "BYTES", "CAPACITY", "DIRTY_BYTES", "REQUESTS", "PID"
         );
         if addrs.is_empty() {
-            return Err(CtlError::Usage(
+            one_or_many(host_errs)?;
+            return Err(CtlError::NotFound(
                 "no server found: none recorded on the hosts and CHFS_SERVER is not set".into(),
             ));
         }
@@ -772,7 +781,10 @@ exit 0
                 answered.push((a.clone(), Err("not running".into())));
             }
         }
-        let mut all_ok = true;
+        let mut all_ok = host_errs.is_empty();
+        for e in &host_errs {
+            let _ = writeln!(out, "# {e}");
+        }
         for (a, r) in &answered {
             let rec = recs.iter().find(|r| r.addr == *a);
             let pid = rec.map_or("-".to_string(), |r| r.pid.to_string());

@@ -32,6 +32,9 @@ pub enum CtlError {
         /// Cause.
         source: std::io::Error,
     },
+    /// Nothing to act on (no server recorded or named).
+    #[error("{0}")]
+    NotFound(String),
     /// Several hosts failed; each line names one.
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
     Many(Vec<CtlError>),

@@ -180,11 +180,26 @@ fn kill_stops_at_once() {
     let s = sc.s();
     let chfsd = chfsd();
     let ctl = bin("chfsctl");
-    let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap(), "-n", "2"];
+    let logs = sc.dir.path().join("logs");
+    let a = [
+        "-c",
+        &s,
+        "--chfsd",
+        chfsd.to_str().unwrap(),
+        "-n",
+        "2",
+        "-L",
+        logs.to_str().unwrap(),
+        "-x",
+        "CHFS_LOG_LEVEL=debug",
+    ];
     let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let pids = recorded_pids(&sc.scratch());
     assert_eq!(pids.len(), 2);
+    // -L puts the logs there; -x reached the servers (debug logging).
+    let log = std::fs::read_to_string(logs.join(format!("chfsd@{}@0.log", hostname()))).unwrap();
+    assert!(log.contains("DEBUG"), "{log}");
     let out = run(&ctl, &[&a[..], &["kill"]].concat(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     for p in &pids {
