@@ -44,8 +44,51 @@ pub fn install_signal_handlers() {
     }
 }
 
+/// The ranks working on one target.
+pub trait Ranks {
+    /// Runs one piece of work on every rank at once; returns each rank's
+    /// result (in rank order) and the wall time from the start to the last
+    /// rank's end.
+    fn run(
+        &mut self,
+        work: Work,
+        counts: &[u64],
+        bar: Option<&ProgressBar>,
+    ) -> Result<(Vec<RankResult>, f64)>;
+}
+
+/// Starts the ranks of a target.
+pub trait Launcher {
+    /// Connects every rank to `target` (benchmark directory `name`); `id`
+    /// tells this target from the others of the same run.
+    fn launch<'s>(
+        &'s self,
+        id: usize,
+        target: &TargetSpec,
+        name: &str,
+        params: &Params,
+    ) -> Result<Box<dyn Ranks + 's>>;
+}
+
+/// Ranks as local worker processes (this executable with [`WORKER_ARG`]),
+/// a new set per target.
+pub struct LocalLauncher;
+
+impl Launcher for LocalLauncher {
+    fn launch<'s>(
+        &'s self,
+        id: usize,
+        target: &TargetSpec,
+        name: &str,
+        params: &Params,
+    ) -> Result<Box<dyn Ranks + 's>> {
+        Ok(Box::new(Workers::spawn(id, target, name, params)?))
+    }
+}
+
 /// Running worker processes of one target.
 pub struct Workers {
+    id: usize,
     children: Vec<Child>,
     stdins: Vec<ChildStdin>,
     rx: Receiver<(usize, std::result::Result<FromWorker, String>)>,
@@ -54,10 +97,11 @@ pub struct Workers {
 impl Workers {
     /// Starts `params.nprocs` workers (this executable with
     /// [`WORKER_ARG`]) and waits until each is connected to the target.
-    pub fn spawn(target: &TargetSpec, name: &str, params: &Params) -> Result<Workers> {
+    pub fn spawn(id: usize, target: &TargetSpec, name: &str, params: &Params) -> Result<Workers> {
         let exe = std::env::current_exe().map_err(|e| BenchError::io("current_exe", "", e))?;
         let (tx, rx) = channel();
         let mut w = Workers {
+            id,
             children: Vec::new(),
             stdins: Vec::new(),
             rx,
@@ -94,6 +138,7 @@ impl Workers {
         }
         for rank in 0..params.nprocs {
             let m = ToWorker::Init {
+                id,
                 rank,
                 target: target.clone(),
                 name: name.to_string(),
@@ -176,6 +221,7 @@ impl Workers {
             self.send(
                 rank,
                 &ToWorker::Run {
+                    id: self.id,
                     work,
                     counts: counts.to_vec(),
                 },
@@ -186,6 +232,17 @@ impl Workers {
             other => Err(format!("unexpected {other:?}")),
         })?;
         Ok((r, t0.elapsed().as_secs_f64()))
+    }
+}
+
+impl Ranks for Workers {
+    fn run(
+        &mut self,
+        work: Work,
+        counts: &[u64],
+        bar: Option<&ProgressBar>,
+    ) -> Result<(Vec<RankResult>, f64)> {
+        Workers::run(self, work, counts, bar)
     }
 }
 
@@ -272,7 +329,7 @@ struct TargetRun<'a> {
     label: String,
     target: TargetSpec,
     fs: Box<dyn Backend>,
-    workers: Option<Workers>,
+    workers: Option<Box<dyn Ranks + 'a>>,
     params: &'a Params,
     opts: &'a RunOptions,
     start_ns: i64,
@@ -284,10 +341,12 @@ struct TargetRun<'a> {
 
 impl<'a> TargetRun<'a> {
     fn start(
+        id: usize,
         label: &str,
         target: &TargetSpec,
         params: &'a Params,
         opts: &'a RunOptions,
+        launcher: &'a dyn Launcher,
     ) -> Result<Self> {
         let name = unique_name();
         let fs = target.backend(&name)?;
@@ -310,7 +369,7 @@ impl<'a> TargetRun<'a> {
             t.fs.mkdir(&d)?;
         }
         t.fs.create(IOR_HARD_FILE)?.close()?;
-        t.workers = Some(Workers::spawn(target, &name, params)?);
+        t.workers = Some(launcher.launch(id, target, &name, params)?);
         // find looks for files newer than this (taken before the first write)
         t.start_ns = now_ns();
         Ok(t)
@@ -453,10 +512,11 @@ pub fn run_targets(
     targets: &[(&str, TargetSpec)],
     params: &Params,
     opts: &RunOptions,
+    launcher: &dyn Launcher,
 ) -> Result<Vec<TargetResult>> {
     let mut runs = Vec::new();
-    for (label, t) in targets {
-        runs.push(TargetRun::start(label, t, params, opts)?);
+    for (id, (label, t)) in targets.iter().enumerate() {
+        runs.push(TargetRun::start(id, label, t, params, opts, launcher)?);
     }
     for phase in Phase::ALL {
         for r in &mut runs {
@@ -473,7 +533,7 @@ pub fn run_target(
     params: &Params,
     opts: &RunOptions,
 ) -> Result<TargetResult> {
-    let mut v = run_targets(&[(label, target.clone())], params, opts)?;
+    let mut v = run_targets(&[(label, target.clone())], params, opts, &LocalLauncher)?;
     v.pop()
         .ok_or_else(|| BenchError::Config("no result".into()))
 }

@@ -11,6 +11,8 @@
 pub mod error;
 pub mod fs;
 pub mod leader;
+#[cfg(feature = "mpi")]
+pub mod mpi_ranks;
 pub mod pattern;
 pub mod report;
 pub mod score;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use chfs_bench::leader::{self, RunOptions};
+use chfs_bench::leader::{self, Launcher, LocalLauncher, RunOptions};
 use chfs_bench::report::{self, RunResult};
 use chfs_bench::worker::{Params, TargetSpec};
 use chfs_bench::{sweep, BenchError, Result};
@@ -131,8 +131,9 @@ fn write_file(path: &PathBuf, data: &str) -> Result<()> {
     std::fs::write(path, data).map_err(|e| BenchError::io("write", path.display(), e))
 }
 
-fn io500(a: Io500Args) -> Result<()> {
-    if a.procs == 0 || a.transfer == 0 {
+fn io500(a: Io500Args, launcher: &dyn Launcher, mpi_size: Option<usize>) -> Result<()> {
+    let procs = mpi_size.unwrap_or(a.procs);
+    if procs == 0 || a.transfer == 0 {
         return Err(BenchError::Config(
             "--procs and --transfer must be at least 1".into(),
         ));
@@ -162,7 +163,7 @@ fn io500(a: Io500Args) -> Result<()> {
         }
     };
     let params = Params {
-        nprocs: a.procs,
+        nprocs: procs,
         stonewall_secs: a.stonewall,
         easy_xfer: a.transfer,
         easy_max_segments: a.easy_segments,
@@ -177,7 +178,7 @@ fn io500(a: Io500Args) -> Result<()> {
     if let Some(dir) = &a.reference {
         targets.push(("reference", TargetSpec::Posix { dir: dir.clone() }));
     }
-    let mut results = leader::run_targets(&targets, &params, &opts)?.into_iter();
+    let mut results = leader::run_targets(&targets, &params, &opts, launcher)?.into_iter();
     let (Some(sys), reference) = (results.next(), results.next()) else {
         return Err(BenchError::Config("no result".into()));
     };
@@ -234,6 +235,50 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
     Ok(())
 }
 
+fn dispatch(cli: Cli, launcher: &dyn Launcher, mpi_size: Option<usize>) -> Result<()> {
+    match cli.cmd {
+        Some(Cmd::Io500(a)) => io500(a, launcher, mpi_size),
+        Some(Cmd::Sweep(a)) => run_sweep(a),
+        None => io500(cli.io500, launcher, mpi_size),
+    }
+}
+
+fn finish(r: Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("chfs-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Under `mpirun`/`srun`: rank 0 leads, the other ranks serve it.
+#[cfg(feature = "mpi")]
+fn mpi_main() -> ExitCode {
+    use chfs_bench::mpi_ranks::MpiSession;
+    let s = match MpiSession::init() {
+        Ok(s) => s,
+        Err(e) => return finish(Err(e)),
+    };
+    if s.rank() != 0 {
+        return finish(s.serve());
+    }
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            s.quit_all();
+            let _ = e.print();
+            return ExitCode::from(e.exit_code() as u8);
+        }
+    };
+    leader::install_signal_handlers();
+    let size = s.size();
+    let r = dispatch(cli, &s, Some(size));
+    s.quit_all();
+    finish(r)
+}
+
 fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some(leader::WORKER_ARG) {
         return match chfs_bench::worker::worker_main() {
@@ -244,18 +289,11 @@ fn main() -> ExitCode {
             }
         };
     }
+    #[cfg(feature = "mpi")]
+    if chfs_bench::mpi_ranks::launched_by_mpi() {
+        return mpi_main();
+    }
     let cli = Cli::parse();
     leader::install_signal_handlers();
-    let r = match cli.cmd {
-        Some(Cmd::Io500(a)) => io500(a),
-        Some(Cmd::Sweep(a)) => run_sweep(a),
-        None => io500(cli.io500),
-    };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("chfs-bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    finish(dispatch(cli, &LocalLauncher, None))
 }

@@ -97,8 +97,10 @@ pub enum Work {
 /// Leader to worker.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToWorker {
-    /// Connect to the target.
+    /// Connect to a target.
     Init {
+        /// Target id (several targets can share one set of ranks).
+        id: usize,
         /// This worker's rank.
         rank: usize,
         /// The target.
@@ -110,10 +112,17 @@ pub enum ToWorker {
     },
     /// Run one phase; `counts[r]` = items rank `r` wrote in the source phase.
     Run {
+        /// Target id.
+        id: usize,
         /// The work.
         work: Work,
         /// Items written per rank by the phase this one consumes.
         counts: Vec<u64>,
+    },
+    /// Drop the connection to a target (answered with `Ready`).
+    Close {
+        /// Target id.
+        id: usize,
     },
     /// Exit.
     Quit,
@@ -339,41 +348,61 @@ fn send(out: &mut impl Write, m: &FromWorker) -> std::io::Result<()> {
     out.flush()
 }
 
-/// The main loop of a worker process: JSON lines on stdin and stdout.
-/// Returns when told to quit or when stdin closes.
-pub fn worker_main() -> Result<()> {
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout();
-    let mut state: Option<(usize, Params, Box<dyn Backend>)> = None;
-    for line in stdin.lock().lines() {
-        let line = line.map_err(|e| BenchError::io("read", "stdin", e))?;
-        let msg: ToWorker = serde_json::from_str(&line)?;
-        let reply = match msg {
-            ToWorker::Quit => return Ok(()),
+/// One rank's connections to the targets of a run, by target id.
+#[derive(Default)]
+pub struct WorkerState {
+    targets: std::collections::HashMap<usize, (usize, Params, Box<dyn Backend>)>,
+}
+
+impl WorkerState {
+    /// Handles one message; `None` for [`ToWorker::Quit`].
+    pub fn handle(&mut self, msg: ToWorker, progress: &mut dyn FnMut(u64)) -> Option<FromWorker> {
+        Some(match msg {
+            ToWorker::Quit => return None,
             ToWorker::Init {
+                id,
                 rank,
                 target,
                 name,
                 params,
             } => match target.backend(&name) {
                 Ok(b) => {
-                    state = Some((rank, params, b));
+                    self.targets.insert(id, (rank, params, b));
                     FromWorker::Ready
                 }
                 Err(e) => FromWorker::Failed(e.to_string()),
             },
-            ToWorker::Run { work, counts } => match &state {
-                None => FromWorker::Failed("Run before Init".into()),
+            ToWorker::Run { id, work, counts } => match self.targets.get(&id) {
+                None => FromWorker::Failed(format!("Run before Init of target {id}")),
                 Some((rank, params, fs)) => {
-                    let mut prog = |n: u64| {
-                        let _ = send(&mut std::io::stdout(), &FromWorker::Progress(n));
-                    };
-                    match run_work(fs.as_ref(), *rank, params, work, &counts, &mut prog) {
+                    match run_work(fs.as_ref(), *rank, params, work, &counts, progress) {
                         Ok(r) => FromWorker::Done(r),
                         Err(e) => FromWorker::Failed(e.to_string()),
                     }
                 }
             },
+            ToWorker::Close { id } => {
+                self.targets.remove(&id);
+                FromWorker::Ready
+            }
+        })
+    }
+}
+
+/// The main loop of a worker process: JSON lines on stdin and stdout.
+/// Returns when told to quit or when stdin closes.
+pub fn worker_main() -> Result<()> {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut state = WorkerState::default();
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| BenchError::io("read", "stdin", e))?;
+        let msg: ToWorker = serde_json::from_str(&line)?;
+        let mut prog = |n: u64| {
+            let _ = send(&mut std::io::stdout(), &FromWorker::Progress(n));
+        };
+        let Some(reply) = state.handle(msg, &mut prog) else {
+            return Ok(());
         };
         send(&mut out, &reply).map_err(|e| BenchError::io("write", "stdout", e))?;
     }
