@@ -80,7 +80,16 @@ impl Net {
     /// namespace with an sshd.
     fn new(n: usize) -> Result<Net, String> {
         let id = std::process::id();
-        let x = 20 + id % 200;
+        // A /24 not used on this machine (another run may hold one).
+        let used = Command::new("ip")
+            .args(["-4", "-o", "addr"])
+            .output()
+            .map(|o| text(&o.stdout))
+            .unwrap_or_default();
+        let x = (0..200)
+            .map(|k| 20 + (id + k) % 200)
+            .find(|x| !used.contains(&format!("10.201.{x}.")))
+            .ok_or("no free 10.201.X.0/24 subnet")?;
         let mut net = Net {
             tmp: tempfile::Builder::new()
                 .prefix("chfsctl-netns-")
