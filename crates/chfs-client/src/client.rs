@@ -1013,6 +1013,15 @@ impl Client {
         r
     }
 
+    /// What `close` does before releasing the descriptor: writes buffered
+    /// data and publishes the size so that other clients see them, without
+    /// asking the servers to make their stores durable (that is
+    /// [`Client::fsync`]). Used for FUSE `flush` (every `close(2)`).
+    pub fn flush(&self, fd: i32) -> Result<()> {
+        let f = self.file(fd)?;
+        self.flush_file(&self.state(), &f)
+    }
+
     /// `fsync(2)`: writes buffered data, publishes the size, then asks each
     /// server that may hold one of the file's chunks to make its store
     /// durable (`Sync`). With a persistent engine (pmem, posix) the file's

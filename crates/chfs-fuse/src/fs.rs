@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chfs_client::{Client, Stat, TimeSet};
 use chfs_proto::msg::SetAttr;
@@ -183,6 +183,12 @@ pub struct ChfsFs {
     /// Inodes unlinked while open here: renamed to a hidden name, removed
     /// at their last release (as libfuse's high-level API does).
     doomed: Mutex<HashMap<u64, String>>,
+    /// Directory attributes recently fetched. The kernel drops its cached
+    /// attributes of a directory whenever an entry is created or removed in
+    /// it (it assumes the directory's mtime changed, which chfs does not
+    /// do) and must then re-check permissions: answering from here for
+    /// `attr_timeout` gives the same freshness as the kernel's own cache.
+    dir_attrs: Mutex<HashMap<u64, (Instant, Stat)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -265,6 +271,7 @@ impl ChfsFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             doomed: Mutex::new(HashMap::new()),
+            dir_attrs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -499,9 +506,25 @@ impl Filesystem for ChfsFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ttl = self.opts.attr_timeout;
+        if let Some((t, s)) = lock(&self.dir_attrs).get(&ino.0) {
+            if t.elapsed() < ttl {
+                let left = ttl - t.elapsed();
+                return reply.attr(&left, &attr(ino.0, s));
+            }
+        }
         let r = self
             .path(ino)
             .and_then(|p| self.client.lstat(&p).map_err(|e| errno(&e)));
+        if let Ok(s) = &r {
+            if s.is_dir() && !ttl.is_zero() {
+                let mut d = lock(&self.dir_attrs);
+                if d.len() > 4096 {
+                    d.retain(|_, (t, _)| t.elapsed() < ttl);
+                }
+                d.insert(ino.0, (Instant::now(), *s));
+            }
+        }
         match r {
             Ok(s) => reply.attr(&self.opts.attr_timeout, &attr(ino.0, &s)),
             Err(e) => reply.error(e),
@@ -533,6 +556,7 @@ impl Filesystem for ChfsFs {
             atime: time_set(atime),
             mtime: time_set(mtime),
         };
+        lock(&self.dir_attrs).remove(&ino.0);
         match self.do_setattr(ino, size, a, fh) {
             Ok(a) => reply.attr(&self.opts.attr_timeout, &a),
             Err(e) => reply.error(e),
@@ -597,6 +621,7 @@ impl Filesystem for ChfsFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.child(parent, name).and_then(|p| {
             self.client.rmdir(&p).map_err(|e| errno(&e))?;
+            lock(&self.dir_attrs).clear();
             lock(&self.table).detach(&p);
             Ok(())
         });
@@ -645,6 +670,7 @@ impl Filesystem for ChfsFs {
                 .rename_flags(&old, &new, noreplace)
                 .map_err(|e| errno(&e))?;
             if old != new {
+                lock(&self.dir_attrs).clear();
                 let inos = lock(&self.table).rename(&old, &new);
                 self.reopen_moved(&inos);
             }
@@ -693,19 +719,25 @@ impl Filesystem for ChfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let r = self.fd(fh).and_then(|fd| {
-            let mut buf = vec![0u8; size as usize];
-            let n = self
-                .client
-                .pread(fd, &mut buf, offset)
-                .map_err(|e| errno(&e))?;
-            buf.truncate(n);
-            Ok(buf)
-        });
-        match r {
-            Ok(b) => reply.data(&b),
-            Err(e) => reply.error(e),
+        thread_local! {
+            // One reusable buffer per serving thread: a fresh 1 MiB
+            // allocation per read would page-fault on every request.
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        let fd = match self.fd(fh) {
+            Ok(fd) => fd,
+            Err(e) => return reply.error(e),
+        };
+        BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            if buf.len() < size as usize {
+                buf.resize(size as usize, 0);
+            }
+            match self.client.pread(fd, &mut buf[..size as usize], offset) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn write(
@@ -750,7 +782,7 @@ impl Filesystem for ChfsFs {
         // close(2): publish size and buffered data so other nodes see them.
         match self
             .fd(fh)
-            .and_then(|fd| self.client.fsync(fd).map_err(|e| errno(&e)))
+            .and_then(|fd| self.client.flush(fd).map_err(|e| errno(&e)))
         {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use chfs_client::{Client, ClientConfig};
 use fuser::{Config, MountOption, Session, SessionACL};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::fs::{ChfsFs, FsOptions};
 
@@ -52,6 +52,9 @@ pub struct MountConfig {
     pub read_only: bool,
     /// Threads reading kernel requests.
     pub threads: usize,
+    /// Kernel read-ahead of the mount in KiB (set through
+    /// /sys/class/bdi when permitted; 0 = leave the kernel's 128 KiB).
+    pub read_ahead_kb: u32,
     /// Client configuration (`CHFS_SERVER`, ...).
     pub client: ClientConfig,
 }
@@ -68,6 +71,7 @@ impl MountConfig {
             default_permissions: true,
             read_only: false,
             threads: 4,
+            read_ahead_kb: 1024,
             client: ClientConfig::from_env()?,
         })
     }
@@ -132,6 +136,26 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, MountError> {
     std::fs::canonicalize(mp).map_err(err)
 }
 
+/// Sets the read-ahead of the FUSE mount at `mp` (its backing device is
+/// found in /proc/self/mountinfo, so no request reaches the file system).
+/// The kernel offers FUSE file systems 128 KiB; 1 MiB lets sequential reads
+/// travel as 1 MiB requests. Needs root.
+pub fn set_read_ahead(mp: &Path, kb: u32) -> std::io::Result<()> {
+    let want = mp.to_string_lossy().replace(' ', "\\040");
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let dev = info
+        .lines()
+        .rev()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.len() > 4 && f[4] == want)
+        .map(|f| f[2].to_string())
+        .ok_or_else(|| std::io::Error::other("mount not found in mountinfo"))?;
+    std::fs::write(
+        format!("/sys/class/bdi/{dev}/read_ahead_kb"),
+        format!("{kb}\n"),
+    )
+}
+
 /// Blocks SIGINT/SIGTERM/SIGHUP in the calling thread (and in the threads
 /// it starts afterwards), so that one thread can wait for them.
 pub fn block_signals() -> libc::sigset_t {
@@ -183,6 +207,11 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
         source,
     })?;
     info!(mountpoint = %mp.display(), threads = cfg.threads, "mounted");
+    if cfg.read_ahead_kb > 0 {
+        if let Err(e) = set_read_ahead(&mp, cfg.read_ahead_kb) {
+            debug!(error = %e, "read-ahead left at the kernel default");
+        }
+    }
     let sig_mp = mp.clone();
     std::thread::Builder::new()
         .name("chfuse-signals".into())

@@ -53,6 +53,9 @@ struct Args {
     /// Threads serving kernel requests.
     #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// Kernel read-ahead in KiB (root only; 0 = kernel default of 128).
+    #[arg(long, default_value_t = 1024)]
+    read_ahead_kb: u32,
     /// Write the daemon's PID here once mounted.
     #[arg(long)]
     pid_file: Option<PathBuf>,
@@ -76,6 +79,7 @@ fn build(args: &Args) -> Result<MountConfig, String> {
     c.fs.writeback_cache = args.writeback_cache;
     c.fs.direct_io = args.direct_io;
     c.threads = args.threads.max(1);
+    c.read_ahead_kb = args.read_ahead_kb;
     for o in &args.options {
         let (k, v) = o
             .split_once('=')

@@ -91,7 +91,9 @@ impl Mount {
 
     fn wait_mounted(&mut self) {
         let t = Instant::now();
-        while !is_mounted(&self.mp) {
+        // Mounted and answering (a stale mount left by a killed daemon is
+        // listed too, but answers ENOTCONN until chfuse clears it).
+        while !is_mounted(&self.mp) || std::fs::metadata(&self.mp).is_err() {
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(st)) = c.try_wait() {
                     panic!(
