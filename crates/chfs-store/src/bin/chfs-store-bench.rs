@@ -5,6 +5,7 @@
 //! ```text
 //! chfs-store-bench [--mib N] [--chunk BYTES] [--threads T] [--entries N]
 //!                  [--rounds R] [--shm DIR] [--disk DIR] [--pmem-disk]
+//!                  [--only ENGINE-PREFIX]
 //! ```
 //!
 //! Engines: `mem`; `pmem` on a file in `--shm` (tmpfs, default /dev/shm);
@@ -30,6 +31,7 @@ struct Opts {
     shm: PathBuf,
     disk: PathBuf,
     pmem_disk: bool,
+    only: Option<String>,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -42,6 +44,7 @@ fn parse() -> Result<Opts, String> {
         shm: PathBuf::from("/dev/shm"),
         disk: std::env::temp_dir(),
         pmem_disk: false,
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -56,8 +59,9 @@ fn parse() -> Result<Opts, String> {
             "--shm" => o.shm = PathBuf::from(val()?),
             "--disk" => o.disk = PathBuf::from(val()?),
             "--pmem-disk" => o.pmem_disk = true,
+            "--only" => o.only = Some(val()?),
             "-h" | "--help" => {
-                return Err("usage: chfs-store-bench [--mib N] [--chunk BYTES] [--threads T] [--entries N] [--rounds R] [--shm DIR] [--disk DIR] [--pmem-disk]".into())
+                return Err("usage: chfs-store-bench [--mib N] [--chunk BYTES] [--threads T] [--entries N] [--rounds R] [--shm DIR] [--disk DIR] [--pmem-disk] [--only ENGINE-PREFIX]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -204,6 +208,16 @@ fn main() {
     }
     engines.push(px(&o.shm, &o.shm.display().to_string()));
     engines.push(px(&o.disk, &o.disk.display().to_string()));
+    if let Some(only) = &o.only {
+        // The reference stays first.
+        let keep: Vec<Engine> = engines
+            .into_iter()
+            .enumerate()
+            .filter(|(i, e)| *i == 0 || e.name.starts_with(only.as_str()))
+            .map(|(_, e)| e)
+            .collect();
+        engines = keep;
+    }
     println!(
         "chfs-store-bench: {} MiB in {} B chunks, {} entries, {} threads, {} rounds (median)",
         o.mib, o.chunk, o.entries, o.threads, o.rounds
