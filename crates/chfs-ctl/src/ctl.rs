@@ -378,6 +378,21 @@ done
             .collect()
     }
 
+    /// Removes a secret this start generated (after a failed start).
+    fn forget_secret(&self, path: Option<&str>) {
+        let Some(p) = path.filter(|_| self.gen_secret && !self.add) else {
+            return;
+        };
+        let script = format!("rm -f {}", quote(p));
+        let jobs: Vec<_> = self
+            .unique_hosts()
+            .into_iter()
+            .map(|h| (h, script.clone(), Vec::new()))
+            .collect();
+        let _ = self.launcher.run_all(&jobs);
+        let _ = std::fs::remove_file(p);
+    }
+
     fn unmount(&self, hosts: &[String], lazy: bool) -> Vec<CtlError> {
         let Some(m) = self.mount.as_deref().filter(|_| !self.no_mount) else {
             return Vec::new();
@@ -489,7 +504,10 @@ exit 0
                         rest = &ids[1..];
                         a
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        self.forget_secret(secret_file.as_deref());
+                        return Err(e);
+                    }
                 }
             }
         };
@@ -517,6 +535,7 @@ exit 0
             let ids: Vec<ServerId> = started.iter().map(|(i, _)| i.clone()).collect();
             let mut all = errs;
             all.extend(self.stop_ids(&ids));
+            self.forget_secret(secret_file.as_deref());
             let n = ids.len();
             let mut e = match one_or_many(all) {
                 Err(e) => e,

@@ -216,6 +216,63 @@ mod tests {
         assert!(parse_hostfile("n1;rm\n").is_err());
     }
 
+    fn argv(l: &Launcher, host: &str, script: &str) -> Vec<String> {
+        let c = l.command(host, script);
+        std::iter::once(c.get_program())
+            .chain(c.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn launcher_commands() {
+        let mut l = Launcher {
+            kind: LauncherKind::Ssh,
+            rsh: vec!["ssh".into(), "-F".into(), "/cfg".into()],
+            connect_timeout: Duration::from_secs(7),
+        };
+        assert_eq!(
+            argv(&l, "n1", "echo 'a b'"),
+            [
+                "ssh",
+                "-F",
+                "/cfg",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=7",
+                "n1",
+                r"sh -c 'echo '\''a b'\'''"
+            ]
+        );
+        l.kind = LauncherKind::Mpirun;
+        assert_eq!(
+            argv(&l, "n2", "x"),
+            ["mpirun", "-np", "1", "--host", "n2", "sh", "-c", "x"]
+        );
+        l.kind = LauncherKind::Srun;
+        assert_eq!(
+            argv(&l, "n3", "x"),
+            [
+                "srun",
+                "-N",
+                "1",
+                "-n",
+                "1",
+                "-w",
+                "n3",
+                "--overlap",
+                "sh",
+                "-c",
+                "x"
+            ]
+        );
+        // A custom remote shell that is not ssh gets no ssh options.
+        l.kind = LauncherKind::Ssh;
+        l.rsh = vec!["rsh".into()];
+        assert_eq!(argv(&l, "n4", "x"), ["rsh", "n4", "sh -c x"]);
+    }
+
     #[test]
     fn failures_name_the_host() {
         let l = Launcher {

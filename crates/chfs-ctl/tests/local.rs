@@ -232,12 +232,17 @@ fn failed_start_leaves_nothing() {
             &s,
             "--chfsd",
             chfsd.to_str().unwrap(),
+            "--secret",
             "start",
         ],
         &[],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "nothing to eval on failure");
+    assert!(
+        !sc.scratch().join("chfs.secret").exists(),
+        "the generated secret is removed too"
+    );
     let err = text(&out.stderr);
     assert!(err.contains("host 127.0.0.3"), "{err}");
     assert!(err.contains("cannot listen"), "{err}");
