@@ -307,6 +307,13 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         }
     }
     info!(addr = %shared.me, "chfsd stopped listening");
+    // A server that stops leaves its (persistent) store durable.
+    let st = shared.store.clone();
+    match tokio::task::spawn_blocking(move || st.sync()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!("syncing the store at shutdown failed: {e}"),
+        Err(e) => warn!("syncing the store at shutdown failed: {e}"),
+    }
 }
 
 /// One outgoing response: header, head bytes and a data tail.
