@@ -43,7 +43,7 @@ prefix="$(cd "$prefix" && pwd)"
 install -d "$prefix/bin" "$prefix/lib/pkgconfig" "$prefix/include"
 
 # Tools: every chfs* executable that was built (chfsd, chfsctl, ...).
-find "$from" -maxdepth 1 -type f -perm -u+x -name 'chfs*' ! -name '*.so*' ! -name '*.d' -print0 |
+find -L "$from" -maxdepth 1 -type f -perm -u+x -name 'chfs*' ! -name '*.so*' ! -name '*.d' -print0 |
     while IFS= read -r -d '' exe; do
         install -m 755 "$exe" "$prefix/bin/"
     done

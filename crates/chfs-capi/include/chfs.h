@@ -122,7 +122,10 @@ int chfs_readlink(const char *path, char *buf, size_t size);
 /* Flushes every open descriptor of this process. */
 void chfs_sync(void);
 /* Copies local `path` (file, directory or symbolic link) into CHFS at
- * CHFS_SUBDIR_PATH/path, creating missing parent directories. */
+ * CHFS_SUBDIR_PATH/path, creating missing parent directories. If `path` does
+ * not exist locally, the servers stage CHFS_SUBDIR_PATH/path in from their
+ * backend (cache mode: chfsd --backend), a directory recursively; without a
+ * backend that fails with ENOENT. */
 int chfs_stagein(const char *path);
 
 /* ---- beyond the original CHFS API ----------------------------------- */

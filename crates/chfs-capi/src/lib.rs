@@ -896,7 +896,8 @@ pub unsafe extern "C" fn chfs_access(path: *const c_char, mode: c_int) -> c_int 
 /// Copies `path` of the local file system into CHFS at
 /// `CHFS_SUBDIR_PATH/path`: a regular file's data, a directory (created,
 /// `EEXIST` is fine) or a symbolic link. Missing parent directories are
-/// created.
+/// created. A path that does not exist locally is staged in by the servers
+/// from their backend (cache mode); without a backend that is `ENOENT`.
 #[no_mangle]
 pub unsafe extern "C" fn chfs_stagein(path: *const c_char) -> c_int {
     ffi("chfs_stagein", -1, || {
@@ -939,7 +940,15 @@ fn stagein(c: &Client, src: &str, subdir: &str) -> R<c_int> {
     if dst == "/" {
         return Ok(0);
     }
-    let md = std::fs::symlink_metadata(src).map_err(|e| io_err(src, e))?;
+    let md = match std::fs::symlink_metadata(src) {
+        Ok(md) => md,
+        // Not a local path: in cache mode the servers fetch it from their
+        // backend (every chunk by its owner, in parallel).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return c.stagein(&dst).map(|_| 0);
+        }
+        Err(e) => return Err(io_err(src, e)),
+    };
     let mode = md.permissions().mode() & 0o7777;
     mkdir_p(c, chfs_proto::path::parent(&dst))?;
     let ft = md.file_type();

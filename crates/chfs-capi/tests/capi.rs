@@ -16,21 +16,22 @@ use chfs_localpool::{LocalPool, PoolOptions};
 
 const CRATE: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The directory holding the built `libchfs.so` and `chfsd`
-/// (`target/<profile>`; this test runs from `target/<profile>/deps`).
-fn build_dir() -> PathBuf {
+/// A directory holding the freshly built `libchfs.so` and `chfsd`, as
+/// `install-capi.sh --from` wants them. `cargo test` builds the library in
+/// `target/<profile>/deps` (next to this test) without copying it up to
+/// `target/<profile>`, so it is taken from there.
+fn build_dir() -> tempfile::TempDir {
     let exe = std::env::current_exe().expect("current_exe");
-    let mut d = exe.parent().expect("exe dir").to_path_buf();
-    for _ in 0..2 {
-        if d.join("libchfs.so").is_file() && d.join("chfsd").is_file() {
-            return d;
-        }
-        d = d.parent().expect("parent").to_path_buf();
-    }
-    panic!(
-        "libchfs.so and chfsd not found next to {} (run `cargo build -p chfs-server -p chfs-capi`)",
-        exe.display()
-    );
+    let deps = exe.parent().expect("exe dir");
+    let lib = [deps.join("libchfs.so"), deps.join("../libchfs.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("libchfs.so not built (cargo build -p chfs-capi)");
+    let chfsd = chfs_localpool::find_chfsd().expect("chfsd not built (cargo build -p chfs-server)");
+    let d = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(&lib, d.path().join("libchfs.so")).unwrap();
+    std::os::unix::fs::symlink(&chfsd, d.path().join("chfsd")).unwrap();
+    d
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -73,11 +74,12 @@ impl Prefix {
     fn install() -> Prefix {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = Path::new(CRATE).join("../../scripts/install-capi.sh");
+        let from = build_dir();
         check(
             Command::new("bash")
                 .arg(&script)
                 .arg("--from")
-                .arg(build_dir())
+                .arg(from.path())
                 .arg(dir.path()),
         );
         Prefix { dir }
@@ -511,5 +513,48 @@ fn bad_environment_makes_init_fail_cleanly() {
     assert!(
         err.contains("CHFS_CHUNK_SIZE") && err.contains("err:"),
         "{err}"
+    );
+}
+
+#[test]
+fn stagein_from_the_servers_backend() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("stagein_backend", tmp.path());
+    let backend = tmp.path().join("backend");
+    std::fs::create_dir_all(backend.join("input")).unwrap();
+    let data = vec![7u8; 300_000];
+    std::fs::write(backend.join("input/f1"), &data).unwrap();
+    std::fs::write(backend.join("input/f2"), &data[..1000]).unwrap();
+    let pool = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        chfsd: Some(p.chfsd()),
+        args: vec!["--backend".into(), backend.display().to_string()],
+        ..Default::default()
+    })
+    .expect("pool with backend");
+    let c = rust_client(&pool);
+    let stored = |c: &Client| -> u64 {
+        c.server_status()
+            .into_iter()
+            .map(|(a, s)| s.unwrap_or_else(|e| panic!("status of {a}: {e}")).bytes)
+            .sum()
+    };
+    let before = stored(&c);
+    let out = check(
+        clean(&exe)
+            .env("CHFS_SERVER", pool.server_string())
+            .current_dir(tmp.path())
+            .arg("/input"),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "stagein_backend: ok\n"
+    );
+    let after = stored(&c);
+    assert!(
+        after - before >= 301_000,
+        "servers hold {} more bytes after stage-in",
+        after - before
     );
 }
