@@ -42,8 +42,8 @@ mkdir -p "$prefix"
 prefix="$(cd "$prefix" && pwd)"
 install -d "$prefix/bin" "$prefix/lib/pkgconfig" "$prefix/include"
 
-# Tools: every chfs* executable that was built (chfsd, chfsctl, ...).
-find -L "$from" -maxdepth 1 -type f -perm -u+x -name 'chfs*' ! -name '*.so*' ! -name '*.d' -print0 |
+# Tools: every ch* executable that was built (chfsd, chfsctl, chstagein, ...).
+find -L "$from" -maxdepth 1 -type f -perm -u+x -name 'ch*' ! -name '*.so*' ! -name '*.d' -print0 |
     while IFS= read -r -d '' exe; do
         install -m 755 "$exe" "$prefix/bin/"
     done
