@@ -144,3 +144,96 @@ fn bad_configuration_is_reported() {
     );
     assert!(!is_mounted(dir.path()));
 }
+
+#[test]
+fn ordinary_user_mounts_through_fusermount3() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to run chfuse as another user (uid 65534)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dev_mode = std::fs::metadata("/dev/fuse")
+        .map(|m| m.permissions().mode())
+        .unwrap_or(0);
+    if dev_mode & 0o006 != 0o006 {
+        // fusermount3 opens /dev/fuse with the user's rights: a mode of
+        // 0600 (some containers) means no ordinary user can mount FUSE.
+        eprintln!("SKIPPED: /dev/fuse is mode {dev_mode:o}, ordinary users cannot mount FUSE here");
+        return;
+    }
+    let pool = pool(2);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let c = std::ffi::CString::new(mp.to_str().unwrap()).unwrap();
+    // SAFETY: chown of a directory we created, to the unprivileged user.
+    let r = unsafe { libc::chown(c.as_ptr(), 65534, 65534) };
+    assert_eq!(r, 0);
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(chfuse_bin())
+        .arg(&mp)
+        .arg("-f")
+        .env("CHFS_SERVER", pool.server_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Guard(std::path::PathBuf);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            force_unmount(&self.0);
+        }
+    }
+    let _g = Guard(mp.clone());
+    let t = Instant::now();
+    while !is_mounted(&mp) {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("chfuse as uid 65534 exited ({st}): {err}");
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no mount");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The owner (uid 65534) uses it; its files belong to it.
+    let (ok, out) = sh_status(&format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo hi > {}/f && cat {}/f && stat -c %u {}/f'",
+        mp.display(),
+        mp.display(),
+        mp.display()
+    ));
+    assert!(ok, "{out}");
+    assert_eq!(out, "hi\n65534\n");
+    // The user unmounts with fusermount3 -u; the daemon exits.
+    let (ok, out) = sh_status(&format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups fusermount3 -u {}",
+        mp.display()
+    ));
+    assert!(ok, "{out}");
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success(), "{st}");
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chfuse did not exit after fusermount3 -u");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
