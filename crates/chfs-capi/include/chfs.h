@@ -57,8 +57,9 @@ int chfs_size(void);
 /* Library version, a static string. */
 const char *chfs_version(void);
 
-/* Chunk size of files created from now on (ignored if <= 0). Before
- * chfs_init a set CHFS_CHUNK_SIZE overrides it. */
+/* Chunk size of files created from now on (ignored if <= 0; above the
+ * maximum, 64 MiB, ignored with errno EINVAL). Before chfs_init a set
+ * CHFS_CHUNK_SIZE overrides it. */
 void chfs_set_chunk_size(int chunk_size);
 /* Client write buffer per descriptor in bytes; small writes are aggregated
  * into one request (0 = off; ignored if < 0). Applies to descriptors opened

@@ -360,12 +360,22 @@ fn live_client() -> Option<Client> {
         .map(|l| l.client.clone())
 }
 
-/// Chunk size of files created from now on (ignored if <= 0).
+/// Chunk size of files created from now on (ignored if <= 0; above the
+/// protocol maximum it is ignored and `errno` is set to `EINVAL`).
 #[no_mangle]
 pub extern "C" fn chfs_set_chunk_size(chunk_size: c_int) {
     ffi("chfs_set_chunk_size", (), || {
         if chunk_size <= 0 {
             return Ok(());
+        }
+        if chunk_size as u64 > u64::from(chfs_proto::MAX_CHUNK_SIZE) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "chunk size {chunk_size} above {}",
+                    chfs_proto::MAX_CHUNK_SIZE
+                ),
+            ));
         }
         overrides().chunk_size = Some(chunk_size as u32);
         if let Some(c) = live_client() {

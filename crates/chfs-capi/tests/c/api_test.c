@@ -116,6 +116,9 @@ main(int argc, char **argv)
 	CHECK_ERR(chfs_open("/x", O_RDONLY), ENOTCONN);
 	CHECK_ERR(chfs_size(), ENOTCONN);
 	chfs_set_chunk_size(0);		/* ignored, no crash */
+	errno = 0;
+	chfs_set_chunk_size(0x7fffffff);	/* too big: ignored, EINVAL */
+	CHECK(errno == EINVAL);
 	chfs_set_rdma_thresh(65536);
 	chfs_set_async_access(1);
 	chfs_set_rpc_timeout_msec(20000);
