@@ -558,3 +558,31 @@ fn stagein_from_the_servers_backend() {
         after - before
     );
 }
+
+#[test]
+fn servers_dying_under_a_c_program_give_errors_not_signals() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("server_dies", tmp.path());
+    let pool = p.pool(2);
+    let pids: Vec<String> = (0..2)
+        .map(|i| pool.pid(i).expect("pid").to_string())
+        .collect();
+    let out = run(clean(&exe)
+        .env("CHFS_SERVER", pool.server_string())
+        .env("CHFS_RPC_TIMEOUT_MSEC", "3000")
+        .args(&pids));
+    assert!(
+        out.status.success(),
+        "{:?}: stdout {} stderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "server_dies: ok\n");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
