@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -95,9 +96,28 @@ thread_main(void *arg)
 	return (NULL);
 }
 
+#define NSIG_CHECKED 64
+
+/* Signal dispositions, to check that the library installs no handlers. */
+static void
+signal_state(void *handlers[NSIG_CHECKED], stack_t *alt)
+{
+	struct sigaction sa;
+	int s;
+
+	for (s = 1; s < NSIG_CHECKED; ++s) {
+		handlers[s] = NULL;
+		if (sigaction(s, NULL, &sa) == 0)
+			handlers[s] = (void *)sa.sa_handler;
+	}
+	CHECK(sigaltstack(NULL, alt) == 0);
+}
+
 int
 main(int argc, char **argv)
 {
+	void *sig_before[NSIG_CHECKED], *sig_after[NSIG_CHECKED];
+	stack_t alt_before, alt_after;
 	struct stat st;
 	struct statvfs vfs;
 	struct names ns;
@@ -110,6 +130,8 @@ main(int argc, char **argv)
 	CHECK(argc == 4);
 	servers = argv[1];
 	nservers = atoi(argv[2]);
+
+	signal_state(sig_before, &alt_before);
 
 	/* before chfs_init */
 	CHECK_EQ(chfs_initialized(), 0);
@@ -424,6 +446,13 @@ main(int argc, char **argv)
 	chfs_set_buf_size(0);
 	CHECK_EQ(chfs_unlink("/api/buffered"), 0);
 	CHECK_EQ(chfs_rmdir("/api"), 0);
+
+	/* no signal handler or alternate stack was installed */
+	signal_state(sig_after, &alt_after);
+	for (i = 1; i < NSIG_CHECKED; ++i)
+		CHECK(sig_before[i] == sig_after[i]);
+	CHECK(alt_before.ss_flags == alt_after.ss_flags &&
+	    alt_before.ss_sp == alt_after.ss_sp);
 
 	/* term, re-init with an explicit server, term_without_sync */
 	CHECK_EQ(chfs_term(), 0);
