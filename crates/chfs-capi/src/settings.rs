@@ -90,7 +90,7 @@ pub const ENV_VARS: &[EnvVar] = &[
         default: "(none)",
         values: "an existing directory",
         effect:
-            "validated only, no effect yet: the library does not read backend files on a cache miss",
+            "validated only, no effect in the library: cache mode is the servers' job (chfsd --backend, or CHFS_BACKEND_PATH in chfsd's environment)",
     },
     EnvVar {
         name: "CHFS_SUBDIR_PATH",
