@@ -70,8 +70,10 @@ pub trait Launcher {
     ) -> Result<Box<dyn Ranks + 's>>;
 }
 
-/// Ranks as local worker processes (this executable with [`WORKER_ARG`]),
-/// a new set per target.
+/// Ranks as local worker processes, a new set per target: the running
+/// executable started again with [`WORKER_ARG`] as its first argument, so
+/// a program using this launcher must call [`crate::worker::worker_main`]
+/// when it sees that argument (as the `chfs-bench` binary does).
 pub struct LocalLauncher;
 
 impl Launcher for LocalLauncher {

@@ -138,6 +138,12 @@ fn io500(a: Io500Args, launcher: &dyn Launcher, mpi_size: Option<usize>) -> Resu
             "--procs and --transfer must be at least 1".into(),
         ));
     }
+    if a.easy_segments == 0 || a.hard_records == 0 || a.easy_files == 0 || a.hard_files == 0 {
+        return Err(BenchError::Config(
+            "--easy-segments, --hard-records, --easy-files and --hard-files must be at least 1"
+                .into(),
+        ));
+    }
     if !(a.stonewall >= 0.0 && a.stonewall.is_finite()) {
         return Err(BenchError::Config(
             "--stonewall must be a number of seconds >= 0".into(),

@@ -272,6 +272,7 @@ fn bad_input_is_a_clear_error() {
     assert!(run(&["--posix", "/nonexistent/chfs-bench"]).contains("not a directory"));
     assert!(run(&["--posix", "/tmp", "-n", "0"]).contains("--procs"));
     assert!(run(&["--posix", "/tmp", "--stonewall=-1"]).contains("--stonewall"));
+    assert!(run(&["--posix", "/tmp", "--hard-files", "0"]).contains("--hard-files"));
     // a pool that is not there: an error naming the address, no hang
     let e = run(&["--no-progress"]);
     assert!(e.contains("CHFS_SERVER"), "{e}");
