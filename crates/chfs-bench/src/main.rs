@@ -193,6 +193,7 @@ fn io500(a: Io500Args, launcher: &dyn Launcher, mpi_size: Option<usize>) -> Resu
         version: env!("CARGO_PKG_VERSION").into(),
         host: report::hostname(),
         started_unix,
+        command: std::env::args().collect(),
         params,
         ratios: reference
             .as_ref()

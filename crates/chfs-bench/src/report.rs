@@ -126,6 +126,8 @@ pub struct RunResult {
     pub host: String,
     /// Start, seconds since the epoch.
     pub started_unix: u64,
+    /// The command line of the run.
+    pub command: Vec<String>,
     /// Parameters.
     pub params: Params,
     /// The measured system.
@@ -404,6 +406,7 @@ mod tests {
             version: "0".into(),
             host: hostname(),
             started_unix: 0,
+            command: vec!["chfs-bench".into()],
             params: Params {
                 nprocs: 2,
                 stonewall_secs: 1.0,

@@ -137,6 +137,11 @@ fn pool_and_reference_smoke() {
     assert_eq!(run.ratios.len(), 15);
     assert!(run.ratios.iter().all(|x| x.ratio > 0.0));
     assert!(!run.host.is_empty() && !run.version.is_empty());
+    assert!(
+        run.command.iter().any(|a| a == "--reference"),
+        "{:?}",
+        run.command
+    );
     for p in Phase::ALL {
         assert!(stdout.contains(p.name()), "{stdout}");
     }
