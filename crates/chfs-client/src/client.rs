@@ -1364,9 +1364,11 @@ impl Client {
         Ok(self.file(fd)?.path.clone())
     }
 
-    /// `chfs_sync`: flushes every open descriptor (buffers and sizes) and, in
-    /// cache mode, waits until the servers wrote every dirty chunk back to
-    /// the backend ([`Client::wait_flushed`] on `/`).
+    /// `chfs_sync`: flushes every open descriptor (buffers and sizes), asks
+    /// every server to make its store durable (`Sync`: meaningful for the
+    /// persistent engines) and, in cache mode, waits until the servers wrote
+    /// every dirty chunk back to the backend ([`Client::wait_flushed`] on
+    /// `/`).
     pub fn sync(&self) -> Result<()> {
         let st = self.state();
         let files: Vec<_> = lock(&self.inner.fds).iter().flatten().cloned().collect();
@@ -1378,6 +1380,12 @@ impl Client {
         }
         if let Some(e) = first {
             return Err(e);
+        }
+        for r in self.broadcast(&st, &Request::Sync) {
+            match r? {
+                Response::Ok => {}
+                other => return Err(unexpected(other)),
+            }
         }
         self.wait_flushed("/", None)
     }

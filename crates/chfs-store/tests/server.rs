@@ -204,6 +204,8 @@ fn restart_serves_everything(store: &'static str) {
     c.pwrite(fd, &[0xEE; 5000], 100_000).unwrap();
     c.fsync(fd).unwrap();
     c.close(fd).unwrap();
+    // sync(2) of the whole pool: every server makes its store durable.
+    c.sync().unwrap();
     drop(c);
     for round in 0..2 {
         cl.restart_all(); // SIGKILL, then start again on the same paths and ports
