@@ -432,3 +432,69 @@ fn mount_on_start_unmount_on_stop() {
     let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+#[test]
+fn mpirun_launcher_on_this_host() {
+    if std::process::Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        eprintln!("SKIPPED mpirun_launcher_on_this_host: no mpirun (apt-get install openmpi-bin)");
+        return;
+    }
+    let sc = Scratch::new();
+    let s = sc.s();
+    let hf = sc.dir.path().join("hosts");
+    std::fs::write(&hf, "localhost slots=2\n").unwrap();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = [
+        "-h",
+        hf.to_str().unwrap(),
+        "--launcher",
+        "mpirun",
+        "-c",
+        &s,
+        "--chfsd",
+        chfsd.to_str().unwrap(),
+        "-n",
+        "2",
+    ];
+    // Open MPI refuses root unless told.
+    let mpi_env = [
+        ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+    ];
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &mpi_env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    let pids = recorded_pids(&sc.scratch());
+    assert_eq!(pids.len(), 2);
+    // The servers outlive the mpirun that started them.
+    std::thread::sleep(Duration::from_millis(300));
+    for p in &pids {
+        assert!(chfsd_alive(*p));
+    }
+    let c = client(&env, false).unwrap();
+    assert_eq!(c.server_count(), 2);
+    c.mkdir("/via-mpirun", 0o755).unwrap();
+    drop(c);
+    let out = run(&ctl, &[&a[..], &["status"]].concat(), &mpi_env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(" up "))
+            .count(),
+        2
+    );
+    let out = run(&ctl, &[&a[..], &["stop"]].concat(), &mpi_env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for p in &pids {
+        assert!(!chfsd_alive(*p));
+    }
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &mpi_env);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
