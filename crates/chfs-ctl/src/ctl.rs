@@ -611,6 +611,10 @@ exit 0
             for (h, r) in hosts.iter().zip(self.launcher.run_all(&jobs)) {
                 match r {
                     Ok(_) => mounted.push(h.clone()),
+                    Err(CtlError::Host { host, message }) => errs.push(CtlError::Host {
+                        host,
+                        message: format!("cannot mount chfuse on {m}: {message}"),
+                    }),
                     Err(e) => errs.push(e),
                 }
             }

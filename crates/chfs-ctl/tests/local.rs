@@ -498,3 +498,38 @@ fn mpirun_launcher_on_this_host() {
     let out = run(&ctl, &[&a[..], &["clean"]].concat(), &mpi_env);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+#[test]
+fn failed_mount_stops_the_servers() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    // A mount point below a regular file cannot be created.
+    let file = sc.dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let m = file.join("mnt");
+    let chfsd = chfsd();
+    let out = run(
+        &bin("chfsctl"),
+        &[
+            "-c",
+            &s,
+            "--chfsd",
+            chfsd.to_str().unwrap(),
+            "-n",
+            "2",
+            "-m",
+            m.to_str().unwrap(),
+            "start",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("host ") && err.contains("cannot mount chfuse on"),
+        "{err}"
+    );
+    assert!(err.contains("stopped the 2 server(s)"), "{err}");
+    assert!(recorded_pids(&sc.scratch()).is_empty());
+}
