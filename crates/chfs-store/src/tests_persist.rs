@@ -629,3 +629,116 @@ fn posix_capacity_enospc_and_reuse() {
     s.write("/a", 2, 0, &[1; 3000], &meta(1)).unwrap();
     assert_eq!(s.stats().bytes, 3000);
 }
+
+/// Threads hammer disjoint files of one store (sharing its allocator and
+/// index) while each keeps its own model; the store must match every
+/// model, also after a reopen.
+fn concurrent_body(open: &dyn Fn() -> Box<dyn Store>) {
+    let s: std::sync::Arc<dyn Store> = std::sync::Arc::from(open());
+    let models: Vec<MemStore> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = s.clone();
+                sc.spawn(move || {
+                    let model = MemStore::new(0);
+                    let mut r = 0x9E37_79B9 ^ ((t + 1) * 7919);
+                    let mut n = |m: u64| {
+                        r ^= r << 13;
+                        r ^= r >> 7;
+                        r ^= r << 17;
+                        r % m
+                    };
+                    for _ in 0..400 {
+                        let p = format!("/t{t}/f{}", n(6));
+                        let idx = n(3);
+                        let op = match n(6) {
+                            0 => Op2::Create(p.clone()),
+                            1 | 2 => {
+                                let off = n(1024) as u32;
+                                Op2::Write(
+                                    p.clone(),
+                                    idx,
+                                    off,
+                                    (n(500) as usize).min(1024 - off as usize),
+                                    n(250) as u8 + 1,
+                                )
+                            }
+                            3 => Op2::Truncate(p.clone(), idx, n(700) as u32),
+                            4 => Op2::Remove(p.clone()),
+                            _ => Op2::Chmod(p.clone(), n(0o777) as u32),
+                        };
+                        assert_eq!(op.apply(&*s), op.apply(&model), "thread {t}: {op:?}");
+                    }
+                    model
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let check = |s: &dyn Store| {
+        let all = snapshot(s);
+        for (t, m) in models.iter().enumerate() {
+            let want = snapshot(m);
+            let prefix = format!("/t{t}/");
+            let got: Snap = all
+                .iter()
+                .filter(|((p, _), _)| p.starts_with(&prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            same(&got, &want, &format!("thread {t}"));
+        }
+    };
+    check(&*s);
+    drop(s);
+    check(&*open());
+}
+
+#[derive(Debug)]
+enum Op2 {
+    Create(String),
+    Write(String, u64, u32, usize, u8),
+    Truncate(String, u64, u32),
+    Remove(String),
+    Chmod(String, u32),
+}
+
+impl Op2 {
+    fn apply(&self, s: &dyn Store) -> std::result::Result<String, i32> {
+        let e = |e: StoreError| e.errno();
+        match self {
+            Op2::Create(p) => s
+                .create(p, meta(1), b"", true)
+                .map(|_| String::new())
+                .map_err(e),
+            Op2::Write(p, i, off, len, b) => s
+                .write(p, *i, *off, &vec![*b; *len], &meta(1))
+                .map(|_| String::new())
+                .map_err(e),
+            Op2::Truncate(p, i, l) => s
+                .truncate_chunk(p, *i, *l)
+                .map(|_| String::new())
+                .map_err(e),
+            Op2::Remove(p) => s.remove_chunks(p, 0).map(|n| n.to_string()).map_err(e),
+            Op2::Chmod(p, m) => s
+                .update_meta(p, 0, &mut |x| {
+                    x.mode = libc::S_IFREG | m;
+                    Ok(())
+                })
+                .map(|_| String::new())
+                .map_err(e),
+        }
+    }
+}
+
+#[test]
+fn pmem_concurrent_writers_share_the_allocator_safely() {
+    let d = shm_dir();
+    let f = d.path().join("conc.pmem");
+    concurrent_body(&|| Box::new(PmemStore::open(&f, 4 << 20).unwrap()));
+}
+
+#[test]
+fn posix_concurrent_writers_stay_consistent() {
+    let d = shm_dir();
+    concurrent_body(&|| Box::new(PosixStore::open(d.path(), 0).unwrap()));
+}
