@@ -73,6 +73,11 @@ struct Io500Args {
     /// mdtest-hard: most files per rank.
     #[arg(long, default_value_t = 10000)]
     hard_files: u64,
+    /// Rank r reads, stats and deletes what rank r+SHIFT wrote (IO500's
+    /// -N; use the ranks per node so that data is read on another node;
+    /// under MPI the default is the ranks on rank 0's node).
+    #[arg(long, value_name = "SHIFT")]
+    shift: Option<usize>,
     /// Write the JSON result here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -131,7 +136,12 @@ fn write_file(path: &PathBuf, data: &str) -> Result<()> {
     std::fs::write(path, data).map_err(|e| BenchError::io("write", path.display(), e))
 }
 
-fn io500(a: Io500Args, launcher: &dyn Launcher, mpi_size: Option<usize>) -> Result<()> {
+fn io500(
+    a: Io500Args,
+    launcher: &dyn Launcher,
+    mpi_size: Option<usize>,
+    default_shift: Option<usize>,
+) -> Result<()> {
     let procs = mpi_size.unwrap_or(a.procs);
     if procs == 0 || a.transfer == 0 {
         return Err(BenchError::Config(
@@ -176,6 +186,7 @@ fn io500(a: Io500Args, launcher: &dyn Launcher, mpi_size: Option<usize>) -> Resu
         hard_max_records: a.hard_records,
         md_easy_max: a.easy_files,
         md_hard_max: a.hard_files,
+        shift: a.shift.or(default_shift).unwrap_or(1),
     };
     let mut opts = RunOptions::auto();
     opts.progress &= !a.no_progress;
@@ -242,11 +253,16 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
     Ok(())
 }
 
-fn dispatch(cli: Cli, launcher: &dyn Launcher, mpi_size: Option<usize>) -> Result<()> {
+/// `mpi`: the world size and the ranks on this node.
+fn dispatch(cli: Cli, launcher: &dyn Launcher, mpi: Option<(usize, usize)>) -> Result<()> {
+    let size = mpi.map(|m| m.0);
+    // IO500 reads on another node: shift by the ranks per node if there
+    // is more than one node.
+    let shift = mpi.and_then(|(size, local)| (local > 0 && local < size).then_some(local));
     match cli.cmd {
-        Some(Cmd::Io500(a)) => io500(a, launcher, mpi_size),
+        Some(Cmd::Io500(a)) => io500(a, launcher, size, shift),
         Some(Cmd::Sweep(a)) => run_sweep(a),
-        None => io500(cli.io500, launcher, mpi_size),
+        None => io500(cli.io500, launcher, size, shift),
     }
 }
 
@@ -281,7 +297,15 @@ fn mpi_main() -> ExitCode {
     };
     leader::install_signal_handlers();
     let size = s.size();
-    let r = dispatch(cli, &s, Some(size));
+    let local = [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+    .unwrap_or(size);
+    let r = dispatch(cli, &s, Some((size, local)));
     s.quit_all();
     finish(r)
 }

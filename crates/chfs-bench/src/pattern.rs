@@ -123,10 +123,14 @@ impl Phase {
     }
 }
 
-/// The rank whose data `rank` reads, stats or deletes: the next one, so
-/// that no rank reads what it wrote itself (unless it is alone).
-pub fn source_rank(rank: usize, nprocs: usize) -> usize {
-    (rank + 1) % nprocs.max(1)
+/// The rank whose data `rank` reads, stats or deletes: `shift` ranks
+/// further (IO500's `-N`: the ranks per node, so that data is read on
+/// another node), so that no rank reads what it wrote itself (unless it is
+/// alone). A shift that is a multiple of the rank count becomes 1.
+pub fn source_rank(rank: usize, nprocs: usize, shift: usize) -> usize {
+    let n = nprocs.max(1);
+    let shift = if shift % n == 0 { 1 } else { shift };
+    (rank + shift) % n
 }
 
 /// ior-easy: the file of `rank`.
@@ -297,11 +301,19 @@ mod tests {
     #[test]
     fn readers_differ_from_writers_and_cover_all() {
         for n in 2..9 {
-            let src: HashSet<_> = (0..n).map(|r| source_rank(r, n)).collect();
-            assert_eq!(src.len(), n, "a permutation");
-            assert!((0..n).all(|r| source_rank(r, n) != r));
+            for shift in [1, 2, 3, n, 2 * n] {
+                let src: HashSet<_> = (0..n).map(|r| source_rank(r, n, shift)).collect();
+                assert_eq!(src.len(), n, "a permutation");
+                assert!(
+                    (0..n).all(|r| source_rank(r, n, shift) != r),
+                    "n={n} shift={shift}"
+                );
+            }
         }
-        assert_eq!(source_rank(0, 1), 0);
+        assert_eq!(source_rank(0, 1, 1), 0);
+        // 2 nodes x 4 ranks, shift 4: rank 1 reads rank 5 (the other node)
+        assert_eq!(source_rank(1, 8, 4), 5);
+        assert_eq!(source_rank(6, 8, 4), 2);
     }
 
     #[test]

@@ -415,6 +415,7 @@ mod tests {
                 hard_max_records: 1,
                 md_easy_max: 1,
                 md_hard_max: 1,
+                shift: 1,
             },
             ratios: ratios(&sys, &reference),
             system: sys,

@@ -82,6 +82,13 @@ pub struct Params {
     pub md_easy_max: u64,
     /// mdtest-hard: most files per rank.
     pub md_hard_max: u64,
+    /// Rank `r` reads, stats and deletes what rank `r + shift` wrote.
+    #[serde(default = "one")]
+    pub shift: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What the leader asks of a rank.
@@ -194,7 +201,7 @@ pub fn run_work(
 ) -> Result<RankResult> {
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(p.stonewall_secs.max(0.0));
-    let src = pattern::source_rank(rank, p.nprocs);
+    let src = pattern::source_rank(rank, p.nprocs, p.shift);
     let src_count = counts.get(src).copied().unwrap_or(0);
     let mut t = Ticker {
         f: progress,
@@ -423,6 +430,7 @@ mod tests {
             hard_max_records: 4,
             md_easy_max: 7,
             md_hard_max: 6,
+            shift: 1,
         }
     }
 

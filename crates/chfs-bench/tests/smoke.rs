@@ -161,11 +161,14 @@ fn posix_only_smoke() {
         "--posix",
         dir.path().to_str().unwrap(),
         "-n",
+        "3",
+        "--shift",
         "2",
         "--json",
         json.to_str().unwrap(),
     ]);
-    check_target(&run.system, 2);
+    assert_eq!(run.params.shift, 2);
+    check_target(&run.system, 3);
     assert!(run.reference.is_none() && run.ratios.is_empty());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
