@@ -114,7 +114,14 @@ impl MmapMedia {
             )
         };
         if p == libc::MAP_FAILED {
-            mode = if on_volatile_fs(path) {
+            use std::os::unix::fs::FileTypeExt;
+            let devdax = file.metadata()?.file_type().is_char_device();
+            // A devdax character device is persistent memory even without
+            // MAP_SYNC (its mappings are always synchronous); its statfs
+            // reports devtmpfs, which must not be taken for tmpfs.
+            mode = if devdax {
+                PersistMode::Dax
+            } else if on_volatile_fs(path) {
                 PersistMode::Volatile
             } else {
                 PersistMode::Msync
