@@ -112,17 +112,41 @@ impl LocalPool {
     }
 
     /// Starts a pool.
-    pub fn start_with(opts: PoolOptions) -> io::Result<Self> {
+    ///
+    /// With `CHFS_TEST_STORE=pmem` or `posix` in the environment (and no
+    /// `--store` in the options), every server gets that persistent engine
+    /// with its own store under the pool directory (on /dev/shm when there
+    /// is one), so a whole test suite can run against an engine:
+    /// `CHFS_TEST_STORE=pmem cargo test -p chfs-client`.
+    pub fn start_with(mut opts: PoolOptions) -> io::Result<Self> {
         let chfsd = match &opts.chfsd {
             Some(p) => p.clone(),
             None => find_chfsd()?,
         };
-        let dir = std::env::temp_dir().join(format!(
+        let test_store = std::env::var("CHFS_TEST_STORE")
+            .ok()
+            .filter(|s| !s.is_empty() && s != "mem" && !opts.args.iter().any(|a| a == "--store"));
+        let base = match &test_store {
+            Some(_) if Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
+            _ => std::env::temp_dir(),
+        };
+        let dir = base.join(format!(
             "chfs-pool-{}-{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir)?;
+        if let Some(store) = test_store {
+            let path = dir.join("store{i}").display().to_string();
+            opts.args.extend([
+                "--store".to_string(),
+                store,
+                "--path".to_string(),
+                path,
+                "--size".to_string(),
+                "256M".to_string(),
+            ]);
+        }
         let n = opts.servers.max(1);
         let mut pool = LocalPool {
             children: Vec::new(),
