@@ -40,8 +40,11 @@ pub struct FsOptions {
     /// and sent later (faster small writes; data reaches the servers at
     /// flush/fsync/close, and O_APPEND is no longer atomic across nodes).
     pub writeback_cache: bool,
-    /// Bypass the page cache for every file (`FOPEN_DIRECT_IO`): every
-    /// read goes to the servers (no mmap of shared writable mappings).
+    /// Bypass the page cache for file data (`FOPEN_DIRECT_IO`, the
+    /// default): a read(2) or write(2) of 1 MiB is one request of 1 MiB,
+    /// every read sees the servers' current data, and mmap still works
+    /// (`FUSE_DIRECT_IO_ALLOW_MMAP`). Off: the kernel page cache and
+    /// read-ahead serve repeated and small reads.
     pub direct_io: bool,
 }
 
@@ -51,7 +54,7 @@ impl Default for FsOptions {
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
             writeback_cache: false,
-            direct_io: false,
+            direct_io: true,
         }
     }
 }
@@ -481,6 +484,9 @@ impl Filesystem for ChfsFs {
         let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC | InitFlags::FUSE_PARALLEL_DIROPS;
         if self.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if self.opts.direct_io {
+            want |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         }
         for flag in want.iter() {
             if let Err(e) = config.add_capabilities(flag) {
@@ -999,6 +1005,64 @@ impl Filesystem for ChfsFs {
                 )
             }
             Err(e) => reply.error(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_interns_counts_and_forgets() {
+        let mut t = Table::new();
+        let a = t.intern("/a", 77);
+        assert_eq!(a, 77);
+        assert_eq!(t.intern("/a", 77), a);
+        // A colliding hint gets another number; the root keeps 1.
+        let b = t.intern("/b", 77);
+        assert_ne!(b, a);
+        assert_ne!(t.intern("/c", 1), 1);
+        t.forget(a, 1);
+        assert!(t.nodes.contains_key(&a));
+        t.forget(a, 1);
+        assert!(!t.nodes.contains_key(&a));
+        assert!(!t.by_path.contains_key("/a"));
+        t.forget(1, 100);
+        assert!(t.nodes.contains_key(&1));
+    }
+
+    #[test]
+    fn table_rename_moves_descendants_only() {
+        let mut t = Table::new();
+        let d = t.intern("/d", 10);
+        let f = t.intern("/d/f", 20);
+        let g = t.intern("/d/sub/g", 30);
+        let other = t.intern("/dx", 40);
+        let victim = t.intern("/e", 50);
+        let mut moved = t.rename("/d", "/e");
+        moved.sort();
+        assert_eq!(moved, vec![d, f, g]);
+        assert_eq!(t.nodes[&f].path, "/e/f");
+        assert_eq!(t.nodes[&g].path, "/e/sub/g");
+        assert_eq!(t.nodes[&other].path, "/dx");
+        assert_eq!(t.by_path["/e"], d);
+        // The replaced entry keeps its inode (open files) but not its name.
+        assert!(t.nodes.contains_key(&victim));
+        assert!(!t.by_path.contains_key("/d"));
+    }
+
+    #[test]
+    fn names_must_be_utf8() {
+        let bad = OsStr::from_bytes(b"a\xff");
+        assert_eq!(name_str(bad).unwrap_err(), Errno::from_i32(libc::EILSEQ));
+        assert_eq!(name_str(OsStr::new("ok")).unwrap(), "ok");
+    }
+
+    #[test]
+    fn times_round_trip_before_and_after_the_epoch() {
+        for ns in [0i64, 1, 1_700_000_000_123_456_789, -1_500_000_000] {
+            assert_eq!(time_ns(systime(ns)), ns);
         }
     }
 }

@@ -329,8 +329,17 @@ fn o_append_from_two_processes_and_two_mounts() {
 
 #[test]
 fn mmap_read_and_shared_write() {
+    mmap_body(&[]);
+}
+
+#[test]
+fn mmap_with_the_page_cache() {
+    mmap_body(&["--page-cache"]);
+}
+
+fn mmap_body(args: &[&str]) {
     let pool = pool(2);
-    let m = Mount::new(&pool, &[]);
+    let m = Mount::new(&pool, args);
     let data = pattern(300_000, 3);
     std::fs::write(m.p("f"), &data).unwrap();
     let f = std::fs::File::open(m.p("f")).unwrap();
@@ -438,4 +447,35 @@ fn rename_of_an_open_file_keeps_its_descriptor() {
     f.write_all(b"x").unwrap();
     drop(f);
     assert_eq!(std::fs::read(m.p("e/inner")).unwrap(), b"x");
+}
+
+/// The page-cache and write-back modes: data round trips, and a second
+/// mount sees it after close.
+#[test]
+fn page_cache_and_writeback_modes() {
+    let pool = pool(2);
+    for mode in [&["--page-cache"][..], &["--writeback-cache"][..]] {
+        let a = Mount::new(&pool, mode);
+        let b = Mount::new(&pool, mode);
+        let name = mode[0].trim_start_matches('-');
+        let data = pattern(3 << 20, 21);
+        // Small writes (gathered by the kernel in write-back mode).
+        let mut f = std::fs::File::create(a.p(name)).unwrap();
+        for c in data.chunks(4096) {
+            f.write_all(c).unwrap();
+        }
+        drop(f);
+        assert!(
+            std::fs::read(a.p(name)).unwrap() == data,
+            "{name}: same mount"
+        );
+        assert!(
+            std::fs::read(b.p(name)).unwrap() == data,
+            "{name}: other mount"
+        );
+        sh(&format!(
+            "dd if={} of=/dev/null bs=1M status=none",
+            q(&b.p(name))
+        ));
+    }
 }

@@ -33,7 +33,7 @@ struct Args {
     debug: bool,
     /// Mount options, comma separated: allow_other, noallow_other,
     /// default_permissions, nodefault_permissions, ro, rw, writeback_cache,
-    /// direct_io, attr_timeout=SEC, entry_timeout=SEC, max_threads=N.
+    /// direct_io, page_cache, attr_timeout=SEC, entry_timeout=SEC, max_threads=N.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
     /// Seconds the kernel caches attributes (0 = ask every time; most
@@ -47,9 +47,11 @@ struct Args {
     /// across nodes; data reaches the servers at close/fsync).
     #[arg(long)]
     writeback_cache: bool,
-    /// Bypass the page cache for all files.
+    /// Use the kernel page cache for file data (read-ahead, cached
+    /// re-reads; data cached here is refreshed at each open). Default:
+    /// direct I/O, 1 MiB requests straight to the servers.
     #[arg(long)]
-    direct_io: bool,
+    page_cache: bool,
     /// Threads serving kernel requests.
     #[arg(long, default_value_t = 4)]
     threads: usize,
@@ -77,7 +79,7 @@ fn build(args: &Args) -> Result<MountConfig, String> {
     c.fs.attr_timeout = secs("attr_timeout", &args.attr_timeout.to_string())?;
     c.fs.entry_timeout = secs("entry_timeout", &args.entry_timeout.to_string())?;
     c.fs.writeback_cache = args.writeback_cache;
-    c.fs.direct_io = args.direct_io;
+    c.fs.direct_io = !args.page_cache;
     c.threads = args.threads.max(1);
     c.read_ahead_kb = args.read_ahead_kb;
     for o in &args.options {
@@ -93,6 +95,7 @@ fn build(args: &Args) -> Result<MountConfig, String> {
             ("rw", None) => c.read_only = false,
             ("writeback_cache", None) => c.fs.writeback_cache = true,
             ("direct_io", None) => c.fs.direct_io = true,
+            ("page_cache" | "kernel_cache", None) => c.fs.direct_io = false,
             ("attr_timeout", Some(v)) => c.fs.attr_timeout = secs(k, v)?,
             ("entry_timeout", Some(v)) => c.fs.entry_timeout = secs(k, v)?,
             ("max_threads", Some(v)) => {
@@ -105,6 +108,10 @@ fn build(args: &Args) -> Result<MountConfig, String> {
             ("", None) => {}
             _ => return Err(format!("unknown mount option {o:?}")),
         }
+    }
+    if c.fs.writeback_cache {
+        // The write-back cache lives in the page cache.
+        c.fs.direct_io = false;
     }
     if c.client.servers.is_empty() {
         return Err("CHFS_SERVER is not set (the address of a chfsd server)".into());
