@@ -16,8 +16,11 @@
 //!
 //! # Crash consistency
 //!
-//! Every state change ends with one failure-atomic 8-byte store, after the
-//! bytes it publishes were made durable ([`Media::persist`]):
+//! Every state change ends with one failure-atomic 8-byte store (an extent
+//! word) or one checksummed slot write (a torn slot fails its checksum and
+//! the other slot stays current), after the bytes it publishes were made
+//! durable (a persistence point, see
+//! [`PersistMode`]):
 //! - new record (create, copy-on-write overwrite): write path, data and slot
 //!   into free space, persist, then store the USED word; the previous
 //!   version is freed only afterwards (at open, two versions of a key: the
