@@ -61,6 +61,11 @@ impl Cluster {
     }
 
     fn spawn(&mut self, i: usize) {
+        let join = (i > 0).then(|| self.addrs[0].clone());
+        self.spawn_joining(i, join);
+    }
+
+    fn spawn_joining(&mut self, i: usize, join: Option<String>) {
         self.starts += 1;
         let info = self.dir.path().join(format!("s{i}-{}.addr", self.starts));
         let log = std::fs::File::create(self.dir.path().join(format!("s{i}-{}.log", self.starts)))
@@ -84,8 +89,8 @@ impl Cluster {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
-        if i > 0 {
-            cmd.args(["--join", &self.addrs[0]]);
+        if let Some(j) = &join {
+            cmd.args(["--join", j]);
         }
         let mut child = cmd.spawn().unwrap();
         let t0 = Instant::now();
@@ -121,6 +126,17 @@ impl Cluster {
         for i in 0..self.addrs.len() {
             self.spawn(i);
         }
+    }
+
+    /// SIGKILL server `i` only and start it again (same path, same port),
+    /// joining a live member, which still lists it.
+    fn restart_one(&mut self, i: usize) {
+        if let Some(mut c) = self.children[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let other = self.addrs[if i == 0 { 1 } else { 0 }].clone();
+        self.spawn_joining(i, Some(other));
     }
 
     fn pid(&self, i: usize) -> u32 {
@@ -245,6 +261,44 @@ fn restart_serves_everything(store: &'static str) {
         )
         .unwrap();
     }
+}
+
+/// One node of a running pool restarts (the others stay up): it rejoins
+/// and serves its chunks again.
+fn one_server_restarts(store: &'static str) {
+    let mut cl = Cluster::start(3, store, "64M");
+    let c = cl.client();
+    for i in 0..9 {
+        write_file(
+            &c,
+            &format!("/f{i}"),
+            &pattern(150_000 + i * 1000, i as u64),
+        )
+        .unwrap();
+    }
+    for victim in [2, 1, 0] {
+        cl.restart_one(victim);
+        let c = cl.client();
+        for i in 0..9 {
+            let got = read_file(&c, &format!("/f{i}"))
+                .unwrap_or_else(|e| panic!("after restarting server {victim}: /f{i}: {e}"));
+            assert!(
+                got == pattern(150_000 + i * 1000, i as u64),
+                "after restarting server {victim}: /f{i} differs"
+            );
+        }
+        assert_eq!(c.readdir("/").unwrap().len(), 9);
+    }
+}
+
+#[test]
+fn pmem_single_server_restart_rejoins_and_serves_its_chunks() {
+    one_server_restarts("pmem");
+}
+
+#[test]
+fn posix_single_server_restart_rejoins_and_serves_its_chunks() {
+    one_server_restarts("posix");
 }
 
 #[test]
