@@ -465,7 +465,7 @@ impl PosixStore {
             path_crc: crc32c(path.as_bytes()),
             meta: r.meta,
         };
-        f.write_all_at(&s.encode(), slot_off(n))?;
+        hook::write_at(f, &s.encode(), slot_off(n))?;
         r.slot = n;
         Ok(())
     }
@@ -486,6 +486,7 @@ impl PosixStore {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let fp = chunk_file(&self.root, id);
+        hook::gate()?;
         let f = match OpenOptions::new()
             .read(true)
             .write(true)
@@ -504,7 +505,7 @@ impl PosixStore {
             Err(e) => return Err(e.into()),
         };
         let result = (|| -> Result<PRec> {
-            f.write_all_at(path.as_bytes(), PATH_OFF)?;
+            hook::write_at(&f, path.as_bytes(), PATH_OFF)?;
             let old_f = match old {
                 Some(o) if parts.iter().any(|p| matches!(p, Part::Copy(..))) => {
                     Some(self.open_chunk(o.id)?)
@@ -517,7 +518,7 @@ impl PosixStore {
             for p in parts {
                 match *p {
                     Part::Bytes(b) => {
-                        f.write_all_at(b, DATA_OFF + pos)?;
+                        hook::write_at(&f, b, DATA_OFF + pos)?;
                         crc = crc32c_append(crc, b);
                     }
                     Part::Zero(n) => {
@@ -533,7 +534,7 @@ impl PosixStore {
                         while done < n {
                             let k = ((n - done) as usize).min(BUF);
                             of.read_exact_at(&mut buf[..k], DATA_OFF + src + done)?;
-                            f.write_all_at(&buf[..k], DATA_OFF + pos + done)?;
+                            hook::write_at(&f, &buf[..k], DATA_OFF + pos + done)?;
                             crc = crc32c_append(crc, &buf[..k]);
                             done += k as u64;
                         }
@@ -542,7 +543,7 @@ impl PosixStore {
                 pos += p.len();
             }
             if len > 0 {
-                f.set_len(DATA_OFF + len)?;
+                hook::set_len(&f, DATA_OFF + len)?;
             }
             let mut r = PRec {
                 id,
@@ -564,14 +565,14 @@ impl PosixStore {
             Ok(r)
         })();
         if result.is_err() {
-            let _ = std::fs::remove_file(&fp);
+            let _ = hook::remove(&fp);
         }
         result
     }
 
     fn unlink(&self, id: u64) -> Result<()> {
         lock(&self.dirty).dirs.insert((id & 0xff) as u8);
-        match std::fs::remove_file(chunk_file(&self.root, id)) {
+        match hook::remove(&chunk_file(&self.root, id)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e.into()),
@@ -658,9 +659,9 @@ impl PosixStore {
             self.reserve(end - r.len)?;
             let res = (|| -> Result<PRec> {
                 let f = self.open_chunk(r.id)?;
-                f.write_all_at(data, DATA_OFF + off)?;
+                hook::write_at(&f, data, DATA_OFF + off)?;
                 if data.is_empty() && end > r.len {
-                    f.set_len(DATA_OFF + end)?;
+                    hook::set_len(&f, DATA_OFF + end)?;
                 }
                 let mut next = r;
                 next.crc = crc32c_append(crc32c_zeros(r.crc, off - r.len), data);
@@ -708,6 +709,126 @@ impl PosixStore {
         Ok(v)
     }
 }
+
+/// Every change a running store makes to its files goes through here, so
+/// tests can stop the "process" at any of them: the write in flight lands
+/// partially (a random prefix) and nothing after it reaches the files, as
+/// when `chfsd` is killed.
+mod hook {
+    use std::fs::File;
+    use std::io;
+    use std::os::unix::fs::FileExt;
+    use std::path::Path;
+
+    #[cfg(test)]
+    fn killed() -> io::Error {
+        io::Error::other("injected crash")
+    }
+
+    /// Before creating a file.
+    pub fn gate() -> io::Result<()> {
+        #[cfg(test)]
+        if fault::step().is_some() {
+            return Err(killed());
+        }
+        Ok(())
+    }
+
+    pub fn write_at(f: &File, buf: &[u8], off: u64) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(torn) = fault::step() {
+            if torn && !buf.is_empty() {
+                let n = (fault::rnd() % buf.len() as u64) as usize;
+                f.write_all_at(&buf[..n], off)?;
+            }
+            return Err(killed());
+        }
+        f.write_all_at(buf, off)
+    }
+
+    pub fn set_len(f: &File, len: u64) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(torn) = fault::step() {
+            if torn && fault::rnd() & 1 == 0 {
+                f.set_len(len)?;
+            }
+            return Err(killed());
+        }
+        f.set_len(len)
+    }
+
+    pub fn remove(p: &Path) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(torn) = fault::step() {
+            if torn && fault::rnd() & 1 == 0 {
+                std::fs::remove_file(p)?;
+            }
+            return Err(killed());
+        }
+        std::fs::remove_file(p)
+    }
+
+    #[cfg(test)]
+    pub(crate) mod fault {
+        use std::cell::Cell;
+
+        thread_local! {
+            /// Mutations left before the crash (0 = no crash planned).
+            pub static LEFT: Cell<u64> = const { Cell::new(0) };
+            /// The process is "dead": no mutation reaches the files.
+            pub static DEAD: Cell<bool> = const { Cell::new(false) };
+            static RNG: Cell<u64> = const { Cell::new(0x2545_F491_4F6C_DD1D) };
+        }
+
+        /// Plans a crash at the `n`-th mutation from now on this thread.
+        pub fn plan(n: u64, seed: u64) {
+            LEFT.with(|c| c.set(n));
+            DEAD.with(|c| c.set(false));
+            RNG.with(|c| c.set(seed | 1));
+        }
+
+        /// Ends the crash simulation on this thread.
+        pub fn clear() {
+            LEFT.with(|c| c.set(0));
+            DEAD.with(|c| c.set(false));
+        }
+
+        pub fn dead() -> bool {
+            DEAD.with(Cell::get)
+        }
+
+        pub fn rnd() -> u64 {
+            RNG.with(|c| {
+                let mut x = c.get();
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                c.set(x);
+                x
+            })
+        }
+
+        /// `None`: proceed; `Some(torn)`: this is the crash point (or after).
+        pub fn step() -> Option<bool> {
+            if dead() {
+                return Some(false);
+            }
+            let left = LEFT.with(Cell::get);
+            if left == 0 {
+                return None;
+            }
+            LEFT.with(|c| c.set(left - 1));
+            if left == 1 {
+                DEAD.with(|c| c.set(true));
+                return Some(true);
+            }
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) use hook::fault;
 
 /// Is the indexed `old` version better than `new`?
 fn better(old: &PRec, new: &PRec) -> bool {
@@ -896,7 +1017,7 @@ impl Store for PosixStore {
         next.crc = file_crc(&f, DATA_OFF, len, 0, &mut buf)?;
         next.len = len;
         self.write_slot(&f, &mut next, path, idx, 1 - r.slot)?;
-        f.set_len((DATA_OFF + len).max(PATH_OFF + path.len() as u64))?;
+        hook::set_len(&f, (DATA_OFF + len).max(PATH_OFF + path.len() as u64))?;
         next.epoch = self.mark(r.id, false);
         self.release(r.len - len);
         chunks.insert(idx, next);
