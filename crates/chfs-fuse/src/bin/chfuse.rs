@@ -121,12 +121,14 @@ fn build(args: &Args) -> Result<MountConfig, String> {
 
 fn init_log(args: &Args) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CHFUSE_LOG").unwrap_or_else(|_| {
+        // fuser warns when its own unmount at exit finds the mount already
+        // gone (after fusermount3 -u or a signal): not worth a warning.
         tracing_subscriber::EnvFilter::new(if args.debug {
             "debug"
         } else if args.foreground || args.log_file.is_some() {
-            "info"
+            "info,fuser::session=error"
         } else {
-            "warn"
+            "warn,fuser::session=error"
         })
     });
     let b = tracing_subscriber::fmt().with_env_filter(filter);
