@@ -383,7 +383,7 @@ impl ChfsFs {
             let Ok(path) = self.path(INodeNo(f.ino)) else {
                 continue;
             };
-            let fl = f.flags & (libc::O_ACCMODE | libc::O_APPEND);
+            let fl = self.open_flags(f.flags) & !libc::O_TRUNC;
             match self.client.open(&path, fl, 0) {
                 Ok(nfd) => {
                     let old = std::mem::replace(&mut *lock(&f.fd), nfd);
@@ -406,11 +406,8 @@ impl ChfsFs {
     /// hidden name instead, so its open descriptors keep working, and is
     /// removed at its last release.
     fn do_unlink(&self, p: &str) -> R<()> {
-        let open = lock(&self.table)
-            .by_path
-            .get(p)
-            .copied()
-            .filter(|&i| self.is_open(i));
+        let known = lock(&self.table).by_path.get(p).copied();
+        let open = known.filter(|&i| self.is_open(i));
         if let Some(ino) = open {
             let hidden = join(
                 chfs_proto::path::parent(p),
