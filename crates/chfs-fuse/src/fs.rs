@@ -727,6 +727,7 @@ impl Filesystem for ChfsFs {
             // allocation per read would page-fault on every request.
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        debug!(fh = fh.0, offset, size, "read");
         let fd = match self.fd(fh) {
             Ok(fd) => fd,
             Err(e) => return reply.error(e),
@@ -755,6 +756,7 @@ impl Filesystem for ChfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        debug!(fh = fh.0, offset, size = data.len(), "write");
         let r = self.file(fh).and_then(|f| {
             let fd = *lock(&f.fd);
             let n = if f.append && !self.opts.writeback_cache {

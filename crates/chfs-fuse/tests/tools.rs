@@ -479,3 +479,33 @@ fn page_cache_and_writeback_modes() {
         ));
     }
 }
+
+/// 1 MiB reads and writes reach the file system as single 1 MiB requests
+/// (FUSE 3 `max_pages`), in the default direct-I/O mode.
+#[test]
+fn one_mib_requests_reach_the_file_system() {
+    let pool = pool(2);
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let m = Mount::at_env(
+        &pool,
+        dir,
+        mp,
+        &[],
+        &[("CHFUSE_LOG", "chfs_fuse::fs=debug")],
+    );
+    sh(&format!(
+        "dd if=/dev/zero of={f} bs=1M count=4 status=none && dd if={f} of=/dev/null bs=1M status=none",
+        f = q(&m.p("big"))
+    ));
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    let count = |what: &str| {
+        log.lines()
+            .filter(|l| l.contains(what) && l.contains("size=1048576"))
+            .count()
+    };
+    assert_eq!(count(" write"), 4, "1 MiB write requests in:\n{log}");
+    // Four reads of data and dd's final read that finds the end.
+    assert_eq!(count(" read"), 5, "1 MiB read requests in:\n{log}");
+}

@@ -147,7 +147,10 @@ fn init_log(args: &Args) {
             Err(e) => eprintln!("chfuse: cannot open log file {}: {e}", f.display()),
         }
     }
-    b.with_writer(std::io::stderr).init();
+    use std::io::IsTerminal;
+    b.with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Forks; the parent waits for the child's report and exits with it.

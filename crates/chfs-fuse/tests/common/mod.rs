@@ -67,8 +67,20 @@ impl Mount {
 
     /// Mounts `pool` on `mp` (inside `dir`, which the mount keeps alive).
     pub fn at(pool: &LocalPool, dir: tempfile::TempDir, mp: PathBuf, args: &[&str]) -> Mount {
+        Self::at_env(pool, dir, mp, args, &[])
+    }
+
+    /// Like [`Mount::at`] with extra environment variables for chfuse.
+    pub fn at_env(
+        pool: &LocalPool,
+        dir: tempfile::TempDir,
+        mp: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mount {
         let log = dir.path().join("chfuse.log");
         let child = Command::new(chfuse_bin())
+            .envs(env.iter().copied())
             .arg(&mp)
             .arg("-f")
             .args(args)
