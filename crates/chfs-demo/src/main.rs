@@ -44,7 +44,13 @@ struct Row {
 
 /// The workload, written once against a small file-system interface.
 trait Target {
-    fn create_write(&self, path: &str, block: usize, total: usize, fill: &dyn Fn(usize, &mut [u8])) -> u64;
+    fn create_write(
+        &self,
+        path: &str,
+        block: usize,
+        total: usize,
+        fill: &dyn Fn(usize, &mut [u8]),
+    ) -> u64;
     fn read_all(&self, path: &str, block: usize, total: usize) -> u64;
     fn mkdir(&self, path: &str);
     fn touch(&self, path: &str);
@@ -56,7 +62,13 @@ trait Target {
 struct Chfs(Client);
 
 impl Target for Chfs {
-    fn create_write(&self, path: &str, block: usize, total: usize, fill: &dyn Fn(usize, &mut [u8])) -> u64 {
+    fn create_write(
+        &self,
+        path: &str,
+        block: usize,
+        total: usize,
+        fill: &dyn Fn(usize, &mut [u8]),
+    ) -> u64 {
         let c = &self.0;
         let fd = c.create(path, O_WRONLY | O_TRUNC, 0o644).expect("create");
         let mut buf = vec![0u8; block];
@@ -80,7 +92,11 @@ impl Target for Chfs {
         let mut off = 0;
         while off < total {
             let n = block.min(total - off);
-            assert_eq!(c.pread(fd, &mut buf[..n], off as u64).expect("pread"), n, "short read");
+            assert_eq!(
+                c.pread(fd, &mut buf[..n], off as u64).expect("pread"),
+                n,
+                "short read"
+            );
             h = h.wrapping_add(xxh3_64(&buf[..n]));
             off += n;
         }
@@ -91,7 +107,10 @@ impl Target for Chfs {
         self.0.mkdir(path, 0o755).expect("mkdir");
     }
     fn touch(&self, path: &str) {
-        let fd = self.0.create(path, O_WRONLY | O_EXCL, 0o644).expect("create");
+        let fd = self
+            .0
+            .create(path, O_WRONLY | O_EXCL, 0o644)
+            .expect("create");
         self.0.close(fd).expect("close");
     }
     fn stat_size(&self, path: &str) -> u64 {
@@ -114,8 +133,19 @@ impl Posix {
 }
 
 impl Target for Posix {
-    fn create_write(&self, path: &str, block: usize, total: usize, fill: &dyn Fn(usize, &mut [u8])) -> u64 {
-        let f = OpenOptions::new().write(true).create(true).truncate(true).open(self.p(path)).expect("create");
+    fn create_write(
+        &self,
+        path: &str,
+        block: usize,
+        total: usize,
+        fill: &dyn Fn(usize, &mut [u8]),
+    ) -> u64 {
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self.p(path))
+            .expect("create");
         let mut buf = vec![0u8; block];
         let mut h = 0u64;
         let mut off = 0;
@@ -145,7 +175,11 @@ impl Target for Posix {
         fs::create_dir(self.p(path)).expect("mkdir");
     }
     fn touch(&self, path: &str) {
-        OpenOptions::new().write(true).create_new(true).open(self.p(path)).expect("create");
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.p(path))
+            .expect("create");
     }
     fn stat_size(&self, path: &str) -> u64 {
         fs::metadata(self.p(path)).expect("stat").len()
@@ -178,38 +212,65 @@ fn workload(t: &dyn Target, a: &Args) -> Vec<(String, &'static str, f64)> {
         let path = format!("/demo-{block}.dat");
         let s = Instant::now();
         let hw = t.create_write(&path, block, total, &fill);
-        rows.push((format!("write {label}"), "MiB/s", mib_s(total, s.elapsed().as_secs_f64())));
+        rows.push((
+            format!("write {label}"),
+            "MiB/s",
+            mib_s(total, s.elapsed().as_secs_f64()),
+        ));
         assert_eq!(t.stat_size(&path), total as u64, "size after write");
         let s = Instant::now();
         let hr = t.read_all(&path, block, total);
-        rows.push((format!("read {label}"), "MiB/s", mib_s(total, s.elapsed().as_secs_f64())));
-        assert_eq!(hw, hr, "bytes read back differ from bytes written ({label})");
+        rows.push((
+            format!("read {label}"),
+            "MiB/s",
+            mib_s(total, s.elapsed().as_secs_f64()),
+        ));
+        assert_eq!(
+            hw, hr,
+            "bytes read back differ from bytes written ({label})"
+        );
         t.unlink(&path);
     }
     t.mkdir("/demo-md");
-    let names: Vec<String> = (0..a.files).map(|i| format!("/demo-md/file.{i:07}")).collect();
+    let names: Vec<String> = (0..a.files)
+        .map(|i| format!("/demo-md/file.{i:07}"))
+        .collect();
     let s = Instant::now();
     for n in &names {
         t.touch(n);
     }
-    rows.push(("create".into(), "ops/s", a.files as f64 / s.elapsed().as_secs_f64()));
+    rows.push((
+        "create".into(),
+        "ops/s",
+        a.files as f64 / s.elapsed().as_secs_f64(),
+    ));
     let s = Instant::now();
     for n in &names {
         assert_eq!(t.stat_size(n), 0);
     }
-    rows.push(("stat".into(), "ops/s", a.files as f64 / s.elapsed().as_secs_f64()));
+    rows.push((
+        "stat".into(),
+        "ops/s",
+        a.files as f64 / s.elapsed().as_secs_f64(),
+    ));
     let s = Instant::now();
     for n in &names {
         t.unlink(n);
     }
-    rows.push(("unlink".into(), "ops/s", a.files as f64 / s.elapsed().as_secs_f64()));
+    rows.push((
+        "unlink".into(),
+        "ops/s",
+        a.files as f64 / s.elapsed().as_secs_f64(),
+    ));
     t.rmdir("/demo-md");
     rows
 }
 
 /// Round trips of `stat` on a 4 GiB file with 64 KiB chunks.
 fn stat_round_trips(c: &Client) -> (u64, u64) {
-    let fd = c.open_chunk_size("/big", O_RDWR | O_CREAT, 0o644, 64 << 10).expect("create");
+    let fd = c
+        .open_chunk_size("/big", O_RDWR | O_CREAT, 0o644, 64 << 10)
+        .expect("create");
     c.pwrite(fd, b"x", (4u64 << 30) - 1).expect("pwrite");
     c.close(fd).expect("close");
     let before = c.stats().rpcs;
@@ -221,7 +282,10 @@ fn stat_round_trips(c: &Client) -> (u64, u64) {
 
 fn main() {
     let a = Args::parse();
-    let opts = PoolOptions { servers: a.servers, ..Default::default() };
+    let opts = PoolOptions {
+        servers: a.servers,
+        ..Default::default()
+    };
     let pool = match LocalPool::start_with(opts) {
         Ok(p) => p,
         Err(e) => {
@@ -229,8 +293,16 @@ fn main() {
             std::process::exit(1);
         }
     };
-    println!("chfs-demo: {} chfsd servers on loopback: {}", pool.addrs().len(), pool.server_string());
-    let cfg = ClientConfig { servers: vec![pool.addrs()[0].clone()], chunk_size: a.chunk_size, ..Default::default() };
+    println!(
+        "chfs-demo: {} chfsd servers on loopback: {}",
+        pool.addrs().len(),
+        pool.server_string()
+    );
+    let cfg = ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        chunk_size: a.chunk_size,
+        ..Default::default()
+    };
     let client = match Client::connect(cfg) {
         Ok(c) => c,
         Err(e) => {
@@ -238,7 +310,9 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let refdir = a.reference.join(format!("chfs-demo-{}", std::process::id()));
+    let refdir = a
+        .reference
+        .join(format!("chfs-demo-{}", std::process::id()));
     if let Err(e) = fs::create_dir_all(&refdir) {
         eprintln!("chfs-demo: cannot create {}: {e}", refdir.display());
         std::process::exit(1);
@@ -255,17 +329,40 @@ fn main() {
     let rows: Vec<Row> = chfs_rows
         .into_iter()
         .zip(ref_rows)
-        .map(|((name, unit, chfs), (_, _, reference))| Row { name, unit, chfs, reference })
+        .map(|((name, unit, chfs), (_, _, reference))| Row {
+            name,
+            unit,
+            chfs,
+            reference,
+        })
         .collect();
     println!("all bytes verified (xxh3 of every block written == read back)");
     println!();
-    println!("{:<18} {:>14} {:>14} {:>8}", "phase", "chfs-rs", short(&a.reference), "ratio");
+    println!(
+        "{:<18} {:>14} {:>14} {:>8}",
+        "phase",
+        "chfs-rs",
+        short(&a.reference),
+        "ratio"
+    );
     for r in &rows {
-        println!("{:<18} {:>9.0} {:<5}{:>9.0} {:<5}{:>7.2}x", r.name, r.chfs, r.unit, r.reference, r.unit, r.chfs / r.reference);
+        println!(
+            "{:<18} {:>9.0} {:<5}{:>9.0} {:<5}{:>7.2}x",
+            r.name,
+            r.chfs,
+            r.unit,
+            r.reference,
+            r.unit,
+            r.chfs / r.reference
+        );
     }
     let (size, rpcs) = stat_round_trips(&client);
     println!();
-    println!("stat of a {} GiB file with 64 KiB chunks: {} round trip(s)", size >> 30, rpcs);
+    println!(
+        "stat of a {} GiB file with 64 KiB chunks: {} round trip(s)",
+        size >> 30,
+        rpcs
+    );
     pool.stop();
 }
 
