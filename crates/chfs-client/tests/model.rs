@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
 use chfs_client::flags::*;
 use chfs_client::Client;
@@ -284,26 +283,31 @@ struct Shared {
     client: Client,
 }
 
-fn shared() -> &'static Shared {
-    static S: OnceLock<Shared> = OnceLock::new();
-    S.get_or_init(|| {
-        let pool = LocalPool::start(3).expect("pool");
-        // A small chunk size so files of a few KB span several servers; no
-        // directory cache so other cases' removals are always seen.
-        let client = client(&pool, |c| {
-            c.chunk_size = 700;
-            c.dir_cache = std::time::Duration::ZERO;
-        });
-        Shared {
-            _pool: pool,
-            client,
-        }
-    })
+fn new_shared() -> Shared {
+    let pool = LocalPool::start(3).expect("pool");
+    // A small chunk size so files of a few KB span several servers; no
+    // directory cache so other cases' removals are always seen.
+    let client = client(&pool, |c| {
+        c.chunk_size = 700;
+        c.dir_cache = std::time::Duration::ZERO;
+    });
+    Shared {
+        _pool: pool,
+        client,
+    }
+}
+
+thread_local! {
+    // One pool per test thread, stopped when the thread ends.
+    static SHARED: Shared = new_shared();
 }
 
 fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
+    SHARED.with(|s| run_case_on(s, ops))
+}
+
+fn run_case_on(s: &Shared, ops: &[Op]) -> Result<(), TestCaseError> {
     static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let s = shared();
     let root = format!(
         "/case{}",
         CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
