@@ -18,6 +18,7 @@ mod mem;
 pub mod pmem;
 pub mod posix;
 pub mod record;
+mod usage;
 
 pub use media::PersistMode;
 pub use mem::MemStore;

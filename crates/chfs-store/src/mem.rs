@@ -1,13 +1,14 @@
 //! DRAM engine: sharded hash maps plus a per-directory name index.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use chfs_proto::path::{is_within, parent};
+use chfs_proto::path::is_within;
 use chfs_proto::Meta;
-use xxhash_rust::xxh3::xxh3_64;
 
+use crate::dirindex::{lock, shard_of, DirIndex};
+use crate::usage::Usage;
 use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
 const SHARDS: usize = 64;
@@ -17,21 +18,9 @@ type Chunks = BTreeMap<u64, Chunk>;
 /// The DRAM engine. Data is lost when the server stops.
 pub struct MemStore {
     files: Vec<Mutex<HashMap<String, Chunks>>>,
-    /// parent directory -> names of entries (chunk 0) in it.
-    dirs: Vec<Mutex<HashMap<String, BTreeSet<String>>>>,
+    dirs: DirIndex,
     entries: AtomicU64,
-    bytes: AtomicU64,
-    capacity: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a shard lock cannot leave a chunk half-written
-    // (every mutation is a single assignment or Vec operation), so recover.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn shard(key: &str) -> usize {
-    (xxh3_64(key.as_bytes()) % SHARDS as u64) as usize
+    usage: Usage,
 }
 
 impl MemStore {
@@ -40,75 +29,18 @@ impl MemStore {
     pub fn new(capacity: u64) -> Self {
         Self {
             files: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            dirs: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            dirs: DirIndex::new(),
             entries: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            capacity,
+            usage: Usage::new(capacity, 0),
         }
     }
 
     fn files(&self, path: &str) -> MutexGuard<'_, HashMap<String, Chunks>> {
-        lock(&self.files[shard(path)])
-    }
-
-    fn index_add(&self, path: &str) {
-        if path == "/" {
-            return;
-        }
-        let dir = parent(path);
-        let name = path[dir.len().max(1)..].trim_start_matches('/');
-        lock(&self.dirs[shard(dir)])
-            .entry(dir.to_string())
-            .or_default()
-            .insert(name.to_string());
-    }
-
-    fn index_remove(&self, path: &str) {
-        if path == "/" {
-            return;
-        }
-        let dir = parent(path);
-        let name = path[dir.len().max(1)..].trim_start_matches('/');
-        let mut d = lock(&self.dirs[shard(dir)]);
-        if let Some(set) = d.get_mut(dir) {
-            set.remove(name);
-            if set.is_empty() {
-                d.remove(dir);
-            }
-        }
-    }
-
-    fn reserve(&self, add: u64) -> Result<()> {
-        if self.capacity == 0 || add == 0 {
-            self.bytes.fetch_add(add, Ordering::Relaxed);
-            return Ok(());
-        }
-        let mut cur = self.bytes.load(Ordering::Relaxed);
-        loop {
-            if cur + add > self.capacity {
-                return Err(StoreError::NoSpace {
-                    used: cur,
-                    capacity: self.capacity,
-                });
-            }
-            match self.bytes.compare_exchange_weak(
-                cur,
-                cur + add,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(c) => cur = c,
-            }
-        }
-    }
-
-    fn release(&self, sub: u64) {
-        self.bytes.fetch_sub(sub, Ordering::Relaxed);
+        lock(&self.files[shard_of(path, SHARDS)])
     }
 
     fn dropped(&self, chunk: &Chunk) {
-        self.release(chunk.data.len() as u64);
+        self.usage.release(chunk.data.len() as u64);
         self.entries.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -134,7 +66,7 @@ impl Store for MemStore {
                 Ok((c.meta, false))
             };
         }
-        self.reserve(data.len() as u64)?;
+        self.usage.reserve(data.len() as u64)?;
         chunks.insert(
             0,
             Chunk {
@@ -144,7 +76,7 @@ impl Store for MemStore {
         );
         self.entries.fetch_add(1, Ordering::Relaxed);
         drop(files);
-        self.index_add(path);
+        self.dirs.add(path);
         Ok((meta, true))
     }
 
@@ -166,7 +98,7 @@ impl Store for MemStore {
                 .ok_or(StoreError::NotFound)?;
             let old = c.data.len();
             if end > old {
-                self.reserve((end - old) as u64)?;
+                self.usage.reserve((end - old) as u64)?;
                 c.data.resize(end, 0);
             }
             c.data[off as usize..end].copy_from_slice(data);
@@ -180,7 +112,7 @@ impl Store for MemStore {
             Some(c) if c.meta.fileid == template.fileid => {
                 let old = c.data.len();
                 if end > old {
-                    self.reserve((end - old) as u64)?;
+                    self.usage.reserve((end - old) as u64)?;
                     c.data.resize(end, 0);
                 }
                 c.data[off as usize..end].copy_from_slice(data);
@@ -188,9 +120,9 @@ impl Store for MemStore {
             existing => {
                 let old = existing.as_ref().map_or(0, |c| c.data.len() as u64);
                 if end as u64 > old {
-                    self.reserve(end as u64 - old)?;
+                    self.usage.reserve(end as u64 - old)?;
                 } else {
-                    self.release(old - end as u64);
+                    self.usage.release(old - end as u64);
                 }
                 let mut buf = vec![0u8; end];
                 buf[off as usize..].copy_from_slice(data);
@@ -255,7 +187,7 @@ impl Store for MemStore {
         drop(files);
         self.dropped(&chunk);
         if idx == 0 {
-            self.index_remove(path);
+            self.dirs.remove(path);
         }
         Ok(chunk.meta)
     }
@@ -274,7 +206,7 @@ impl Store for MemStore {
             self.dropped(c);
         }
         if from_idx == 0 && gone.contains_key(&0) {
-            self.index_remove(path);
+            self.dirs.remove(path);
         }
         Ok(gone.len() as u64)
     }
@@ -284,7 +216,7 @@ impl Store for MemStore {
         if let Some(c) = files.get_mut(path).and_then(|c| c.get_mut(&idx)) {
             let len = len as usize;
             if c.data.len() > len {
-                self.release((c.data.len() - len) as u64);
+                self.usage.release((c.data.len() - len) as u64);
                 c.data.truncate(len);
             }
         }
@@ -300,18 +232,7 @@ impl Store for MemStore {
     }
 
     fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
-        let names: Vec<String> = {
-            let d = lock(&self.dirs[shard(dir)]);
-            let Some(set) = d.get(dir) else {
-                return Ok((Vec::new(), true));
-            };
-            let range = if after.is_empty() {
-                set.range::<str, _>(..)
-            } else {
-                set.range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-            };
-            range.take(max + 1).cloned().collect()
-        };
+        let names = self.dirs.names(dir, after, max);
         let done = names.len() <= max;
         let mut out = Vec::with_capacity(names.len().min(max));
         for name in names.into_iter().take(max) {
@@ -324,9 +245,7 @@ impl Store for MemStore {
     }
 
     fn has_children(&self, dir: &str) -> Result<bool> {
-        Ok(lock(&self.dirs[shard(dir)])
-            .get(dir)
-            .is_some_and(|s| !s.is_empty()))
+        Ok(self.dirs.has_children(dir))
     }
 
     fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
@@ -354,7 +273,7 @@ impl Store for MemStore {
         if let Some(c) = &c {
             self.dropped(c);
             if idx == 0 {
-                self.index_remove(path);
+                self.dirs.remove(path);
             }
         }
         Ok(c)
@@ -366,16 +285,16 @@ impl Store for MemStore {
         let old = chunks.get(&idx).map_or(0, |c| c.data.len() as u64);
         let new = chunk.data.len() as u64;
         if new > old {
-            self.reserve(new - old)?;
+            self.usage.reserve(new - old)?;
         } else {
-            self.release(old - new);
+            self.usage.release(old - new);
         }
         if chunks.insert(idx, chunk).is_none() {
             self.entries.fetch_add(1, Ordering::Relaxed);
         }
         drop(files);
         if idx == 0 {
-            self.index_add(path);
+            self.dirs.add(path);
         }
         Ok(())
     }
@@ -383,8 +302,8 @@ impl Store for MemStore {
     fn stats(&self) -> StoreStats {
         StoreStats {
             entries: self.entries.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            capacity: self.capacity,
+            bytes: self.usage.bytes(),
+            capacity: self.usage.capacity(),
         }
     }
 }

@@ -30,6 +30,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
+
+use crate::usage::Usage;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,8 +111,7 @@ pub struct PosixStore {
     dirty: Mutex<Dirty>,
     synced: AtomicU64,
     entries: AtomicU64,
-    bytes: AtomicU64,
-    capacity: u64,
+    usage: Usage,
     report: PosixReport,
 }
 
@@ -282,8 +283,7 @@ impl PosixStore {
             }),
             synced: AtomicU64::new(1),
             entries: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            capacity,
+            usage: Usage::new(capacity, 0),
             report: PosixReport {
                 created,
                 ..Default::default()
@@ -393,7 +393,7 @@ impl PosixStore {
         }
         report.records = entries;
         self.entries = AtomicU64::new(entries);
-        self.bytes = AtomicU64::new(bytes);
+        self.usage = Usage::new(self.usage.capacity(), bytes);
         self.next_id = AtomicU64::new(max_id + 1);
         self.seq = AtomicU64::new(max_seq + 1);
         self.report = report;
@@ -422,35 +422,6 @@ impl PosixStore {
             .read(true)
             .write(true)
             .open(chunk_file(&self.root, id))?)
-    }
-
-    fn reserve(&self, add: u64) -> Result<()> {
-        if self.capacity == 0 || add == 0 {
-            self.bytes.fetch_add(add, Ordering::Relaxed);
-            return Ok(());
-        }
-        let mut cur = self.bytes.load(Ordering::Relaxed);
-        loop {
-            if cur + add > self.capacity {
-                return Err(StoreError::NoSpace {
-                    used: cur,
-                    capacity: self.capacity,
-                });
-            }
-            match self.bytes.compare_exchange_weak(
-                cur,
-                cur + add,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(c) => cur = c,
-            }
-        }
-    }
-
-    fn release(&self, n: u64) {
-        self.bytes.fetch_sub(n, Ordering::Relaxed);
     }
 
     fn write_slot(&self, f: &File, r: &mut PRec, path: &str, idx: u64, n: u8) -> Result<()> {
@@ -582,9 +553,9 @@ impl PosixStore {
     /// Accounts a chunk changing from `old` to `new` bytes.
     fn reserve_delta(&self, old: u64, new: u64) -> Result<()> {
         if new > old {
-            self.reserve(new - old)
+            self.usage.reserve(new - old)
         } else {
-            self.release(old - new);
+            self.usage.release(old - new);
             Ok(())
         }
     }
@@ -592,9 +563,9 @@ impl PosixStore {
     /// Undoes [`Self::reserve_delta`].
     fn undo_delta(&self, old: u64, new: u64) {
         if new > old {
-            self.release(new - old);
+            self.usage.release(new - old);
         } else {
-            self.bytes.fetch_add(old - new, Ordering::Relaxed);
+            self.usage.reserve_unchecked(old - new);
         }
     }
 
@@ -611,7 +582,7 @@ impl PosixStore {
     }
 
     fn drop_rec(&self, r: &PRec) -> Result<()> {
-        self.release(r.len);
+        self.usage.release(r.len);
         self.entries.fetch_sub(1, Ordering::Relaxed);
         self.unlink(r.id)
     }
@@ -656,7 +627,7 @@ impl PosixStore {
         let end = off + data.len() as u64;
         if off >= r.len {
             // Append: bytes past the current length, then the other slot.
-            self.reserve(end - r.len)?;
+            self.usage.reserve(end - r.len)?;
             let res = (|| -> Result<PRec> {
                 let f = self.open_chunk(r.id)?;
                 hook::write_at(&f, data, DATA_OFF + off)?;
@@ -677,7 +648,7 @@ impl PosixStore {
                     Ok(())
                 }
                 Err(e) => {
-                    self.release(end - r.len);
+                    self.usage.release(end - r.len);
                     Err(e)
                 }
             };
@@ -1019,7 +990,7 @@ impl Store for PosixStore {
         self.write_slot(&f, &mut next, path, idx, 1 - r.slot)?;
         hook::set_len(&f, (DATA_OFF + len).max(PATH_OFF + path.len() as u64))?;
         next.epoch = self.mark(r.id, false);
-        self.release(r.len - len);
+        self.usage.release(r.len - len);
         chunks.insert(idx, next);
         Ok(())
     }
@@ -1105,8 +1076,8 @@ impl Store for PosixStore {
     fn stats(&self) -> StoreStats {
         StoreStats {
             entries: self.entries.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            capacity: self.capacity,
+            bytes: self.usage.bytes(),
+            capacity: self.usage.capacity(),
         }
     }
 
