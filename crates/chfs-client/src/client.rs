@@ -69,6 +69,8 @@ struct Inner {
     dirs: Mutex<HashMap<String, Instant>>,
     rpcs: AtomicU64,
     fileid_seq: AtomicU32,
+    /// Recently absent names (see [`Client::lookup`]); off unless enabled.
+    names: crate::names::NameCache,
 }
 
 /// A handle to a chfs-rs pool. Cheap to clone; all clones share
@@ -117,6 +119,7 @@ impl Client {
                 dirs: Mutex::new(HashMap::new()),
                 rpcs: AtomicU64::new(0),
                 fileid_seq: AtomicU32::new(seed),
+                names: Default::default(),
             }),
             creds: None,
         })
@@ -263,6 +266,54 @@ impl Client {
         Ok(self.to_stat(&p, m))
     }
 
+    /// Turns on the negative lookup cache used by [`Client::lookup`]: a
+    /// name is reported absent without asking its server when a listing of
+    /// its directory no older than `ttl` (plus this client's own changes
+    /// since) does not hold it. Zero turns it off. Meant for adapters whose
+    /// kernel caches entries for `ttl` anyway (the FUSE mount).
+    pub fn set_negative_ttl(&self, ttl: std::time::Duration) {
+        self.inner.names.set_ttl(ttl);
+    }
+
+    /// Like [`Client::lstat`], but may answer `ENOENT` from the negative
+    /// lookup cache (see [`Client::set_negative_ttl`]): an entry created by
+    /// another client can stay invisible here for up to the cache's ttl.
+    /// Entries this client created are always seen.
+    pub fn lookup(&self, path: &str) -> Result<Stat> {
+        use crate::names::Known;
+        let p = normalize(path)?;
+        let names = &self.inner.names;
+        match names.lookup(&p) {
+            Known::Absent => return fail(libc::ENOENT, format!("{p}: no such file or directory")),
+            Known::Present(m) => return Ok(self.to_stat(&p, m)),
+            Known::Ask => {}
+        }
+        let st = self.state();
+        let r = self.stat_meta(&st, &p);
+        let found = match &r {
+            Ok(_) => true,
+            Err(e) if e.errno() == libc::ENOENT => false,
+            Err(_) => return r.map(|m| self.to_stat(&p, m)),
+        };
+        if names.asked(&p, found) {
+            self.list_names(&st, path::parent(&p));
+        }
+        r.map(|m| self.to_stat(&p, m))
+    }
+
+    /// Lists `dir` into the lookup cache.
+    fn list_names(&self, st: &PoolState, dir: &str) {
+        let names = &self.inner.names;
+        if let Some(at) = names.begin_listing(dir) {
+            let list = self.list_metas(st, dir).ok().map(|all| {
+                all.into_iter()
+                    .map(|(name, (m, backend_only))| (name, (!backend_only).then_some(m)))
+                    .collect()
+            });
+            names.end_listing(dir, at, list);
+        }
+    }
+
     /// `lstat(2)`.
     pub fn lstat(&self, path: &str) -> Result<Stat> {
         let st = self.state();
@@ -337,7 +388,13 @@ impl Client {
             excl,
             data: bytes::Bytes::copy_from_slice(data),
         };
-        match self.call_owner(st, path, 0, &req)? {
+        let r = self.call_owner(st, path, 0, &req);
+        match &r {
+            Ok(_) => self.inner.names.added(path),
+            Err(e) if e.errno() == libc::EEXIST => self.inner.names.added(path),
+            Err(_) => {}
+        }
+        match r? {
             Response::Created { meta, created } => Ok((meta, created)),
             other => Err(unexpected(other)),
         }
@@ -367,7 +424,9 @@ impl Client {
             libc::S_IFDIR | (mode & 0o7777),
             self.inner.chunk_size.load(Ordering::Relaxed),
         );
+        let sent = Instant::now();
         self.create_entry(&st, &p, m, true, &[])?;
+        self.inner.names.new_dir(&p, sent);
         Ok(())
     }
 
@@ -393,6 +452,8 @@ impl Client {
             },
         )?;
         self.forget_dirs(&p);
+        self.inner.names.removed(&p);
+        self.inner.names.forget_below(&p);
         Ok(())
     }
 
@@ -427,6 +488,7 @@ impl Client {
                 kind: RemoveKind::NotDir,
             },
         ))?;
+        self.inner.names.removed(&p);
         self.remove_data_chunks(&st, &p, &m, m.size.max(self.local_size(&p)))
     }
 
@@ -546,7 +608,7 @@ impl Client {
                 self.flush_file(&st, &f)?;
             }
         }
-        let m = expect_meta(self.call_owner(
+        let r = self.call_owner(
             &st,
             &p,
             0,
@@ -554,7 +616,9 @@ impl Client {
                 path: p.clone(),
                 attr,
             },
-        ))?;
+        );
+        self.inner.names.touched(&p);
+        let m = expect_meta(r)?;
         Ok(self.to_stat(&p, m))
     }
 
@@ -624,6 +688,7 @@ impl Client {
         if m.flags & FLAG_CACHED != 0 && len > 0 {
             self.stagein_file(st, p, m)?;
         }
+        self.inner.names.touched(p);
         let req = Request::TruncateChunks {
             path: p.to_string(),
             size: len,
@@ -632,7 +697,7 @@ impl Client {
         for r in self.broadcast(st, &req) {
             r?;
         }
-        expect_meta(self.call_owner(
+        let r = self.call_owner(
             st,
             p,
             0,
@@ -641,7 +706,9 @@ impl Client {
                 size: len,
                 grow_only: false,
             },
-        ))?;
+        );
+        self.inner.names.touched(p);
+        expect_meta(r)?;
         for f in self.open_files(p) {
             let mut s = lock(&f.state);
             s.written_end = s.written_end.min(len);
@@ -666,6 +733,19 @@ impl Client {
         if !m.is_dir() {
             return fail(libc::ENOTDIR, format!("{p}: not a directory"));
         }
+        Ok(self
+            .list_metas(&st, &p)?
+            .into_iter()
+            .map(|(name, (meta, _))| DirEntry {
+                stat: self.to_stat(&path::join(&p, &name), meta),
+                name,
+            })
+            .collect())
+    }
+
+    /// Every entry of directory `p` with its header and whether it exists
+    /// only in the backend (cache mode), merged over all servers.
+    fn list_metas(&self, st: &PoolState, p: &str) -> Result<BTreeMap<String, (Meta, bool)>> {
         let mut all = BTreeMap::new();
         let n = st.ring.len();
         let mut after: Vec<Option<String>> = vec![Some(String::new()); n];
@@ -678,14 +758,14 @@ impl Client {
                     Op::req(
                         i,
                         &Request::Readdir {
-                            path: p.clone(),
+                            path: p.to_string(),
                             after: a,
                             max: READDIR_PAGE,
                         },
                     )
                 })
                 .collect();
-            for (&i, r) in servers.iter().zip(self.pipeline(&st, ops)) {
+            for (&i, r) in servers.iter().zip(self.pipeline(st, ops)) {
                 match r? {
                     Response::Entries { entries, done } => {
                         after[i] = if done {
@@ -694,9 +774,8 @@ impl Client {
                             entries.last().map(|e| e.name.clone())
                         };
                         for e in entries {
-                            let full = path::join(&p, &e.name);
                             let backend_only = e.meta.flags & FLAG_BACKEND_ONLY != 0;
-                            let s = self.to_stat(&full, e.meta);
+                            let s = e.meta;
                             // A cached entry wins over the backend's listing.
                             match all.entry(e.name) {
                                 std::collections::btree_map::Entry::Vacant(v) => {
@@ -714,10 +793,7 @@ impl Client {
                 }
             }
         }
-        Ok(all
-            .into_iter()
-            .map(|(name, (stat, _))| DirEntry { name, stat })
-            .collect())
+        Ok(all)
     }
 
     /// Lists the part of a directory held by server `index` (for parallel
@@ -820,6 +896,13 @@ impl Client {
         let owner = st.ring.owner(&old, 0);
         self.count(1);
         self.inner.pool.call(&st, owner, &req)?;
+        let names = &self.inner.names;
+        names.added(&new);
+        names.removed(&old);
+        if src.is_dir() {
+            names.forget_below(&old);
+            names.forget_below(&new);
+        }
         let others = (0..st.ring.len())
             .filter(|&i| i != owner)
             .map(|i| Op::req(i, &req))
@@ -1076,7 +1159,9 @@ impl Client {
                 size: s.written_end,
                 grow_only: true,
             };
-            let m = expect_meta(self.call_owner(st, &f.path, 0, &req))?;
+            let r = self.call_owner(st, &f.path, 0, &req);
+            self.inner.names.touched(&f.path);
+            let m = expect_meta(r)?;
             s.published = m.size;
             s.need_publish = false;
         }
@@ -1136,6 +1221,7 @@ impl Client {
         if let Some(e) = first_err {
             return Err(e);
         }
+        self.inner.names.touched(&f.path);
         let end = off + buf.len() as u64;
         s.written_end = s.written_end.max(end);
         if data_chunks {

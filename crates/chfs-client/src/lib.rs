@@ -11,6 +11,7 @@ mod client;
 pub mod config;
 mod conn;
 mod error;
+mod names;
 mod pool;
 mod types;
 

@@ -36,6 +36,12 @@ pub struct FsOptions {
     /// faster path walks; a file removed or renamed on another node stays
     /// visible here for up to this long.
     pub entry_timeout: Duration,
+    /// How long a name may be reported absent from a listing of its
+    /// directory instead of asking its server (the client's negative lookup
+    /// cache; entries created through this mount are always seen). A file
+    /// created on another node may stay invisible here for up to this
+    /// long. Zero asks the servers for every missing name.
+    pub negative_timeout: Duration,
     /// Kernel write-back cache: small writes are gathered in the page cache
     /// and sent later (faster small writes; data reaches the servers at
     /// flush/fsync/close, and O_APPEND is no longer atomic across nodes).
@@ -53,6 +59,7 @@ impl Default for FsOptions {
         Self {
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
+            negative_timeout: Duration::from_secs(1),
             writeback_cache: false,
             direct_io: true,
         }
@@ -267,6 +274,7 @@ type R<T> = Result<T, Errno>;
 impl ChfsFs {
     /// A file system serving `client`.
     pub fn new(client: Client, opts: FsOptions) -> Self {
+        client.set_negative_ttl(opts.negative_timeout);
         Self {
             client,
             opts,
@@ -500,7 +508,11 @@ impl Filesystem for ChfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self.child(parent, name).and_then(|p| self.entry(&p));
+        let r = self.child(parent, name).and_then(|p| {
+            let s = self.client.lookup(&p).map_err(|e| errno(&e))?;
+            let ino = lock(&self.table).intern(&p, s.ino);
+            Ok(attr(ino, &s))
+        });
         self.reply_entry(reply, r);
     }
 

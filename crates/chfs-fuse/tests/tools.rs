@@ -509,3 +509,85 @@ fn one_mib_requests_reach_the_file_system() {
     // Four reads of data and dd's final read that finds the end.
     assert_eq!(count(" read"), 5, "1 MiB read requests in:\n{log}");
 }
+
+/// Waits until `cond` holds, up to `limit`; returns how long it took.
+fn within(limit: Duration, cond: impl Fn() -> bool) -> Option<Duration> {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if cond() {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn lookup_cache_shows_own_changes_at_once_and_others_within_the_timeout() {
+    let pool = pool(3);
+    let m = Mount::new(&pool, &["--entry-timeout", "1", "--attr-timeout", "1"]);
+    let other = chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    })
+    .unwrap();
+    // A directory made here starts with an empty snapshot: names created
+    // through the mount are seen at once, with their current size.
+    std::fs::create_dir(m.p("d")).unwrap();
+    for i in 0..20 {
+        assert!(!m.p(&format!("d/missing{i}")).exists());
+    }
+    std::fs::write(m.p("d/mine"), b"12345").unwrap();
+    assert_eq!(std::fs::metadata(m.p("d/mine")).unwrap().len(), 5);
+    std::fs::create_dir(m.p("d/sub")).unwrap();
+    assert!(m.p("d/sub").is_dir());
+    std::os::unix::fs::symlink("mine", m.p("d/link")).unwrap();
+    assert_eq!(std::fs::read(m.p("d/link")).unwrap(), b"12345");
+    std::fs::rename(m.p("d/mine"), m.p("d/renamed")).unwrap();
+    assert!(!m.p("d/mine").exists());
+    assert_eq!(std::fs::read(m.p("d/renamed")).unwrap(), b"12345");
+    // Another client's new entry appears within the timeout (plus slack).
+    let fd = other.create("/d/theirs", libc::O_WRONLY, 0o644).unwrap();
+    other.write(fd, b"abc").unwrap();
+    other.close(fd).unwrap();
+    let seen = within(Duration::from_secs(4), || m.p("d/theirs").exists());
+    assert!(seen.is_some(), "another client's file never became visible");
+    // Its removal and growth elsewhere too (listed names are re-checked).
+    let mut names: Vec<String> = std::fs::read_dir(m.p("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["link", "renamed", "sub", "theirs"]);
+    other.unlink("/d/renamed").unwrap();
+    let gone = within(Duration::from_secs(4), || !m.p("d/renamed").exists());
+    assert!(gone.is_some(), "a removal elsewhere was never seen");
+    let fd = other
+        .open("/d/theirs", libc::O_WRONLY | libc::O_APPEND, 0)
+        .unwrap();
+    other.write(fd, b"defg").unwrap();
+    other.close(fd).unwrap();
+    let grown = within(Duration::from_secs(4), || {
+        std::fs::metadata(m.p("d/theirs")).map(|s| s.len()).ok() == Some(7)
+    });
+    assert!(grown.is_some(), "growth elsewhere was never seen");
+    // Writing through the mount is seen at once by the next lookup here.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("d/theirs"))
+        .unwrap();
+    f.write_all(b"hij").unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(m.p("d/theirs")).unwrap().len(), 10);
+    // With the negative timeout off, another client's entry is seen at once
+    // (once the kernel's own entry for the name has expired).
+    let strict = Mount::new(&pool, &["--negative-timeout", "0", "--entry-timeout", "0"]);
+    std::fs::create_dir(strict.p("e")).unwrap();
+    assert!(!strict.p("e/x").exists());
+    other
+        .create("/e/x", libc::O_WRONLY, 0o644)
+        .map(|fd| other.close(fd))
+        .unwrap()
+        .unwrap();
+    assert!(strict.p("e/x").exists());
+}

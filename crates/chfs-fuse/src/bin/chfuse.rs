@@ -33,7 +33,8 @@ struct Args {
     debug: bool,
     /// Mount options, comma separated: allow_other, noallow_other,
     /// default_permissions, nodefault_permissions, ro, rw, writeback_cache,
-    /// direct_io, page_cache, attr_timeout=SEC, entry_timeout=SEC, max_threads=N.
+    /// direct_io, page_cache, attr_timeout=SEC, entry_timeout=SEC,
+    /// negative_timeout=SEC, max_threads=N.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
     /// Seconds the kernel caches attributes (0 = ask every time; most
@@ -43,6 +44,12 @@ struct Args {
     /// Seconds the kernel caches names (0 = look up every path walk).
     #[arg(long, default_value_t = 1.0)]
     entry_timeout: f64,
+    /// Seconds a name may be reported absent from a recent listing of its
+    /// directory without asking its server (default: the entry timeout;
+    /// 0 = always ask). Names created through this mount are always seen;
+    /// one created on another node may stay invisible for this long.
+    #[arg(long)]
+    negative_timeout: Option<f64>,
     /// Kernel write-back cache (faster small writes; O_APPEND not atomic
     /// across nodes; data reaches the servers at close/fsync).
     #[arg(long)]
@@ -78,6 +85,7 @@ fn build(args: &Args) -> Result<MountConfig, String> {
     let mut c = MountConfig::from_env(&args.mountpoint).map_err(|e| e.to_string())?;
     c.fs.attr_timeout = secs("attr_timeout", &args.attr_timeout.to_string())?;
     c.fs.entry_timeout = secs("entry_timeout", &args.entry_timeout.to_string())?;
+    let mut negative = args.negative_timeout.map(|v| v.to_string());
     c.fs.writeback_cache = args.writeback_cache;
     c.fs.direct_io = !args.page_cache;
     c.threads = args.threads.max(1);
@@ -98,6 +106,7 @@ fn build(args: &Args) -> Result<MountConfig, String> {
             ("page_cache" | "kernel_cache", None) => c.fs.direct_io = false,
             ("attr_timeout", Some(v)) => c.fs.attr_timeout = secs(k, v)?,
             ("entry_timeout", Some(v)) => c.fs.entry_timeout = secs(k, v)?,
+            ("negative_timeout", Some(v)) => negative = Some(v.to_string()),
             ("max_threads", Some(v)) => {
                 c.threads = v
                     .parse::<usize>()
@@ -109,6 +118,10 @@ fn build(args: &Args) -> Result<MountConfig, String> {
             _ => return Err(format!("unknown mount option {o:?}")),
         }
     }
+    c.fs.negative_timeout = match negative {
+        Some(v) => secs("negative_timeout", &v)?,
+        None => c.fs.entry_timeout,
+    };
     if c.fs.writeback_cache {
         // The write-back cache lives in the page cache.
         c.fs.direct_io = false;
