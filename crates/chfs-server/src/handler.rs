@@ -28,8 +28,16 @@ fn refuse(errno: i32, msg: impl Into<String>) -> StoreError {
     StoreError::refused(errno, msg)
 }
 
-/// Metadata of the root directory before anyone changed it.
+/// Metadata of the root directory before anyone changed it: owned by the
+/// server's user, with the time the server started as its times.
 fn default_root() -> Meta {
+    static STARTED: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let t = *STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0)
+    });
     // SAFETY: getuid/getgid cannot fail and touch no memory.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     Meta {
@@ -37,7 +45,36 @@ fn default_root() -> Meta {
         uid,
         gid,
         chunk_size: chfs_proto::DEFAULT_CHUNK_SIZE,
+        mtime: t,
+        ctime: t,
+        atime: t,
         ..Default::default()
+    }
+}
+
+/// Bytes the medium of an unbounded store can still take: free memory for
+/// the DRAM engine, free space of the directory's file system otherwise.
+fn medium_available(store: &str, path: Option<&std::path::Path>) -> u64 {
+    if store == "mem" || path.is_none() {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        return meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024);
+    }
+    let Some(path) = path else { return 0 };
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return 0;
+    };
+    // SAFETY: c is a valid NUL-terminated string and vfs a zeroed statvfs
+    // that statvfs fills.
+    unsafe {
+        let mut vfs: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut vfs) != 0 {
+            return 0;
+        }
+        vfs.f_bavail as u64 * vfs.f_frsize as u64
     }
 }
 
@@ -104,12 +141,19 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::Status => {
             let s = st.stats();
+            // An unbounded store reports what its medium can still take,
+            // so `df` shows real free space rather than 100% used.
+            let capacity = if s.capacity == 0 {
+                s.bytes + medium_available(st.name(), sh.store_path.as_deref())
+            } else {
+                s.capacity
+            };
             Ok(Response::Status(ServerStatus {
                 addr: sh.me.clone(),
                 store: st.name().to_string(),
                 entries: s.entries,
                 bytes: s.bytes,
-                capacity: s.capacity,
+                capacity,
                 requests: sh
                     .counters
                     .requests

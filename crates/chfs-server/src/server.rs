@@ -71,6 +71,8 @@ pub(crate) struct Shared {
     pub shutdown: watch::Sender<bool>,
     /// Cache mode state (backend, dirty set, flusher).
     pub cache: Option<Arc<crate::cache::Cache>>,
+    /// Directory or file of a persistent store (for its free space).
+    pub store_path: Option<std::path::PathBuf>,
     secret: Vec<u8>,
 }
 
@@ -244,6 +246,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         join_lock: Default::default(),
         shutdown,
         cache,
+        store_path: cfg.path.clone(),
         secret,
     });
     if let Some(c) = &shared.cache {
