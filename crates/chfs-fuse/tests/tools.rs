@@ -591,3 +591,31 @@ fn lookup_cache_shows_own_changes_at_once_and_others_within_the_timeout() {
         .unwrap();
     assert!(strict.p("e/x").exists());
 }
+
+#[test]
+fn root_has_real_times_and_df_shows_free_space() {
+    let pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let root = std::fs::metadata(m.p("")).unwrap();
+    assert!(
+        (now - root.mtime()).abs() < 3600,
+        "root mtime {} is not the servers' start time (now {now})",
+        root.mtime()
+    );
+    std::fs::write(m.p("f"), pattern(1 << 20, 3)).unwrap();
+    // Servers without a size limit: capacity is what their medium can take.
+    let out = sh(&format!("df -P -B1 {}", q(&m.p(""))));
+    let line = out.lines().nth(1).expect("df line");
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let (total, used, avail): (u64, u64, u64) = (
+        cols[1].parse().unwrap(),
+        cols[2].parse().unwrap(),
+        cols[3].parse().unwrap(),
+    );
+    assert!(used >= 1 << 20, "df used {used}: {line}");
+    assert!(avail > 0 && total > used, "df shows no free space: {line}");
+}
