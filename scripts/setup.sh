@@ -31,3 +31,10 @@ fi
 if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
+
+# Distributions ship /dev/fuse as mode 0666 (fusermount3 is setuid and does
+# the checks); some containers create it 0600, which keeps ordinary users
+# from mounting. Give it the usual mode so the non-root mount test runs.
+if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" = "600" ]; then
+  $SUDO chmod 0666 /dev/fuse || true
+fi

@@ -162,6 +162,15 @@ fn ordinary_user_mounts_through_fusermount3() {
         return;
     }
     let pool = pool(2);
+    // The pool's root belongs to the servers' user (root here): give the
+    // ordinary user a directory of its own, as a job's admin would.
+    let admin = chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    })
+    .unwrap();
+    admin.mkdir("/u", 0o755).unwrap();
+    admin.chown("/u", Some(65534), Some(65534)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dir.path(),
@@ -210,7 +219,7 @@ fn ordinary_user_mounts_through_fusermount3() {
     }
     // The owner (uid 65534) uses it; its files belong to it.
     let (ok, out) = sh_status(&format!(
-        "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo hi > {}/f && cat {}/f && stat -c %u {}/f'",
+        "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo hi > {}/u/f && cat {}/u/f && stat -c %u {}/u/f'",
         mp.display(),
         mp.display(),
         mp.display()
