@@ -14,7 +14,7 @@ use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use chfs_proto::frame::{Header, FLAG_ERROR, HEADER_LEN};
 use chfs_proto::handshake::{Hello, HelloReply};
 use chfs_proto::msg::decode_error;
@@ -228,9 +228,15 @@ fn read_frame(s: &mut impl Read) -> std::io::Result<(Header, Bytes)> {
     let mut hb = [0u8; HEADER_LEN];
     s.read_exact(&mut hb)?;
     let h = Header::decode(&hb).map_err(std::io::Error::other)?;
-    let mut buf = BytesMut::zeroed(h.len as usize);
-    s.read_exact(&mut buf)?;
-    Ok((h, buf.freeze()))
+    // Read into spare capacity: no zeroing of a buffer about to be
+    // overwritten (chunk replies are up to the chunk size).
+    let len = h.len as usize;
+    let mut buf = Vec::with_capacity(len);
+    s.take(len as u64).read_to_end(&mut buf)?;
+    if buf.len() != len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok((h, Bytes::from(buf)))
 }
 
 fn read_loop(s: TcpStream, sh: Arc<Shared>) {

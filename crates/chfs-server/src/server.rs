@@ -9,7 +9,7 @@ use chfs_proto::msg::encode_error;
 use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Request, Response};
 use chfs_store::{MemStore, Store};
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -350,6 +350,27 @@ fn response_frame(id: u64, op: u16, r: Result<Response, ErrorReply>) -> Out {
     )
 }
 
+/// Data tails at least this large are not copied into the reply buffer.
+const BIG_TAIL: usize = 16 << 10;
+
+/// Writes `a` then `b` with vectored writes until both are sent.
+async fn write_all_vectored(
+    w: &mut (impl tokio::io::AsyncWrite + Unpin),
+    a: &[u8],
+    b: &[u8],
+) -> std::io::Result<()> {
+    let mut bufs = [std::io::IoSlice::new(a), std::io::IoSlice::new(b)];
+    let mut slices: &mut [std::io::IoSlice<'_>] = &mut bufs;
+    while !slices.is_empty() {
+        let n = w.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
+}
+
 async fn serve_conn(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
     let _ = stream.set_nodelay(true);
     if let Err(e) = net::timeout(
@@ -367,20 +388,29 @@ async fn serve_conn(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
     let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
     let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
     let writer = tokio::spawn(async move {
-        let mut w = BufWriter::with_capacity(256 << 10, wr);
+        // Small replies are gathered while more are queued; a large data
+        // tail is written from where it lies, with what is gathered, in
+        // one vectored write (no copy into the buffer).
+        let mut wr = wr;
+        let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
         while let Some((h, head, tail)) = rx.recv().await {
-            let r = async {
-                w.write_all(&h.encode()).await?;
-                w.write_all(&head).await?;
-                if !tail.is_empty() {
-                    w.write_all(&tail).await?;
+            buf.extend_from_slice(&h.encode());
+            buf.extend_from_slice(&head);
+            let r = if tail.len() >= BIG_TAIL {
+                let r = write_all_vectored(&mut wr, &buf, &tail).await;
+                buf.clear();
+                r
+            } else {
+                buf.extend_from_slice(&tail);
+                if rx.is_empty() || buf.len() >= 256 << 10 {
+                    let r = wr.write_all(&buf).await;
+                    buf.clear();
+                    r
+                } else {
+                    Ok(())
                 }
-                if rx.is_empty() {
-                    w.flush().await?;
-                }
-                Ok::<_, std::io::Error>(())
             };
-            if r.await.is_err() {
+            if r.is_err() {
                 break;
             }
         }
