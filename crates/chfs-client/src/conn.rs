@@ -1,18 +1,23 @@
 //! One blocking connection to a server, shared by many threads.
 //!
 //! Callers write their request frame under a short lock and get a
-//! [`Ticket`]; a reader thread per connection matches responses to tickets by
-//! request id, so many requests are in flight at once and complete in any
+//! [`Ticket`], so many requests are in flight at once and complete in any
 //! order. Sending k requests and then waiting for k tickets is how one call
 //! reaches k servers concurrently.
+//!
+//! There is no reader thread: a waiting caller reads the socket itself
+//! (leader/follower). The first waiter becomes the reader and reads frames
+//! until its own reply arrives, filing the replies of other waiters and
+//! waking them; then it hands the role on. A lone caller thus gets its reply
+//! straight from the socket, without a thread hop (a hop costs a cross-CPU
+//! wake-up, as much as the round trip itself on some machines).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_proto::frame::{Header, FLAG_ERROR, HEADER_LEN};
@@ -28,25 +33,28 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-struct Shared {
-    addr: String,
-    pending: Mutex<HashMap<u64, SyncSender<Reply>>>,
-    alive: AtomicBool,
-}
-
-impl Shared {
-    fn fail_all(&self, why: &str) {
-        self.alive.store(false, Ordering::Release);
-        for (_, tx) in lock(&self.pending).drain() {
-            let _ = tx.try_send(Err(Error::new(libc::EIO, why.to_string())));
-        }
-    }
+/// Replies in flight, shared by the waiters of a connection.
+#[derive(Default)]
+struct State {
+    /// Request id -> its reply once read (None: not yet).
+    pending: HashMap<u64, Option<Reply>>,
+    /// A waiter is reading the socket.
+    reading: bool,
+    /// Why the connection broke.
+    dead: Option<String>,
 }
 
 /// A connection.
 pub(crate) struct Conn {
-    shared: Arc<Shared>,
+    addr: String,
+    state: Mutex<State>,
+    /// Signalled when a reply is filed, the reader role is free, or the
+    /// connection broke.
+    filed: Condvar,
+    /// Only used by the waiter holding the reader role.
+    reader: Mutex<BufReader<TcpStream>>,
     writer: Mutex<TcpStream>,
+    alive: AtomicBool,
     next_id: AtomicU64,
     timeout: Duration,
 }
@@ -54,7 +62,62 @@ pub(crate) struct Conn {
 /// A request in flight.
 pub(crate) struct Ticket {
     id: u64,
-    rx: Receiver<Reply>,
+}
+
+/// How reading a frame failed.
+enum ReadError {
+    /// Nothing arrived within the socket's read timeout (between frames:
+    /// the connection is still usable).
+    Idle,
+    /// The connection is unusable.
+    Broken(std::io::Error),
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// Read timeouts tolerated inside one frame before the connection is
+/// declared broken (a server that stops mid-frame).
+const MID_FRAME_STALLS: u32 = 3;
+
+fn read_frame(s: &mut impl Read) -> std::result::Result<(Header, Bytes), ReadError> {
+    use ReadError::*;
+    let mut hb = [0u8; HEADER_LEN];
+    let mut got = 0;
+    let mut stalls = 0;
+    while got < HEADER_LEN {
+        match s.read(&mut hb[got..]) {
+            Ok(0) => return Err(Broken(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) && got == 0 => return Err(Idle),
+            Err(e) if is_timeout(&e) && stalls < MID_FRAME_STALLS => stalls += 1,
+            Err(e) => return Err(Broken(e)),
+        }
+    }
+    let h = Header::decode(&hb).map_err(|e| Broken(std::io::Error::other(e)))?;
+    // Read into spare capacity: no zeroing of a buffer about to be
+    // overwritten (chunk replies are up to the chunk size).
+    let len = h.len as usize;
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        let before = buf.len();
+        match s.take(want).read_to_end(&mut buf) {
+            Ok(_) if buf.len() == before => {
+                return Err(Broken(std::io::ErrorKind::UnexpectedEof.into()))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) && stalls < MID_FRAME_STALLS => stalls += 1,
+            Err(e) => return Err(Broken(e)),
+        }
+    }
+    Ok((h, Bytes::from(buf)))
 }
 
 fn io_err(addr: &str, what: &str, e: std::io::Error) -> Error {
@@ -112,22 +175,21 @@ impl Conn {
                 ),
             ));
         }
-        s.set_read_timeout(None)
+        // Reads wake up at least every `timeout` so that a waiter can give
+        // up on a request the server does not answer.
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| io_err(addr, "socket", e))?;
+        // A server that stops reading cannot block a sender forever.
+        s.set_write_timeout(Some(timeout))
             .map_err(|e| io_err(addr, "socket", e))?;
         let reader = s.try_clone().map_err(|e| io_err(addr, "socket", e))?;
-        let shared = Arc::new(Shared {
-            addr: addr.to_string(),
-            pending: Mutex::new(HashMap::new()),
-            alive: AtomicBool::new(true),
-        });
-        let sh = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("chfs-rx-{addr}"))
-            .spawn(move || read_loop(reader, sh))
-            .map_err(|e| io_err(addr, "cannot start reader thread", e))?;
         Ok(Conn {
-            shared,
+            addr: addr.to_string(),
+            state: Mutex::new(State::default()),
+            filed: Condvar::new(),
+            reader: Mutex::new(BufReader::with_capacity(256 << 10, reader)),
             writer: Mutex::new(s),
+            alive: AtomicBool::new(true),
             next_id: AtomicU64::new(1),
             timeout,
         })
@@ -135,12 +197,29 @@ impl Conn {
 
     /// Is the connection still usable?
     pub fn alive(&self) -> bool {
-        self.shared.alive.load(Ordering::Acquire)
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Marks the connection broken: every waiter gets `why`.
+    fn fail_all(&self, why: &str) {
+        self.alive.store(false, Ordering::Release);
+        let mut st = lock(&self.state);
+        if st.dead.is_none() {
+            st.dead = Some(why.to_string());
+        }
+        for slot in st.pending.values_mut() {
+            if slot.is_none() {
+                *slot = Some(Err(Error::new(libc::EIO, why.to_string())));
+            }
+        }
+        drop(st);
+        self.filed.notify_all();
+        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
     }
 
     /// Sends a request whose payload is `head` followed by `tail`.
     pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Ticket> {
-        let addr = &self.shared.addr;
+        let addr = &self.addr;
         if !self.alive() {
             return Err(Error::new(
                 libc::EIO,
@@ -148,8 +227,7 @@ impl Conn {
             ));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = sync_channel(1);
-        lock(&self.shared.pending).insert(id, tx);
+        lock(&self.state).pending.insert(id, None);
         let h = Header {
             len: (head.len() + tail.len()) as u32,
             id,
@@ -168,17 +246,18 @@ impl Conn {
                 let mut buf = Vec::with_capacity(HEADER_LEN + head.len());
                 buf.extend_from_slice(&h.encode());
                 buf.extend_from_slice(head);
+                // Two send(2)s rather than one writev(2): send passes
+                // MSG_NOSIGNAL, so a dead server gives EPIPE, not a SIGPIPE
+                // that would kill a C program using the library.
                 w.write_all(&buf).and_then(|_| w.write_all(tail))
             }
         };
         if let Err(e) = r {
-            lock(&self.shared.pending).remove(&id);
-            self.shared
-                .fail_all(&format!("connection to server {addr} lost: {e}"));
-            let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+            lock(&self.state).pending.remove(&id);
+            self.fail_all(&format!("connection to server {addr} lost: {e}"));
             return Err(io_err(addr, "send failed", e));
         }
-        Ok(Ticket { id, rx })
+        Ok(Ticket { id })
     }
 
     /// Sends a request.
@@ -188,25 +267,115 @@ impl Conn {
         self.send_raw(req.op(), &head, &[])
     }
 
+    fn timed_out(&self) -> Error {
+        Error::new(
+            libc::ETIMEDOUT,
+            format!(
+                "server {} did not answer within {} ms",
+                self.addr,
+                self.timeout.as_millis()
+            ),
+        )
+    }
+
     /// Waits for the answer to a ticket, at most the request timeout.
     pub fn wait(&self, t: Ticket) -> Reply {
-        match t.rx.recv_timeout(self.timeout) {
-            Ok(r) => r,
-            Err(RecvTimeoutError::Timeout) => {
-                lock(&self.shared.pending).remove(&t.id);
-                Err(Error::new(
-                    libc::ETIMEDOUT,
-                    format!(
-                        "server {} did not answer within {} ms",
-                        self.shared.addr,
-                        self.timeout.as_millis()
-                    ),
-                ))
+        let deadline = Instant::now() + self.timeout;
+        let mut st = lock(&self.state);
+        loop {
+            match st.pending.get(&t.id) {
+                Some(Some(_)) => return st.pending.remove(&t.id).flatten().expect("filed"),
+                Some(None) => {}
+                None => {
+                    return Err(Error::new(
+                        libc::EIO,
+                        format!("connection to server {}: reply lost", self.addr),
+                    ))
+                }
             }
-            Err(RecvTimeoutError::Disconnected) => Err(Error::new(
-                libc::EIO,
-                format!("connection to server {} lost", self.shared.addr),
-            )),
+            if let Some(why) = &st.dead {
+                let why = why.clone();
+                st.pending.remove(&t.id);
+                return Err(Error::new(libc::EIO, why));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                st.pending.remove(&t.id);
+                return Err(self.timed_out());
+            }
+            if !st.reading {
+                st.reading = true;
+                drop(st);
+                let mine = self.read_until(t.id, deadline);
+                st = lock(&self.state);
+                st.reading = false;
+                // Someone else may be waiting for the reader role.
+                if !st.pending.is_empty() {
+                    self.filed.notify_all();
+                }
+                if let Some(r) = mine {
+                    st.pending.remove(&t.id);
+                    return r;
+                }
+                continue;
+            }
+            st = self
+                .filed
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// As the reader: reads frames until the reply to `id` arrives (returned)
+    /// or `deadline` passes or the connection breaks (None: look at the
+    /// state). Replies to other requests are filed for their waiters.
+    fn read_until(&self, id: u64, deadline: Instant) -> Option<Reply> {
+        let mut rd = lock(&self.reader);
+        loop {
+            match read_frame(&mut *rd) {
+                Ok((h, payload)) => {
+                    let reply = self.decode(h, payload);
+                    if h.id == id {
+                        return Some(reply);
+                    }
+                    let mut st = lock(&self.state);
+                    if let Some(slot) = st.pending.get_mut(&h.id) {
+                        *slot = Some(reply);
+                        drop(st);
+                        self.filed.notify_all();
+                    }
+                }
+                Err(ReadError::Idle) => {
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                }
+                Err(ReadError::Broken(e)) => {
+                    drop(rd);
+                    self.fail_all(&format!("connection to server {} lost: {e}", self.addr));
+                    return None;
+                }
+            }
+        }
+    }
+
+    fn decode(&self, h: Header, payload: Bytes) -> Reply {
+        if h.flags & FLAG_ERROR != 0 {
+            match decode_error(payload) {
+                Ok(e) => Err(Error::from(e)),
+                Err(e) => Err(Error::new(
+                    libc::EPROTO,
+                    format!("server {}: bad error reply: {e}", self.addr),
+                )),
+            }
+        } else {
+            Response::decode(payload).map_err(|e| {
+                Error::new(
+                    libc::EPROTO,
+                    format!("server {}: bad reply: {e}", self.addr),
+                )
+            })
         }
     }
 
@@ -219,51 +388,6 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        // Wakes the reader thread, which then exits.
         let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
     }
-}
-
-fn read_frame(s: &mut impl Read) -> std::io::Result<(Header, Bytes)> {
-    let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb)?;
-    let h = Header::decode(&hb).map_err(std::io::Error::other)?;
-    // Read into spare capacity: no zeroing of a buffer about to be
-    // overwritten (chunk replies are up to the chunk size).
-    let len = h.len as usize;
-    let mut buf = Vec::with_capacity(len);
-    s.take(len as u64).read_to_end(&mut buf)?;
-    if buf.len() != len {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok((h, Bytes::from(buf)))
-}
-
-fn read_loop(s: TcpStream, sh: Arc<Shared>) {
-    // Buffered: several small replies arriving together cost one read(2).
-    let mut s = std::io::BufReader::with_capacity(256 << 10, s);
-    let why = loop {
-        match read_frame(&mut s) {
-            Ok((h, payload)) => {
-                let reply = if h.flags & FLAG_ERROR != 0 {
-                    match decode_error(payload) {
-                        Ok(e) => Err(Error::from(e)),
-                        Err(e) => Err(Error::new(
-                            libc::EPROTO,
-                            format!("server {}: bad error reply: {e}", sh.addr),
-                        )),
-                    }
-                } else {
-                    Response::decode(payload).map_err(|e| {
-                        Error::new(libc::EPROTO, format!("server {}: bad reply: {e}", sh.addr))
-                    })
-                };
-                if let Some(tx) = lock(&sh.pending).remove(&h.id) {
-                    let _ = tx.try_send(reply);
-                }
-            }
-            Err(e) => break format!("connection to server {} lost: {e}", sh.addr),
-        }
-    };
-    sh.fail_all(&why);
 }

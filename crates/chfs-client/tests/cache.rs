@@ -348,11 +348,13 @@ fn killed_mid_flush_then_restarted_loses_nothing() {
         })
         .unwrap();
         let c = client(&p, |c| c.chunk_size = 4096);
-        let files: Vec<(String, Vec<u8>)> = (0..4)
+        // Enough 4 KiB chunks (~1,200) that flushing them takes far longer
+        // than the moment between starting it and killing the servers.
+        let files: Vec<(String, Vec<u8>)> = (0..8)
             .map(|i| {
                 (
                     format!("/out{i}.dat"),
-                    pattern(150_000 + i * 1000, 40 + i as u64),
+                    pattern(600_000 + i * 1000, 40 + i as u64),
                 )
             })
             .collect();

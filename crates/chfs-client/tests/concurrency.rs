@@ -83,6 +83,52 @@ fn one_client_many_threads() {
     assert_eq!(c.readdir("/t").unwrap().len(), 160);
 }
 
+/// Threads of one client share its connections: whichever waits first
+/// reads the socket and files the others' replies (large multi-chunk reads
+/// and small stats interleaved); every thread gets its own answer.
+#[test]
+fn shared_connections_file_replies_for_other_threads() {
+    let (_p, c) = pool(2);
+    let big = pattern(3 << 20, 77);
+    let fd = c
+        .open_chunk_size("/big", O_CREAT | O_WRONLY, 0o644, 64 << 10)
+        .unwrap();
+    c.pwrite(fd, &big, 0).unwrap();
+    c.close(fd).unwrap();
+    for i in 0..50 {
+        c.mkdir(&format!("/d{i}"), 0o700 + (i % 8) as u32).unwrap();
+    }
+    let big = Arc::new(big);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (c, big) = (c.clone(), big.clone());
+            std::thread::spawn(move || {
+                for round in 0..10 {
+                    if t % 2 == 0 {
+                        let fd = c.open("/big", O_RDONLY, 0).unwrap();
+                        let off = (round * 100_003) % (1 << 20);
+                        let mut buf = vec![0u8; 2 << 20];
+                        assert_eq!(c.pread(fd, &mut buf, off as u64).unwrap(), 2 << 20);
+                        assert!(
+                            buf[..] == big[off..off + (2 << 20)],
+                            "thread {t} round {round}"
+                        );
+                        c.close(fd).unwrap();
+                    } else {
+                        for i in 0..50 {
+                            let s = c.stat(&format!("/d{i}")).unwrap();
+                            assert_eq!(s.mode & 0o7777, 0o700 + (i % 8) as u32);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 /// O_APPEND from several clients: every record lands whole, none is lost.
 #[test]
 fn concurrent_appends_do_not_overwrite() {
