@@ -31,6 +31,9 @@ struct FileState {
     written_end: u64,
     /// Data chunks were written: the entry's size/mtime need publishing.
     need_publish: bool,
+    /// Publish the size with every write that grows the file (sent with
+    /// the chunk writes) instead of at close: close then has nothing to do.
+    eager_publish: bool,
     /// Write buffer (`CHFS_BUF_SIZE`): offset and bytes.
     buf_off: u64,
     buf: Vec<u8>,
@@ -1082,6 +1085,29 @@ impl Client {
             .ok_or_else(|| Error::new(libc::EBADF, format!("bad file descriptor {fd}")))
     }
 
+    /// Makes writes through `fd` publish the file size as they grow it
+    /// (one more small request per growing write, sent with the data), so
+    /// that [`Client::flush`] has nothing left to do unless writes are
+    /// buffered (`CHFS_BUF_SIZE`). Used by the FUSE mount, which then asks
+    /// the kernel not to send a flush at every close.
+    pub fn set_publish_on_write(&self, fd: i32, on: bool) -> Result<()> {
+        let f = self.file(fd)?;
+        let st = self.state();
+        let mut s = lock(&f.state);
+        if on && s.need_publish {
+            drop(s);
+            self.flush_file(&st, &f)?;
+            s = lock(&f.state);
+        }
+        s.eager_publish = on;
+        Ok(())
+    }
+
+    /// Bytes of small writes gathered per descriptor (0 = none).
+    pub fn buf_size(&self) -> usize {
+        self.inner.buf_size.load(Ordering::Relaxed) as usize
+    }
+
     /// `close(2)`: writes buffered data and publishes the file size.
     pub fn close(&self, fd: i32) -> Result<()> {
         let f = self.file(fd)?;
@@ -1206,10 +1232,25 @@ impl Client {
             data_chunks |= idx > 0;
             done += n;
         }
+        let end = off + buf.len() as u64;
+        // Sent along with the data (the size may be seen a moment before
+        // the data, as with any write in progress).
+        let publish = s.eager_publish && data_chunks && end > s.published;
+        if publish {
+            ops.push(Op::req(
+                st.ring.owner_of_hash(f.hash, 0),
+                &Request::SetSize {
+                    path: f.path.clone(),
+                    size: end,
+                    grow_only: true,
+                },
+            ));
+        }
         let mut first_err = None;
         for r in self.pipeline(st, ops) {
             match r {
                 Ok(Response::Written(_)) => {}
+                Ok(Response::Meta(m)) if publish => s.published = s.published.max(m.size),
                 Ok(other) => {
                     first_err.get_or_insert(unexpected(other));
                 }
@@ -1222,9 +1263,8 @@ impl Client {
             return Err(e);
         }
         self.inner.names.touched(&f.path);
-        let end = off + buf.len() as u64;
         s.written_end = s.written_end.max(end);
-        if data_chunks {
+        if data_chunks && !publish {
             s.need_publish = true;
         } else {
             s.published = s.published.max(end);

@@ -189,3 +189,42 @@ fn attributes_symlinks_and_special_files() {
     assert_eq!(fs.servers, 2);
     assert!(fs.total > 0);
 }
+
+#[test]
+fn publish_on_write_makes_the_size_visible_before_close() {
+    let (p, c) = pool(3);
+    let other = client(&p, |_| {});
+    c.set_chunk_size(4096).unwrap();
+    // Default: data chunks written, size published at close.
+    let fd = c.create("/lazy", O_WRONLY, 0o644).unwrap();
+    c.pwrite(fd, &pattern(20_000, 1), 0).unwrap();
+    // (chunk 0 holds the entry: its part of the write counts at once)
+    assert_eq!(other.stat("/lazy").unwrap().size, 4096);
+    c.close(fd).unwrap();
+    assert_eq!(other.stat("/lazy").unwrap().size, 20_000);
+    // Eager: every growing write publishes; overwrites inside keep it.
+    let fd = c.create("/eager", O_WRONLY, 0o644).unwrap();
+    c.set_publish_on_write(fd, true).unwrap();
+    c.pwrite(fd, &pattern(20_000, 2), 0).unwrap();
+    assert_eq!(other.stat("/eager").unwrap().size, 20_000);
+    c.pwrite(fd, &pattern(5_000, 3), 30_000).unwrap();
+    assert_eq!(other.stat("/eager").unwrap().size, 35_000);
+    c.pwrite(fd, &pattern(100, 4), 8_000).unwrap();
+    assert_eq!(other.stat("/eager").unwrap().size, 35_000);
+    c.close(fd).unwrap();
+    let mut back = vec![0u8; 35_000];
+    let rfd = other.open("/eager", O_RDONLY, 0).unwrap();
+    assert_eq!(other.pread(rfd, &mut back, 0).unwrap(), 35_000);
+    let mut want = pattern(20_000, 2);
+    want[8_000..8_100].copy_from_slice(&pattern(100, 4));
+    want.resize(30_000, 0);
+    want.extend(pattern(5_000, 3));
+    assert!(back == want);
+    // Switching it on publishes what was pending.
+    let fd = c.create("/late", O_WRONLY, 0o644).unwrap();
+    c.pwrite(fd, &pattern(9_000, 5), 0).unwrap();
+    assert_eq!(other.stat("/late").unwrap().size, 4096);
+    c.set_publish_on_write(fd, true).unwrap();
+    assert_eq!(other.stat("/late").unwrap().size, 9_000);
+    c.close(fd).unwrap();
+}

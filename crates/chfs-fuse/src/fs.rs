@@ -369,11 +369,22 @@ impl ChfsFs {
         let fh = self.add_handle(Handle::File(Arc::new(h)));
         // Appends are placed by the servers (atomic across nodes), so the
         // page cache cannot know where they land: bypass it for them.
-        let fopen = if self.opts.direct_io || append {
+        let mut fopen = if self.opts.direct_io || append {
             FopenFlags::FOPEN_DIRECT_IO
         } else {
             FopenFlags::empty()
         };
+        // No flush round trip at close(2) when there is nothing to flush:
+        // read-only descriptors, and (direct I/O, no write buffering) writers
+        // whose writes publish the size as they grow the file.
+        let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY;
+        let unbuffered = self.opts.direct_io
+            && !self.opts.writeback_cache
+            && self.client.buf_size() == 0
+            && self.client.set_publish_on_write(fd, true).is_ok();
+        if read_only || unbuffered {
+            fopen |= FopenFlags::FOPEN_NOFLUSH;
+        }
         (fh, fopen)
     }
 
