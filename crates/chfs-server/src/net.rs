@@ -51,16 +51,20 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         got += n;
     }
     let h = Header::decode(&hb)?;
-    let mut buf = BytesMut::zeroed(h.len as usize);
-    r.read_exact(&mut buf).await.map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            NetError::Proto(ProtoError::Truncated {
-                needed: h.len as usize,
-            })
-        } else {
-            NetError::Io(e)
+    // Read into spare capacity: no zeroing of a buffer about to be
+    // overwritten (write requests carry up to a chunk of data).
+    let len = h.len as usize;
+    let mut buf = BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        let n = (&mut *r).take(want).read_buf(&mut buf).await?;
+        if n == 0 {
+            return Err(ProtoError::Truncated {
+                needed: len - buf.len(),
+            }
+            .into());
         }
-    })?;
+    }
     Ok(Some((h, buf.freeze())))
 }
 

@@ -99,9 +99,8 @@ impl Store for MemStore {
             let old = c.data.len();
             if end > old {
                 self.usage.reserve((end - old) as u64)?;
-                c.data.resize(end, 0);
             }
-            c.data[off as usize..end].copy_from_slice(data);
+            put(&mut c.data, off as usize, data);
             c.meta.size = c.meta.size.max(end as u64);
             c.meta.mtime = template.mtime;
             c.meta.ctime = template.mtime;
@@ -113,9 +112,8 @@ impl Store for MemStore {
                 let old = c.data.len();
                 if end > old {
                     self.usage.reserve((end - old) as u64)?;
-                    c.data.resize(end, 0);
                 }
-                c.data[off as usize..end].copy_from_slice(data);
+                put(&mut c.data, off as usize, data);
             }
             existing => {
                 let old = existing.as_ref().map_or(0, |c| c.data.len() as u64);
@@ -124,8 +122,8 @@ impl Store for MemStore {
                 } else {
                     self.usage.release(old - end as u64);
                 }
-                let mut buf = vec![0u8; end];
-                buf[off as usize..].copy_from_slice(data);
+                let mut buf = Vec::with_capacity(end);
+                put(&mut buf, off as usize, data);
                 let fresh = Chunk {
                     meta: *template,
                     data: buf,
@@ -305,5 +303,39 @@ impl Store for MemStore {
             bytes: self.usage.bytes(),
             capacity: self.usage.capacity(),
         }
+    }
+}
+
+/// Writes `src` at `off` of `data`, growing it (zero-filled gap) as needed;
+/// bytes written over are not zeroed first.
+fn put(data: &mut Vec<u8>, off: usize, src: &[u8]) {
+    let end = off + src.len();
+    if off >= data.len() {
+        data.resize(off, 0);
+        data.extend_from_slice(src);
+    } else {
+        let overlap = end.min(data.len());
+        data[off..overlap].copy_from_slice(&src[..overlap - off]);
+        data.extend_from_slice(&src[overlap - off..]);
+    }
+}
+
+#[cfg(test)]
+mod put_tests {
+    use super::put;
+
+    #[test]
+    fn put_overwrites_extends_and_zero_fills() {
+        let mut d = Vec::new();
+        put(&mut d, 3, b"ab");
+        assert_eq!(d, b"\0\0\0ab");
+        put(&mut d, 1, b"xy");
+        assert_eq!(d, b"\0xyab");
+        put(&mut d, 4, b"123");
+        assert_eq!(d, b"\0xya123");
+        put(&mut d, 0, b"Z");
+        assert_eq!(d, b"Zxya123");
+        put(&mut d, 7, b"!");
+        assert_eq!(d, b"Zxya123!");
     }
 }
