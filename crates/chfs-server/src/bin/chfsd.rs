@@ -74,7 +74,20 @@ fn fail(notify: Option<File>, msg: String) -> ! {
     std::process::exit(1);
 }
 
+/// Keeps freed request buffers (up to a chunk each, many in flight) in the
+/// heap for reuse: glibc would otherwise map and unmap every one above its
+/// mmap threshold, a page fault per 4 KiB on each request.
+fn tune_malloc() {
+    // SAFETY: mallopt only changes allocator parameters; called before any
+    // thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
+    }
+}
+
 fn main() {
+    tune_malloc();
     let cfg = chfs_server::Config::parse();
     let notify = cfg.daemon.then(daemonize);
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
