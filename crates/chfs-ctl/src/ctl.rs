@@ -640,14 +640,15 @@ exit 0
         Ok(out)
     }
 
-    /// `chfsctl stop`: unmounts, asks the pool to stop (a `Shutdown`
-    /// request to every server), waits for every recorded server to exit
-    /// (falling back to SIGTERM by recorded PID) and removes its files.
+    /// `chfsctl stop`: in cache mode first waits until every dirty chunk is
+    /// in the backend (failing, with mounts and servers left running, if it
+    /// cannot be written back), unmounts, asks the pool to stop (a
+    /// `Shutdown` request to every server), waits for every recorded server
+    /// to exit (falling back to SIGTERM by recorded PID) and removes its
+    /// files.
     pub fn stop(&self) -> Result<String, CtlError> {
         let hosts = self.unique_hosts();
-        let mut errs = self.unmount(&hosts, false);
-        let (recs, rerrs) = self.records_partial();
-        errs.extend(rerrs);
+        let (recs, mut errs) = self.records_partial();
         let mut contacts: Vec<String> = recs
             .iter()
             .filter(|r| r.alive && !r.addr.is_empty())
@@ -657,39 +658,54 @@ exit 0
             contacts.extend(chfs_client::config::parse_servers(s));
         }
         let mut report = String::new();
-        if !contacts.is_empty() {
+        let client = if contacts.is_empty() {
+            None
+        } else {
             let secret = self.caller_secret()?;
             match self.client(contacts, secret.as_deref()) {
-                Ok(c) => {
-                    let n = c.server_count();
-                    // Cache mode: nothing is stopped before every dirty
-                    // chunk is in the backend.
-                    let cached = c
-                        .server_status()
-                        .iter()
-                        .any(|(_, r)| r.as_ref().is_ok_and(|s| !s.backend.is_empty()));
-                    if cached {
-                        let t = Instant::now();
-                        c.wait_flushed("/", None).map_err(|source| CtlError::Client {
-                            context: "dirty data could not be written back to the backend; the servers keep running (chfsctl kill discards it)".into(),
-                            source,
-                        })?;
-                        let _ = writeln!(report, "dirty data written back in {:?}", t.elapsed());
-                    }
-                    match c.shutdown_servers() {
-                        Ok(()) => {
-                            let _ = writeln!(report, "asked {n} server(s) to stop");
-                        }
-                        Err(e) => {
-                            let _ = writeln!(
-                                report,
-                                "pool stop request failed ({e}); stopping by recorded PID"
-                            );
-                        }
-                    }
-                }
+                Ok(c) => Some(c),
                 Err(e) => {
                     let _ = writeln!(report, "{e}; stopping by recorded PID");
+                    None
+                }
+            }
+        };
+        // Cache mode: nothing is unmounted or stopped before every dirty
+        // chunk is in the backend; on failure the mounts and the servers
+        // stay, so the job's data stays readable and a later stop retries.
+        let cached = client.as_ref().is_some_and(|c| {
+            c.server_status()
+                .iter()
+                .any(|(_, r)| r.as_ref().is_ok_and(|s| !s.backend.is_empty()))
+        });
+        let write_back = |c: &Client, report: &mut String| {
+            let t = Instant::now();
+            c.wait_flushed("/", None).map_err(|source| CtlError::Client {
+                context: "dirty data could not be written back to the backend; the servers keep running (chfsctl kill discards it)".into(),
+                source,
+            })?;
+            let _ = writeln!(report, "dirty data written back in {:?}", t.elapsed());
+            Ok::<(), CtlError>(())
+        };
+        if let Some(c) = client.as_ref().filter(|_| cached) {
+            write_back(c, &mut report)?;
+        }
+        errs.extend(self.unmount(&hosts, false));
+        if let Some(c) = &client {
+            let n = c.server_count();
+            // What the mounts flushed when they were unmounted.
+            if cached {
+                write_back(c, &mut report)?;
+            }
+            match c.shutdown_servers() {
+                Ok(()) => {
+                    let _ = writeln!(report, "asked {n} server(s) to stop");
+                }
+                Err(e) => {
+                    let _ = writeln!(
+                        report,
+                        "pool stop request failed ({e}); stopping by recorded PID"
+                    );
                 }
             }
         }

@@ -15,7 +15,7 @@ enum Action {
     /// Start chfsd on every host, wait until all joined, print the shell
     /// lines that set CHFS_SERVER (for eval).
     Start,
-    /// Unmount, stop every server through the pool, wait until they exited.
+    /// Write back dirty data (cache mode), unmount, stop every server through the pool, wait until they exited.
     Stop,
     /// Show every server: address, state, entries and bytes stored.
     Status,
