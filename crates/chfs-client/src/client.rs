@@ -1490,12 +1490,11 @@ impl Client {
         Ok(self.file(fd)?.path.clone())
     }
 
-    /// `chfs_sync`: flushes every open descriptor (buffers and sizes), asks
-    /// every server to make its store durable (`Sync`: meaningful for the
-    /// persistent engines) and, in cache mode, waits until the servers wrote
-    /// every dirty chunk back to the backend ([`Client::wait_flushed`] on
-    /// `/`).
-    pub fn sync(&self) -> Result<()> {
+    /// Flushes every open descriptor of this client (buffered writes and
+    /// sizes), as `close` would, without waiting for anything else (used by
+    /// the FUSE mount at unmount: the backend write-back is the pool's
+    /// business, `chfs sync` / `chfsctl stop` wait for it).
+    pub fn flush_all(&self) -> Result<()> {
         let st = self.state();
         let files: Vec<_> = lock(&self.inner.fds).iter().flatten().cloned().collect();
         let mut first = None;
@@ -1504,9 +1503,17 @@ impl Client {
                 first.get_or_insert(e);
             }
         }
-        if let Some(e) = first {
-            return Err(e);
-        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// `chfs_sync`: flushes every open descriptor (buffers and sizes), asks
+    /// every server to make its store durable (`Sync`: meaningful for the
+    /// persistent engines) and, in cache mode, waits until the servers wrote
+    /// every dirty chunk back to the backend ([`Client::wait_flushed`] on
+    /// `/`).
+    pub fn sync(&self) -> Result<()> {
+        self.flush_all()?;
+        let st = self.state();
         for r in self.broadcast(&st, &Request::Sync) {
             match r? {
                 Response::Ok => {}

@@ -513,7 +513,9 @@ impl Filesystem for ChfsFs {
     }
 
     fn destroy(&mut self) {
-        if let Err(e) = self.client.sync() {
+        // Publish what open files still hold; the backend write-back (cache
+        // mode) is not the mount's to wait for (`chfs sync`, `chfsctl stop`).
+        if let Err(e) = self.client.flush_all() {
             warn!(error = %e, "flushing open files at unmount");
         }
     }
