@@ -36,10 +36,34 @@ pub fn collect_paths(args: &[String]) -> Vec<String> {
     out
 }
 
+/// Drops the paths that lie below another path of the list (`find DIR`
+/// lists DIR and then its contents; staging DIR already fetches them all,
+/// and counting them twice would overstate the bytes staged).
+pub fn without_covered(paths: &[String]) -> Vec<String> {
+    let norm = |p: &str| chfs_proto::path::normalize(p).unwrap_or_else(|_| p.to_string());
+    let all: std::collections::HashSet<String> = paths.iter().map(|p| norm(p)).collect();
+    paths
+        .iter()
+        .filter(|p| {
+            let mut up = norm(p);
+            while up != "/" {
+                up = chfs_proto::path::parent(&up).to_string();
+                if all.contains(&up) {
+                    return false;
+                }
+            }
+            true
+        })
+        .cloned()
+        .collect()
+}
+
 /// Stages `paths` in with `threads` threads (each path's chunks are
 /// fetched by their owner servers in parallel); a progress bar is drawn
 /// only when standard error is a terminal.
 pub fn stagein(client: &Client, paths: &[String], threads: usize) -> StageReport {
+    let given = paths.len();
+    let paths = &without_covered(paths)[..];
     let bar = if std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new(paths.len() as u64);
         b.set_style(
@@ -80,7 +104,7 @@ pub fn stagein(client: &Client, paths: &[String], threads: usize) -> StageReport
         b.finish_and_clear();
     }
     StageReport {
-        paths: paths.len(),
+        paths: given,
         bytes: bytes.into_inner(),
         failures: failures.into_inner().unwrap_or_else(|p| p.into_inner()),
     }
@@ -94,5 +118,21 @@ pub fn connect_or_exit(tool: &str) -> Client {
             eprintln!("{tool}: cannot connect: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_covered;
+
+    #[test]
+    fn paths_below_listed_directories_are_dropped() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            without_covered(&v(&["/in", "/in/a", "/in/b/c", "/other", "/inx/d", "in2/"])),
+            v(&["/in", "/other", "/inx/d", "in2/"])
+        );
+        assert_eq!(without_covered(&v(&["/a/b", "/a/c"])), v(&["/a/b", "/a/c"]));
+        assert_eq!(without_covered(&v(&["/", "/a"])), v(&["/"]));
     }
 }
