@@ -36,6 +36,66 @@ pub fn collect_paths(args: &[String]) -> Vec<String> {
     out
 }
 
+/// This process's rank and the number of ranks when started by a launcher
+/// (`mpirun` of Open MPI or MPICH, `srun`); (0, 1) otherwise.
+pub fn launcher_rank() -> (usize, usize) {
+    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    for (r, n) in [
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ] {
+        if let (Some(r), Some(n)) = (get(r), get(n)) {
+            if n > 0 && r < n {
+                return (r, n);
+            }
+        }
+    }
+    (0, 1)
+}
+
+/// The share of rank `rank` of `ranks` of a stage-in of `paths`: the
+/// directories are expanded into the files below them (every rank lists
+/// them the same way) and rank r takes every `ranks`-th file from the r-th.
+pub fn rank_share(
+    client: &Client,
+    paths: &[String],
+    rank: usize,
+    ranks: usize,
+) -> (Vec<String>, Vec<(String, chfs_client::Error)>) {
+    let mut files = Vec::new();
+    let mut failures = Vec::new();
+    let mut todo: Vec<String> = without_covered(paths);
+    todo.reverse();
+    while let Some(p) = todo.pop() {
+        match client.lstat(&p) {
+            Ok(st) if st.is_dir() => match client.readdir(&p) {
+                Ok(list) => {
+                    for e in list.into_iter().rev() {
+                        todo.push(chfs_proto::path::join(&p, &e.name));
+                    }
+                }
+                Err(e) => failures.push((p, e)),
+            },
+            Ok(_) => files.push(p),
+            Err(e) => failures.push((p, e)),
+        }
+    }
+    let share = files
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % ranks == rank)
+        .map(|(_, p)| p)
+        .collect();
+    let failures = failures
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % ranks == rank)
+        .map(|(_, f)| f)
+        .collect();
+    (share, failures)
+}
+
 /// Drops the paths that lie below another path of the list (`find DIR`
 /// lists DIR and then its contents; staging DIR already fetches them all,
 /// and counting them twice would overstate the bytes staged).

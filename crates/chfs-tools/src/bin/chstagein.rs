@@ -5,7 +5,9 @@ use clap::Parser;
 
 /// Stage files and directories in from the backend (cache mode). Paths come
 /// from the arguments, or from standard input (one a line) when there are
-/// none or one is "-", e.g. `find /data -name '*.h5' | chstagein`.
+/// none or one is "-", e.g. `find /data -name '*.h5' | chstagein`. Started
+/// by `mpirun` or `srun`, every rank reads the same list and stages its
+/// share of the files (directories are expanded first).
 #[derive(Parser)]
 #[command(name = "chstagein", version)]
 struct Args {
@@ -16,6 +18,10 @@ struct Args {
     /// Print what was staged.
     #[arg(short, long)]
     verbose: bool,
+    /// Read the paths from this file (one a line) instead; use it under
+    /// `mpirun`, which gives standard input to rank 0 only.
+    #[arg(short = 'f', long = "from")]
+    from: Option<std::path::PathBuf>,
     /// Paths in the file system's namespace.
     paths: Vec<String>,
 }
@@ -23,20 +29,50 @@ struct Args {
 fn main() {
     let a = Args::parse();
     let client = chfs_tools::connect_or_exit("chstagein");
-    let paths = chfs_tools::collect_paths(&a.paths);
+    let paths = match &a.from {
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(text) => text
+                .lines()
+                .map(str::trim_end)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .chain(a.paths.iter().cloned())
+                .collect(),
+            Err(e) => {
+                eprintln!("chstagein: cannot read {}: {e}", f.display());
+                std::process::exit(1);
+            }
+        },
+        None => chfs_tools::collect_paths(&a.paths),
+    };
     let start = std::time::Instant::now();
-    let r = chfs_tools::stagein(&client, &paths, a.threads);
+    // Under mpirun/srun every rank reads the same list and stages its share.
+    let (rank, ranks) = chfs_tools::launcher_rank();
+    let (r, who) = if ranks > 1 {
+        let (share, failures) = chfs_tools::rank_share(&client, &paths, rank, ranks);
+        let mut r = chfs_tools::stagein(&client, &share, a.threads);
+        r.failures.extend(failures);
+        (r, format!("chstagein[{rank}/{ranks}]"))
+    } else {
+        (
+            chfs_tools::stagein(&client, &paths, a.threads),
+            "chstagein".to_string(),
+        )
+    };
     for (p, e) in &r.failures {
-        eprintln!("chstagein: {p}: {e}");
+        let line = format!("{who}: {p}: {e}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     }
     if a.verbose {
         let t = start.elapsed().as_secs_f64();
-        eprintln!(
-            "chstagein: {} paths, {} bytes in {t:.2} s ({:.1} MiB/s)",
+        // One write per line: ranks under mpirun share the terminal.
+        let line = format!(
+            "{who}: {} paths, {} bytes in {t:.2} s ({:.1} MiB/s)\n",
             r.paths,
             r.bytes,
             r.bytes as f64 / (1 << 20) as f64 / t.max(1e-9)
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     }
     std::process::exit(if r.failures.is_empty() { 0 } else { 1 });
 }
