@@ -11,7 +11,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps; do
+# slurmd slurmctld slurm-client munge: chfsctl's srun test, which runs its own
+# one-node Slurm cluster (crates/chfs-ctl/tests/slurm.rs).
+for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps slurmd slurmctld slurm-client munge; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

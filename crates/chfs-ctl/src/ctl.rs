@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use chfs_client::{Client, ClientConfig};
 
 use crate::error::CtlError;
-use crate::launch::{quote, Launcher};
+use crate::launch::{hold_script, quote, Launcher, LauncherKind};
 
 /// What chfsctl was told (see `chfsctl --help`).
 #[derive(Debug, Clone)]
@@ -95,6 +95,11 @@ pub struct Record {
 
 const ALIVE_FN: &str = r#"alive() { [ "$(cat /proc/$1/comm 2>/dev/null)" = chfsd ] && ! grep -q '^State:[[:space:]]*Z' /proc/$1/status 2>/dev/null; }"#;
 
+/// chfsd's environment variables that would change which pool a server
+/// joins or how it stores: removed from an inherited environment before the
+/// server starts (chfsctl passes its own choices as options and `-x`).
+const INHERITED_POOL_VARS: &str = "CHFS_SERVER_HOST CHFS_JOIN CHFS_SECRET CHFS_SECRET_FILE CHFS_STORE CHFS_STORE_PATH CHFS_BACKEND_PATH CHFS_SUBDIR_PATH";
+
 /// The name of the pool's secret file in the scratch directory.
 pub const SECRET_FILE: &str = "chfs.secret";
 
@@ -114,6 +119,102 @@ impl CtlOptions {
             .filter(|h| seen.insert(h.as_str()))
             .cloned()
             .collect()
+    }
+
+    /// Does the launcher end what it started when its command returns
+    /// (srun: the job step's processes are killed with the step)? Then
+    /// daemons are started in steps that last as long as the daemon.
+    fn holds_daemons(&self) -> bool {
+        self.launcher.kind == LauncherKind::Srun
+    }
+
+    /// This host's file of the launcher that keeps daemon `name` running
+    /// (`chfsd@H@k.srun`, `chfuse@H.srun`), in the scratch directory.
+    fn hold_log(&self, name: &str) -> std::path::PathBuf {
+        std::path::Path::new(&self.scratch).join(format!("{name}.srun"))
+    }
+
+    /// Runs daemon-starting scripts in parallel: `(host, script, pid file,
+    /// process name, file stem)`. Each script prints what to report (an
+    /// address) and returns once its daemon runs. With a launcher whose
+    /// steps end their processes, every daemon gets a step that lasts while
+    /// it lives (its launcher's output goes to `stem.srun` in this host's
+    /// scratch directory).
+    fn run_daemons(
+        &self,
+        jobs: &[(String, String, String, &str, String)],
+    ) -> Vec<Result<String, CtlError>> {
+        if !self.holds_daemons() {
+            let plain: Vec<_> = jobs
+                .iter()
+                .map(|(h, script, ..)| (h.clone(), script.clone(), Vec::new()))
+                .collect();
+            return self.launcher.run_all(&plain);
+        }
+        if let Err(e) = std::fs::create_dir_all(&self.scratch) {
+            return jobs
+                .iter()
+                .map(|(h, ..)| {
+                    Err(CtlError::Host {
+                        host: h.clone(),
+                        message: format!("cannot create {} on this host: {e}", self.scratch),
+                    })
+                })
+                .collect();
+        }
+        std::thread::scope(|s| {
+            let hs: Vec<_> = jobs
+                .iter()
+                .map(|(h, script, pf, comm, stem)| {
+                    s.spawn(move || {
+                        self.launcher.run_held(
+                            h,
+                            &hold_script(script, pf, comm),
+                            &self.hold_log(stem),
+                            self.timeout,
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .zip(jobs)
+                .map(|(t, (host, ..))| {
+                    t.join().unwrap_or_else(|_| {
+                        Err(CtlError::Host {
+                            host: host.clone(),
+                            message: "launcher thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// The server's process and file name stem (`chfsd@H@k`).
+    fn name(id: &ServerId) -> String {
+        format!("chfsd@{}@{}", id.host, id.index)
+    }
+
+    /// Starts the given servers (in parallel), each with `start_script`.
+    fn launch_servers(
+        &self,
+        ids: &[ServerId],
+        join: Option<&str>,
+        secret_file: Option<&str>,
+    ) -> Vec<Result<String, CtlError>> {
+        let jobs: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                (
+                    id.host.clone(),
+                    self.start_script(id, join, secret_file),
+                    format!("{}.pid", self.stem(id)),
+                    "chfsd",
+                    Self::name(id),
+                )
+            })
+            .collect();
+        self.run_daemons(&jobs)
     }
 
     /// The servers `start` creates: `per_host` for every hostfile line.
@@ -153,6 +254,10 @@ impl CtlOptions {
             "if [ -e {pid} ] && p=$(cat {pid}) && alive \"$p\"; then echo \"chfsd already runs with pid $p (recorded in {pid}): stop it first or choose another scratch directory (-c)\" >&2; exit 3; fi",
             pid = quote(&format!("{stem}.pid"))
         );
+        // What defines the pool comes from chfsctl's options, never from an
+        // environment the launcher passes on (srun and the local launcher
+        // hand the caller's whole environment to the script).
+        let _ = writeln!(s, "unset {INHERITED_POOL_VARS}");
         let mut cmd = String::from("exec");
         if !self.exports.is_empty() {
             cmd.push_str(" env");
@@ -462,11 +567,11 @@ exit 0
                     p = quote(path)
                 );
                 let mut hosts = self.unique_hosts();
-                if self.launcher.kind != crate::launch::LauncherKind::Local {
+                if self.launcher.kind != LauncherKind::Local {
                     hosts.push(String::new());
                 }
                 let local = Launcher {
-                    kind: crate::launch::LauncherKind::Local,
+                    kind: LauncherKind::Local,
                     ..self.launcher.clone()
                 };
                 let mut errs = Vec::new();
@@ -495,8 +600,8 @@ exit 0
             None => {
                 let first = &ids[0];
                 match self
-                    .launcher
-                    .run(&first.host, &self.start_script(first, None, sf), b"")
+                    .launch_servers(std::slice::from_ref(first), None, sf)
+                    .remove(0)
                 {
                     Ok(out) => {
                         let a = out.trim().to_string();
@@ -511,17 +616,10 @@ exit 0
                 }
             }
         };
-        let jobs: Vec<_> = rest
+        for (id, r) in rest
             .iter()
-            .map(|id| {
-                (
-                    id.host.clone(),
-                    self.start_script(id, Some(&join_addr), sf),
-                    Vec::new(),
-                )
-            })
-            .collect();
-        for (id, r) in rest.iter().zip(self.launcher.run_all(&jobs)) {
+            .zip(self.launch_servers(rest, Some(&join_addr), sf))
+        {
             match r {
                 Ok(out) if !out.trim().is_empty() => started.push((id.clone(), out.trim().into())),
                 Ok(_) => errs.push(CtlError::Host {
@@ -604,11 +702,19 @@ exit 0
             };
             let jobs: Vec<_> = hosts
                 .iter()
-                .map(|h| (h.clone(), script(h), Vec::new()))
+                .map(|h| {
+                    (
+                        h.clone(),
+                        script(h),
+                        format!("{}/chfuse@{h}.pid", self.scratch),
+                        "chfuse",
+                        format!("chfuse@{h}"),
+                    )
+                })
                 .collect();
             let mut mounted = Vec::new();
             let mut errs = Vec::new();
-            for (h, r) in hosts.iter().zip(self.launcher.run_all(&jobs)) {
+            for (h, r) in hosts.iter().zip(self.run_daemons(&jobs)) {
                 match r {
                     Ok(_) => mounted.push(h.clone()),
                     Err(CtlError::Host { host, message }) => errs.push(CtlError::Host {
@@ -854,6 +960,26 @@ exit 0
     /// scratch directory of every host (refused while a server runs there).
     pub fn clean(&self) -> Result<String, CtlError> {
         let hosts = self.unique_hosts();
+        if self.holds_daemons() {
+            // The launchers' output files on this host.
+            let ours = |n: &str| {
+                n.strip_suffix(".srun").is_some_and(|stem| {
+                    hosts.iter().any(|h| {
+                        stem == format!("chfuse@{h}")
+                            || stem
+                                .strip_prefix(&format!("chfsd@{h}@"))
+                                .is_some_and(|k| k.parse::<usize>().is_ok())
+                    })
+                })
+            };
+            if let Ok(rd) = std::fs::read_dir(&self.scratch) {
+                for e in rd.flatten() {
+                    if ours(&e.file_name().to_string_lossy()) {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
         let jobs: Vec<_> = hosts
             .iter()
             .map(|h| {
@@ -884,6 +1010,11 @@ exit 0
                 .filter_map(Result::err)
                 .collect(),
         )?;
+        if self.holds_daemons() {
+            // This host's scratch directory, if only the launchers' files
+            // were there.
+            let _ = std::fs::remove_dir(&self.scratch);
+        }
         Ok(String::new())
     }
 }

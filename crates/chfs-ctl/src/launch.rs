@@ -3,6 +3,7 @@
 //! `srun`).
 
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -129,6 +130,104 @@ impl Launcher {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Runs `script` on `host` as a step that stays alive after this call
+    /// returns: for launchers whose remote processes end with the launch
+    /// (`srun`: when a job step ends, Slurm kills every process left in it,
+    /// daemons included, under `proctrack/cgroup`). `script` must print a
+    /// line `READY_MARK payload` once its work is done, then keep running as
+    /// long as what it started should live (see [`hold_script`]).
+    ///
+    /// The launcher runs in its own process group with standard input from
+    /// `/dev/null` and its standard output and error appended to `log` on
+    /// this host, so it survives the caller, holds none of the caller's
+    /// pipes (`$(chfsctl start)` returns) and never writes to a closed pipe.
+    /// Returns the payload; on failure (the launcher exited first, or no
+    /// answer within `timeout`) an error naming the host with what the
+    /// launcher wrote.
+    pub fn run_held(
+        &self,
+        host: &str,
+        script: &str,
+        log: &Path,
+        timeout: Duration,
+    ) -> Result<String, CtlError> {
+        let herr = |message: String| CtlError::Host {
+            host: host.to_string(),
+            message,
+        };
+        // Appended to (a refused start leaves a running server's record
+        // alone); only what this launch writes is read.
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| herr(format!("cannot create {}: {e}", log.display())))?;
+        let from = out
+            .metadata()
+            .map_err(|e| herr(format!("{}: {e}", log.display())))?
+            .len() as usize;
+        let read = || {
+            let b = std::fs::read(log).unwrap_or_default();
+            String::from_utf8_lossy(b.get(from..).unwrap_or_default()).into_owned()
+        };
+        let err = out
+            .try_clone()
+            .map_err(|e| herr(format!("{}: {e}", log.display())))?;
+        let mut cmd = self.command(host, script);
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| herr(format!("cannot run {:?}: {e}", cmd.get_program())))?;
+        let deadline = std::time::Instant::now() + timeout;
+        let ready = |text: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(READY_MARK))
+                .map(|p| p.trim().to_string())
+        };
+        loop {
+            let exited = child
+                .try_wait()
+                .map_err(|e| herr(format!("waiting for the launcher: {e}")))?;
+            if let Some(p) = ready(&read()) {
+                return Ok(p);
+            }
+            let what = match exited {
+                Some(st) => match st.code() {
+                    Some(c) => format!("exit status {c}"),
+                    None => "killed by a signal".to_string(),
+                },
+                None if std::time::Instant::now() >= deadline => {
+                    // SIGTERM makes srun cancel its step (or its pending
+                    // allocation); then make sure it is gone.
+                    // SAFETY: kill(2) on the PID of our own unreaped child.
+                    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                    std::thread::sleep(Duration::from_millis(500));
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    format!("no answer within {} s", timeout.as_secs())
+                }
+                None => {
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let text = read();
+            let text = text.trim();
+            return Err(herr(format!(
+                "{} ({what}; launcher output in {})",
+                if text.is_empty() {
+                    "command failed"
+                } else {
+                    text
+                },
+                log.display()
+            )));
+        }
+    }
+
     /// Runs one command per item in parallel (one thread each); results in
     /// the order of `jobs`.
     pub fn run_all(&self, jobs: &[(String, String, Vec<u8>)]) -> Vec<Result<String, CtlError>> {
@@ -150,6 +249,30 @@ impl Launcher {
                 .collect()
         })
     }
+}
+
+/// The line prefix with which a [`hold_script`] reports that its work is
+/// done.
+pub const READY_MARK: &str = "CHFSCTL-READY";
+
+/// Wraps `body` (a script that starts a daemon and prints what to report,
+/// such as `chfsd --daemon`'s address) for [`Launcher::run_held`]: runs it,
+/// prints `READY_MARK` and its output, then stays alive, with its output
+/// closed, while the process recorded in `pid_file` is a live `comm`.
+pub fn hold_script(body: &str, pid_file: &str, comm: &str) -> String {
+    format!(
+        r#"r=$(
+{body}
+) || exit $?
+echo "{READY_MARK} $r"
+exec </dev/null >/dev/null 2>&1
+p=$(cat {pf})
+while [ -n "$p" ] && [ "$(cat /proc/$p/comm 2>/dev/null)" = {comm} ] && ! grep -q '^State:[[:space:]]*Z' /proc/$p/status; do sleep 1; done
+exit 0
+"#,
+        pf = quote(pid_file),
+        comm = quote(comm),
+    )
 }
 
 /// Quotes `s` for a POSIX shell (single quotes; bare when safe).
@@ -271,6 +394,62 @@ mod tests {
         l.kind = LauncherKind::Ssh;
         l.rsh = vec!["rsh".into()];
         assert_eq!(argv(&l, "n4", "x"), ["rsh", "n4", "sh -c x"]);
+    }
+
+    #[test]
+    fn held_launch_outlives_the_call() {
+        let l = Launcher {
+            kind: LauncherKind::Local,
+            rsh: vec![],
+            connect_timeout: Duration::from_secs(1),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let pf = dir.path().join("d.pid");
+        let log = dir.path().join("d.srun");
+        // A "daemon" (sleep) started in the background; the body reports
+        // "ready-addr" and returns.
+        let body = format!(
+            "sleep 30 </dev/null >/dev/null 2>&1 & echo $! > {}; echo ready-addr",
+            quote(pf.to_str().unwrap())
+        );
+        let script = hold_script(&body, pf.to_str().unwrap(), "sleep");
+        let t = std::time::Instant::now();
+        let got = l
+            .run_held("h1", &script, &log, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(got, "ready-addr");
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let pid: i32 = std::fs::read_to_string(&pf)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: kill(2) on the sleep this test started.
+        assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "daemon alive");
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // A failing body: the error names the host, carries its message and
+        // points at the launcher's output; earlier runs' output is ignored.
+        let e = l
+            .run_held(
+                "h2",
+                &hold_script("echo nope >&2; exit 3", "/nonexistent", "x"),
+                &log,
+                Duration::from_secs(10),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("host h2") && e.contains("nope") && e.contains("exit status 3"),
+            "{e}"
+        );
+        assert!(!e.contains("ready-addr"), "{e}");
+        let e = l
+            .run_held("h3", "sleep 30", &log, Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no answer within 1 s"), "{e}");
     }
 
     #[test]

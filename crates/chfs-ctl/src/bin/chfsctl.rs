@@ -123,9 +123,11 @@ struct Args {
     #[arg(long = "secret")]
     secret: bool,
 
-    /// How to reach the hosts.
-    #[arg(long = "launcher", value_enum, default_value = "ssh")]
-    launcher: LauncherKind,
+    /// How to reach the hosts (default: ssh with -h, this host directly
+    /// without). srun runs job steps of the current allocation; without -h
+    /// it starts a server on every node of the allocation.
+    #[arg(long = "launcher", value_enum)]
+    launcher: Option<LauncherKind>,
 
     /// Remote shell command of the ssh launcher.
     #[arg(long = "rsh", env = "CHFS_RSH", default_value = "ssh")]
@@ -187,6 +189,33 @@ fn this_host() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// The nodes of the current Slurm allocation (`scontrol show hostnames` of
+/// `SLURM_JOB_NODELIST`).
+fn allocation_nodes() -> Result<Vec<String>, CtlError> {
+    let list = std::env::var("SLURM_JOB_NODELIST")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            CtlError::Usage(
+                "--launcher srun without -h starts a server on every node of the allocation, and SLURM_JOB_NODELIST is not set: give a hostfile (-h)".into(),
+            )
+        })?;
+    let out = std::process::Command::new("scontrol")
+        .args(["show", "hostnames", &list])
+        .output()
+        .map_err(|source| CtlError::Io {
+            context: "running scontrol show hostnames (the allocation's nodes)".into(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(CtlError::Usage(format!(
+            "scontrol show hostnames {list}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    parse_hostfile(&String::from_utf8_lossy(&out.stdout))
+}
+
 fn options(a: &Args) -> Result<CtlOptions, CtlError> {
     if !matches!(
         a.protocol.as_str(),
@@ -205,15 +234,25 @@ fn options(a: &Args) -> Result<CtlOptions, CtlError> {
     if a.per_host == 0 {
         return Err(CtlError::Usage("-n must be at least 1".into()));
     }
-    let (hosts, kind) = match &a.hostfile {
-        Some(f) => {
+    if a.launcher == Some(LauncherKind::Srun)
+        && std::env::var_os("SLURM_JOB_ID").is_none()
+        && std::env::var_os("SLURM_JOBID").is_none()
+    {
+        return Err(CtlError::Usage(
+            "--launcher srun runs job steps of the current allocation, and SLURM_JOB_ID is not set: run chfsctl inside the job (sbatch script, salloc shell)".into(),
+        ));
+    }
+    let (hosts, kind) = match (&a.hostfile, a.launcher) {
+        (Some(f), kind) => {
             let text = std::fs::read_to_string(f).map_err(|source| CtlError::Io {
                 context: format!("reading hostfile {}", f.display()),
                 source,
             })?;
-            (parse_hostfile(&text)?, a.launcher)
+            (parse_hostfile(&text)?, kind.unwrap_or(LauncherKind::Ssh))
         }
-        None => (vec![this_host()], LauncherKind::Local),
+        (None, Some(LauncherKind::Srun)) => (allocation_nodes()?, LauncherKind::Srun),
+        (None, Some(kind)) => (vec![this_host()], kind),
+        (None, None) => (vec![this_host()], LauncherKind::Local),
     };
     let mut exports = Vec::new();
     for x in &a.export {
