@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing chfs-rs needs on a Debian machine:
 # apt packages (FUSE 3, a C compiler, pkg-config, iproute2, OpenSSH server for
-# the multi-host test) and the Rust components named in rust-toolchain.toml.
+# the multi-host test; Open MPI and libclang for chfind's mpirun test, built
+# with --features mpi) and the Rust components named in rust-toolchain.toml.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -13,7 +14,7 @@ fi
 need=()
 # slurmd slurmctld slurm-client munge: chfsctl's srun test, which runs its own
 # one-node Slurm cluster (crates/chfs-ctl/tests/slurm.rs).
-for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps slurmd slurmctld slurm-client munge; do
+for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps openmpi-bin libopenmpi-dev libclang-dev slurmd slurmctld slurm-client munge; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -13,3 +13,6 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace -- --test-threads=2
+echo "== chfind under mpirun (chfs-ctl --features mpi)"
+cargo clippy -p chfs-ctl --features mpi --all-targets -- -D warnings
+cargo test -p chfs-ctl --features mpi --test find_mpi -- --test-threads=2

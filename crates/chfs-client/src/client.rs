@@ -802,6 +802,18 @@ impl Client {
     /// Lists the part of a directory held by server `index` (for parallel
     /// find). Does not check that `path` is a directory.
     pub fn readdir_index(&self, path: &str, index: usize) -> Result<Vec<DirEntry>> {
+        self.readdir_index_op(path, index, false)
+    }
+
+    /// As [`Client::readdir_index`], but only the entries that are
+    /// directories (the server filters them; for walking the tree without
+    /// reading every entry). A server older than this request fails it
+    /// with `EPROTO`.
+    pub fn readdir_dirs_index(&self, path: &str, index: usize) -> Result<Vec<DirEntry>> {
+        self.readdir_index_op(path, index, true)
+    }
+
+    fn readdir_index_op(&self, path: &str, index: usize, dirs: bool) -> Result<Vec<DirEntry>> {
         let st = self.state();
         let p = normalize(path)?;
         if index >= st.ring.len() {
@@ -813,10 +825,19 @@ impl Client {
         let mut out = Vec::new();
         let mut after = String::new();
         loop {
-            let req = Request::Readdir {
-                path: p.clone(),
-                after: after.clone(),
-                max: READDIR_PAGE,
+            let (path, from, max) = (p.clone(), after.clone(), READDIR_PAGE);
+            let req = if dirs {
+                Request::ReaddirDirs {
+                    path,
+                    after: from,
+                    max,
+                }
+            } else {
+                Request::Readdir {
+                    path,
+                    after: from,
+                    max,
+                }
             };
             self.count(1);
             match self.inner.pool.call(&st, index, &req)? {

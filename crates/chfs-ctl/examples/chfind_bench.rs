@@ -9,6 +9,10 @@
 //! median is reported). Needs `chfuse` and `chfind` next to `chfsd`
 //! (target/release) and /dev/fuse; without a mount it still reports chfind
 //! and GNU find on a local tmpfs copy of the tree.
+//!
+//! A fifth argument, a list of rank counts (`1,2,3`), also times
+//! `mpirun -n R chfind -q` for each R in every round (chfind built with
+//! `--features mpi`: `cargo build --release -p chfs-ctl --features mpi`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,6 +51,11 @@ fn main() {
     let entries = arg(1, 100_000);
     let servers = arg(2, 2);
     let rounds = arg(3, 3).max(1);
+    let ranks: Vec<usize> = std::env::args()
+        .nth(4)
+        .map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect())
+        .unwrap_or_default();
+    let mut t_ranks = vec![Vec::new(); ranks.len()];
     let chfsd = chfs_localpool::find_chfsd().expect("chfsd (cargo build --release -p chfs-server)");
     let dir = chfsd.parent().unwrap().to_path_buf();
     let chfind = dir.join("chfind");
@@ -173,6 +182,31 @@ fn main() {
         );
         t_chfind.push(el);
         n_chfind = n;
+        for (k, &nr) in ranks.iter().enumerate() {
+            let t = Instant::now();
+            let out = Command::new("mpirun")
+                .args(["--allow-run-as-root", "--oversubscribe", "-n"])
+                .arg(nr.to_string())
+                .args(["-x", "CHFS_SERVER"])
+                .arg(&chfind)
+                .args(["-q", "-v"])
+                .args(io500("/b", "/ref"))
+                .env("CHFS_SERVER", pool.server_string())
+                .output()
+                .expect("mpirun");
+            t_ranks[k].push(t.elapsed());
+            let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            assert!(
+                out.status.success() && got == format!("MATCHED {n_chfind}/{entries}"),
+                "mpirun -n {nr} chfind -q: {got:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            eprintln!(
+                "round {r}: mpirun -n {nr} chfind -q {:?} ({})",
+                t_ranks[k][r],
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
         if mounted {
             let (el, n) = timed(Command::new("find").args(io500(
                 mnt.join("b").to_str().unwrap(),
@@ -209,6 +243,14 @@ fn main() {
         tc.as_secs_f64(),
         rate(tc)
     );
+    for (k, &nr) in ranks.iter().enumerate() {
+        let t = median(t_ranks[k].clone());
+        println!(
+            "mpirun -n {nr} chfind -q (incl. MPI start) {:>8.3} s  {:>10.0} entries/s",
+            t.as_secs_f64(),
+            rate(t)
+        );
+    }
     if mounted {
         let tm = median(t_mount);
         println!(

@@ -5,10 +5,16 @@
 //! `(directory, server)` pairs run by a pool of threads, and every
 //! directory found (on any server) adds one item per server. No server is
 //! asked to merge lists, and no entry is seen twice.
+//!
+//! Several processes (MPI ranks) can share one find with [`find_ranked`]:
+//! rank r of n examines the entries held by the servers whose index i has
+//! `i % n == r`, and learns the rest of the tree from the other servers'
+//! directories only ([`Client::readdir_dirs_index`]), so every entry is
+//! examined by exactly one rank.
 
 use std::collections::VecDeque;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use chfs_client::{Client, Stat};
@@ -187,6 +193,45 @@ pub struct FindError {
     pub error: chfs_client::Error,
 }
 
+/// Which part of the pool a process examines in a find shared by `ranks`
+/// processes: the servers whose index i has `i % ranks == rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankSplit {
+    /// This process's rank (0-based).
+    pub rank: usize,
+    /// Number of processes.
+    pub ranks: usize,
+}
+
+impl RankSplit {
+    /// One process examines everything.
+    pub const SINGLE: Self = Self { rank: 0, ranks: 1 };
+
+    /// Does this rank examine the entries of server `index`?
+    pub fn owns(&self, index: usize) -> bool {
+        self.ranks <= 1 || index % self.ranks == self.rank
+    }
+}
+
+/// This process's rank and the number of ranks when started by `mpirun`
+/// (Open MPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`, or `PMI_RANK`/`PMI_SIZE` of
+/// MPICH's launcher); [`RankSplit::SINGLE`] otherwise. Slurm's variables
+/// are not used: a batch script sets them for every command it runs.
+pub fn launcher_split() -> RankSplit {
+    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    for (r, n) in [
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+    ] {
+        if let (Some(rank), Some(ranks)) = (get(r), get(n)) {
+            if ranks > 0 && rank < ranks {
+                return RankSplit { rank, ranks };
+            }
+        }
+    }
+    RankSplit::SINGLE
+}
+
 struct Queue {
     items: VecDeque<(String, usize)>,
     pending: usize,
@@ -203,6 +248,27 @@ pub fn find(
     threads: usize,
     on_match: &(dyn Fn(&str) + Sync),
 ) -> (FindStats, Vec<FindError>) {
+    find_ranked(client, root, filter, threads, RankSplit::SINGLE, on_match)
+}
+
+/// [`find`] for rank `split.rank` of `split.ranks` processes: examines (and
+/// counts, and passes to `on_match`) only the entries of the servers the
+/// rank owns ([`RankSplit::owns`]; the starting point belongs to rank 0),
+/// and reads only the directories of the other servers to walk the tree.
+/// The ranks' [`FindStats`] add up to one [`find`]'s. Errors are returned
+/// by the rank that owns the server (a failed directories-only listing of
+/// another rank's server is reported there too, by its owner's full
+/// listing; an unreadable starting point is reported by rank 0 only); a
+/// rank that owns no server returns at once.
+pub fn find_ranked(
+    client: &Client,
+    root: &str,
+    filter: &Filter,
+    threads: usize,
+    split: RankSplit,
+    on_match: &(dyn Fn(&str) + Sync),
+) -> (FindStats, Vec<FindError>) {
+    let first = split.rank == 0;
     let seen = AtomicU64::new(0);
     let matched = AtomicU64::new(0);
     let errors = Mutex::new(Vec::new());
@@ -214,7 +280,10 @@ pub fn find(
                 server: None,
                 error: e.into(),
             };
-            return (FindStats::default(), vec![err]);
+            return (
+                FindStats::default(),
+                first.then_some(err).into_iter().collect(),
+            );
         }
     };
     let st = match client.lstat(&root) {
@@ -225,25 +294,33 @@ pub fn find(
                 server: None,
                 error,
             };
-            return (FindStats::default(), vec![err]);
+            return (
+                FindStats::default(),
+                first.then_some(err).into_iter().collect(),
+            );
         }
     };
-    seen.fetch_add(1, Ordering::Relaxed);
-    if filter.matches(chfs_proto::path::file_name(&root), &st) {
-        matched.fetch_add(1, Ordering::Relaxed);
-        on_match(&root);
+    if first {
+        seen.fetch_add(1, Ordering::Relaxed);
+        if filter.matches(chfs_proto::path::file_name(&root), &st) {
+            matched.fetch_add(1, Ordering::Relaxed);
+            on_match(&root);
+        }
     }
-    if !st.is_dir() {
+    let servers = client.servers();
+    let n = servers.len().max(1);
+    if !st.is_dir() || !(0..n).any(|i| split.owns(i)) {
         return (
             FindStats {
-                seen: 1,
+                seen: seen.into_inner(),
                 matched: matched.into_inner(),
             },
             Vec::new(),
         );
     }
-    let servers = client.servers();
-    let n = servers.len().max(1);
+    // Servers that predate the directories-only listing: fall back to full
+    // listings of other ranks' servers (still examined by their owner only).
+    let dirs_only = AtomicBool::new(true);
     let q = Mutex::new(Queue {
         items: (0..n).map(|i| (root.clone(), i)).collect(),
         pending: n,
@@ -266,29 +343,51 @@ pub fn find(
                     }
                 };
                 let mut subdirs = Vec::new();
-                match client.readdir_index(&dir, idx) {
-                    Ok(entries) => {
-                        seen.fetch_add(entries.len() as u64, Ordering::Relaxed);
-                        for e in entries {
-                            let full = chfs_proto::path::join(&dir, &e.name);
-                            if filter.matches(&e.name, &e.stat) {
-                                matched.fetch_add(1, Ordering::Relaxed);
-                                on_match(&full);
+                if !split.owns(idx) {
+                    let r = if dirs_only.load(Ordering::Relaxed) {
+                        match client.readdir_dirs_index(&dir, idx) {
+                            Err(e) if e.errno() == libc::EPROTO => {
+                                dirs_only.store(false, Ordering::Relaxed);
+                                client.readdir_index(&dir, idx)
                             }
-                            if e.stat.is_dir() {
-                                subdirs.push(full);
+                            r => r,
+                        }
+                    } else {
+                        client.readdir_index(&dir, idx)
+                    };
+                    if let Ok(entries) = r {
+                        subdirs.extend(
+                            entries
+                                .into_iter()
+                                .filter(|e| e.stat.is_dir())
+                                .map(|e| chfs_proto::path::join(&dir, &e.name)),
+                        );
+                    }
+                } else {
+                    match client.readdir_index(&dir, idx) {
+                        Ok(entries) => {
+                            seen.fetch_add(entries.len() as u64, Ordering::Relaxed);
+                            for e in entries {
+                                let full = chfs_proto::path::join(&dir, &e.name);
+                                if filter.matches(&e.name, &e.stat) {
+                                    matched.fetch_add(1, Ordering::Relaxed);
+                                    on_match(&full);
+                                }
+                                if e.stat.is_dir() {
+                                    subdirs.push(full);
+                                }
                             }
                         }
-                    }
-                    Err(error) => {
-                        errors
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(FindError {
-                                dir: dir.clone(),
-                                server: servers.get(idx).cloned(),
-                                error,
-                            })
+                        Err(error) => {
+                            errors
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(FindError {
+                                    dir: dir.clone(),
+                                    server: servers.get(idx).cloned(),
+                                    error,
+                                })
+                        }
                     }
                 }
                 let mut g = lock();

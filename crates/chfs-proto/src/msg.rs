@@ -59,6 +59,8 @@ pub mod op {
     pub const PUT_CHUNK: u16 = 22;
     /// [`super::Request::AppendReserve`]
     pub const APPEND_RESERVE: u16 = 23;
+    /// [`super::Request::ReaddirDirs`]
+    pub const READDIR_DIRS: u16 = 27;
     /// [`super::Request::Sync`]
     pub const SYNC: u16 = 24;
     /// [`super::Request::FlushStatus`]
@@ -278,6 +280,19 @@ pub enum Request {
     /// List this server's entries in directory `path`, in name order,
     /// starting after `after`, at most `max`.
     Readdir {
+        /// Normalised directory path.
+        path: String,
+        /// Resume after this name (exclusive); empty = from the start.
+        after: String,
+        /// Maximum entries returned.
+        max: u32,
+    },
+    /// As [`Request::Readdir`], but only the entries that are directories
+    /// (for a parallel find that walks the tree without reading every
+    /// entry): at most `max` of them, resuming after `after`; the reply is
+    /// [`Response::Entries`]. Servers older than this op close the
+    /// connection with `EPROTO` (unknown opcode).
+    ReaddirDirs {
         /// Normalised directory path.
         path: String,
         /// Resume after this name (exclusive); empty = from the start.
@@ -505,6 +520,7 @@ impl Request {
             Request::RenameMove { .. } => op::RENAME_MOVE,
             Request::PutChunk { .. } => op::PUT_CHUNK,
             Request::AppendReserve { .. } => op::APPEND_RESERVE,
+            Request::ReaddirDirs { .. } => op::READDIR_DIRS,
             Request::FlushStatus { .. } => op::FLUSH_STATUS,
             Request::Flush { .. } => op::FLUSH,
             Request::Sync => op::SYNC,
@@ -617,7 +633,7 @@ impl Request {
                 out.put_u64(*size);
                 out.put_u32(*chunk_size);
             }
-            Request::Readdir { path, after, max } => {
+            Request::Readdir { path, after, max } | Request::ReaddirDirs { path, after, max } => {
                 out.put_str(path);
                 out.put_str(after);
                 out.put_u32(*max);
@@ -763,6 +779,11 @@ impl Request {
                     data,
                 });
             }
+            op::READDIR_DIRS => Request::ReaddirDirs {
+                path: r.string()?,
+                after: r.string()?,
+                max: r.u32()?,
+            },
             op::APPEND_RESERVE => Request::AppendReserve {
                 path: r.string()?,
                 len: r.u64()?,
@@ -982,6 +1003,11 @@ mod tests {
             path: "/".into(),
             after: "x".into(),
             max: 10,
+        });
+        rt(Request::ReaddirDirs {
+            path: "/d".into(),
+            after: "y".into(),
+            max: 7,
         });
         rt(Request::RenameMove {
             old: "/a".into(),

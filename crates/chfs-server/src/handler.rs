@@ -451,6 +451,45 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 done,
             })
         }
+        Request::ReaddirDirs { path, after, max } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            let max = (max as usize).clamp(1, 65536);
+            // Scan pages of the listing and keep the directories until `max`
+            // of them are found or the listing ends; the client resumes
+            // after the last directory returned.
+            let mut out = Vec::new();
+            let mut after = after;
+            let done = loop {
+                let (entries, done) = match cache {
+                    Some(c) if sh.placement().owns(&path) => tokio::task::block_in_place(|| {
+                        list_with_backend(&**st, c, &path, &after, max)
+                    })?,
+                    _ => st
+                        .list_dir(&path, &after, max)
+                        .map_err(|e| store_err(&path, e))?,
+                };
+                let last = entries.last().map(|(n, _)| n.clone());
+                let mut full = false;
+                for (name, meta) in entries {
+                    if meta.flags & FLAG_WHITEOUT != 0 || !meta.is_dir() {
+                        continue;
+                    }
+                    if out.len() == max {
+                        full = true;
+                        break;
+                    }
+                    out.push(DirEntry { name, meta });
+                }
+                if full {
+                    break false;
+                }
+                match last {
+                    Some(l) if !done => after = l,
+                    _ => break true,
+                }
+            };
+            Ok(Response::Entries { entries: out, done })
+        }
         Request::HasChildren { path } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             let mut any = st.has_children(&path).map_err(|e| store_err(&path, e))?;
