@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use chfs_proto::path::is_within;
@@ -71,6 +71,22 @@ const FREE: u64 = 1;
 const USED: u64 = 2;
 const LEN_MASK: u64 = (1 << 40) - 1;
 const SHARDS: usize = 64;
+/// Most free-space arenas (see [`PmemStore::arena_count`]).
+const MAX_ARENAS: u64 = 8;
+/// Smallest arena: stores below twice this size keep one arena, so that a
+/// record can use any free extent of a small store.
+const MIN_ARENA: u64 = 64 << 20;
+
+/// The arena the calling thread allocates from first: threads are dealt
+/// arenas in turn, so concurrent writers fill different slices of the
+/// medium and rarely share a lock or a cache line.
+fn thread_arena(n: usize) -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    MINE.with(|m| *m % n)
+}
 
 fn word(state: u64, len: u64) -> u64 {
     (WORD_MAGIC << 48) | (state << 40) | (len & LEN_MASK)
@@ -119,7 +135,6 @@ type Chunks = BTreeMap<u64, Rec>;
 struct FreeSpace {
     by_start: BTreeMap<u64, u64>,
     by_size: BTreeSet<(u64, u64)>,
-    used: u64,
 }
 
 impl FreeSpace {
@@ -159,7 +174,14 @@ pub struct PmemStore {
     end: u64,
     files: Vec<Mutex<HashMap<String, Chunks>>>,
     dirs: DirIndex,
-    free: Mutex<FreeSpace>,
+    /// Free space in arenas: arena k holds the free extents starting in the
+    /// k-th slice of the data area, so threads allocating and freeing for
+    /// different paths rarely wait for one another.
+    free: Vec<Mutex<FreeSpace>>,
+    /// Bytes of the data area the arenas' slices cover each.
+    arena_len: u64,
+    /// Bytes allocated (all arenas).
+    used: AtomicU64,
     seq: AtomicU64,
     entries: AtomicU64,
     bytes: AtomicU64,
@@ -327,12 +349,18 @@ impl PmemStore {
                 sb.size
             )));
         }
+        let end = DATA_START + (size - DATA_START) / UNIT * UNIT;
+        let arenas = Self::arena_count(end - DATA_START);
         let mut s = Self {
             uuid: sb.uuid,
-            end: DATA_START + (size - DATA_START) / UNIT * UNIT,
+            end,
             files: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             dirs: DirIndex::new(),
-            free: Mutex::new(FreeSpace::default()),
+            free: (0..arenas)
+                .map(|_| Mutex::new(FreeSpace::default()))
+                .collect(),
+            arena_len: align((end - DATA_START).div_ceil(arenas)),
+            used: AtomicU64::new(0),
             seq: AtomicU64::new(1),
             entries: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -355,6 +383,25 @@ impl PmemStore {
     /// How the medium persists.
     pub fn persist_mode(&self) -> PersistMode {
         self.media.mode()
+    }
+
+    /// Arenas for a data area of `len` bytes: one per [`MIN_ARENA`], at
+    /// most [`MAX_ARENAS`].
+    fn arena_count(len: u64) -> u64 {
+        (len / MIN_ARENA).clamp(1, MAX_ARENAS)
+    }
+
+    /// The arena holding free extents that start at `start`.
+    fn arena_of(&self, start: u64) -> usize {
+        (((start - DATA_START) / self.arena_len) as usize).min(self.free.len() - 1)
+    }
+
+    /// Free bytes (all arenas).
+    fn free_bytes(&self) -> u64 {
+        self.free
+            .iter()
+            .map(|a| lock(a).by_start.values().sum::<u64>())
+            .sum()
     }
 
     fn files(&self, path: &str) -> MutexGuard<'_, HashMap<String, Chunks>> {
@@ -430,17 +477,39 @@ impl PmemStore {
             }
             pos += len;
         }
-        // Every free extent gets one word covering all of it.
-        let mut fs = FreeSpace::default();
+        // Every free extent gets one word covering all of it, split where
+        // the arenas' slices meet (adjacent free extents are a valid state:
+        // the next open merges them again).
+        let mut free_total = 0;
         for (s, l, fix) in runs {
-            if fix {
-                self.media.store_word(s, word(FREE, l));
-                self.media.persist(s, 8)?;
+            let mut pieces = Vec::new();
+            let (mut ps, end) = (s, s + l);
+            while ps < end {
+                let k = self.arena_of(ps) as u64;
+                let slice_end = (DATA_START + (k + 1) * self.arena_len).min(end);
+                let pe = if k as usize == self.free.len() - 1 {
+                    end
+                } else {
+                    slice_end
+                };
+                pieces.push((ps, pe - ps));
+                ps = pe;
             }
-            fs.insert(s, l);
+            let split = pieces.len() > 1;
+            for (ps, pl) in pieces {
+                if fix || split {
+                    self.media.store_word(ps, word(FREE, pl));
+                    self.media.persist(ps, 8)?;
+                }
+                let k = self.arena_of(ps);
+                self.free[k]
+                    .get_mut()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(ps, pl);
+                free_total += pl;
+            }
         }
-        fs.used = (self.end - DATA_START) - fs.by_start.values().sum::<u64>();
-        *self.free.get_mut().unwrap_or_else(|p| p.into_inner()) = fs;
+        self.used = AtomicU64::new((self.end - DATA_START) - free_total);
         self.seq = AtomicU64::new(max_seq + 1);
         report.superseded = losers.len() as u64;
         for (s, l) in losers {
@@ -463,7 +532,7 @@ impl PmemStore {
         self.entries = AtomicU64::new(entries);
         self.bytes = AtomicU64::new(bytes);
         report.records = entries;
-        report.free_bytes = lock(&self.free).by_start.values().sum();
+        report.free_bytes = self.free_bytes();
         self.report = report;
         Ok(())
     }
@@ -512,14 +581,26 @@ impl PmemStore {
         Some((path, s.idx, mk(n, &s, true), s.seq))
     }
 
-    /// Allocates an extent of at least `want` bytes (a multiple of UNIT).
-    fn alloc(&self, want: u64) -> Result<(u64, u64)> {
-        let mut fs = lock(&self.free);
+    /// Allocates an extent of at least `want` bytes (a multiple of UNIT),
+    /// from arena `hint` first, then from the others.
+    fn alloc(&self, want: u64, hint: usize) -> Result<(u64, u64)> {
+        let n = self.free.len();
+        for k in (0..n).map(|i| (hint + i) % n) {
+            let mut fs = lock(&self.free[k]);
+            if let Some(got) = self.alloc_in(&mut fs, want)? {
+                return Ok(got);
+            }
+        }
+        Err(StoreError::NoSpace {
+            used: self.used.load(Ordering::Relaxed),
+            capacity: self.end - DATA_START,
+        })
+    }
+
+    /// Best fit in one arena; None if nothing there is large enough.
+    fn alloc_in(&self, fs: &mut FreeSpace, want: u64) -> Result<Option<(u64, u64)>> {
         let Some(&(len, start)) = fs.by_size.range((want, 0)..).next() else {
-            return Err(StoreError::NoSpace {
-                used: fs.used,
-                capacity: self.end - DATA_START,
-            });
+            return Ok(None);
         };
         fs.remove(start, len);
         let rest = len - want;
@@ -535,15 +616,15 @@ impl PmemStore {
         } else {
             len
         };
-        fs.used += got;
-        Ok((start, got))
+        self.used.fetch_add(got, Ordering::Relaxed);
+        Ok(Some((start, got)))
     }
 
     /// Returns an extent to free space (one word store, merged with free
     /// neighbours).
     fn release(&self, start: u64, len: u64) -> Result<()> {
-        let mut fs = lock(&self.free);
-        fs.used -= len;
+        let mut fs = lock(&self.free[self.arena_of(start)]);
+        self.used.fetch_sub(len, Ordering::Relaxed);
         self.media.store_word(start, word(FREE, len));
         self.media.persist(start, 8)?;
         let (mut s, mut l) = (start, len);
@@ -609,7 +690,7 @@ impl PmemStore {
         }
         let rel = data_rel(path.len());
         let want = align(rel + cap.max(len).max(1));
-        let (ext, ext_len) = self.alloc(want)?;
+        let (ext, ext_len) = self.alloc(want, thread_arena(self.free.len()))?;
         let data = ext + rel;
         self.media.write(ext + PATH_OFF, path.as_bytes());
         let mut pos = data;

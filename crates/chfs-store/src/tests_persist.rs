@@ -833,3 +833,71 @@ fn posix_survives_kills_at_every_kind_of_file_mutation() {
         "only {crashed} of {trials} trials crashed"
     );
 }
+
+#[test]
+fn pmem_arenas_fill_concurrently_and_give_all_space_back() {
+    // 256 MiB: four free-space arenas, filled by four threads at once.
+    let d = shm_dir();
+    let f = d.path().join("arenas.pmem");
+    let size = 256 << 20;
+    let s = PmemStore::open(&f, size).unwrap();
+    let empty = s.recovery().free_bytes;
+    let m = Meta {
+        chunk_size: 1 << 20,
+        ..meta(1)
+    };
+    let block = |t: usize, i: usize| vec![(t * 31 + i) as u8; 1 << 20];
+    let fill = |s: &PmemStore, tag: &str| -> Vec<usize> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|t| {
+                    let m = &m;
+                    sc.spawn(move || {
+                        let mut i = 0;
+                        loop {
+                            let p = format!("/{tag}{t}-{i}");
+                            match s.create(&p, *m, &block(t, i), true) {
+                                Ok(_) => i += 1,
+                                Err(e) => {
+                                    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+                                    return i;
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let counts = fill(&s, "a");
+    let total: usize = counts.iter().sum();
+    // Free space of every arena is used before ENOSPC.
+    assert!(
+        total as u64 * (1 << 20) > empty / 100 * 97,
+        "{counts:?} MiB of {} MiB",
+        empty >> 20
+    );
+    drop(s);
+    let s = PmemStore::open(&f, 0).unwrap();
+    assert_eq!(s.recovery().records, total as u64);
+    for (t, &n) in counts.iter().enumerate() {
+        for i in 0..n {
+            let got = s.read(&format!("/a{t}-{i}"), 0, 1, 0, 1 << 20).unwrap();
+            assert!(got.unwrap() == block(t, i), "/a{t}-{i}");
+        }
+    }
+    for (t, &n) in counts.iter().enumerate() {
+        for i in 0..n {
+            s.remove_chunks(&format!("/a{t}-{i}"), 0).unwrap();
+        }
+    }
+    drop(s);
+    let s = PmemStore::open(&f, 0).unwrap();
+    assert_eq!(s.recovery().free_bytes, empty);
+    let again: usize = fill(&s, "b").iter().sum();
+    assert!(
+        again + 2 >= total,
+        "{again} after freeing, {total} at first"
+    );
+}
