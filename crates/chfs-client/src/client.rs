@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use chfs_proto::meta::now_ns;
 use chfs_proto::meta::{FLAG_BACKEND_ONLY, FLAG_CACHED};
-use chfs_proto::msg::FlushState;
 use chfs_proto::msg::{encode_write_head, op, RemoveKind, SetAttr};
+use chfs_proto::msg::{FlushState, RebalanceState};
 use chfs_proto::path::{self, normalize};
 use chfs_proto::ring::path_hash;
 use chfs_proto::{Meta, Request, Response};
@@ -1542,6 +1542,61 @@ impl Client {
             }
         }
         self.wait_flushed("/", None)
+    }
+
+    /// Moves every chunk to the server that owns it by the pool's current
+    /// list (after servers joined, `chfsctl -A`) and waits until every
+    /// server is done. Returns the counts summed over the servers; fails
+    /// when chunks could not be moved (they stay where they were, readable
+    /// by nobody until a later rebalance succeeds). Run it while no job
+    /// does I/O: a chunk in flight is briefly on neither server.
+    pub fn rebalance(&self) -> Result<RebalanceState> {
+        let old = self.state();
+        self.inner.pool.refresh(&old)?;
+        let st = self.state();
+        let mut pause = std::time::Duration::from_millis(5);
+        let mut start = true;
+        loop {
+            let mut sum = RebalanceState {
+                version: st.ring.list().version,
+                ..Default::default()
+            };
+            let mut unreachable = None;
+            for r in self.broadcast(&st, &Request::Rebalance { start }) {
+                match r {
+                    // The others still finish their passes first.
+                    Err(e) => unreachable = unreachable.or(Some(e)),
+                    Ok(Response::Rebalance(b)) => {
+                        sum.running |= b.running;
+                        sum.moved += b.moved;
+                        sum.kept += b.kept;
+                        sum.failed += b.failed;
+                        if !b.last_error.is_empty() {
+                            sum.last_error = b.last_error;
+                        }
+                    }
+                    Ok(other) => return Err(unexpected(other)),
+                }
+            }
+            if !sum.running {
+                if let Some(e) = unreachable {
+                    return Err(e);
+                }
+                if sum.failed > 0 {
+                    return fail(
+                        errno_in(&sum.last_error),
+                        format!(
+                            "{} chunks could not be moved to their owners: {}",
+                            sum.failed, sum.last_error
+                        ),
+                    );
+                }
+                return Ok(sum);
+            }
+            start = false;
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(200));
+        }
     }
 
     fn flush_states(&self, st: &PoolState, req: &Request) -> Result<FlushState> {

@@ -380,3 +380,30 @@ fn killed_mid_flush_then_restarted_loses_nothing() {
         }
     }
 }
+
+#[test]
+fn dirty_chunks_moved_by_a_rebalance_are_written_back_by_their_new_owner() {
+    let t = Tmp::new("rebalance");
+    let (mut p, c) = cache_pool(&t.0, 2, &["--flush-idle-msec", "3600000"]);
+    let files: Vec<(String, Vec<u8>)> = (0..30u64)
+        .map(|i| (format!("/out{i}"), pattern(5000 + i as usize * 997, i)))
+        .collect();
+    for (path, d) in &files {
+        write_at(&c, path, O_CREAT | O_WRONLY, d, 0);
+    }
+    let dirty = c.flush_status("/").unwrap().chunks;
+    assert!(dirty > 0);
+    p.add_server().unwrap();
+    let c3 = client(&p, |c| c.chunk_size = 4096);
+    let r = c3.rebalance().unwrap();
+    assert!(r.moved > 0, "{r:?}");
+    // Nothing was written back yet, and the dirty set moved with the data.
+    assert_eq!(c3.flush_status("/").unwrap().chunks, dirty);
+    assert!(!t.0.join("out0").exists());
+    c3.sync().unwrap();
+    for (path, d) in &files {
+        assert_eq!(&fs::read(t.0.join(&path[1..])).unwrap(), d, "{path}");
+    }
+    assert_eq!(c3.flush_status("/").unwrap().chunks, 0);
+    p.stop();
+}

@@ -677,6 +677,21 @@ exit 0
             }
         };
         let server_var = list.join(",");
+        if self.add {
+            // Files written before the servers joined go to their new
+            // owners. The new servers stay in the pool either way (their
+            // addresses are in every server's list now).
+            self.client(list.clone(), secret_str)
+                .and_then(|c| self.rebalance_with(&c))
+                .map_err(|e| {
+                    CtlError::Many(vec![
+                        e,
+                        CtlError::Usage(format!(
+                            "the servers were added (CHFS_SERVER={server_var}) but files written before may not be found until `chfsctl rebalance` succeeds"
+                        )),
+                    ])
+                })?;
+        }
         if let Some(m) = self.mount.as_deref().filter(|_| !self.no_mount) {
             let mut env = format!("CHFS_SERVER={}", quote(&server_var));
             if let Some(f) = sf {
@@ -744,6 +759,33 @@ exit 0
             line("CHFS_SUBDIR_PATH", s);
         }
         Ok(out)
+    }
+
+    /// `chfsctl rebalance`: moves every chunk of the pool named by
+    /// `CHFS_SERVER` to the server that owns it by the pool's current list
+    /// (what `-A` does after adding servers); returns a one-line report.
+    pub fn rebalance(&self) -> Result<String, CtlError> {
+        let Some(env) = self.env_server.as_deref() else {
+            return Err(CtlError::Usage(
+                "rebalance: set CHFS_SERVER (eval the output of chfsctl start)".into(),
+            ));
+        };
+        let secret = self.caller_secret()?;
+        let c = self.client(chfs_client::config::parse_servers(env), secret.as_deref())?;
+        self.rebalance_with(&c)
+    }
+
+    fn rebalance_with(&self, c: &Client) -> Result<String, CtlError> {
+        let r = c.rebalance().map_err(|source| CtlError::Client {
+            context: "rebalance".into(),
+            source,
+        })?;
+        Ok(format!(
+            "rebalance: {} chunk(s) moved to their owners, {} older copies dropped, {} server(s)\n",
+            r.moved,
+            r.kept,
+            c.servers().len()
+        ))
     }
 
     /// `chfsctl stop`: in cache mode first waits until every dirty chunk is

@@ -1,6 +1,6 @@
 //! chfsctl and the chfs-rs command-line tools.
 //!
-//! - [`ctl`]: `chfsctl start|stop|status|kill|clean` — create a pool on the
+//! - [`ctl`]: `chfsctl start|stop|status|kill|clean|rebalance` — create a pool on the
 //!   hosts of a job through ssh (or `mpirun` / `srun`), print the shell
 //!   lines that point clients at it, and tear it down.
 //! - [`find`]: the parallel find behind `chfind`.

@@ -366,6 +366,17 @@ fn multi_host_pool_over_ssh() {
     renv.push(("CHFS_TEST_IO".into(), "read:/from-h3.dat".into()));
     let out = net.on(h1, &renv, &helper);
     assert!(text(&out.stdout).contains("READ-OK 150000"));
+    // -A rebalanced: what was written before the host joined is found
+    // through the grown pool, from the new host too.
+    let mut renv = env3.clone();
+    renv.push(("CHFS_TEST_IO".into(), "read:/from-h1.dat".into()));
+    let out = net.on(h3, &renv, &helper);
+    assert!(text(&out.stdout).contains("READ-OK 150000"));
+    let out = net.on(h3, &env3, &format!("{} / -type d", bin("chfind").display()));
+    assert!(text(&out.stdout).lines().any(|l| l == "/made/on/h1"));
+    let out = ctl_run(&hf3, &["rebalance"], &env3);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("3 server(s)"));
 
     // A host that cannot be reached: a clear error naming it, and the
     // server already started on the reachable host is stopped again.

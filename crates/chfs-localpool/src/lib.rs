@@ -219,6 +219,16 @@ impl LocalPool {
         Ok(())
     }
 
+    /// Starts one more server joining the pool (as `chfsctl -A` does) and
+    /// returns its address.
+    pub fn add_server(&mut self) -> io::Result<String> {
+        let i = self.children.len();
+        let (child, addr) = self.spawn(i, "127.0.0.1:0")?;
+        self.children.push(Some(child));
+        self.addrs.push(addr.clone());
+        Ok(addr)
+    }
+
     /// Server addresses.
     pub fn addrs(&self) -> &[String] {
         &self.addrs

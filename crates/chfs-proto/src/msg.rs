@@ -67,6 +67,10 @@ pub mod op {
     pub const FLUSH_STATUS: u16 = 25;
     /// [`super::Request::Flush`]
     pub const FLUSH: u16 = 26;
+    /// [`super::Request::Rebalance`]
+    pub const REBALANCE: u16 = 28;
+    /// [`super::Request::AdoptChunk`]
+    pub const ADOPT_CHUNK: u16 = 29;
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -88,6 +92,24 @@ pub struct FlushState {
     /// Chunks whose last flush attempt failed (retried with back-off).
     pub failing: u64,
     /// The most recent flush error, empty if none.
+    pub last_error: String,
+}
+
+/// Progress of a server's [`Request::Rebalance`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RebalanceState {
+    /// A pass is running.
+    pub running: bool,
+    /// Version of the server list the last pass placed chunks by.
+    pub version: u64,
+    /// Chunks sent to their owners by the last pass.
+    pub moved: u64,
+    /// Chunks dropped because their owner already held a copy (written
+    /// there after the list changed, so newer).
+    pub kept: u64,
+    /// Chunks that could not be sent (they stay here).
+    pub failed: u64,
+    /// The most recent error, empty if none.
     pub last_error: String,
 }
 
@@ -348,6 +370,27 @@ pub enum Request {
     /// Make everything this server stored so far durable on its medium
     /// (fsync; a no-op for the DRAM engine).
     Sync,
+    /// Send every chunk this server holds but no longer owns (the server
+    /// list grew) to its owner. With `start`, begins a pass in the
+    /// background unless one is running or the last one placed everything
+    /// by the current list; without, only reports. The reply is
+    /// [`Response::Rebalance`] (poll until not running).
+    Rebalance {
+        /// Start a pass if needed (else report only).
+        start: bool,
+    },
+    /// Store a chunk moved by a rebalance unless this server already holds
+    /// that key (server to server; the copy here is newer and is kept).
+    AdoptChunk {
+        /// Normalised path.
+        path: String,
+        /// Chunk index.
+        idx: u64,
+        /// Metadata header of the chunk.
+        meta: Meta,
+        /// Chunk bytes (payload tail).
+        data: Bytes,
+    },
 }
 
 /// A successful response.
@@ -385,6 +428,8 @@ pub enum Response {
     Count(u64),
     /// Write-back state.
     FlushState(FlushState),
+    /// Rebalance progress.
+    Rebalance(RebalanceState),
 }
 
 fn put_meta(out: &mut Vec<u8>, m: &Meta) {
@@ -524,6 +569,8 @@ impl Request {
             Request::FlushStatus { .. } => op::FLUSH_STATUS,
             Request::Flush { .. } => op::FLUSH,
             Request::Sync => op::SYNC,
+            Request::Rebalance { .. } => op::REBALANCE,
+            Request::AdoptChunk { .. } => op::ADOPT_CHUNK,
         }
     }
 
@@ -539,7 +586,8 @@ impl Request {
             | Request::AppendReserve { path, .. } => Some((path, 0)),
             Request::Write { path, idx, .. }
             | Request::Read { path, idx, .. }
-            | Request::PutChunk { path, idx, .. } => Some((path, *idx)),
+            | Request::PutChunk { path, idx, .. }
+            | Request::AdoptChunk { path, idx, .. } => Some((path, *idx)),
             _ => None,
         }
     }
@@ -552,6 +600,7 @@ impl Request {
             | Request::Status
             | Request::Shutdown
             | Request::Sync => {}
+            Request::Rebalance { start } => out.put_u8(*start as u8),
             Request::Join { addr } => out.put_str(addr),
             Request::UpdateServers { list } => put_list(out, list),
             Request::Create {
@@ -648,6 +697,12 @@ impl Request {
                 idx,
                 meta,
                 data,
+            }
+            | Request::AdoptChunk {
+                path,
+                idx,
+                meta,
+                data,
             } => {
                 out.put_str(path);
                 out.put_u64(*idx);
@@ -668,6 +723,7 @@ impl Request {
         let req = match op {
             op::PING => Request::Ping,
             op::SYNC => Request::Sync,
+            op::REBALANCE => Request::Rebalance { start: r.bool()? },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -767,16 +823,25 @@ impl Request {
                 new: r.string()?,
                 is_dir: r.bool()?,
             },
-            op::PUT_CHUNK => {
+            op::PUT_CHUNK | op::ADOPT_CHUNK => {
                 let path = r.string()?;
                 let idx = r.u64()?;
                 let meta = get_meta(&mut r)?;
                 let data = r.rest();
-                return Ok(Request::PutChunk {
-                    path,
-                    idx,
-                    meta,
-                    data,
+                return Ok(if op == op::PUT_CHUNK {
+                    Request::PutChunk {
+                        path,
+                        idx,
+                        meta,
+                        data,
+                    }
+                } else {
+                    Request::AdoptChunk {
+                        path,
+                        idx,
+                        meta,
+                        data,
+                    }
                 });
             }
             op::READDIR_DIRS => Request::ReaddirDirs {
@@ -807,6 +872,7 @@ mod tag {
     pub const BOOL: u8 = 8;
     pub const COUNT: u8 = 9;
     pub const FLUSH: u8 = 10;
+    pub const REBALANCE: u8 = 11;
 }
 
 impl Response {
@@ -868,6 +934,15 @@ impl Response {
                 out.put_u8(tag::COUNT);
                 out.put_u64(*c)
             }
+            Response::Rebalance(b) => {
+                out.put_u8(tag::REBALANCE);
+                out.put_u8(b.running as u8);
+                out.put_u64(b.version);
+                out.put_u64(b.moved);
+                out.put_u64(b.kept);
+                out.put_u64(b.failed);
+                out.put_str(&b.last_error);
+            }
         }
     }
 
@@ -910,6 +985,14 @@ impl Response {
             tag::BOOL => Response::Bool(r.bool()?),
             tag::COUNT => Response::Count(r.u64()?),
             tag::FLUSH => Response::FlushState(get_flush(&mut r)?),
+            tag::REBALANCE => Response::Rebalance(RebalanceState {
+                running: r.bool()?,
+                version: r.u64()?,
+                moved: r.u64()?,
+                kept: r.u64()?,
+                failed: r.u64()?,
+                last_error: r.string()?,
+            }),
             t => return Err(ProtoError::Malformed(format!("response tag {t}"))),
         };
         r.finish()?;
@@ -1022,6 +1105,13 @@ mod tests {
         });
         rt(Request::Flush { prefix: "/".into() });
         rt(Request::Sync);
+        rt(Request::Rebalance { start: true });
+        rt(Request::AdoptChunk {
+            path: "/b".into(),
+            idx: 2,
+            meta,
+            data: Bytes::from_static(b"zz"),
+        });
         rt(Request::FlushStatus {
             prefix: "/d".into(),
         });
@@ -1067,6 +1157,14 @@ mod tests {
                 bytes: 2,
                 failing: 3,
                 last_error: "x".into(),
+            }),
+            Response::Rebalance(RebalanceState {
+                running: true,
+                version: 3,
+                moved: 4,
+                kept: 5,
+                failed: 6,
+                last_error: "y".into(),
             }),
         ] {
             let mut b = Vec::new();

@@ -531,6 +531,20 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             }
             Ok(Response::Ok)
         }
+        Request::Rebalance { start } => Ok(crate::rebalance::request(sh, start)),
+        Request::AdoptChunk {
+            path,
+            idx,
+            meta,
+            data,
+        } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            let chunk = Chunk {
+                meta,
+                data: data.to_vec(),
+            };
+            crate::rebalance::adopt(sh, &path, idx, chunk).map(Response::Bool)
+        }
         Request::FlushStatus { prefix } => {
             validate(&prefix).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             // Without a backend nothing is ever dirty.

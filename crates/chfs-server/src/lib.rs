@@ -12,6 +12,7 @@ mod handler;
 pub mod metrics;
 pub mod net;
 mod peer;
+mod rebalance;
 mod server;
 
 pub use config::Config;

@@ -73,6 +73,8 @@ pub(crate) struct Shared {
     pub cache: Option<Arc<crate::cache::Cache>>,
     /// Directory or file of a persistent store (for its free space).
     pub store_path: Option<std::path::PathBuf>,
+    /// Progress of rebalance passes (after the list grew).
+    pub rebalancer: crate::rebalance::Rebalancer,
     secret: Vec<u8>,
 }
 
@@ -247,6 +249,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         shutdown,
         cache,
         store_path: cfg.path.clone(),
+        rebalancer: Default::default(),
         secret,
     });
     if let Some(c) = &shared.cache {

@@ -23,6 +23,9 @@ enum Action {
     Kill,
     /// Remove the servers' files and the secret from the scratch directories.
     Clean,
+    /// Move every file to the server that owns it by the pool's current list
+    /// (done by -A after adding servers; run it again if that failed).
+    Rebalance,
 }
 
 /// chfsctl — start, stop and inspect a chfs-rs pool on the hosts of a job.
@@ -347,6 +350,10 @@ fn run(a: &Args) -> Result<i32, CtlError> {
         }
         Action::Kill => o.kill().map(|_| 0),
         Action::Clean => o.clean().map(|_| 0),
+        Action::Rebalance => {
+            print!("{}", o.rebalance()?);
+            Ok(0)
+        }
     }
 }
 
