@@ -180,8 +180,6 @@ pub struct PmemStore {
     free: Vec<Mutex<FreeSpace>>,
     /// Bytes of the data area the arenas' slices cover each.
     arena_len: u64,
-    /// Bytes allocated (all arenas).
-    used: AtomicU64,
     seq: AtomicU64,
     entries: AtomicU64,
     bytes: AtomicU64,
@@ -360,7 +358,6 @@ impl PmemStore {
                 .map(|_| Mutex::new(FreeSpace::default()))
                 .collect(),
             arena_len: align((end - DATA_START).div_ceil(arenas)),
-            used: AtomicU64::new(0),
             seq: AtomicU64::new(1),
             entries: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -480,7 +477,6 @@ impl PmemStore {
         // Every free extent gets one word covering all of it, split where
         // the arenas' slices meet (adjacent free extents are a valid state:
         // the next open merges them again).
-        let mut free_total = 0;
         for (s, l, fix) in runs {
             let mut pieces = Vec::new();
             let (mut ps, end) = (s, s + l);
@@ -506,10 +502,8 @@ impl PmemStore {
                     .get_mut()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(ps, pl);
-                free_total += pl;
             }
         }
-        self.used = AtomicU64::new((self.end - DATA_START) - free_total);
         self.seq = AtomicU64::new(max_seq + 1);
         report.superseded = losers.len() as u64;
         for (s, l) in losers {
@@ -592,7 +586,7 @@ impl PmemStore {
             }
         }
         Err(StoreError::NoSpace {
-            used: self.used.load(Ordering::Relaxed),
+            used: (self.end - DATA_START).saturating_sub(self.free_bytes()),
             capacity: self.end - DATA_START,
         })
     }
@@ -616,7 +610,6 @@ impl PmemStore {
         } else {
             len
         };
-        self.used.fetch_add(got, Ordering::Relaxed);
         Ok(Some((start, got)))
     }
 
@@ -624,7 +617,6 @@ impl PmemStore {
     /// neighbours).
     fn release(&self, start: u64, len: u64) -> Result<()> {
         let mut fs = lock(&self.free[self.arena_of(start)]);
-        self.used.fetch_sub(len, Ordering::Relaxed);
         self.media.store_word(start, word(FREE, len));
         self.media.persist(start, 8)?;
         let (mut s, mut l) = (start, len);
