@@ -619,23 +619,27 @@ impl PmemStore {
         let mut fs = lock(&self.free[self.arena_of(start)]);
         self.media.store_word(start, word(FREE, len));
         self.media.persist(start, 8)?;
-        let (mut s, mut l) = (start, len);
-        if let Some((&ls, &ll)) = fs.by_start.range(..start).next_back() {
-            if ls + ll == start {
-                fs.remove(ls, ll);
-                s = ls;
-                l += ll;
+        let right = fs.by_start.get(&(start + len)).copied();
+        if let Some(r) = right {
+            fs.remove(start + len, r);
+        }
+        let add = len + right.unwrap_or(0);
+        // Merged into the left neighbour: its length grows in place.
+        let fs = &mut *fs;
+        if let Some((&ls, ll)) = fs.by_start.range_mut(..start).next_back() {
+            if ls + *ll == start {
+                fs.by_size.remove(&(*ll, ls));
+                *ll += add;
+                fs.by_size.insert((*ll, ls));
+                self.media.store_word(ls, word(FREE, *ll));
+                return Ok(self.media.persist(ls, 8)?);
             }
         }
-        if let Some(&rl) = fs.by_start.get(&(start + len)) {
-            fs.remove(start + len, rl);
-            l += rl;
+        if right.is_some() {
+            self.media.store_word(start, word(FREE, add));
+            self.media.persist(start, 8)?;
         }
-        if (s, l) != (start, len) {
-            self.media.store_word(s, word(FREE, l));
-            self.media.persist(s, 8)?;
-        }
-        fs.insert(s, l);
+        fs.insert(start, add);
         Ok(())
     }
 
