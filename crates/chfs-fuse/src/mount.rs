@@ -50,7 +50,7 @@ pub struct MountConfig {
     pub default_permissions: bool,
     /// Read-only mount.
     pub read_only: bool,
-    /// Threads reading kernel requests.
+    /// Threads reading kernel requests (default: one per CPU, at least 2).
     pub threads: usize,
     /// Kernel read-ahead of the mount in KiB (set through
     /// /sys/class/bdi when permitted; 0 = leave the kernel's 128 KiB).
@@ -70,7 +70,9 @@ impl MountConfig {
             allow_other: unsafe { libc::geteuid() } == 0,
             default_permissions: true,
             read_only: false,
-            threads: 4,
+            threads: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .max(2),
             read_ahead_kb: 1024,
             client: ClientConfig::from_env()?,
         })

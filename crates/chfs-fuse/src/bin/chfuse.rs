@@ -59,8 +59,10 @@ struct Args {
     /// direct I/O, 1 MiB requests straight to the servers.
     #[arg(long)]
     page_cache: bool,
-    /// Threads serving kernel requests.
-    #[arg(long, default_value_t = 4)]
+    /// Threads serving kernel requests (0 = one per CPU, at least 2; on a
+    /// 2-CPU node 2 threads created files 1.3-1.6x faster than 4, while
+    /// several processes doing I/O at once did not care).
+    #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Kernel read-ahead in KiB (root only; 0 = kernel default of 128).
     #[arg(long, default_value_t = 1024)]
@@ -88,7 +90,9 @@ fn build(args: &Args) -> Result<MountConfig, String> {
     let mut negative = args.negative_timeout.map(|v| v.to_string());
     c.fs.writeback_cache = args.writeback_cache;
     c.fs.direct_io = !args.page_cache;
-    c.threads = args.threads.max(1);
+    if args.threads > 0 {
+        c.threads = args.threads;
+    }
     c.read_ahead_kb = args.read_ahead_kb;
     for o in &args.options {
         let (k, v) = o
