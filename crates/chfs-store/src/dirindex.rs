@@ -15,13 +15,37 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A lock of a sharded map, alone in its cache lines: threads working on
+/// neighbouring shards do not slow each other down (false sharing).
+#[repr(align(128))]
+pub(crate) struct Shard<T>(Mutex<T>);
+
+impl<T> Shard<T> {
+    pub fn new(v: T) -> Self {
+        Self(Mutex::new(v))
+    }
+}
+
+impl<T> std::ops::Deref for Shard<T> {
+    type Target = Mutex<T>;
+    fn deref(&self) -> &Mutex<T> {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for Shard<T> {
+    fn deref_mut(&mut self) -> &mut Mutex<T> {
+        &mut self.0
+    }
+}
+
 pub(crate) fn shard_of(key: &str, n: usize) -> usize {
     (xxh3_64(key.as_bytes()) % n as u64) as usize
 }
 
 /// parent directory -> names of entries (chunk 0) in it.
 pub(crate) struct DirIndex {
-    dirs: Vec<Mutex<HashMap<String, BTreeSet<String>>>>,
+    dirs: Vec<Shard<HashMap<String, BTreeSet<String>>>>,
 }
 
 fn split(path: &str) -> (&str, &str) {
@@ -33,7 +57,7 @@ fn split(path: &str) -> (&str, &str) {
 impl DirIndex {
     pub fn new() -> Self {
         Self {
-            dirs: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            dirs: (0..SHARDS).map(|_| Shard::new(HashMap::new())).collect(),
         }
     }
 

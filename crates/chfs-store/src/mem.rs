@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;
 use chfs_proto::Meta;
@@ -17,7 +17,7 @@ type Chunks = BTreeMap<u64, Chunk>;
 
 /// The DRAM engine. Data is lost when the server stops.
 pub struct MemStore {
-    files: Vec<Mutex<HashMap<String, Chunks>>>,
+    files: Vec<crate::dirindex::Shard<HashMap<String, Chunks>>>,
     dirs: DirIndex,
     entries: AtomicU64,
     usage: Usage,
@@ -28,7 +28,9 @@ impl MemStore {
     /// but memory).
     pub fn new(capacity: u64) -> Self {
         Self {
-            files: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            files: (0..SHARDS)
+                .map(|_| crate::dirindex::Shard::new(HashMap::new()))
+                .collect(),
             dirs: DirIndex::new(),
             entries: AtomicU64::new(0),
             usage: Usage::new(capacity, 0),

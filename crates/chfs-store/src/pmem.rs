@@ -40,7 +40,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;
 use chfs_proto::Meta;
@@ -172,12 +172,12 @@ pub struct PmemStore {
     media: Box<dyn Media>,
     uuid: u64,
     end: u64,
-    files: Vec<Mutex<HashMap<String, Chunks>>>,
+    files: Vec<crate::dirindex::Shard<HashMap<String, Chunks>>>,
     dirs: DirIndex,
     /// Free space in arenas: arena k holds the free extents starting in the
     /// k-th slice of the data area, so threads allocating and freeing for
     /// different paths rarely wait for one another.
-    free: Vec<Mutex<FreeSpace>>,
+    free: Vec<crate::dirindex::Shard<FreeSpace>>,
     /// Bytes of the data area the arenas' slices cover each.
     arena_len: u64,
     seq: AtomicU64,
@@ -352,10 +352,12 @@ impl PmemStore {
         let mut s = Self {
             uuid: sb.uuid,
             end,
-            files: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            files: (0..SHARDS)
+                .map(|_| crate::dirindex::Shard::new(HashMap::new()))
+                .collect(),
             dirs: DirIndex::new(),
             free: (0..arenas)
-                .map(|_| Mutex::new(FreeSpace::default()))
+                .map(|_| crate::dirindex::Shard::new(FreeSpace::default()))
                 .collect(),
             arena_len: align((end - DATA_START).div_ceil(arenas)),
             seq: AtomicU64::new(1),

@@ -104,7 +104,7 @@ pub struct PosixReport {
 pub struct PosixStore {
     root: PathBuf,
     uuid: u64,
-    files: Vec<Mutex<HashMap<String, Chunks>>>,
+    files: Vec<crate::dirindex::Shard<HashMap<String, Chunks>>>,
     dirs: DirIndex,
     next_id: AtomicU64,
     seq: AtomicU64,
@@ -273,7 +273,9 @@ impl PosixStore {
         let mut s = Self {
             root: root.to_path_buf(),
             uuid,
-            files: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            files: (0..SHARDS)
+                .map(|_| crate::dirindex::Shard::new(HashMap::new()))
+                .collect(),
             dirs: DirIndex::new(),
             next_id: AtomicU64::new(1),
             seq: AtomicU64::new(1),
