@@ -98,7 +98,7 @@ fn grows(hashing: &str) -> (u64, u64) {
     // Nothing is left to move; a file written after the list grew is not
     // overwritten by an older copy.
     let again = c3.rebalance().unwrap();
-    assert_eq!((again.failed, again.running), (0, false));
+    assert_eq!((again.moved, again.failed, again.running), (0, 0, false));
     p.stop();
     (r.moved, stored)
 }

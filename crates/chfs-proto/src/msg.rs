@@ -372,8 +372,7 @@ pub enum Request {
     Sync,
     /// Send every chunk this server holds but no longer owns (the server
     /// list grew) to its owner. With `start`, begins a pass in the
-    /// background unless one is running or the last one placed everything
-    /// by the current list; without, only reports. The reply is
+    /// background unless one is running; without, only reports. The reply is
     /// [`Response::Rebalance`] (poll until not running).
     Rebalance {
         /// Start a pass if needed (else report only).

@@ -37,13 +37,12 @@ fn lock(m: &Mutex<RebalanceState>) -> std::sync::MutexGuard<'_, RebalanceState> 
 }
 
 /// Handles [`Request::Rebalance`]: with `start`, starts a pass unless one
-/// is running or the last one already placed everything by the current
-/// list; reports the state.
+/// is running (a pass over a balanced store only lists it); reports the
+/// state.
 pub(crate) fn request(sh: &Arc<Shared>, start: bool) -> Response {
     let version = sh.placement().ring.list().version;
     let mut st = lock(&sh.rebalancer.state);
-    let done = st.version == version && st.failed == 0 && st.version != 0;
-    if start && !st.running && !done {
+    if start && !st.running {
         *st = RebalanceState {
             running: true,
             version,
