@@ -153,6 +153,18 @@ impl Client {
         self.state().ring.list().servers.clone()
     }
 
+    /// Open connections that use a server's Unix socket (servers on this
+    /// host, `CHFS_LOCAL_SOCKET`), and all open connections.
+    pub fn local_connections(&self) -> (usize, usize) {
+        let st = self.state();
+        let open: Vec<bool> = st
+            .conns
+            .iter()
+            .filter_map(|c| lock(c).as_ref().map(|c| c.is_local()))
+            .collect();
+        (open.iter().filter(|l| **l).count(), open.len())
+    }
+
     /// Chunk size of files created from now on.
     pub fn set_chunk_size(&self, cs: u32) -> Result<()> {
         if cs == 0 || cs > chfs_proto::MAX_CHUNK_SIZE {

@@ -27,6 +27,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_ASYNC_ACCESS", default: "1", help: "issue the chunk RPCs of one read/write concurrently (0 = one after another)" },
     Setting { env: "CHFS_ASYNC_WINDOW", default: "64", help: "most chunk RPCs of one read/write in flight at once" },
     Setting { env: "CHFS_DIR_CACHE_MSEC", default: "1000", help: "how long a directory known to exist is trusted when creating entries in it (0 = always check)" },
+    Setting { env: "CHFS_LOCAL_SOCKET", default: "1", help: "reach servers on this host through their Unix socket instead of TCP (0 = always TCP)" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "shared secret presented to the servers" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the shared secret (takes precedence over CHFS_SECRET)" },
 ];
@@ -52,6 +53,8 @@ pub struct ClientConfig {
     pub dir_cache: Duration,
     /// Shared secret.
     pub secret: Vec<u8>,
+    /// Reach servers on this host through their Unix socket.
+    pub local_socket: bool,
 }
 
 impl Default for ClientConfig {
@@ -66,6 +69,7 @@ impl Default for ClientConfig {
             window: 64,
             dir_cache: Duration::from_millis(1000),
             secret: Vec::new(),
+            local_socket: true,
         }
     }
 }
@@ -126,6 +130,9 @@ impl ClientConfig {
         }
         if let Some(v) = get("CHFS_ASYNC_WINDOW") {
             c.window = num::<usize>("CHFS_ASYNC_WINDOW", &v)?.max(1);
+        }
+        if let Some(v) = get("CHFS_LOCAL_SOCKET") {
+            c.local_socket = num::<i64>("CHFS_LOCAL_SOCKET", &v)? != 0;
         }
         if let Some(v) = get("CHFS_DIR_CACHE_MSEC") {
             c.dir_cache = Duration::from_millis(num("CHFS_DIR_CACHE_MSEC", &v)?);

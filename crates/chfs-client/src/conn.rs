@@ -15,6 +15,8 @@
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+
+use crate::stream::Stream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -52,8 +54,8 @@ pub(crate) struct Conn {
     /// connection broke.
     filed: Condvar,
     /// Only used by the waiter holding the reader role.
-    reader: Mutex<BufReader<TcpStream>>,
-    writer: Mutex<TcpStream>,
+    reader: Mutex<BufReader<Stream>>,
+    writer: Mutex<Stream>,
     alive: AtomicBool,
     next_id: AtomicU64,
     timeout: Duration,
@@ -123,37 +125,23 @@ fn read_frame(s: &mut impl Read) -> std::result::Result<(Header, Bytes), ReadErr
 fn io_err(addr: &str, what: &str, e: std::io::Error) -> Error {
     let errno = match e.kind() {
         std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => libc::ETIMEDOUT,
+        // A Unix socket whose server died gives EPIPE where TCP gives
+        // ECONNRESET: one errno for "the server went away" (and none that
+        // callers of read(2) or write(2) take for a closed pipe).
+        _ if e.raw_os_error() == Some(libc::EPIPE) => libc::ECONNRESET,
         _ => e.raw_os_error().unwrap_or(libc::EIO),
     };
     Error::new(errno, format!("server {addr}: {what}: {e}")).with_source(e)
 }
 
 impl Conn {
-    /// Connects and performs the handshake.
-    pub fn connect(addr: &str, secret: &[u8], timeout: Duration) -> Result<Conn> {
-        let addrs: Vec<_> = addr
-            .to_socket_addrs()
-            .map_err(|e| io_err(addr, "cannot resolve address", e))?
-            .collect();
-        let mut last = None;
-        let mut stream = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, timeout.min(Duration::from_secs(10))) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let mut s = match stream {
+    /// Connects and performs the handshake. With `local`, a server on this host is reached through its Unix
+    /// socket (see [`crate::stream`]).
+    pub fn connect(addr: &str, secret: &[u8], timeout: Duration, local: bool) -> Result<Conn> {
+        let mut s = match local.then(|| Stream::local(addr)).flatten() {
             Some(s) => s,
-            None => {
-                let e = last.unwrap_or_else(|| std::io::Error::other("no address"));
-                return Err(io_err(addr, "cannot connect", e));
-            }
+            None => Stream::Tcp(Self::connect_tcp(addr, timeout)?),
         };
-        let _ = s.set_nodelay(true);
         s.set_read_timeout(Some(timeout))
             .map_err(|e| io_err(addr, "socket", e))?;
         s.write_all(&Hello::new(secret).encode())
@@ -193,6 +181,38 @@ impl Conn {
             next_id: AtomicU64::new(1),
             timeout,
         })
+    }
+
+    fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream> {
+        let addrs: Vec<_> = addr
+            .to_socket_addrs()
+            .map_err(|e| io_err(addr, "cannot resolve address", e))?
+            .collect();
+        let mut last = None;
+        let mut stream = None;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, timeout.min(Duration::from_secs(10))) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let s = match stream {
+            Some(s) => s,
+            None => {
+                let e = last.unwrap_or_else(|| std::io::Error::other("no address"));
+                return Err(io_err(addr, "cannot connect", e));
+            }
+        };
+        let _ = s.set_nodelay(true);
+        Ok(s)
+    }
+
+    /// Is this a Unix socket to a server on this host?
+    pub fn is_local(&self) -> bool {
+        lock(&self.writer).is_local()
     }
 
     /// Is the connection still usable?

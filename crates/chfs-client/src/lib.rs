@@ -13,6 +13,7 @@ mod conn;
 mod error;
 mod names;
 mod pool;
+mod stream;
 mod types;
 
 pub use chfs_proto::msg::FlushState;

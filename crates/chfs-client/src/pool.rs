@@ -14,7 +14,7 @@ use crate::error::{fail, Error, Result};
 /// The current server list with a connection slot per server.
 pub(crate) struct PoolState {
     pub ring: Ring,
-    conns: Vec<Mutex<Option<Arc<Conn>>>>,
+    pub(crate) conns: Vec<Mutex<Option<Arc<Conn>>>>,
     fetched: Instant,
 }
 
@@ -106,6 +106,7 @@ impl Pool {
             &st.ring.list().servers[i],
             &self.cfg.secret,
             self.cfg.rpc_timeout,
+            self.cfg.local_socket,
         )?);
         *g = Some(c.clone());
         Ok(c)
@@ -193,7 +194,7 @@ fn fetch_list(
             .filter(|c| c.alive())
         {
             Some(c) => Ok(c),
-            None => Conn::connect(s, &cfg.secret, cfg.rpc_timeout).map(Arc::new),
+            None => Conn::connect(s, &cfg.secret, cfg.rpc_timeout, cfg.local_socket).map(Arc::new),
         };
         match conn.and_then(|c| c.call(&Request::GetServers)) {
             Ok(Response::Servers(l)) if !l.servers.is_empty() => return Ok(l),

@@ -228,3 +228,23 @@ fn publish_on_write_makes_the_size_visible_before_close() {
     assert_eq!(other.stat("/late").unwrap().size, 9_000);
     c.close(fd).unwrap();
 }
+
+#[test]
+fn servers_on_this_host_are_reached_through_their_unix_socket() {
+    let (p, c) = pool(3);
+    c.set_chunk_size(4096).unwrap();
+    let data = pattern(60_000, 7);
+    let fd = c.create("/u", O_RDWR, 0o644).unwrap();
+    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+    c.close(fd).unwrap();
+    // Every chunk owner was contacted, each through its Unix socket.
+    assert_eq!(c.local_connections(), (3, 3));
+    // CHFS_LOCAL_SOCKET=0: TCP only, same bytes.
+    let t = client(&p, |c| c.local_socket = false);
+    let fd = t.open("/u", O_RDONLY, 0).unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(t.pread(fd, &mut back, 0).unwrap(), data.len());
+    t.close(fd).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(t.local_connections(), (0, 3));
+}

@@ -31,3 +31,11 @@ pub const DEFAULT_CHUNK_SIZE: u32 = 64 << 10;
 
 /// Default TCP port of `chfsd`.
 pub const DEFAULT_PORT: u16 = 50000;
+
+/// Name of the abstract Unix socket (Linux, no file) on which the server
+/// advertised as `addr` (`host:port`) also listens, for clients on its
+/// host. Abstract names belong to a network namespace, so only processes
+/// that share the server's network can reach it.
+pub fn local_socket_name(addr: &str) -> String {
+    format!("chfsd@{addr}")
+}

@@ -12,7 +12,7 @@ use chfs_proto::frame::FLAG_ERROR;
 use chfs_proto::msg::decode_error;
 use chfs_proto::{ErrorReply, Request, Response};
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::net::{self, NetError};
@@ -75,55 +75,20 @@ impl Peers {
         Ok(c)
     }
 
+    /// Connects to a peer: through its Unix socket when it runs on this
+    /// host (see [`chfs_proto::local_socket_name`]), else TCP.
     async fn connect(&self, addr: &str) -> Result<Conn, NetError> {
+        if let Some(mut s) = local_stream(addr) {
+            net::timeout(self.timeout, net::connect_handshake(&mut s, &self.secret)).await?;
+            let (rd, wr) = s.into_split();
+            return Ok(start_io(rd, wr, addr));
+        }
         let mut s =
             net::timeout(self.timeout, async { Ok(TcpStream::connect(addr).await?) }).await?;
         s.set_nodelay(true)?;
         net::timeout(self.timeout, net::connect_handshake(&mut s, &self.secret)).await?;
         let (rd, wr) = s.into_split();
-        let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
-        let (tx, mut rx) = mpsc::unbounded_channel::<(u64, u16, u16, Vec<u8>)>();
-        let pending: Pending = Default::default();
-        let alive = Arc::new(AtomicBool::new(true));
-        let (p2, a2, peer) = (pending.clone(), alive.clone(), addr.to_string());
-        tokio::spawn(async move {
-            let mut w = BufWriter::with_capacity(256 << 10, wr);
-            while let Some((id, op, flags, payload)) = rx.recv().await {
-                if net::write_frame(&mut w, id, op, flags, &payload)
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-                if rx.is_empty() && w.flush().await.is_err() {
-                    break;
-                }
-            }
-            a2.store(false, Ordering::Release);
-            fail_all(&p2, libc::EIO, &format!("connection to server {peer} lost"));
-        });
-        let (p3, a3, peer) = (pending.clone(), alive.clone(), addr.to_string());
-        tokio::spawn(async move {
-            let why = loop {
-                match net::read_frame(&mut rd).await {
-                    Ok(Some((h, payload))) => {
-                        let reply = decode_reply(h.flags, payload);
-                        if let Some(tx) = lock(&p3).remove(&h.id) {
-                            let _ = tx.send(reply);
-                        }
-                    }
-                    Ok(None) => break "closed".to_string(),
-                    Err(e) => break e.to_string(),
-                }
-            };
-            a3.store(false, Ordering::Release);
-            fail_all(
-                &p3,
-                libc::EIO,
-                &format!("connection to server {peer} lost: {why}"),
-            );
-        });
-        Ok(Conn { tx, pending, alive })
+        Ok(start_io(rd, wr, addr))
     }
 
     /// Sends `req` to the server at `addr` with frame `flags` and waits for
@@ -166,4 +131,65 @@ pub fn decode_reply(flags: u16, payload: Bytes) -> Reply {
     } else {
         Response::decode(payload).map_err(|e| ErrorReply::new(e.errno(), e.to_string()))
     }
+}
+
+/// The abstract Unix socket of a server on this host, if there is one.
+fn local_stream(addr: &str) -> Option<UnixStream> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = chfs_proto::local_socket_name(addr);
+    let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
+    let s = std::os::unix::net::UnixStream::connect_addr(&a).ok()?;
+    s.set_nonblocking(true).ok()?;
+    UnixStream::from_std(s).ok()
+}
+
+/// Starts the writer and reader tasks of a connected, admitted peer.
+fn start_io<R, W>(rd: R, wr: W, addr: &str) -> Conn
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
+    let (tx, mut rx) = mpsc::unbounded_channel::<(u64, u16, u16, Vec<u8>)>();
+    let pending: Pending = Default::default();
+    let alive = Arc::new(AtomicBool::new(true));
+    let (p2, a2, peer) = (pending.clone(), alive.clone(), addr.to_string());
+    tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(256 << 10, wr);
+        while let Some((id, op, flags, payload)) = rx.recv().await {
+            if net::write_frame(&mut w, id, op, flags, &payload)
+                .await
+                .is_err()
+            {
+                break;
+            }
+            if rx.is_empty() && w.flush().await.is_err() {
+                break;
+            }
+        }
+        a2.store(false, Ordering::Release);
+        fail_all(&p2, libc::EIO, &format!("connection to server {peer} lost"));
+    });
+    let (p3, a3, peer) = (pending.clone(), alive.clone(), addr.to_string());
+    tokio::spawn(async move {
+        let why = loop {
+            match net::read_frame(&mut rd).await {
+                Ok(Some((h, payload))) => {
+                    let reply = decode_reply(h.flags, payload);
+                    if let Some(tx) = lock(&p3).remove(&h.id) {
+                        let _ = tx.send(reply);
+                    }
+                }
+                Ok(None) => break "closed".to_string(),
+                Err(e) => break e.to_string(),
+            }
+        };
+        a3.store(false, Ordering::Release);
+        fail_all(
+            &p3,
+            libc::EIO,
+            &format!("connection to server {peer} lost: {why}"),
+        );
+    });
+    Conn { tx, pending, alive }
 }

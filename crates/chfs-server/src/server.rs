@@ -10,7 +10,7 @@ use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Request, Response};
 use chfs_store::{MemStore, Store};
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
@@ -258,7 +258,8 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
                 .run_flusher(shared.store.clone(), shared.shutdown.subscribe()),
         );
     }
-    let task = tokio::spawn(accept_loop(shared.clone(), listener));
+    let local = bind_local(&me);
+    let task = tokio::spawn(accept_loop(shared.clone(), listener, local));
     match &cfg.join {
         None => shared.set_list(ServerList {
             version: 1,
@@ -295,17 +296,56 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
     })
 }
 
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+/// The abstract Unix socket for clients on this host
+/// ([`chfs_proto::local_socket_name`]); None (TCP only) if it cannot be
+/// bound, e.g. another server advertises the same address in this network
+/// namespace.
+fn bind_local(me: &str) -> Option<UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = chfs_proto::local_socket_name(me);
+    let r = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
+        .and_then(|l| {
+            l.set_nonblocking(true)?;
+            UnixListener::from_std(l)
+        });
+    match r {
+        Ok(l) => Some(l),
+        Err(e) => {
+            warn!(%name, "no local socket, clients on this host use TCP: {e}");
+            None
+        }
+    }
+}
+
+async fn unix_accept(l: Option<&UnixListener>) -> std::io::Result<UnixStream> {
+    match l {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, local: Option<UnixListener>) {
     let mut stop = shared.shutdown.subscribe();
     loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
                     let sh = shared.clone();
-                    tokio::spawn(async move { serve_conn(sh, stream, peer.to_string()).await });
+                    tokio::spawn(async move { serve_tcp(sh, stream, peer.to_string()).await });
                 }
                 Err(e) => {
                     warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            r = unix_accept(local.as_ref()) => match r {
+                Ok(stream) => {
+                    let sh = shared.clone();
+                    tokio::spawn(async move { serve_unix(sh, stream).await });
+                }
+                Err(e) => {
+                    warn!("accept on the local socket failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -374,20 +414,53 @@ async fn write_all_vectored(
     Ok(())
 }
 
-async fn serve_conn(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
-    let _ = stream.set_nodelay(true);
-    if let Err(e) = net::timeout(
+/// The handshake of a new connection; false if refused.
+async fn admitted<S>(shared: &Shared, stream: &mut S, peer: &str) -> bool
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match net::timeout(
         Duration::from_secs(10),
-        net::accept_handshake(&mut stream, &shared.secret),
+        net::accept_handshake(stream, &shared.secret),
     )
     .await
     {
-        Counters::inc(&shared.counters.refused);
-        warn!(%peer, "connection refused: {e}");
-        return;
+        Ok(_) => {
+            debug!(%peer, "connection accepted");
+            true
+        }
+        Err(e) => {
+            Counters::inc(&shared.counters.refused);
+            warn!(%peer, "connection refused: {e}");
+            false
+        }
     }
-    debug!(%peer, "connection accepted");
-    let (rd, wr) = stream.into_split();
+}
+
+async fn serve_tcp(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
+    let _ = stream.set_nodelay(true);
+    if admitted(&shared, &mut stream, &peer).await {
+        let (rd, wr) = stream.into_split();
+        serve_conn(shared, rd, wr, peer).await;
+    }
+}
+
+async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
+    let peer = match stream.peer_cred() {
+        Ok(c) => format!("local pid {}", c.pid().unwrap_or(0)),
+        Err(_) => "local".to_string(),
+    };
+    if admitted(&shared, &mut stream, &peer).await {
+        let (rd, wr) = stream.into_split();
+        serve_conn(shared, rd, wr, peer).await;
+    }
+}
+
+async fn serve_conn<R, W>(shared: Arc<Shared>, rd: R, wr: W, peer: String)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
     let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
     let writer = tokio::spawn(async move {

@@ -316,9 +316,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         servers: a.servers,
         ..Default::default()
     })?;
+    // The native client reads the same CHFS_* variables as the mount
+    // (CHFS_LOCAL_SOCKET=0 compares both over TCP).
     let mut cfg = ClientConfig {
         servers: vec![pool.addrs()[0].clone()],
-        ..Default::default()
+        ..ClientConfig::from_env()?
     };
     if let Some(c) = a.chunk_size {
         cfg.set_chunk_size(c as u64)?;
