@@ -16,6 +16,26 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::time::Duration;
 
+/// Send buffer asked for on Unix sockets (the kernel caps it at
+/// `net.core.wmem_max`). A Unix stream queues at most the sender's buffer,
+/// 208 KiB by default: a 1 MiB chunk would cross in five wake-ups.
+pub const UNIX_SEND_BUFFER: libc::c_int = 4 << 20;
+
+fn set_send_buffer(s: &impl AsRawFd) {
+    let v = UNIX_SEND_BUFFER;
+    // SAFETY: setsockopt on a socket we own with a c_int option value
+    // read from a live local; failure only leaves the default.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 /// A connected socket.
 pub(crate) enum Stream {
     Tcp(TcpStream),
@@ -27,7 +47,9 @@ impl Stream {
     pub fn local(addr: &str) -> Option<Stream> {
         let name = chfs_proto::local_socket_name(addr);
         let sa = SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
-        UnixStream::connect_addr(&sa).ok().map(Stream::Unix)
+        let s = UnixStream::connect_addr(&sa).ok()?;
+        set_send_buffer(&s);
+        Some(Stream::Unix(s))
     }
 
     /// Whether this is a Unix socket to a local server.

@@ -298,10 +298,18 @@ fn main() {
         pool.addrs().len(),
         pool.server_string()
     );
+    // Other CHFS_* client variables apply (e.g. CHFS_LOCAL_SOCKET=0).
+    let base = match ClientConfig::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("chfs-demo: {e}");
+            std::process::exit(2);
+        }
+    };
     let cfg = ClientConfig {
         servers: vec![pool.addrs()[0].clone()],
         chunk_size: a.chunk_size,
-        ..Default::default()
+        ..base
     };
     let client = match Client::connect(cfg) {
         Ok(c) => c,

@@ -445,7 +445,26 @@ async fn serve_tcp(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
     }
 }
 
+/// Send buffer of local connections: read replies carry whole chunks, and
+/// a Unix stream queues at most the sender's buffer (208 KiB by default;
+/// the kernel caps the request at `net.core.wmem_max`).
+const UNIX_SEND_BUFFER: libc::c_int = 4 << 20;
+
 async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
+    use std::os::fd::AsRawFd;
+    let v = UNIX_SEND_BUFFER;
+    let len = std::mem::size_of_val(&v) as libc::socklen_t;
+    // SAFETY: setsockopt on the socket this task owns, reading a c_int from
+    // a live local; failure leaves the default buffer.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&v as *const libc::c_int).cast(),
+            len,
+        )
+    };
     let peer = match stream.peer_cred() {
         Ok(c) => format!("local pid {}", c.pid().unwrap_or(0)),
         Err(_) => "local".to_string(),
