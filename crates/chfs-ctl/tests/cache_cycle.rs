@@ -47,23 +47,10 @@ fn fuse_unusable() -> Option<String> {
 /// fails the test (killing the tool by its PID) if it runs longer than
 /// `limit`: a hanging `stop` is a bug, not a slow test.
 fn run_in(prog: &Path, args: &[&str], env: &[(&str, &str)], stdin: &[u8], limit: u64) -> Output {
-    let mut c = Command::new(prog);
-    c.args(args)
-        .stdin(Stdio::piped())
+    let mut c = tool(prog, args, env);
+    c.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for k in [
-        "CHFS_SERVER",
-        "CHFS_SECRET",
-        "CHFS_SECRET_FILE",
-        "CHFS_RSH",
-        "CHFSD",
-    ] {
-        c.env_remove(k);
-    }
-    for (k, v) in env {
-        c.env(k, v);
-    }
     let t = Instant::now();
     let mut child = c.spawn().expect("spawn tool");
     let mut input = child.stdin.take().unwrap();

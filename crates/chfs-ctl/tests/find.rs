@@ -5,11 +5,9 @@
 mod common;
 mod find_tree;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use chfs_client::{Client, ClientConfig};
 use chfs_localpool::LocalPool;
 use common::*;
 use find_tree::*;
@@ -19,20 +17,8 @@ const ENTRIES: usize = 100_000;
 #[test]
 fn chfind_matches_gnu_find_on_100k_entries() {
     let pool = LocalPool::start(3).expect("start chfsd pool");
-    let mut cfg = ClientConfig {
-        servers: vec![pool.addrs()[0].clone()],
-        ..Default::default()
-    };
-    cfg.rpc_timeout = std::time::Duration::from_secs(30);
-    let c = Client::connect(cfg).unwrap();
-    // The local tree on tmpfs when there is one (a disk-backed /tmp makes
-    // 100,000 creates slow).
-    let shm = Path::new("/dev/shm");
-    let tmp = if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    };
+    let c = connect(&pool);
+    let tmp = local_dir();
     let local = tmp.path();
     let t0 = Instant::now();
     let n = build(&c, local, ENTRIES);

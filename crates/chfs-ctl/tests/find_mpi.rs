@@ -7,10 +7,8 @@
 mod common;
 mod find_tree;
 
-use std::path::Path;
 use std::process::{Command, Output};
 
-use chfs_client::{Client, ClientConfig};
 use chfs_localpool::LocalPool;
 use common::*;
 use find_tree::*;
@@ -29,31 +27,11 @@ fn mpirun(ranks: usize, server: &str, args: &[&str]) -> Output {
         .expect("run mpirun (apt package openmpi-bin)")
 }
 
-/// Lines as printed (not deduplicated), sorted.
-fn lines_sorted(s: &str, strip: &str) -> Vec<String> {
-    let mut v: Vec<String> = s
-        .lines()
-        .map(|l| l.strip_prefix(strip).unwrap_or(l).to_string())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn chfind_under_mpirun_matches_gnu_find() {
     let pool = LocalPool::start(4).expect("start chfsd pool");
-    let mut cfg = ClientConfig {
-        servers: vec![pool.addrs()[0].clone()],
-        ..Default::default()
-    };
-    cfg.rpc_timeout = std::time::Duration::from_secs(30);
-    let c = Client::connect(cfg).unwrap();
-    let shm = Path::new("/dev/shm");
-    let tmp = if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    };
+    let c = connect(&pool);
+    let tmp = local_dir();
     let local = tmp.path();
     assert_eq!(build(&c, local, ENTRIES), ENTRIES);
     // Every server holds part of the tree (so every rank has work).
@@ -91,12 +69,12 @@ fn chfind_under_mpirun_matches_gnu_find() {
             .collect();
         let gout = Command::new("find").arg(lroot).args(&lq).output().unwrap();
         assert!(gout.status.success(), "find {q:?}");
-        let gnu = lines_sorted(&text(&gout.stdout), local.to_str().unwrap());
+        let gnu = sorted_lines(&text(&gout.stdout), local.to_str().unwrap());
         assert!(!gnu.is_empty(), "{q:?} matched nothing: a weak query");
 
         let out = mpirun(3, &server, &[&["/t"][..], &cq].concat());
         assert_eq!(out.status.code(), Some(0), "{q:?}: {}", text(&out.stderr));
-        let mine = lines_sorted(&text(&out.stdout), "");
+        let mine = sorted_lines(&text(&out.stdout), "");
         if mine != gnu {
             let only_mine: Vec<_> = mine
                 .iter()

@@ -2,24 +2,17 @@
 //! directories-only listing (paged on both sides) and `find_ranked`, whose
 //! ranks must examine every entry exactly once between them.
 
+mod find_tree;
+
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use chfs_client::{Client, ClientConfig};
 use chfs_ctl::find::{find, find_ranked, Filter, RankSplit};
 use chfs_localpool::LocalPool;
+use find_tree::connect;
 
 const DIRS: usize = 10_000;
 const FILES: usize = 6_000;
-
-fn connect(pool: &LocalPool) -> Client {
-    let mut cfg = ClientConfig {
-        servers: vec![pool.addrs()[0].clone()],
-        ..Default::default()
-    };
-    cfg.rpc_timeout = std::time::Duration::from_secs(30);
-    Client::connect(cfg).unwrap()
-}
 
 #[test]
 fn dirs_only_listing_and_rank_split() {

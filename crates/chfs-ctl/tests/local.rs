@@ -357,15 +357,6 @@ fn cache_mode_stop_writes_back_and_clean_removes_the_store() {
     );
 }
 
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is valid for buf.len() bytes.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    assert_eq!(rc, 0);
-    let end = buf.iter().position(|&b| b == 0).unwrap();
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
 #[test]
 fn mount_on_start_unmount_on_stop() {
     let chfuse = bin("chfsctl").with_file_name("chfuse");

@@ -27,15 +27,6 @@ fn find_program(name: &str) -> Option<PathBuf> {
     found
 }
 
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is valid for buf.len() bytes.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    assert_eq!(rc, 0);
-    let end = buf.iter().position(|&b| b == 0).unwrap();
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("0.0.0.0:0")
         .unwrap()

@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
-use chfs_proto::meta::{
-    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_DIRTY, FLAG_PARTIAL, FLAG_WHITEOUT,
-};
+use chfs_proto::meta::{now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_PARTIAL, FLAG_WHITEOUT};
 use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
 use chfs_proto::path::validate;
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
@@ -514,21 +512,12 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             meta,
             data,
         } => {
-            st.put(
-                &path,
-                idx,
-                Chunk {
-                    meta,
-                    data: data.to_vec(),
-                },
-            )
-            .map_err(|e| store_err(&path, e))?;
-            if let Some(c) = cache {
-                if meta.flags & FLAG_DIRTY != 0 {
-                    c.mark_dirty(&**st, &path, idx)
-                        .map_err(|e| store_err(&path, e))?;
-                }
-            }
+            let chunk = Chunk {
+                meta,
+                data: data.to_vec(),
+            };
+            sh.put_chunk(&path, idx, chunk)
+                .map_err(|e| store_err(&path, e))?;
             Ok(Response::Ok)
         }
         Request::Rebalance { start } => Ok(crate::rebalance::request(sh, start)),
@@ -704,15 +693,8 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
             }
             let owner = place.ring.owner(&target, idx);
             let r = if place.me == Some(owner) {
-                let dirty = chunk.meta.flags & FLAG_DIRTY != 0;
-                st.put(&target, idx, chunk.clone())
+                sh.put_chunk(&target, idx, chunk.clone())
                     .map_err(|e| store_err(&target, e))
-                    .and_then(|_| match cache {
-                        Some(c) if dirty => c
-                            .mark_dirty(&**st, &target, idx)
-                            .map_err(|e| store_err(&target, e)),
-                        _ => Ok(()),
-                    })
             } else {
                 let addr = &place.ring.list().servers[owner];
                 let req = Request::PutChunk {
@@ -724,8 +706,9 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
                 sh.peers.call(addr, &req, FLAG_FORWARDED).await.map(|_| ())
             };
             if let Err(e) = r {
-                // Put the chunk back so nothing is lost, and report.
-                let _ = st.put(&p, idx, chunk);
+                // Put the chunk back (dirty if it was) so nothing is lost,
+                // and report.
+                let _ = sh.put_chunk(&p, idx, chunk);
                 return Err(e);
             }
             moved += 1;

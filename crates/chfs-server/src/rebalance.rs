@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
-use chfs_proto::meta::FLAG_DIRTY;
 use chfs_proto::msg::RebalanceState;
 use chfs_proto::{ErrorReply, Request, Response};
 use chfs_store::Chunk;
@@ -61,13 +60,7 @@ pub(crate) fn adopt(sh: &Shared, path: &str, idx: u64, chunk: Chunk) -> Result<b
     if st.meta(path, idx).map_err(err)?.is_some() {
         return Ok(false);
     }
-    let dirty = chunk.meta.flags & FLAG_DIRTY != 0;
-    st.put(path, idx, chunk).map_err(err)?;
-    if let Some(c) = sh.cache.as_deref() {
-        if dirty {
-            c.mark_dirty(st, path, idx).map_err(err)?;
-        }
-    }
+    sh.put_chunk(path, idx, chunk).map_err(err)?;
     Ok(true)
 }
 
@@ -113,12 +106,7 @@ async fn pass(sh: &Arc<Shared>) {
                 Ok(_) => kept += 1,
                 Err(e) => {
                     // Put it back so nothing is lost; the next pass retries.
-                    let dirty = chunk.meta.flags & FLAG_DIRTY != 0;
-                    let back = st.put(&p, idx, chunk);
-                    if let (Ok(()), true, Some(c)) = (&back, dirty, sh.cache.as_deref()) {
-                        let _ = c.mark_dirty(&*st, &p, idx);
-                    }
-                    if let Err(b) = back {
+                    if let Err(b) = sh.put_chunk(&p, idx, chunk) {
                         warn!(path = %p, idx, error = %b, "cannot put back a chunk that failed to move");
                     }
                     failed += 1;

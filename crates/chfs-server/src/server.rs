@@ -8,7 +8,7 @@ use chfs_proto::frame::{Header, FLAG_ERROR, FLAG_FORWARDED};
 use chfs_proto::msg::encode_error;
 use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Request, Response};
-use chfs_store::{MemStore, Store};
+use chfs_store::{Chunk, MemStore, Store, StoreError};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
@@ -84,6 +84,18 @@ impl Shared {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Stores a chunk moved here as is (rename, rebalance, a move put
+    /// back); one that was dirty (cache mode) is registered for write-back
+    /// here.
+    pub fn put_chunk(&self, path: &str, idx: u64, chunk: Chunk) -> Result<(), StoreError> {
+        let dirty = chunk.meta.flags & chfs_proto::meta::FLAG_DIRTY != 0;
+        self.store.put(path, idx, chunk)?;
+        match self.cache.as_deref() {
+            Some(c) if dirty => c.mark_dirty(&*self.store, path, idx),
+            _ => Ok(()),
+        }
     }
 
     pub fn set_list(&self, list: ServerList) {

@@ -39,11 +39,19 @@ pub fn collect_paths(args: &[String]) -> Vec<String> {
 /// This process's rank and the number of ranks when started by a launcher
 /// (`mpirun` of Open MPI or MPICH, `srun`); (0, 1) otherwise.
 pub fn launcher_rank() -> (usize, usize) {
-    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    launcher_rank_in(|k| std::env::var(k).ok())
+}
+
+/// [`launcher_rank`] from the variables `var` gives. Under Slurm the size
+/// is the job step's (`SLURM_STEP_NUM_TASKS`, set by srun), not the job's
+/// `SLURM_NTASKS`: a batch script of `-n 4` runs as task 0 of a job of 4
+/// tasks, and a chstagein there must stage everything, not a quarter.
+fn launcher_rank_in(var: impl Fn(&str) -> Option<String>) -> (usize, usize) {
+    let get = |k: &str| var(k).and_then(|v| v.parse::<usize>().ok());
     for (r, n) in [
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
         ("PMI_RANK", "PMI_SIZE"),
-        ("SLURM_PROCID", "SLURM_NTASKS"),
+        ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
     ] {
         if let (Some(r), Some(n)) = (get(r), get(n)) {
             if n > 0 && r < n {
@@ -81,19 +89,11 @@ pub fn rank_share(
             Err(e) => failures.push((p, e)),
         }
     }
-    let share = files
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| i % ranks == rank)
-        .map(|(_, p)| p)
-        .collect();
-    let failures = failures
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| i % ranks == rank)
-        .map(|(_, f)| f)
-        .collect();
-    (share, failures)
+    // Every ranks-th item from the rank-th.
+    fn mine<T>(v: Vec<T>, rank: usize, ranks: usize) -> Vec<T> {
+        v.into_iter().skip(rank).step_by(ranks.max(1)).collect()
+    }
+    (mine(files, rank, ranks), mine(failures, rank, ranks))
 }
 
 /// Drops the paths that lie below another path of the list (`find DIR`
@@ -183,6 +183,30 @@ pub fn connect_or_exit(tool: &str) -> Client {
 
 #[cfg(test)]
 mod tests {
+    use super::launcher_rank_in;
+
+    #[test]
+    fn launcher_rank_comes_from_the_launcher_not_the_batch_job() {
+        fn env<'a>(kv: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 'a {
+            move |k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        }
+        assert_eq!(launcher_rank_in(env(&[])), (0, 1));
+        let ompi = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3")];
+        assert_eq!(launcher_rank_in(env(&ompi)), (2, 3));
+        // A batch script (or salloc shell) of a 4-task job: one process.
+        let batch = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")];
+        assert_eq!(launcher_rank_in(env(&batch)), (0, 1));
+        // Task 1 of an srun step of 4 tasks.
+        let step = [
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_STEP_NUM_TASKS", "4"),
+        ];
+        assert_eq!(launcher_rank_in(env(&step)), (1, 4));
+        let bad = [("PMI_RANK", "5"), ("PMI_SIZE", "2")];
+        assert_eq!(launcher_rank_in(env(&bad)), (0, 1));
+    }
+
     use super::without_covered;
 
     #[test]

@@ -23,9 +23,19 @@ pub fn chfsd() -> PathBuf {
     chfs_localpool::find_chfsd().expect("chfsd binary (cargo build -p chfs-server)")
 }
 
-/// Runs a command with extra environment, without inheriting the caller's
-/// CHFS_* variables.
-pub fn run(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+/// This host's name (what chfsctl puts in its file names).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for buf.len() bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(rc, 0);
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// A command for one of the tools with extra environment, without the
+/// caller's CHFS_* variables.
+pub fn tool(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(prog);
     c.args(args);
     for k in [
@@ -40,7 +50,12 @@ pub fn run(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         c.env(k, v);
     }
-    let out = c.output().expect("run tool");
+    c
+}
+
+/// Runs a tool (see [`tool`]) and logs what it printed.
+pub fn run(prog: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let out = tool(prog, args, env).output().expect("run tool");
     eprintln!(
         "$ {} {}\n  -> {:?}\n  stdout: {}\n  stderr: {}",
         prog.display(),

@@ -6,7 +6,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use chfs_client::{Client, TimeSet};
+use chfs_client::{Client, ClientConfig, TimeSet};
+use chfs_localpool::LocalPool;
 
 pub const TOPS: usize = 20;
 pub const SUBS: usize = 10;
@@ -119,6 +120,30 @@ pub fn build(c: &Client, local: &Path, entries: usize) -> usize {
     dirs.len() + files + LINKS
 }
 
+/// A client of `pool` with a generous request timeout (building the tree
+/// keeps the servers busy).
+pub fn connect(pool: &LocalPool) -> Client {
+    let mut cfg = ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    };
+    cfg.rpc_timeout = std::time::Duration::from_secs(30);
+    Client::connect(cfg).unwrap()
+}
+
+/// An empty local directory for GNU find's copy of the tree, on tmpfs when
+/// there is one (a disk-backed /tmp makes 100,000 creates slow).
+pub fn local_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    }
+}
+
+/// Lines as printed (not deduplicated), with `strip` removed in front,
+/// sorted.
 pub fn sorted_lines(s: &str, strip: &str) -> Vec<String> {
     let mut v: Vec<String> = s
         .lines()
