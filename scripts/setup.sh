@@ -41,3 +41,11 @@ fi
 if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" = "600" ]; then
   $SUDO chmod 0666 /dev/fuse || true
 fi
+
+# FUSE over io_uring (Linux 6.14+) is off until the fuse module's
+# enable_uring parameter is set (boot option fuse.enable_uring=1, or this
+# at run time). chfuse uses it when offered and reads /dev/fuse otherwise;
+# the mount tests check both transports where the kernel has it.
+if [ -e /sys/module/fuse/parameters/enable_uring ]; then
+  echo Y | $SUDO tee /sys/module/fuse/parameters/enable_uring >/dev/null || true
+fi

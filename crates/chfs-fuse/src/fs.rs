@@ -52,6 +52,12 @@ pub struct FsOptions {
     /// (`FUSE_DIRECT_IO_ALLOW_MMAP`). Off: the kernel page cache and
     /// read-ahead serve repeated and small reads.
     pub direct_io: bool,
+    /// Serve kernel requests through FUSE over io_uring when the kernel
+    /// offers it (Linux 6.14+ with `fuse.enable_uring=1`): one queue per
+    /// CPU, each request handled by a thread on the CPU that issued it, so
+    /// a request costs no wake-up across CPUs. Falls back to reading
+    /// /dev/fuse when the kernel does not offer it.
+    pub io_uring: bool,
 }
 
 impl Default for FsOptions {
@@ -62,6 +68,7 @@ impl Default for FsOptions {
             negative_timeout: Duration::from_secs(1),
             writeback_cache: false,
             direct_io: true,
+            io_uring: true,
         }
     }
 }
@@ -183,10 +190,16 @@ enum Handle {
     Dir(Arc<DirH>),
 }
 
-/// The FUSE file system over a chfs-rs client.
-pub struct ChfsFs {
+/// The FUSE file system over a chfs-rs client (cheap to share between
+/// the transports that serve it).
+pub struct ChfsFs(pub(crate) Arc<Core>);
+
+/// State and operations behind [`ChfsFs`].
+pub(crate) struct Core {
     client: Client,
-    opts: FsOptions,
+    pub(crate) opts: FsOptions,
+    /// The kernel accepted FUSE over io_uring at INIT.
+    pub(crate) uring_granted: std::sync::atomic::AtomicBool,
     table: Mutex<Table>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
@@ -275,17 +288,32 @@ impl ChfsFs {
     /// A file system serving `client`.
     pub fn new(client: Client, opts: FsOptions) -> Self {
         client.set_negative_ttl(opts.negative_timeout);
-        Self {
+        ChfsFs(Arc::new(Core {
             client,
             opts,
+            uring_granted: std::sync::atomic::AtomicBool::new(false),
             table: Mutex::new(Table::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             doomed: Mutex::new(HashMap::new()),
             dir_attrs: Mutex::new(HashMap::new()),
-        }
+        }))
     }
 
+    fn reply_entry(&self, reply: ReplyEntry, r: R<FileAttr>) {
+        match r {
+            Ok(a) => reply.entry_with_ttls(
+                &self.0.opts.attr_timeout,
+                &self.0.opts.entry_timeout,
+                &a,
+                Generation(0),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+impl Core {
     fn path(&self, ino: INodeNo) -> R<String> {
         lock(&self.table)
             .nodes
@@ -303,8 +331,8 @@ impl ChfsFs {
     }
 
     /// Client acting for the requesting user (owner of what it creates).
-    fn user(&self, req: &Request) -> Client {
-        self.client.as_user(req.uid(), req.gid())
+    fn user(&self, who: Caller) -> Client {
+        self.client.as_user(who.uid, who.gid)
     }
 
     /// Looks `path` up and counts a kernel reference to its inode.
@@ -312,18 +340,6 @@ impl ChfsFs {
         let s = self.client.lstat(path).map_err(|e| errno(&e))?;
         let ino = lock(&self.table).intern(path, s.ino);
         Ok(attr(ino, &s))
-    }
-
-    fn reply_entry(&self, reply: ReplyEntry, r: R<FileAttr>) {
-        match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.opts.attr_timeout,
-                &self.opts.entry_timeout,
-                &a,
-                Generation(0),
-            ),
-            Err(e) => reply.error(e),
-        }
     }
 
     fn file(&self, fh: FileHandle) -> R<Arc<FileH>> {
@@ -492,11 +508,37 @@ impl ChfsFs {
     }
 }
 
-impl Filesystem for ChfsFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_write(MAX_IO);
-        let _ = config.set_max_readahead(MAX_IO);
-        let _ = config.set_max_background(64);
+/// Who asks: the requesting process's ids (new entries are theirs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl From<&Request> for Caller {
+    fn from(r: &Request) -> Self {
+        Caller {
+            uid: r.uid(),
+            gid: r.gid(),
+        }
+    }
+}
+
+/// What `statfs` reports, in 4 KiB blocks.
+pub(crate) struct FsStat {
+    pub blocks: u64,
+    pub free: u64,
+    pub files: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+}
+
+/// The operations, one per kernel request, shared by both transports
+/// (fuser's /dev/fuse loop and the io_uring queues of `ring`): each decodes
+/// nothing and encodes nothing, it only calls the client and keeps the
+/// inode/handle tables.
+impl Core {
+    pub(crate) fn init_flags(&self) -> InitFlags {
         let mut want = InitFlags::FUSE_ATOMIC_O_TRUNC | InitFlags::FUSE_PARALLEL_DIROPS;
         if self.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
@@ -504,57 +546,333 @@ impl Filesystem for ChfsFs {
         if self.opts.direct_io {
             want |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         }
-        for flag in want.iter() {
+        want
+    }
+
+    pub(crate) fn lookup(&self, parent: u64, name: &OsStr) -> R<FileAttr> {
+        let p = self.child(INodeNo(parent), name)?;
+        let s = self.client.lookup(&p).map_err(|e| errno(&e))?;
+        let ino = lock(&self.table).intern(&p, s.ino);
+        Ok(attr(ino, &s))
+    }
+
+    pub(crate) fn forget(&self, ino: u64, nlookup: u64) {
+        lock(&self.table).forget(ino, nlookup);
+    }
+
+    /// Attributes and how long the kernel may keep them.
+    pub(crate) fn getattr(&self, ino: u64) -> R<(Duration, FileAttr)> {
+        let ttl = self.opts.attr_timeout;
+        if let Some((t, s)) = lock(&self.dir_attrs).get(&ino) {
+            if t.elapsed() < ttl {
+                return Ok((ttl - t.elapsed(), attr(ino, s)));
+            }
+        }
+        let s = self
+            .path(INodeNo(ino))
+            .and_then(|p| self.client.lstat(&p).map_err(|e| errno(&e)))?;
+        if s.is_dir() && !ttl.is_zero() {
+            let mut d = lock(&self.dir_attrs);
+            if d.len() > 4096 {
+                d.retain(|_, (t, _)| t.elapsed() < ttl);
+            }
+            d.insert(ino, (Instant::now(), s));
+        }
+        Ok((ttl, attr(ino, &s)))
+    }
+
+    pub(crate) fn setattr(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        a: SetAttr,
+        fh: Option<u64>,
+    ) -> R<FileAttr> {
+        lock(&self.dir_attrs).remove(&ino);
+        self.do_setattr(INodeNo(ino), size, a, fh.map(FileHandle))
+    }
+
+    pub(crate) fn readlink(&self, ino: u64) -> R<String> {
+        self.path(INodeNo(ino))
+            .and_then(|p| self.client.readlink(&p).map_err(|e| errno(&e)))
+    }
+
+    pub(crate) fn mknod(
+        &self,
+        who: Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+    ) -> R<FileAttr> {
+        let p = self.child(INodeNo(parent), name)?;
+        self.user(who)
+            .mknod(&p, mode, rdev as u64)
+            .map_err(|e| errno(&e))?;
+        self.entry(&p)
+    }
+
+    pub(crate) fn mkdir(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> R<FileAttr> {
+        let p = self.child(INodeNo(parent), name)?;
+        self.user(who)
+            .mkdir(&p, mode & 0o7777)
+            .map_err(|e| errno(&e))?;
+        self.entry(&p)
+    }
+
+    pub(crate) fn unlink(&self, parent: u64, name: &OsStr) -> R<()> {
+        let p = self.child(INodeNo(parent), name)?;
+        self.do_unlink(&p)
+    }
+
+    pub(crate) fn rmdir(&self, parent: u64, name: &OsStr) -> R<()> {
+        let p = self.child(INodeNo(parent), name)?;
+        self.client.rmdir(&p).map_err(|e| errno(&e))?;
+        lock(&self.dir_attrs).clear();
+        lock(&self.table).detach(&p);
+        Ok(())
+    }
+
+    pub(crate) fn symlink(
+        &self,
+        who: Caller,
+        parent: u64,
+        link_name: &OsStr,
+        target: &OsStr,
+    ) -> R<FileAttr> {
+        let p = self.child(INodeNo(parent), link_name)?;
+        let t = name_str(target)?;
+        self.user(who).symlink(t, &p).map_err(|e| errno(&e))?;
+        self.entry(&p)
+    }
+
+    pub(crate) fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> R<()> {
+        // RENAME_EXCHANGE / RENAME_WHITEOUT: not supported (EINVAL, as
+        // renameat2(2) documents for flags a file system lacks).
+        if !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
+            return Err(Errno::EINVAL);
+        }
+        let old = self.child(INodeNo(parent), name)?;
+        let new = self.child(INodeNo(newparent), newname)?;
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        self.client
+            .rename_flags(&old, &new, noreplace)
+            .map_err(|e| errno(&e))?;
+        if old != new {
+            lock(&self.dir_attrs).clear();
+            let inos = lock(&self.table).rename(&old, &new);
+            self.reopen_moved(&inos);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn open(&self, ino: u64, flags: i32) -> R<(u64, FopenFlags)> {
+        let p = self.path(INodeNo(ino))?;
+        let fd = self
+            .client
+            .open(&p, self.open_flags(flags), 0)
+            .map_err(|e| errno(&e))?;
+        Ok(self.new_file(ino, fd, flags))
+    }
+
+    /// Reads into `buf`; the number of bytes read.
+    pub(crate) fn read(&self, fh: u64, offset: u64, buf: &mut [u8]) -> R<usize> {
+        debug!(fh, offset, size = buf.len(), "read");
+        let fd = self.fd(FileHandle(fh))?;
+        self.client.pread(fd, buf, offset).map_err(|e| errno(&e))
+    }
+
+    pub(crate) fn write(&self, fh: u64, offset: u64, data: &[u8]) -> R<usize> {
+        debug!(fh, offset, size = data.len(), "write");
+        let f = self.file(FileHandle(fh))?;
+        let fd = *lock(&f.fd);
+        let n = if f.append && !self.opts.writeback_cache {
+            self.client.write(fd, data)
+        } else {
+            self.client.pwrite(fd, data, offset)
+        }
+        .map_err(|e| errno(&e))?;
+        if f.sync {
+            self.client.fsync(fd).map_err(|e| errno(&e))?;
+        }
+        Ok(n)
+    }
+
+    /// close(2): publish size and buffered data so other nodes see them.
+    pub(crate) fn flush(&self, fh: u64) -> R<()> {
+        let fd = self.fd(FileHandle(fh))?;
+        self.client.flush(fd).map_err(|e| errno(&e))
+    }
+
+    pub(crate) fn release(&self, fh: u64) -> R<()> {
+        let h = lock(&self.handles).remove(&fh);
+        let Some(Handle::File(f)) = h else {
+            return Err(Errno::EBADF);
+        };
+        let r = self.client.close(*lock(&f.fd));
+        if !self.is_open(f.ino) {
+            let hidden = lock(&self.doomed).remove(&f.ino);
+            if let Some(h) = hidden {
+                if let Err(e) = self.client.unlink(&h) {
+                    warn!(path = %h, error = %e, "removing an unlinked file at its last close");
+                }
+                lock(&self.table).detach(&h);
+            }
+        }
+        r.map_err(|e| errno(&e))
+    }
+
+    pub(crate) fn fsync(&self, fh: u64) -> R<()> {
+        let fd = self.fd(FileHandle(fh))?;
+        self.client.fsync(fd).map_err(|e| errno(&e))
+    }
+
+    pub(crate) fn opendir(&self) -> u64 {
+        self.add_handle(Handle::Dir(Arc::new(DirH {
+            entries: Mutex::new(None),
+        })))
+    }
+
+    /// Lists the open directory `fh` from `offset`, handing each entry
+    /// (inode, next offset, type, name) to `add` until it returns true
+    /// (reply full). The listing is read at offset 0 and kept, so offsets
+    /// stay valid while the directory changes.
+    pub(crate) fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, FileType, &str) -> bool,
+    ) -> R<()> {
+        let d = match lock(&self.handles).get(&fh) {
+            Some(Handle::Dir(d)) => d.clone(),
+            _ => return Err(Errno::EBADF),
+        };
+        let mut ents = lock(&d.entries);
+        if offset == 0 || ents.is_none() {
+            *ents = Some(self.load_dir(INodeNo(ino))?);
+        }
+        let list = ents.as_ref().expect("loaded");
+        for (i, (name, eino, kind)) in list.iter().enumerate().skip(offset as usize) {
+            if add(*eino, i as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn releasedir(&self, fh: u64) {
+        lock(&self.handles).remove(&fh);
+    }
+
+    pub(crate) fn statfs(&self) -> R<FsStat> {
+        const BS: u64 = 4096;
+        let s = self.client.statfs().map_err(|e| errno(&e))?;
+        let free = s.free / BS;
+        Ok(FsStat {
+            blocks: s.total / BS,
+            free,
+            files: s.entries + free,
+            bsize: BS as u32,
+            namelen: chfs_proto::path::MAX_NAME as u32,
+        })
+    }
+
+    pub(crate) fn access(&self, who: Caller, ino: u64, mask: i32) -> R<()> {
+        let p = self.path(INodeNo(ino))?;
+        self.user(who).access(&p, mask).map_err(|e| errno(&e))
+    }
+
+    pub(crate) fn create(
+        &self,
+        who: Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> R<(FileAttr, u64, FopenFlags)> {
+        let p = self.child(INodeNo(parent), name)?;
+        let fl = self.open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
+        let fd = self
+            .user(who)
+            .open(&p, fl, mode & 0o7777)
+            .map_err(|e| errno(&e))?;
+        // The entry the server returned at create: no second trip.
+        let a = match self.client.fstat_cached(fd) {
+            Ok(s) => attr(lock(&self.table).intern(&p, s.ino), &s),
+            Err(e) => {
+                let _ = self.client.close(fd);
+                return Err(errno(&e));
+            }
+        };
+        let (fh, fl) = self.new_file(a.ino.0, fd, flags);
+        debug!(ino = a.ino.0, "created");
+        Ok((a, fh, fl))
+    }
+
+    /// Publishes what open files still hold at unmount; the backend
+    /// write-back (cache mode) is not the mount's to wait for (`chfs sync`,
+    /// `chfsctl stop`).
+    pub(crate) fn destroy(&self) {
+        if let Err(e) = self.client.flush_all() {
+            warn!(error = %e, "flushing open files at unmount");
+        }
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, r: R<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+/// fuser's /dev/fuse transport: decodes with fuser, calls [`Core`],
+/// replies with fuser.
+impl Filesystem for ChfsFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        let _ = config.set_max_background(64);
+        for flag in self.0.init_flags().iter() {
             if let Err(e) = config.add_capabilities(flag) {
                 warn!(?e, "kernel lacks a FUSE capability");
+            }
+        }
+        if self.0.opts.io_uring {
+            let ok = config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok();
+            self.0.uring_granted.store(ok, Ordering::Relaxed);
+            if !ok {
+                debug!("kernel does not offer FUSE over io_uring (fuse.enable_uring=N?)");
             }
         }
         Ok(())
     }
 
     fn destroy(&mut self) {
-        // Publish what open files still hold; the backend write-back (cache
-        // mode) is not the mount's to wait for (`chfs sync`, `chfsctl stop`).
-        if let Err(e) = self.client.flush_all() {
-            warn!(error = %e, "flushing open files at unmount");
-        }
+        self.0.destroy();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self.child(parent, name).and_then(|p| {
-            let s = self.client.lookup(&p).map_err(|e| errno(&e))?;
-            let ino = lock(&self.table).intern(&p, s.ino);
-            Ok(attr(ino, &s))
-        });
-        self.reply_entry(reply, r);
+        self.reply_entry(reply, self.0.lookup(parent.0, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        lock(&self.table).forget(ino.0, nlookup);
+        self.0.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let ttl = self.opts.attr_timeout;
-        if let Some((t, s)) = lock(&self.dir_attrs).get(&ino.0) {
-            if t.elapsed() < ttl {
-                let left = ttl - t.elapsed();
-                return reply.attr(&left, &attr(ino.0, s));
-            }
-        }
-        let r = self
-            .path(ino)
-            .and_then(|p| self.client.lstat(&p).map_err(|e| errno(&e)));
-        if let Ok(s) = &r {
-            if s.is_dir() && !ttl.is_zero() {
-                let mut d = lock(&self.dir_attrs);
-                if d.len() > 4096 {
-                    d.retain(|_, (t, _)| t.elapsed() < ttl);
-                }
-                d.insert(ino.0, (Instant::now(), *s));
-            }
-        }
-        match r {
-            Ok(s) => reply.attr(&self.opts.attr_timeout, &attr(ino.0, &s)),
+        match self.0.getattr(ino.0) {
+            Ok((ttl, a)) => reply.attr(&ttl, &a),
             Err(e) => reply.error(e),
         }
     }
@@ -584,18 +902,14 @@ impl Filesystem for ChfsFs {
             atime: time_set(atime),
             mtime: time_set(mtime),
         };
-        lock(&self.dir_attrs).remove(&ino.0);
-        match self.do_setattr(ino, size, a, fh) {
-            Ok(a) => reply.attr(&self.opts.attr_timeout, &a),
+        match self.0.setattr(ino.0, size, a, fh.map(|f| f.0)) {
+            Ok(a) => reply.attr(&self.0.opts.attr_timeout, &a),
             Err(e) => reply.error(e),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self
-            .path(ino)
-            .and_then(|p| self.client.readlink(&p).map_err(|e| errno(&e)))
-        {
+        match self.0.readlink(ino.0) {
             Ok(t) => reply.data(t.as_bytes()),
             Err(e) => reply.error(e),
         }
@@ -611,12 +925,7 @@ impl Filesystem for ChfsFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.child(parent, name).and_then(|p| {
-            self.user(req)
-                .mknod(&p, mode, rdev as u64)
-                .map_err(|e| errno(&e))?;
-            self.entry(&p)
-        });
+        let r = self.0.mknod(req.into(), parent.0, name, mode, rdev);
         self.reply_entry(reply, r);
     }
 
@@ -629,34 +938,16 @@ impl Filesystem for ChfsFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.child(parent, name).and_then(|p| {
-            self.user(req)
-                .mkdir(&p, mode & 0o7777)
-                .map_err(|e| errno(&e))?;
-            self.entry(&p)
-        });
+        let r = self.0.mkdir(req.into(), parent.0, name, mode);
         self.reply_entry(reply, r);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.child(parent, name).and_then(|p| self.do_unlink(&p));
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, self.0.unlink(parent.0, name));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.child(parent, name).and_then(|p| {
-            self.client.rmdir(&p).map_err(|e| errno(&e))?;
-            lock(&self.dir_attrs).clear();
-            lock(&self.table).detach(&p);
-            Ok(())
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, self.0.rmdir(parent.0, name));
     }
 
     fn symlink(
@@ -667,11 +958,9 @@ impl Filesystem for ChfsFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.child(parent, link_name).and_then(|p| {
-            let t = name_str(target.as_os_str())?;
-            self.user(req).symlink(t, &p).map_err(|e| errno(&e))?;
-            self.entry(&p)
-        });
+        let r = self
+            .0
+            .symlink(req.into(), parent.0, link_name, target.as_os_str());
         self.reply_entry(reply, r);
     }
 
@@ -685,29 +974,10 @@ impl Filesystem for ChfsFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = (|| {
-            // RENAME_EXCHANGE / RENAME_WHITEOUT: not supported (EINVAL, as
-            // renameat2(2) documents for flags a file system lacks).
-            if !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
-                return Err(Errno::EINVAL);
-            }
-            let old = self.child(parent, name)?;
-            let new = self.child(newparent, newname)?;
-            let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-            self.client
-                .rename_flags(&old, &new, noreplace)
-                .map_err(|e| errno(&e))?;
-            if old != new {
-                lock(&self.dir_attrs).clear();
-                let inos = lock(&self.table).rename(&old, &new);
-                self.reopen_moved(&inos);
-            }
-            Ok(())
-        })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(
+            reply,
+            self.0.rename(parent.0, name, newparent.0, newname, flags),
+        );
     }
 
     fn link(
@@ -723,14 +993,7 @@ impl Filesystem for ChfsFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let r = self.path(ino).and_then(|p| {
-            let fd = self
-                .client
-                .open(&p, self.open_flags(flags.0), 0)
-                .map_err(|e| errno(&e))?;
-            Ok(self.new_file(ino.0, fd, flags.0))
-        });
-        match r {
+        match self.0.open(ino.0, flags.0) {
             Ok((fh, fl)) => reply.opened(FileHandle(fh), fl),
             Err(e) => reply.error(e),
         }
@@ -752,19 +1015,14 @@ impl Filesystem for ChfsFs {
             // allocation per read would page-fault on every request.
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        debug!(fh = fh.0, offset, size, "read");
-        let fd = match self.fd(fh) {
-            Ok(fd) => fd,
-            Err(e) => return reply.error(e),
-        };
         BUF.with(|b| {
             let mut buf = b.borrow_mut();
             if buf.len() < size as usize {
                 buf.resize(size as usize, 0);
             }
-            match self.client.pread(fd, &mut buf[..size as usize], offset) {
+            match self.0.read(fh.0, offset, &mut buf[..size as usize]) {
                 Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(e),
             }
         });
     }
@@ -781,21 +1039,7 @@ impl Filesystem for ChfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        debug!(fh = fh.0, offset, size = data.len(), "write");
-        let r = self.file(fh).and_then(|f| {
-            let fd = *lock(&f.fd);
-            let n = if f.append && !self.opts.writeback_cache {
-                self.client.write(fd, data)
-            } else {
-                self.client.pwrite(fd, data, offset)
-            }
-            .map_err(|e| errno(&e))?;
-            if f.sync {
-                self.client.fsync(fd).map_err(|e| errno(&e))?;
-            }
-            Ok(n)
-        });
-        match r {
+        match self.0.write(fh.0, offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
         }
@@ -809,14 +1053,7 @@ impl Filesystem for ChfsFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // close(2): publish size and buffered data so other nodes see them.
-        match self
-            .fd(fh)
-            .and_then(|fd| self.client.flush(fd).map_err(|e| errno(&e)))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, self.0.flush(fh.0));
     }
 
     fn release(
@@ -829,26 +1066,7 @@ impl Filesystem for ChfsFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let h = lock(&self.handles).remove(&fh.0);
-        match h {
-            Some(Handle::File(f)) => {
-                let r = self.client.close(*lock(&f.fd));
-                if !self.is_open(f.ino) {
-                    let hidden = lock(&self.doomed).remove(&f.ino);
-                    if let Some(h) = hidden {
-                        if let Err(e) = self.client.unlink(&h) {
-                            warn!(path = %h, error = %e, "removing an unlinked file at its last close");
-                        }
-                        lock(&self.table).detach(&h);
-                    }
-                }
-                match r {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(errno(&e)),
-                }
-            }
-            _ => reply.error(Errno::EBADF),
-        }
+        reply_empty(reply, self.0.release(fh.0));
     }
 
     fn fsync(
@@ -859,20 +1077,11 @@ impl Filesystem for ChfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self
-            .fd(fh)
-            .and_then(|fd| self.client.fsync(fd).map_err(|e| errno(&e)))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, self.0.fsync(fh.0));
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let fh = self.add_handle(Handle::Dir(Arc::new(DirH {
-            entries: Mutex::new(None),
-        })));
-        reply.opened(FileHandle(fh), FopenFlags::empty());
+        reply.opened(FileHandle(self.0.opendir()), FopenFlags::empty());
     }
 
     fn readdir(
@@ -883,24 +1092,15 @@ impl Filesystem for ChfsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let d = match lock(&self.handles).get(&fh.0) {
-            Some(Handle::Dir(d)) => d.clone(),
-            _ => return reply.error(Errno::EBADF),
-        };
-        let mut ents = lock(&d.entries);
-        if offset == 0 || ents.is_none() {
-            match self.load_dir(ino) {
-                Ok(v) => *ents = Some(v),
-                Err(e) => return reply.error(e),
-            }
+        let r = self
+            .0
+            .readdir(ino.0, fh.0, offset, |eino, off, kind, name| {
+                reply.add(INodeNo(eino), off, kind, name)
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        let list = ents.as_ref().expect("loaded");
-        for (i, (name, eino, kind)) in list.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(*eino), i as u64 + 1, *kind, name) {
-                break;
-            }
-        }
-        reply.ok();
     }
 
     fn releasedir(
@@ -911,7 +1111,7 @@ impl Filesystem for ChfsFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        lock(&self.handles).remove(&fh.0);
+        self.0.releasedir(fh.0);
         reply.ok();
     }
 
@@ -928,22 +1128,11 @@ impl Filesystem for ChfsFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        const BS: u64 = 4096;
-        match self.client.statfs() {
-            Ok(s) => {
-                let free = s.free / BS;
-                reply.statfs(
-                    s.total / BS,
-                    free,
-                    free,
-                    s.entries + free,
-                    free,
-                    BS as u32,
-                    chfs_proto::path::MAX_NAME as u32,
-                    BS as u32,
-                )
-            }
-            Err(e) => reply.error(errno(&e)),
+        match self.0.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.free, s.free, s.files, s.free, s.bsize, s.namelen, s.bsize,
+            ),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -980,14 +1169,7 @@ impl Filesystem for ChfsFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.path(ino).and_then(|p| {
-            self.user(req)
-                .access(&p, mask.bits())
-                .map_err(|e| errno(&e))
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, self.0.access(req.into(), ino.0, mask.bits()));
     }
 
     fn create(
@@ -1000,34 +1182,14 @@ impl Filesystem for ChfsFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = self.child(parent, name).and_then(|p| {
-            let fl = self.open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
-            let fd = self
-                .user(req)
-                .open(&p, fl, mode & 0o7777)
-                .map_err(|e| errno(&e))?;
-            // The entry the server returned at create: no second trip.
-            let a = match self.client.fstat_cached(fd) {
-                Ok(s) => attr(lock(&self.table).intern(&p, s.ino), &s),
-                Err(e) => {
-                    let _ = self.client.close(fd);
-                    return Err(errno(&e));
-                }
-            };
-            let (fh, fl) = self.new_file(a.ino.0, fd, flags);
-            Ok((a, fh, fl))
-        });
-        match r {
-            Ok((a, fh, fl)) => {
-                debug!(ino = a.ino.0, "created");
-                reply.created(
-                    &self.opts.entry_timeout,
-                    &a,
-                    Generation(0),
-                    FileHandle(fh),
-                    fl,
-                )
-            }
+        match self.0.create(req.into(), parent.0, name, mode, flags) {
+            Ok((a, fh, fl)) => reply.created(
+                &self.0.opts.entry_timeout,
+                &a,
+                Generation(0),
+                FileHandle(fh),
+                fl,
+            ),
             Err(e) => reply.error(e),
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod fs;
 pub mod mount;
+mod ring;
 
 pub use fs::{ChfsFs, FsOptions};
 pub use mount::{unmount, MountConfig, MountError};

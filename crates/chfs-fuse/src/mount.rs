@@ -9,7 +9,11 @@ use chfs_client::{Client, ClientConfig};
 use fuser::{Config, MountOption, Session, SessionACL};
 use tracing::{debug, info, warn};
 
-use crate::fs::{ChfsFs, FsOptions};
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::fs::{ChfsFs, Core, FsOptions};
 
 /// Errors of mounting and serving.
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +131,15 @@ pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, MountError> {
         source,
     };
     match std::fs::metadata(mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        // ENOTCONN: the daemon is gone. Just after it died with io_uring
+        // queues, requests fail with ECANCELED/ECONNABORTED for a moment
+        // until the kernel has torn the rings down.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED)
+            ) =>
+        {
             warn!(mountpoint = %mp.display(), "clearing a stale mount");
             unmount(mp, true).map_err(err)?;
         }
@@ -173,6 +185,34 @@ pub fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// Moves request traffic to FUSE over io_uring when the kernel granted it
+/// at INIT (`threads` serving threads spread over the per-CPU queues, at
+/// least one per queue); otherwise /dev/fuse stays the transport. Returns
+/// the transport's name.
+fn start_rings(core: &Arc<Core>, session: &Session<ChfsFs>, threads: usize) -> &'static str {
+    if !core.uring_granted.load(Ordering::Relaxed) {
+        return "/dev/fuse";
+    }
+    let fd = match session.as_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(error = %e, "FUSE over io_uring not started");
+            return "/dev/fuse";
+        }
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match crate::ring::start(core.clone(), fd, threads.div_ceil(cpus).max(1)) {
+        Ok(n) => {
+            debug!(threads = n, "FUSE over io_uring");
+            "io_uring"
+        }
+        Err(e) => {
+            warn!(error = %e, "FUSE over io_uring not started; serving /dev/fuse");
+            "/dev/fuse"
+        }
+    }
+}
+
 /// Mounts the pool and serves it until it is unmounted (by a signal, by
 /// `fusermount3 -u` or `umount`). `ready` runs once the mount is live.
 pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
@@ -180,6 +220,7 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
     let mp = prepare_mountpoint(&cfg.mountpoint)?;
     let client = Client::connect(cfg.client.clone())?;
     let fs = ChfsFs::new(client, cfg.fs.clone());
+    let core = fs.0.clone();
     let mut opts = vec![
         MountOption::FSName("chfs".into()),
         MountOption::Subtype("chfs".into()),
@@ -208,7 +249,8 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
         what: "mount",
         source,
     })?;
-    info!(mountpoint = %mp.display(), threads = cfg.threads, "mounted");
+    let transport = start_rings(&core, &session, cfg.threads);
+    info!(mountpoint = %mp.display(), threads = cfg.threads, transport, "mounted");
     if cfg.read_ahead_kb > 0 {
         if let Err(e) = set_read_ahead(&mp, cfg.read_ahead_kb) {
             debug!(error = %e, "read-ahead left at the kernel default");

@@ -692,13 +692,48 @@ fn run_all(base: &Path) -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// Does this kernel offer FUSE over io_uring (`fuse.enable_uring=1`)?
+fn kernel_offers_io_uring() -> bool {
+    fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y")
+}
+
+/// The transport chfuse reported when it mounted.
+fn transport(m: &Mount) -> String {
+    let log = fs::read_to_string(&m.log).unwrap_or_default();
+    let line = log.lines().find(|l| l.contains("mounted")).unwrap_or("");
+    line.split("transport=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or("")
+        .trim_matches('"')
+        .to_string()
+}
+
 #[test]
 fn posix_suite_mount_vs_tmpfs() {
+    // Default: FUSE over io_uring where the kernel offers it (setup.sh
+    // enables it), else /dev/fuse.
+    let want = if kernel_offers_io_uring() {
+        "io_uring"
+    } else {
+        eprintln!("this kernel does not offer FUSE over io_uring: testing /dev/fuse only");
+        "/dev/fuse"
+    };
+    posix_suite(&[], want);
+}
+
+#[test]
+fn posix_suite_over_dev_fuse() {
+    posix_suite(&["--io-uring=false"], "/dev/fuse");
+}
+
+fn posix_suite(args: &[&str], want_transport: &str) {
     // SAFETY: umask only sets the process file-creation mask.
     unsafe { libc::umask(0o022) };
     let tmpfs = tempfile::tempdir_in("/dev/shm").expect("tmpfs directory");
     let pool = pool(3);
-    let m = Mount::new(&pool, &[]);
+    let m = Mount::new(&pool, args);
+    assert_eq!(transport(&m), want_transport, "chfuse {args:?}");
     let want = run_all(tmpfs.path());
     let got = run_all(&m.mp);
     let semantics = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../SEMANTICS.md"))
@@ -721,7 +756,7 @@ fn posix_suite_mount_vs_tmpfs() {
         }
     }
     println!(
-        "POSIX suite: {} cases, {same} identical on the mount and tmpfs\n{report}",
+        "POSIX suite over {want_transport}: {} cases, {same} identical on the mount and tmpfs\n{report}",
         want.len()
     );
     assert!(

@@ -33,7 +33,7 @@ struct Args {
     debug: bool,
     /// Mount options, comma separated: allow_other, noallow_other,
     /// default_permissions, nodefault_permissions, ro, rw, writeback_cache,
-    /// direct_io, page_cache, attr_timeout=SEC, entry_timeout=SEC,
+    /// direct_io, page_cache, io_uring, no_io_uring, attr_timeout=SEC, entry_timeout=SEC,
     /// negative_timeout=SEC, max_threads=N.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
@@ -64,6 +64,12 @@ struct Args {
     /// several processes doing I/O at once did not care).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Serve requests through FUSE over io_uring when the kernel offers it
+    /// (Linux 6.14+, `fuse.enable_uring=1`): per-CPU queues, each request
+    /// handled on the CPU that issued it. `false` (or `-o no_io_uring`)
+    /// always reads /dev/fuse.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    io_uring: bool,
     /// Kernel read-ahead in KiB (root only; 0 = kernel default of 128).
     #[arg(long, default_value_t = 1024)]
     read_ahead_kb: u32,
@@ -90,6 +96,7 @@ fn build(args: &Args) -> Result<MountConfig, String> {
     let mut negative = args.negative_timeout.map(|v| v.to_string());
     c.fs.writeback_cache = args.writeback_cache;
     c.fs.direct_io = !args.page_cache;
+    c.fs.io_uring = args.io_uring;
     if args.threads > 0 {
         c.threads = args.threads;
     }
@@ -108,6 +115,8 @@ fn build(args: &Args) -> Result<MountConfig, String> {
             ("writeback_cache", None) => c.fs.writeback_cache = true,
             ("direct_io", None) => c.fs.direct_io = true,
             ("page_cache" | "kernel_cache", None) => c.fs.direct_io = false,
+            ("io_uring", None) => c.fs.io_uring = true,
+            ("no_io_uring", None) => c.fs.io_uring = false,
             ("attr_timeout", Some(v)) => c.fs.attr_timeout = secs(k, v)?,
             ("entry_timeout", Some(v)) => c.fs.entry_timeout = secs(k, v)?,
             ("negative_timeout", Some(v)) => negative = Some(v.to_string()),
