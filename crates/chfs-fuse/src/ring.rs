@@ -501,7 +501,11 @@ fn serve_queue(
                 // the entry is lost to the queue, so register a fresh one
                 // or requests from this CPU would wait forever. The old
                 // buffers stay allocated: the kernel may still name them.
-                warn!(qid, errno = -e, "FUSE ring entry failed; registering a new one");
+                warn!(
+                    qid,
+                    errno = -e,
+                    "FUSE ring entry failed; registering a new one"
+                );
                 match Entry::new() {
                     Ok(fresh) => std::mem::forget(std::mem::replace(&mut ent, fresh)),
                     Err(e) => {
