@@ -834,7 +834,7 @@ fn reply_empty(reply: ReplyEmpty, r: R<()>) {
     }
 }
 
-/// fuser's /dev/fuse transport: decodes with fuser, calls [`Core`],
+/// fuser's /dev/fuse transport: decodes with fuser, calls `Core`,
 /// replies with fuser.
 impl Filesystem for ChfsFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
