@@ -273,32 +273,39 @@ impl Ring {
     /// Submits what was queued and waits for one completion: its result.
     fn submit_and_wait(&mut self) -> io::Result<i32> {
         loop {
-            if let Some(res) = self.reap() {
-                if self.unsubmitted == 0 {
+            if self.unsubmitted == 0 {
+                if let Some(res) = self.reap() {
                     return Ok(res);
                 }
             }
-            // SAFETY: plain syscall on our ring descriptor; no pointers.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_io_uring_enter,
-                    self.fd.as_raw_fd(),
-                    self.unsubmitted,
-                    1u32,
-                    IORING_ENTER_GETEVENTS,
-                    ptr::null::<libc::c_void>(),
-                    0usize,
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                return Err(e);
-            }
-            self.unsubmitted = self.unsubmitted.saturating_sub(r as u32);
+            self.enter(true)?;
         }
+    }
+
+    /// Submits what was queued; with `wait`, until a completion is there
+    /// (an interrupted wait returns early: callers loop).
+    fn enter(&mut self, wait: bool) -> io::Result<()> {
+        // SAFETY: plain syscall on our ring descriptor; no pointers.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_enter,
+                self.fd.as_raw_fd(),
+                self.unsubmitted,
+                u32::from(wait),
+                if wait { IORING_ENTER_GETEVENTS } else { 0 },
+                ptr::null::<libc::c_void>(),
+                0usize,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EINTR) => Ok(()),
+                _ => Err(e),
+            };
+        }
+        self.unsubmitted = self.unsubmitted.saturating_sub(r as u32);
+        Ok(())
     }
 
     /// Takes one completion, if any: its result.
@@ -460,31 +467,16 @@ fn serve_queue(
         let res = ring.push(&sqe).and_then(|()| {
             if let Some(tx) = first.take() {
                 // Submit the registration without waiting: the completion
-                // only comes with the first request.
-                // SAFETY: plain syscall on our ring descriptor.
-                let r = unsafe {
-                    libc::syscall(
-                        libc::SYS_io_uring_enter,
-                        ring.fd.as_raw_fd(),
-                        ring.unsubmitted,
-                        0u32,
-                        0u32,
-                        ptr::null::<libc::c_void>(),
-                        0usize,
-                    )
-                };
-                let r = if r < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    ring.unsubmitted = 0;
-                    // An immediate failure (EOPNOTSUPP, EINVAL) is already
-                    // in the completion queue.
-                    match ring.reap() {
-                        Some(res) if res < 0 => Err(io::Error::from_raw_os_error(-res)),
-                        Some(_) => Err(io::Error::other("unexpected ring completion")),
-                        None => Ok(()),
+                // only comes with the first request, and an immediate
+                // failure (EOPNOTSUPP, EINVAL) is already in the queue.
+                let r = ring.enter(false).and_then(|()| match ring.reap() {
+                    Some(res) if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+                    Some(_) => Err(io::Error::other("unexpected ring completion")),
+                    None if ring.unsubmitted > 0 => {
+                        Err(io::Error::other("registration not submitted"))
                     }
-                };
+                    None => Ok(()),
+                });
                 let ok = r.is_ok();
                 let _ = tx.send(r);
                 if !ok {
