@@ -1,7 +1,6 @@
 //! DRAM engine: sharded hash maps plus a per-directory name index.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;
@@ -19,7 +18,7 @@ type Chunks = BTreeMap<u64, Chunk>;
 pub struct MemStore {
     files: Vec<crate::dirindex::Shard<HashMap<String, Chunks>>>,
     dirs: DirIndex,
-    entries: AtomicU64,
+    entries: crate::usage::Striped,
     usage: Usage,
 }
 
@@ -32,7 +31,7 @@ impl MemStore {
                 .map(|_| crate::dirindex::Shard::new(HashMap::new()))
                 .collect(),
             dirs: DirIndex::new(),
-            entries: AtomicU64::new(0),
+            entries: crate::usage::Striped::new(0),
             usage: Usage::new(capacity, 0),
         }
     }
@@ -43,7 +42,7 @@ impl MemStore {
 
     fn dropped(&self, chunk: &Chunk) {
         self.usage.release(chunk.data.len() as u64);
-        self.entries.fetch_sub(1, Ordering::Relaxed);
+        self.entries.sub(1);
     }
 }
 
@@ -76,7 +75,7 @@ impl Store for MemStore {
                 data: data.to_vec(),
             },
         );
-        self.entries.fetch_add(1, Ordering::Relaxed);
+        self.entries.add(1);
         drop(files);
         self.dirs.add(path);
         Ok((meta, true))
@@ -134,7 +133,7 @@ impl Store for MemStore {
                     Some(c) => *c = fresh,
                     None => {
                         chunks.insert(idx, fresh);
-                        self.entries.fetch_add(1, Ordering::Relaxed);
+                        self.entries.add(1);
                     }
                 }
             }
@@ -290,7 +289,7 @@ impl Store for MemStore {
             self.usage.release(old - new);
         }
         if chunks.insert(idx, chunk).is_none() {
-            self.entries.fetch_add(1, Ordering::Relaxed);
+            self.entries.add(1);
         }
         drop(files);
         if idx == 0 {
@@ -301,7 +300,7 @@ impl Store for MemStore {
 
     fn stats(&self) -> StoreStats {
         StoreStats {
-            entries: self.entries.load(Ordering::Relaxed),
+            entries: self.entries.get(),
             bytes: self.usage.bytes(),
             capacity: self.usage.capacity(),
         }

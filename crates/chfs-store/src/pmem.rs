@@ -39,7 +39,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::usage::{Padded, Striped};
 use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;
@@ -81,11 +83,7 @@ const MIN_ARENA: u64 = 64 << 20;
 /// arenas in turn, so concurrent writers fill different slices of the
 /// medium and rarely share a lock or a cache line.
 fn thread_arena(n: usize) -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    MINE.with(|m| *m % n)
+    crate::usage::thread_slot() % n
 }
 
 fn word(state: u64, len: u64) -> u64 {
@@ -180,9 +178,10 @@ pub struct PmemStore {
     free: Vec<crate::dirindex::Shard<FreeSpace>>,
     /// Bytes of the data area the arenas' slices cover each.
     arena_len: u64,
-    seq: AtomicU64,
-    entries: AtomicU64,
-    bytes: AtomicU64,
+    /// Record sequence numbers (newest slot wins), in its own cache lines.
+    seq: Padded<AtomicU64>,
+    entries: Striped,
+    bytes: Striped,
     report: RecoveryReport,
 }
 
@@ -360,9 +359,9 @@ impl PmemStore {
                 .map(|_| crate::dirindex::Shard::new(FreeSpace::default()))
                 .collect(),
             arena_len: align((end - DATA_START).div_ceil(arenas)),
-            seq: AtomicU64::new(1),
-            entries: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
+            seq: Padded(AtomicU64::new(1)),
+            entries: Striped::new(0),
+            bytes: Striped::new(0),
             report: RecoveryReport {
                 created: format,
                 persist: media.mode().name().to_string(),
@@ -408,7 +407,7 @@ impl PmemStore {
     }
 
     fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::Relaxed)
+        self.seq.0.fetch_add(1, Ordering::Relaxed)
     }
 
     fn read_slot(&self, ext: u64, n: u8) -> Option<Slot> {
@@ -506,7 +505,7 @@ impl PmemStore {
                     .insert(ps, pl);
             }
         }
-        self.seq = AtomicU64::new(max_seq + 1);
+        self.seq = Padded(AtomicU64::new(max_seq + 1));
         report.superseded = losers.len() as u64;
         for (s, l) in losers {
             self.release(s, l)?;
@@ -525,8 +524,8 @@ impl PmemStore {
                 }
             }
         }
-        self.entries = AtomicU64::new(entries);
-        self.bytes = AtomicU64::new(bytes);
+        self.entries = Striped::new(entries);
+        self.bytes = Striped::new(bytes);
         report.records = entries;
         report.free_bytes = self.free_bytes();
         self.report = report;
@@ -741,22 +740,22 @@ impl PmemStore {
 
     /// Installs `rec` for a key, freeing the version it replaces.
     fn replace(&self, chunks: &mut Chunks, idx: u64, rec: Rec) -> Result<()> {
-        self.bytes.fetch_add(rec.len, Ordering::Relaxed);
+        self.bytes.add(rec.len);
         match chunks.insert(idx, rec) {
             Some(old) => {
-                self.bytes.fetch_sub(old.len, Ordering::Relaxed);
+                self.bytes.sub(old.len);
                 self.release(old.ext, old.ext_len)
             }
             None => {
-                self.entries.fetch_add(1, Ordering::Relaxed);
+                self.entries.add(1);
                 Ok(())
             }
         }
     }
 
     fn drop_rec(&self, rec: &Rec) -> Result<()> {
-        self.bytes.fetch_sub(rec.len, Ordering::Relaxed);
-        self.entries.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.sub(rec.len);
+        self.entries.sub(1);
         self.release(rec.ext, rec.ext_len)
     }
 
@@ -794,7 +793,7 @@ impl PmemStore {
             next.len = end;
             next.meta = meta;
             self.flip(&mut next, path, idx)?;
-            self.bytes.fetch_add(end - rec.len, Ordering::Relaxed);
+            self.bytes.add(end - rec.len);
             *rec = next;
             return Ok(());
         }
@@ -1042,7 +1041,7 @@ impl Store for PmemStore {
         next.len = len;
         next.crc = self.media.crc(r.data, len, 0);
         self.flip(&mut next, path, idx)?;
-        self.bytes.fetch_sub(r.len - len, Ordering::Relaxed);
+        self.bytes.sub(r.len - len);
         *r = next;
         Ok(())
     }
@@ -1130,8 +1129,8 @@ impl Store for PmemStore {
 
     fn stats(&self) -> StoreStats {
         StoreStats {
-            entries: self.entries.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
+            entries: self.entries.get(),
+            bytes: self.bytes.get(),
             capacity: self.end - DATA_START,
         }
     }

@@ -1,10 +1,64 @@
 //! Byte accounting against a capacity, shared by the engines.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use crate::{Result, StoreError};
 
+/// A small number for the calling thread, dealt in turn as threads first
+/// ask: threads take different stripes of a [`Striped`] counter (and
+/// different pmem arenas) so they rarely share a cache line.
+pub(crate) fn thread_slot() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    MINE.with(|m| *m)
+}
+
+/// A value alone in its cache lines.
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub T);
+
+/// One counter stripe, alone in its cache lines.
+#[repr(align(128))]
+struct Stripe(AtomicI64);
+
+const STRIPES: usize = 8;
+
+/// A statistics counter changed by many threads at once (entries, bytes):
+/// each thread adds to its own stripe, so no cache line travels between
+/// CPUs on every store operation; reading sums the stripes.
+pub(crate) struct Striped([Stripe; STRIPES]);
+
+impl Striped {
+    pub fn new(v: u64) -> Self {
+        let s = Striped(std::array::from_fn(|_| Stripe(AtomicI64::new(0))));
+        s.0[0].0.store(v as i64, Ordering::Relaxed);
+        s
+    }
+
+    pub fn add(&self, v: u64) {
+        self.0[thread_slot() % STRIPES]
+            .0
+            .fetch_add(v as i64, Ordering::Relaxed);
+    }
+
+    pub fn sub(&self, v: u64) {
+        self.0[thread_slot() % STRIPES]
+            .0
+            .fetch_sub(v as i64, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        let sum: i64 = self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum();
+        sum.max(0) as u64
+    }
+}
+
 /// Bytes of chunk data in use, bounded by a capacity (0 = no limit).
+/// Alone in its cache lines, so its updates do not evict the engine's
+/// read-mostly fields from other CPUs' caches.
+#[repr(align(128))]
 pub(crate) struct Usage {
     bytes: AtomicU64,
     capacity: u64,
@@ -62,5 +116,34 @@ impl Usage {
     /// The capacity (0 = no limit).
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn striped_counters_sum_over_threads() {
+        let c = std::sync::Arc::new(Striped::new(5));
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        c.add(3);
+                        c.sub(1);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(c.get(), 5 + 4 * 2000);
+        // A thread may take away what another added.
+        let c2 = c.clone();
+        std::thread::spawn(move || c2.sub(8005)).join().unwrap();
+        assert_eq!(c.get(), 0);
     }
 }
