@@ -1,5 +1,5 @@
 //! Mounting and unmounting: signals, fusermount3/umount, background mode,
-//! stale mounts after a crash, bad configuration.
+//! stale mounts after a crash, bad configuration, a hung server.
 
 mod common;
 
@@ -257,5 +257,74 @@ fn ordinary_user_mounts_through_fusermount3() {
             panic!("chfuse did not exit after fusermount3 -u");
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_hung_server_times_requests_out_and_the_mount_recovers() {
+    // Served over io_uring where the kernel offers it: a request waiting
+    // for a stopped server holds its CPU's queue thread, and must come back
+    // with an error after the RPC timeout rather than hang the mount.
+    let pool = pool(2);
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let m = Mount::at_env(
+        &pool,
+        dir,
+        mp,
+        &["--attr-timeout", "0", "--entry-timeout", "0"],
+        &[("CHFS_RPC_TIMEOUT_MSEC", "700")],
+    );
+    let names: Vec<String> = (0..8).map(|i| format!("f{i}")).collect();
+    for n in &names {
+        std::fs::write(m.p(n), n.as_bytes()).unwrap();
+    }
+    pool.signal(1, libc::SIGSTOP).unwrap();
+    let mut ok = 0;
+    let mut failed = 0;
+    for n in &names {
+        let t = Instant::now();
+        match std::fs::read(m.p(n)) {
+            Ok(d) => {
+                assert_eq!(d, n.as_bytes());
+                ok += 1;
+            }
+            Err(_) => failed += 1,
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "{n}: {:?} with a 700 ms RPC timeout",
+            t.elapsed()
+        );
+    }
+    let t = Instant::now();
+    let listing = std::fs::read_dir(&m.mp).and_then(|d| d.collect::<Result<Vec<_>, _>>());
+    let list_time = t.elapsed();
+    pool.signal(1, libc::SIGCONT).unwrap();
+    assert!(ok > 0 && failed > 0, "ok {ok}, failed {failed}");
+    assert!(
+        listing.is_err(),
+        "a listing needs every server: {listing:?}"
+    );
+    assert!(
+        list_time < Duration::from_secs(8),
+        "listing took {list_time:?}"
+    );
+    // The server is back: everything reads again through the same mount.
+    let t = Instant::now();
+    for n in &names {
+        loop {
+            match std::fs::read(m.p(n)) {
+                Ok(d) => {
+                    assert_eq!(d, n.as_bytes());
+                    break;
+                }
+                Err(e) => {
+                    assert!(t.elapsed() < Duration::from_secs(15), "{n}: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
     }
 }

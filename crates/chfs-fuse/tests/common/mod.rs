@@ -80,12 +80,12 @@ impl Mount {
     ) -> Mount {
         let log = dir.path().join("chfuse.log");
         let child = Command::new(chfuse_bin())
-            .envs(env.iter().copied())
             .arg(&mp)
             .arg("-f")
             .args(args)
             .env("CHFS_SERVER", pool.server_string())
             .env("CHFS_RPC_TIMEOUT_MSEC", "10000")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
