@@ -124,7 +124,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
 }
 
 /// Checks the mount point; a stale FUSE mount left by a crashed daemon
-/// (ENOTCONN) is detached first.
+/// (ENOTCONN, or briefly ECANCELED/ECONNABORTED) is detached first.
 pub fn prepare_mountpoint(mp: &Path) -> Result<PathBuf, MountError> {
     let err = |source| MountError::MountPoint {
         path: mp.to_path_buf(),

@@ -461,31 +461,25 @@ fn serve_queue(
         }
     };
     let fd = fuse.as_raw_fd();
-    let mut sqe = ent.sqe(fd, FUSE_IO_URING_CMD_REGISTER, 0, qid);
-    let mut first = Some(started);
-    loop {
-        let res = ring.push(&sqe).and_then(|()| {
-            if let Some(tx) = first.take() {
-                // Submit the registration without waiting: the completion
-                // only comes with the first request, and an immediate
-                // failure (EOPNOTSUPP, EINVAL) is already in the queue.
-                let r = ring.enter(false).and_then(|()| match ring.reap() {
-                    Some(res) if res < 0 => Err(io::Error::from_raw_os_error(-res)),
-                    Some(_) => Err(io::Error::other("unexpected ring completion")),
-                    None if ring.unsubmitted > 0 => {
-                        Err(io::Error::other("registration not submitted"))
-                    }
-                    None => Ok(()),
-                });
-                let ok = r.is_ok();
-                let _ = tx.send(r);
-                if !ok {
-                    return Err(io::Error::from_raw_os_error(libc::ECANCELED));
-                }
-            }
-            ring.submit_and_wait()
+    // Submit the registration without waiting: the completion only comes
+    // with the first request, and an immediate failure (EOPNOTSUPP,
+    // EINVAL) is already in the queue.
+    let registered = ring
+        .push(&ent.sqe(fd, FUSE_IO_URING_CMD_REGISTER, 0, qid))
+        .and_then(|()| ring.enter(false))
+        .and_then(|()| match ring.reap() {
+            Some(res) if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+            Some(_) => Err(io::Error::other("unexpected ring completion")),
+            None if ring.unsubmitted > 0 => Err(io::Error::other("registration not submitted")),
+            None => Ok(()),
         });
-        match res {
+    let ok = registered.is_ok();
+    let _ = started.send(registered);
+    if !ok {
+        return;
+    }
+    loop {
+        match ring.submit_and_wait() {
             Ok(0) => {}
             Ok(e) if matches!(-e, libc::ENOTCONN | libc::ECANCELED | libc::ENODEV) => return,
             Ok(e) => {
@@ -505,13 +499,14 @@ fn serve_queue(
                         return;
                     }
                 }
-                sqe = ent.sqe(fd, FUSE_IO_URING_CMD_REGISTER, 0, qid);
+                if let Err(e) = ring.push(&ent.sqe(fd, FUSE_IO_URING_CMD_REGISTER, 0, qid)) {
+                    warn!(qid, error = %e, "FUSE ring failed");
+                    return;
+                }
                 continue;
             }
             Err(e) => {
-                if e.raw_os_error() != Some(libc::ECANCELED) {
-                    warn!(qid, error = %e, "FUSE ring failed");
-                }
+                warn!(qid, error = %e, "FUSE ring failed");
                 return;
             }
         }
@@ -521,7 +516,11 @@ fn serve_queue(
         h[4..8].copy_from_slice(&(-err).to_ne_bytes());
         h[8..16].copy_from_slice(&unique.to_ne_bytes());
         h[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&(out_len as u32).to_ne_bytes());
-        sqe = ent.sqe(fd, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, unique, qid);
+        let commit = ent.sqe(fd, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, unique, qid);
+        if let Err(e) = ring.push(&commit) {
+            warn!(qid, error = %e, "FUSE ring failed");
+            return;
+        }
     }
 }
 
@@ -687,7 +686,8 @@ type R<T> = Result<T, Errno>;
 
 /// Serves the request in `ent`: (unique, reply payload length, errno).
 fn handle(core: &Core, ent: &mut Entry) -> (u64, usize, i32) {
-    let h = ent.header().to_vec();
+    let mut h = [0u8; HEADER_SIZE];
+    h.copy_from_slice(ent.header());
     let opcode = u32_at(&h, 4);
     let unique = u64_at(&h, 8);
     let nodeid = u64_at(&h, 16);
@@ -730,7 +730,6 @@ fn dispatch(
     let entry = |p: &mut [u8], a: R<FileAttr>| -> R<usize> {
         Ok(put_entry(p, &a?, o.entry_timeout, o.attr_timeout))
     };
-    let name = |p: &[u8]| -> R<std::ffi::OsString> { first_name(p, in_len).map(OsStr::to_owned) };
     match opcode {
         LOOKUP => {
             let a = core.lookup(nodeid, first_name(p, in_len)?);
@@ -775,24 +774,23 @@ fn dispatch(
             Ok(t.len())
         }
         SYMLINK => {
-            let (link, target) = {
+            let a = {
                 let mut n = names(&p[..in_len]);
-                match (n.next(), n.next()) {
-                    (Some(l), Some(t)) => (l.to_owned(), t.to_owned()),
-                    _ => return Err(Errno::EINVAL),
-                }
+                let (Some(link), Some(target)) = (n.next(), n.next()) else {
+                    return Err(Errno::EINVAL);
+                };
+                core.symlink(who, nodeid, link, target)
             };
-            let a = core.symlink(who, nodeid, &link, &target);
             entry(p, a)
         }
         MKNOD => {
-            let n = name(p)?;
-            let a = core.mknod(who, nodeid, &n, u32_at(op, 0), u32_at(op, 4));
+            let n = first_name(p, in_len)?;
+            let a = core.mknod(who, nodeid, n, u32_at(op, 0), u32_at(op, 4));
             entry(p, a)
         }
         MKDIR => {
-            let n = name(p)?;
-            let a = core.mkdir(who, nodeid, &n, u32_at(op, 0));
+            let n = first_name(p, in_len)?;
+            let a = core.mkdir(who, nodeid, n, u32_at(op, 0));
             entry(p, a)
         }
         UNLINK => core.unlink(nodeid, first_name(p, in_len)?).map(|()| 0),
@@ -876,8 +874,8 @@ fn dispatch(
         ACCESS => core.access(who, nodeid, u32_at(op, 0) as i32).map(|()| 0),
         CREATE => {
             let (flags, mode) = (u32_at(op, 0) as i32, u32_at(op, 4));
-            let n = name(p)?;
-            let (a, fh, fl) = core.create(who, nodeid, &n, mode, flags)?;
+            let n = first_name(p, in_len)?;
+            let (a, fh, fl) = core.create(who, nodeid, n, mode, flags)?;
             let len = put_entry(p, &a, o.entry_timeout, o.attr_timeout);
             Ok(len + put_open(&mut p[len..], fh, fl.bits()))
         }

@@ -266,13 +266,8 @@ fn a_hung_server_times_requests_out_and_the_mount_recovers() {
     // for a stopped server holds its CPU's queue thread, and must come back
     // with an error after the RPC timeout rather than hang the mount.
     let pool = pool(2);
-    let dir = tempfile::tempdir().unwrap();
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
-    let m = Mount::at_env(
+    let m = Mount::new_env(
         &pool,
-        dir,
-        mp,
         &["--attr-timeout", "0", "--entry-timeout", "0"],
         &[("CHFS_RPC_TIMEOUT_MSEC", "700")],
     );

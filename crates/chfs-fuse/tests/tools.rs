@@ -485,16 +485,7 @@ fn page_cache_and_writeback_modes() {
 #[test]
 fn one_mib_requests_reach_the_file_system() {
     let pool = pool(2);
-    let dir = tempfile::tempdir().unwrap();
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
-    let m = Mount::at_env(
-        &pool,
-        dir,
-        mp,
-        &[],
-        &[("CHFUSE_LOG", "chfs_fuse::fs=debug")],
-    );
+    let m = Mount::new_env(&pool, &[], &[("CHFUSE_LOG", "chfs_fuse::fs=debug")]);
     sh(&format!(
         "dd if=/dev/zero of={f} bs=1M count=4 status=none && dd if={f} of=/dev/null bs=1M status=none",
         f = q(&m.p("big"))

@@ -15,26 +15,30 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A lock of a sharded map, alone in its cache lines: threads working on
-/// neighbouring shards do not slow each other down (false sharing).
+/// A value alone in its cache lines: threads updating neighbouring values
+/// (shard locks, counter stripes) do not slow each other down (false
+/// sharing).
 #[repr(align(128))]
-pub(crate) struct Shard<T>(Mutex<T>);
+pub(crate) struct Padded<T>(pub T);
 
-impl<T> Shard<T> {
-    pub fn new(v: T) -> Self {
-        Self(Mutex::new(v))
-    }
-}
-
-impl<T> std::ops::Deref for Shard<T> {
-    type Target = Mutex<T>;
-    fn deref(&self) -> &Mutex<T> {
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
         &self.0
     }
 }
 
-impl<T> std::ops::DerefMut for Shard<T> {
-    fn deref_mut(&mut self) -> &mut Mutex<T> {
+/// A lock of a sharded map, alone in its cache lines.
+pub(crate) type Shard<T> = Padded<Mutex<T>>;
+
+impl<T> Shard<T> {
+    pub fn new(v: T) -> Self {
+        Padded(Mutex::new(v))
+    }
+}
+
+impl<T> std::ops::DerefMut for Padded<T> {
+    fn deref_mut(&mut self) -> &mut T {
         &mut self.0
     }
 }

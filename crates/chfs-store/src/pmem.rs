@@ -41,7 +41,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::usage::{Padded, Striped};
+use crate::dirindex::Padded;
+use crate::usage::Striped;
 use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;

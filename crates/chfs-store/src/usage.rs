@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
+use crate::dirindex::Padded;
 use crate::{Result, StoreError};
 
 /// A small number for the calling thread, dealt in turn as threads first
@@ -15,24 +16,16 @@ pub(crate) fn thread_slot() -> usize {
     MINE.with(|m| *m)
 }
 
-/// A value alone in its cache lines.
-#[repr(align(128))]
-pub(crate) struct Padded<T>(pub T);
-
-/// One counter stripe, alone in its cache lines.
-#[repr(align(128))]
-struct Stripe(AtomicI64);
-
 const STRIPES: usize = 8;
 
 /// A statistics counter changed by many threads at once (entries, bytes):
 /// each thread adds to its own stripe, so no cache line travels between
 /// CPUs on every store operation; reading sums the stripes.
-pub(crate) struct Striped([Stripe; STRIPES]);
+pub(crate) struct Striped([Padded<AtomicI64>; STRIPES]);
 
 impl Striped {
     pub fn new(v: u64) -> Self {
-        let s = Striped(std::array::from_fn(|_| Stripe(AtomicI64::new(0))));
+        let s = Striped(std::array::from_fn(|_| Padded(AtomicI64::new(0))));
         s.0[0].0.store(v as i64, Ordering::Relaxed);
         s
     }

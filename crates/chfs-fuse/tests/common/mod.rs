@@ -59,10 +59,15 @@ pub struct Mount {
 impl Mount {
     /// Mounts `pool` with extra chfuse arguments.
     pub fn new(pool: &LocalPool, args: &[&str]) -> Mount {
+        Self::new_env(pool, args, &[])
+    }
+
+    /// Like [`Mount::new`] with extra environment variables for chfuse.
+    pub fn new_env(pool: &LocalPool, args: &[&str], env: &[(&str, &str)]) -> Mount {
         let dir = tempfile::tempdir().expect("tempdir");
         let mp = dir.path().join("mnt");
         std::fs::create_dir(&mp).unwrap();
-        Self::at(pool, dir, mp, args)
+        Self::at_env(pool, dir, mp, args, env)
     }
 
     /// Mounts `pool` on `mp` (inside `dir`, which the mount keeps alive).
