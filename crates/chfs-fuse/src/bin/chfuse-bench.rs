@@ -42,6 +42,10 @@ struct Args {
     /// Repetitions (the best of each is reported).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Measure only these targets (for profiling one of them): any of
+    /// reference, native, mount; the ratio needs native and mount.
+    #[arg(long, value_delimiter = ',', default_values_t = ["reference".to_string(), "native".into(), "mount".into()])]
+    only: Vec<String>,
     /// Extra chfuse options (e.g. --chfuse-arg=--writeback-cache).
     #[arg(long = "chfuse-arg", allow_hyphen_values = true)]
     chfuse_args: Vec<String>,
@@ -345,9 +349,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let block: Vec<u8> = (0..a.block_kib << 10).map(|i| (i * 7 + 3) as u8).collect();
     let mut buf = vec![0u8; a.block_kib << 10];
+    let keys = ["reference", "native", "mount"];
+    for o in &a.only {
+        if !keys.contains(&o.as_str()) {
+            return Err(format!("--only: unknown target {o} (one of {keys:?})").into());
+        }
+    }
+    let wanted = |i: usize| a.only.iter().any(|o| o == keys[i]);
     let mut figs = vec![Figures::default(); targets.len()];
     for _ in 0..a.repeat.max(1) {
-        for (t, f) in targets.iter().zip(figs.iter_mut()) {
+        for (i, (t, f)) in targets.iter().zip(figs.iter_mut()).enumerate() {
+            if !wanted(i) {
+                continue;
+            }
             let r = run(t.as_ref(), &a, &block, &mut buf)?;
             f.write = best(f.write, r.write);
             f.read = best(f.read, r.read);
@@ -369,7 +383,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{:<28} {:>10} {:>10} {:>12} {:>12} {:>12}",
         "target", "write MiB/s", "read MiB/s", "create op/s", "stat op/s", "unlink op/s"
     );
-    for (t, f) in targets.iter().zip(&figs) {
+    for (i, (t, f)) in targets.iter().zip(&figs).enumerate() {
+        if !wanted(i) {
+            continue;
+        }
         println!(
             "{:<28} {:>10.0} {:>10.0} {:>12.0} {:>12.0} {:>12.0}",
             t.name(),
@@ -381,6 +398,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let (n, m) = (figs[1], figs[2]);
+    if !(wanted(1) && wanted(2)) {
+        return Ok(());
+    }
     println!(
         "mount / native: write {:.2}, read {:.2}, create {:.2}, stat {:.2}, unlink {:.2}  (targets: >= 0.70 for I/O, >= 0.50 for metadata)",
         m.write / n.write,
