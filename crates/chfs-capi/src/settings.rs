@@ -102,7 +102,7 @@ pub const ENV_VARS: &[EnvVar] = &[
         name: "CHFS_RDMA_THRESH",
         default: "32768",
         values: "bytes",
-        effect: "no effect yet: transfers use TCP, or a Unix socket to servers on this host (`CHFS_LOCAL_SOCKET`)",
+        effect: "no effect yet: transfers use TCP, or a Unix socket to servers on this host (`CHFS_LOCAL_SOCKET`), whose large writes are copied from the process's memory (`CHFS_CMA`)",
     },
 ];
 

@@ -28,6 +28,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_ASYNC_WINDOW", default: "64", help: "most chunk RPCs of one read/write in flight at once" },
     Setting { env: "CHFS_DIR_CACHE_MSEC", default: "1000", help: "how long a directory known to exist is trusted when creating entries in it (0 = always check)" },
     Setting { env: "CHFS_LOCAL_SOCKET", default: "1", help: "reach servers on this host through their Unix socket instead of TCP (0 = always TCP)" },
+    Setting { env: "CHFS_CMA", default: "1", help: "let servers on this host that run as the same user copy large writes (16 KiB and up) straight from this process's memory with process_vm_readv instead of through the socket (0 = always through the socket)" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "shared secret presented to the servers" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the shared secret (takes precedence over CHFS_SECRET)" },
 ];
@@ -55,6 +56,10 @@ pub struct ClientConfig {
     pub secret: Vec<u8>,
     /// Reach servers on this host through their Unix socket.
     pub local_socket: bool,
+    /// Let local servers copy written data straight from this process's
+    /// memory (`process_vm_readv`, when they run as the same user) instead
+    /// of through the socket.
+    pub cma: bool,
 }
 
 impl Default for ClientConfig {
@@ -70,6 +75,7 @@ impl Default for ClientConfig {
             dir_cache: Duration::from_millis(1000),
             secret: Vec::new(),
             local_socket: true,
+            cma: true,
         }
     }
 }
@@ -133,6 +139,9 @@ impl ClientConfig {
         }
         if let Some(v) = get("CHFS_LOCAL_SOCKET") {
             c.local_socket = num::<i64>("CHFS_LOCAL_SOCKET", &v)? != 0;
+        }
+        if let Some(v) = get("CHFS_CMA") {
+            c.cma = num::<i64>("CHFS_CMA", &v)? != 0;
         }
         if let Some(v) = get("CHFS_DIR_CACHE_MSEC") {
             c.dir_cache = Duration::from_millis(num("CHFS_DIR_CACHE_MSEC", &v)?);

@@ -22,12 +22,28 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use chfs_proto::frame::{Header, FLAG_ERROR, HEADER_LEN};
+use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN};
 use chfs_proto::handshake::{Hello, HelloReply};
-use chfs_proto::msg::decode_error;
+use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Request, Response};
 
+use crate::config::ClientConfig;
 use crate::error::{Error, Result};
+
+/// Smallest write whose data a local server copies from this process's
+/// memory rather than receiving it through the socket (below it, the
+/// socket's two copies cost less than pinning the pages).
+const CMA_MIN: usize = 16 * 1024;
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the live timespec above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 type Reply = Result<Response>;
 
@@ -59,6 +75,12 @@ pub(crate) struct Conn {
     alive: AtomicBool,
     next_id: AtomicU64,
     timeout: Duration,
+    /// The server copies large write data from our memory (probed at
+    /// connect; see [`chfs_proto::frame::FLAG_CMA`]).
+    cma: AtomicBool,
+    /// Our pid when the probe succeeded (a forked child has another
+    /// address space: it sends its data through the socket).
+    pid: u32,
 }
 
 /// A request in flight.
@@ -135,10 +157,13 @@ fn io_err(addr: &str, what: &str, e: std::io::Error) -> Error {
 }
 
 impl Conn {
-    /// Connects and performs the handshake. With `local`, a server on this host is reached through its Unix
-    /// socket (see [`crate::stream`]).
-    pub fn connect(addr: &str, secret: &[u8], timeout: Duration, local: bool) -> Result<Conn> {
-        let mut s = match local.then(|| Stream::local(addr)).flatten() {
+    /// Connects and performs the handshake. With `cfg.local_socket`, a
+    /// server on this host is reached through its Unix socket (see
+    /// [`crate::stream`]), and with `cfg.cma` asked whether it can copy
+    /// write data from this process's memory.
+    pub fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn> {
+        let (secret, timeout) = (&cfg.secret[..], cfg.rpc_timeout);
+        let mut s = match cfg.local_socket.then(|| Stream::local(addr)).flatten() {
             Some(s) => s,
             None => Stream::Tcp(Self::connect_tcp(addr, timeout)?),
         };
@@ -171,7 +196,8 @@ impl Conn {
         s.set_write_timeout(Some(timeout))
             .map_err(|e| io_err(addr, "socket", e))?;
         let reader = s.try_clone().map_err(|e| io_err(addr, "socket", e))?;
-        Ok(Conn {
+        let local = s.is_local();
+        let c = Conn {
             addr: addr.to_string(),
             state: Mutex::new(State::default()),
             filed: Condvar::new(),
@@ -180,7 +206,29 @@ impl Conn {
             alive: AtomicBool::new(true),
             next_id: AtomicU64::new(1),
             timeout,
-        })
+            cma: AtomicBool::new(false),
+            pid: std::process::id(),
+        };
+        if cfg.cma && local {
+            c.probe_cma();
+        }
+        Ok(c)
+    }
+
+    /// Asks the server to copy a probe from our memory; on success, large
+    /// writes leave their data here for it ([`CMA_MIN`]). A server that
+    /// cannot (another user, a kernel without `process_vm_readv`, an old
+    /// server) answers with an error and nothing changes.
+    fn probe_cma(&self) {
+        let probe = (monotonic_ns() ^ (self as *const Self as u64)).to_le_bytes();
+        let r = self
+            .send_frame(op::PING, &[], &[], Some(&probe))
+            .map(|t| self.wait(t));
+        if let Ok(Ok(Response::Data(d))) = r {
+            if d[..] == probe[..] {
+                self.cma.store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream> {
@@ -237,8 +285,24 @@ impl Conn {
         let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
     }
 
-    /// Sends a request whose payload is `head` followed by `tail`.
+    /// Sends a request whose payload is `head` followed by `tail`. A large
+    /// write to a server that copies from our memory sends only where
+    /// `tail` lies: the caller keeps it unchanged until the reply (every
+    /// caller waits for its tickets before its buffer goes away).
     pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Ticket> {
+        if op == op::WRITE
+            && tail.len() >= CMA_MIN
+            && self.cma.load(Ordering::Relaxed)
+            && std::process::id() == self.pid
+        {
+            return self.send_frame(op, head, &[], Some(tail));
+        }
+        self.send_frame(op, head, tail, None)
+    }
+
+    /// Sends a frame: `head`, then `tail` in the frame or, with `cma`, a
+    /// [`CmaRef`] naming that memory instead.
+    fn send_frame(&self, op: u16, head: &[u8], tail: &[u8], cma: Option<&[u8]>) -> Result<Ticket> {
         let addr = &self.addr;
         if !self.alive() {
             return Err(Error::new(
@@ -248,19 +312,31 @@ impl Conn {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         lock(&self.state).pending.insert(id, None);
+        let trailer = cma.map(|m| {
+            CmaRef {
+                addr: m.as_ptr() as u64,
+                len: m.len() as u64,
+                // The server must not read it once we stopped waiting.
+                deadline_ns: monotonic_ns() + self.timeout.as_nanos() as u64,
+            }
+            .encode()
+        });
+        let trailer = trailer.as_ref().map_or(&[][..], |t| &t[..]);
         let h = Header {
-            len: (head.len() + tail.len()) as u32,
+            len: (head.len() + tail.len() + trailer.len()) as u32,
             id,
             op,
-            flags: 0,
+            flags: if cma.is_some() { FLAG_CMA } else { 0 },
         };
         let r = {
             let mut w = lock(&self.writer);
             if tail.len() < 16 * 1024 {
-                let mut buf = Vec::with_capacity(HEADER_LEN + head.len() + tail.len());
+                let mut buf =
+                    Vec::with_capacity(HEADER_LEN + head.len() + tail.len() + trailer.len());
                 buf.extend_from_slice(&h.encode());
                 buf.extend_from_slice(head);
                 buf.extend_from_slice(tail);
+                buf.extend_from_slice(trailer);
                 w.write_all(&buf)
             } else {
                 let mut buf = Vec::with_capacity(HEADER_LEN + head.len());

@@ -102,12 +102,7 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let c = Arc::new(Conn::connect(
-            &st.ring.list().servers[i],
-            &self.cfg.secret,
-            self.cfg.rpc_timeout,
-            self.cfg.local_socket,
-        )?);
+        let c = Arc::new(Conn::connect(&st.ring.list().servers[i], &self.cfg)?);
         *g = Some(c.clone());
         Ok(c)
     }
@@ -194,7 +189,7 @@ fn fetch_list(
             .filter(|c| c.alive())
         {
             Some(c) => Ok(c),
-            None => Conn::connect(s, &cfg.secret, cfg.rpc_timeout, cfg.local_socket).map(Arc::new),
+            None => Conn::connect(s, cfg).map(Arc::new),
         };
         match conn.and_then(|c| c.call(&Request::GetServers)) {
             Ok(Response::Servers(l)) if !l.servers.is_empty() => return Ok(l),

@@ -248,3 +248,48 @@ fn servers_on_this_host_are_reached_through_their_unix_socket() {
     assert_eq!(back, data);
     assert_eq!(t.local_connections(), (0, 3));
 }
+
+/// Writes to every server; returns how many write requests the servers
+/// copied from the client's memory meanwhile.
+fn cma_writes_during(c: &chfs_client::Client, path: &str, data: &[u8]) -> u64 {
+    let count = || -> u64 {
+        c.server_status()
+            .into_iter()
+            .map(|(_, s)| s.unwrap().cma_writes)
+            .sum()
+    };
+    let before = count();
+    let fd = c.create(path, O_RDWR, 0o644).unwrap();
+    assert_eq!(c.pwrite(fd, data, 0).unwrap(), data.len());
+    c.close(fd).unwrap();
+    count() - before
+}
+
+#[test]
+fn local_servers_copy_large_writes_from_the_clients_memory() {
+    let (p, c) = pool(2);
+    c.set_chunk_size(64 << 10).unwrap();
+    let data = pattern(1 << 20, 9);
+    // 16 chunk writes of 64 KiB, each copied with process_vm_readv.
+    assert_eq!(cma_writes_during(&c, "/cma", &data), 16);
+    let mut back = vec![0u8; data.len()];
+    let fd = c.open("/cma", O_RDONLY, 0).unwrap();
+    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+    c.close(fd).unwrap();
+    assert_eq!(back, data);
+    // Small writes travel in the frame.
+    assert_eq!(cma_writes_during(&c, "/small", &data[..8192]), 0);
+    // CHFS_CMA=0, and TCP: the data travels in the frame, same bytes.
+    for (name, cma, local) in [("/nocma", false, true), ("/tcp", true, false)] {
+        let t = client(&p, |c| {
+            c.cma = cma;
+            c.local_socket = local;
+        });
+        t.set_chunk_size(64 << 10).unwrap();
+        assert_eq!(cma_writes_during(&t, name, &data), 0, "{name}");
+        let fd = c.open(name, O_RDONLY, 0).unwrap();
+        assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+        c.close(fd).unwrap();
+        assert_eq!(back, data, "{name}");
+    }
+}

@@ -27,6 +27,64 @@ pub const FLAG_ERROR: u16 = 1;
 /// Request flag: sent by a server forwarding a request it does not own; the
 /// receiver serves it locally and never forwards again.
 pub const FLAG_FORWARDED: u16 = 2;
+/// Request flag, local (Unix socket) connections only: the request's data
+/// is not in the frame but in the sender's memory, named by a
+/// [`CmaRef`] at the end of the payload; the server copies it with
+/// `process_vm_readv(2)` (cross-memory attach: one copy instead of two
+/// through the socket). Allowed on `WRITE` (the data) and on `PING` (the
+/// probe a client sends once per connection: the server answers `DATA`
+/// with the bytes it read, so the client knows the path works).
+pub const FLAG_CMA: u16 = 4;
+
+/// Where the data of a [`FLAG_CMA`] request lies in the sender's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmaRef {
+    /// Address in the sender's address space.
+    pub addr: u64,
+    /// Length in bytes (at most [`MAX_PAYLOAD`]).
+    pub len: u64,
+    /// `CLOCK_MONOTONIC` time (ns) after which the sender no longer waits
+    /// and may reuse the memory: the server must not read it any more.
+    pub deadline_ns: u64,
+}
+
+impl CmaRef {
+    /// Encoded size (at the end of the payload).
+    pub const LEN: usize = 24;
+
+    /// Little-endian encoding.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.deadline_ns.to_le_bytes());
+        b
+    }
+
+    /// Splits the reference off the end of a payload: (rest, reference).
+    pub fn split_off(payload: &[u8]) -> Result<(&[u8], CmaRef), ProtoError> {
+        let at = payload
+            .len()
+            .checked_sub(Self::LEN)
+            .ok_or_else(|| ProtoError::Truncated {
+                needed: Self::LEN - payload.len(),
+            })?;
+        let (rest, t) = payload.split_at(at);
+        let word = |i: usize| u64::from_le_bytes(t[i..i + 8].try_into().expect("8 bytes"));
+        let r = CmaRef {
+            addr: word(0),
+            len: word(8),
+            deadline_ns: word(16),
+        };
+        if r.len > MAX_PAYLOAD as u64 {
+            return Err(ProtoError::FrameTooLarge {
+                len: r.len,
+                max: MAX_PAYLOAD as u64,
+            });
+        }
+        Ok((rest, r))
+    }
+}
 
 /// Decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +143,31 @@ mod tests {
             flags: FLAG_ERROR,
         };
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+    }
+
+    #[test]
+    fn cma_ref_round_trip_and_bad_input() {
+        let r = CmaRef {
+            addr: 0x7fff_0000_1000,
+            len: 65536,
+            deadline_ns: 123_456_789,
+        };
+        let mut payload = b"head".to_vec();
+        payload.extend_from_slice(&r.encode());
+        let (rest, got) = CmaRef::split_off(&payload).unwrap();
+        assert_eq!((rest, got), (&b"head"[..], r));
+        assert!(matches!(
+            CmaRef::split_off(&payload[..10]),
+            Err(ProtoError::Truncated { needed: 14 })
+        ));
+        let huge = CmaRef {
+            len: MAX_PAYLOAD as u64 + 1,
+            ..r
+        };
+        assert!(matches!(
+            CmaRef::split_off(&huge.encode()),
+            Err(ProtoError::FrameTooLarge { .. })
+        ));
     }
 
     #[test]

@@ -173,6 +173,9 @@ pub struct ServerStatus {
     pub capacity: u64,
     /// Requests served since start.
     pub requests: u64,
+    /// Writes whose data the server copied from a local client's memory
+    /// (cross-memory attach) since start.
+    pub cma_writes: u64,
     /// Server list version the server holds.
     pub list_version: u64,
     /// Backend directory in cache mode (empty otherwise).
@@ -891,6 +894,7 @@ impl Response {
                 out.put_u64(s.bytes);
                 out.put_u64(s.capacity);
                 out.put_u64(s.requests);
+                out.put_u64(s.cma_writes);
                 out.put_u64(s.list_version);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
@@ -958,6 +962,7 @@ impl Response {
                 bytes: r.u64()?,
                 capacity: r.u64()?,
                 requests: r.u64()?,
+                cma_writes: r.u64()?,
                 list_version: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,

@@ -156,6 +156,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     .counters
                     .requests
                     .load(std::sync::atomic::Ordering::Relaxed),
+                cma_writes: sh
+                    .counters
+                    .cma_writes
+                    .load(std::sync::atomic::Ordering::Relaxed),
                 list_version: sh.placement().ring.list().version,
                 backend: cache
                     .map(|c| c.backend.path().display().to_string())

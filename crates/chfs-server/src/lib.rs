@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod cache;
+pub(crate) mod cma;
 pub mod config;
 mod handler;
 pub mod metrics;

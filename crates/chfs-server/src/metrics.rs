@@ -13,6 +13,10 @@ pub const WRITES: &str = "chfsd.writes";
 /// Read requests served.
 pub const READS: &str = "chfsd.reads";
 
+/// Write requests whose data was copied from the client's memory
+/// (cross-memory attach, local clients).
+pub const CMA_WRITES: &str = "chfsd.cma_writes";
+
 /// The server's counters.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -26,6 +30,8 @@ pub struct Counters {
     pub writes: AtomicU64,
     /// [`READS`]
     pub reads: AtomicU64,
+    /// [`CMA_WRITES`]
+    pub cma_writes: AtomicU64,
 }
 
 impl Counters {
@@ -42,6 +48,7 @@ impl Counters {
             (REFUSED, self.refused.load(Ordering::Relaxed)),
             (WRITES, self.writes.load(Ordering::Relaxed)),
             (READS, self.reads.load(Ordering::Relaxed)),
+            (CMA_WRITES, self.cma_writes.load(Ordering::Relaxed)),
         ]
     }
 }

@@ -4,7 +4,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use chfs_proto::frame::{Header, FLAG_ERROR, FLAG_FORWARDED};
+use chfs_proto::frame::{Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED};
 use chfs_proto::msg::encode_error;
 use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Request, Response};
@@ -453,7 +453,7 @@ async fn serve_tcp(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
     let _ = stream.set_nodelay(true);
     if admitted(&shared, &mut stream, &peer).await {
         let (rd, wr) = stream.into_split();
-        serve_conn(shared, rd, wr, peer).await;
+        serve_conn(shared, rd, wr, peer, None).await;
     }
 }
 
@@ -477,17 +477,22 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
             len,
         )
     };
-    let peer = match stream.peer_cred() {
-        Ok(c) => format!("local pid {}", c.pid().unwrap_or(0)),
-        Err(_) => "local".to_string(),
+    let (peer, cma) = match stream.peer_cred() {
+        Ok(c) => (
+            format!("local pid {}", c.pid().unwrap_or(0)),
+            crate::cma::peer_pid(&c),
+        ),
+        Err(_) => ("local".to_string(), None),
     };
     if admitted(&shared, &mut stream, &peer).await {
         let (rd, wr) = stream.into_split();
-        serve_conn(shared, rd, wr, peer).await;
+        serve_conn(shared, rd, wr, peer, cma).await;
     }
 }
 
-async fn serve_conn<R, W>(shared: Arc<Shared>, rd: R, wr: W, peer: String)
+/// Serves the requests of one connection; `cma`: the pid whose memory
+/// `FLAG_CMA` requests may name (local peers of the server's user).
+async fn serve_conn<R, W>(shared: Arc<Shared>, rd: R, wr: W, peer: String, cma: Option<libc::pid_t>)
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -524,6 +529,13 @@ where
     });
     loop {
         match net::read_frame(&mut rd).await {
+            Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
+                let (sh, tx) = (shared.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let r = crate::cma::serve(&sh, cma, h, payload).await;
+                    let _ = tx.send(response_frame(h.id, h.op, r));
+                });
+            }
             Ok(Some((h, payload))) => match Request::decode(h.op, payload) {
                 Ok(req) => {
                     let (sh, tx) = (shared.clone(), tx.clone());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_localpool::{LocalPool, PoolOptions};
-use chfs_proto::frame::{Header, FLAG_ERROR, HEADER_LEN, MAX_PAYLOAD};
+use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN, MAX_PAYLOAD};
 use chfs_proto::handshake::{Hello, HelloReply};
 use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Meta, Request, Response};
@@ -40,18 +40,22 @@ fn hello(addr: &str, secret: &[u8]) -> (TcpStream, i32, String) {
     (s, status, String::from_utf8_lossy(&msg).into_owned())
 }
 
-fn send(s: &mut TcpStream, id: u64, opcode: u16, payload: &[u8]) {
+fn send(s: &mut impl Write, id: u64, opcode: u16, payload: &[u8]) {
+    send_flags(s, id, opcode, 0, payload)
+}
+
+fn send_flags(s: &mut impl Write, id: u64, opcode: u16, flags: u16, payload: &[u8]) {
     let h = Header {
         len: payload.len() as u32,
         id,
         op: opcode,
-        flags: 0,
+        flags,
     };
     s.write_all(&h.encode()).unwrap();
     s.write_all(payload).unwrap();
 }
 
-fn recv(s: &mut TcpStream) -> Option<(Header, Bytes)> {
+fn recv(s: &mut impl Read) -> Option<(Header, Bytes)> {
     let mut hb = [0u8; HEADER_LEN];
     s.read_exact(&mut hb).ok()?;
     let h = Header::decode(&hb).unwrap();
@@ -60,10 +64,14 @@ fn recv(s: &mut TcpStream) -> Option<(Header, Bytes)> {
     Some((h, Bytes::from(p)))
 }
 
-fn call(s: &mut TcpStream, id: u64, req: &Request) -> Result<Response, (i32, String)> {
+fn call(s: &mut (impl Read + Write), id: u64, req: &Request) -> Result<Response, (i32, String)> {
     let mut p = Vec::new();
     req.encode(&mut p);
     send(s, id, req.op(), &p);
+    reply(s, id)
+}
+
+fn reply(s: &mut impl Read, id: u64) -> Result<Response, (i32, String)> {
     let (h, payload) = recv(s).expect("reply");
     assert_eq!(h.id, id);
     if h.flags & FLAG_ERROR != 0 {
@@ -336,4 +344,133 @@ fn a_stalled_client_does_not_block_others() {
     )
     .unwrap();
     still_serves(addr);
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the live timespec above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The local (Unix socket) connection a client on this host uses.
+fn local(addr: &str) -> std::os::unix::net::UnixStream {
+    use std::os::linux::net::SocketAddrExt;
+    let name = chfs_proto::local_socket_name(addr);
+    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&Hello::new(b"").encode()).unwrap();
+    let mut fixed = [0u8; HelloReply::FIXED_LEN];
+    s.read_exact(&mut fixed).unwrap();
+    let (_, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
+    assert_eq!((status, n), (0, 0));
+    s
+}
+
+#[test]
+fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
+    let p = pool(1, None);
+    let addr = &p.addrs()[0];
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 13) as u8).collect();
+    let far = monotonic_ns() + 60_000_000_000;
+    let at = |m: &[u8], deadline_ns| {
+        CmaRef {
+            addr: m.as_ptr() as u64,
+            len: m.len() as u64,
+            deadline_ns,
+        }
+        .encode()
+    };
+    // The probe: the server reads our memory and sends it back.
+    let mut u = local(addr);
+    send_flags(&mut u, 1, op::PING, FLAG_CMA, &at(&data[..16], far));
+    assert_eq!(
+        reply(&mut u, 1),
+        Ok(Response::Data(Bytes::copy_from_slice(&data[..16])))
+    );
+    // A write whose data stays here.
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 65536,
+        ..Default::default()
+    };
+    let create = Request::Create {
+        path: "/f".into(),
+        meta,
+        excl: true,
+        data: Bytes::new(),
+    };
+    call(&mut u, 2, &create).unwrap();
+    let mut w = Vec::new();
+    chfs_proto::msg::encode_write_head(&mut w, "/f", 0, 65536, meta.mode, 0, 0, 0);
+    let head = w.clone();
+    w.extend_from_slice(&at(&data, far));
+    send_flags(&mut u, 3, op::WRITE, FLAG_CMA, &w);
+    assert_eq!(reply(&mut u, 3), Ok(Response::Written(65536)));
+    let read = Request::Read {
+        path: "/f".into(),
+        fileid: 0,
+        idx: 0,
+        off: 0,
+        len: 65536,
+        chunk_size: 65536,
+        flags: 0,
+    };
+    assert_eq!(
+        call(&mut u, 4, &read),
+        Ok(Response::Data(Bytes::from(data.clone())))
+    );
+    // Bad references get an error each, and the connection goes on.
+    let mut bad = head.clone();
+    bad.extend_from_slice(
+        &CmaRef {
+            addr: 8,
+            len: 4096,
+            deadline_ns: far,
+        }
+        .encode(),
+    );
+    send_flags(&mut u, 5, op::WRITE, FLAG_CMA, &bad);
+    assert_eq!(
+        reply(&mut u, 5).unwrap_err().0,
+        libc::EFAULT,
+        "unmapped address"
+    );
+    let mut late = head.clone();
+    late.extend_from_slice(&at(&data, monotonic_ns() - 1));
+    send_flags(&mut u, 6, op::WRITE, FLAG_CMA, &late);
+    assert_eq!(
+        reply(&mut u, 6).unwrap_err().0,
+        libc::ETIMEDOUT,
+        "past the deadline"
+    );
+    send_flags(&mut u, 7, op::WRITE, FLAG_CMA, &head[..10]);
+    assert_eq!(
+        reply(&mut u, 7).unwrap_err().0,
+        libc::EPROTO,
+        "no reference"
+    );
+    let mut stat = Vec::new();
+    Request::Stat { path: "/f".into() }.encode(&mut stat);
+    stat.extend_from_slice(&at(&data, far));
+    send_flags(&mut u, 8, op::STAT, FLAG_CMA, &stat);
+    assert_eq!(reply(&mut u, 8).unwrap_err().0, libc::EINVAL, "not a write");
+    let mut both = head.clone();
+    both.extend_from_slice(&data[..100]);
+    both.extend_from_slice(&at(&data, far));
+    send_flags(&mut u, 9, op::WRITE, FLAG_CMA, &both);
+    assert_eq!(reply(&mut u, 9).unwrap_err().0, libc::EPROTO, "data twice");
+    assert_eq!(
+        call(&mut u, 10, &read),
+        Ok(Response::Data(Bytes::from(data.clone())))
+    );
+    // Over TCP (another host as far as the server knows): refused.
+    let (mut t, _, _) = hello(addr, b"");
+    send_flags(&mut t, 1, op::PING, FLAG_CMA, &at(&data[..16], far));
+    assert_eq!(reply(&mut t, 1).unwrap_err().0, libc::EPERM);
+    assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
 }

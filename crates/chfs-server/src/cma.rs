@@ -1,0 +1,116 @@
+//! Cross-memory attach: requests whose data stays in a local client's
+//! memory ([`chfs_proto::frame::FLAG_CMA`]) and is copied from there with
+//! `process_vm_readv(2)`, one copy instead of two through the socket.
+//!
+//! Only for Unix-socket peers running as the server's own user (the peer's
+//! pid comes from `SO_PEERCRED`, never from the request), so a client can
+//! only name its own memory, which the kernel lets the server read anyway.
+
+use bytes::{Bytes, BytesMut};
+use chfs_proto::frame::{CmaRef, Header};
+use chfs_proto::msg::op;
+use chfs_proto::{ErrorReply, Request, Response};
+
+use crate::metrics::Counters;
+use crate::server::Shared;
+
+/// The peer a connection may read from, if any: its pid when it runs as
+/// this server's effective user.
+pub(crate) fn peer_pid(cred: &tokio::net::unix::UCred) -> Option<libc::pid_t> {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    (cred.uid() == me).then(|| cred.pid()).flatten()
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the live timespec above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Copies `r` out of process `pid`.
+fn fetch(pid: libc::pid_t, r: CmaRef) -> Result<Bytes, ErrorReply> {
+    // The sender stops waiting at the deadline and may reuse the memory.
+    if monotonic_ns() > r.deadline_ns {
+        return Err(ErrorReply::new(
+            libc::ETIMEDOUT,
+            "the client stopped waiting for this request",
+        ));
+    }
+    let len = r.len as usize;
+    let mut buf = BytesMut::with_capacity(len);
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: r.addr as usize as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: the local iovec covers `len` bytes of spare capacity of `buf`;
+    // the remote one is only dereferenced by the kernel, in the peer's
+    // address space, where a bad address gives EFAULT.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(ErrorReply::new(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("cannot read the client's memory: {e}"),
+        ));
+    }
+    if n as usize != len {
+        return Err(ErrorReply::new(
+            libc::EFAULT,
+            format!("read {n} of {len} bytes from the client's memory"),
+        ));
+    }
+    // SAFETY: the kernel wrote the first `len` bytes.
+    unsafe { buf.set_len(len) };
+    Ok(buf.freeze())
+}
+
+/// Serves a request flagged `FLAG_CMA` from a peer allowed to use it
+/// (`pid`; None: refused).
+pub(crate) async fn serve(
+    sh: &std::sync::Arc<Shared>,
+    pid: Option<libc::pid_t>,
+    h: Header,
+    payload: Bytes,
+) -> Result<Response, ErrorReply> {
+    let pid = pid.ok_or_else(|| {
+        ErrorReply::new(
+            libc::EPERM,
+            "cross-memory attach is only for local clients of the server's user",
+        )
+    })?;
+    let (rest, r) = CmaRef::split_off(&payload)
+        .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
+    let head = payload.slice(..rest.len());
+    match h.op {
+        op::PING if head.is_empty() => Ok(Response::Data(fetch(pid, r)?)),
+        op::WRITE => {
+            let mut req = Request::decode(op::WRITE, head)
+                .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
+            if let Request::Write { data, .. } = &mut req {
+                if !data.is_empty() {
+                    return Err(ErrorReply::new(
+                        libc::EPROTO,
+                        "malformed request: data both in the frame and in memory",
+                    ));
+                }
+                *data = fetch(pid, r)?;
+            }
+            Counters::inc(&sh.counters.cma_writes);
+            let forwarded = h.flags & chfs_proto::frame::FLAG_FORWARDED != 0;
+            crate::handler::handle(sh, req, forwarded).await
+        }
+        other => Err(ErrorReply::new(
+            libc::EINVAL,
+            format!("cross-memory attach is not allowed on request {other}"),
+        )),
+    }
+}
