@@ -239,6 +239,26 @@ fn ordinary_user_mounts_through_fusermount3() {
     ));
     assert!(ok, "{out}");
     assert_eq!(out, "hi\n65534\n");
+    // Its large writes arrive through the socket: servers running as
+    // another user (root) refuse to copy from its memory (cross-memory
+    // attach is only for peers of the server's own user).
+    let src = dir.path().join("big");
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 31 + 7) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    let (ok, out) = sh_status(&format!(
+        "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'dd if={} of={}/u/big bs=1M 2>/dev/null && cmp {} {}/u/big'",
+        src.display(),
+        mp.display(),
+        src.display(),
+        mp.display()
+    ));
+    assert!(ok, "{out}");
+    let cma: u64 = admin
+        .server_status()
+        .into_iter()
+        .map(|(_, s)| s.unwrap().cma_writes)
+        .sum();
+    assert_eq!(cma, 0, "servers copied from another user's memory");
     // The user unmounts with fusermount3 -u; the daemon exits.
     let (ok, out) = sh_status(&format!(
         "setpriv --reuid=65534 --regid=65534 --clear-groups fusermount3 -u {}",
