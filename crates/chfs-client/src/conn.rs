@@ -35,16 +35,6 @@ use crate::error::{Error, Result};
 /// socket's two copies cost less than pinning the pages).
 const CMA_MIN: usize = 16 * 1024;
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the live timespec above.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 type Reply = Result<Response>;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -220,7 +210,7 @@ impl Conn {
     /// cannot (another user, a kernel without `process_vm_readv`, an old
     /// server) answers with an error and nothing changes.
     fn probe_cma(&self) {
-        let probe = (monotonic_ns() ^ (self as *const Self as u64)).to_le_bytes();
+        let probe = (CmaRef::clock_ns() ^ (self as *const Self as u64)).to_le_bytes();
         let r = self
             .send_frame(op::PING, &[], &[], Some(&probe))
             .map(|t| self.wait(t));
@@ -317,7 +307,7 @@ impl Conn {
                 addr: m.as_ptr() as u64,
                 len: m.len() as u64,
                 // The server must not read it once we stopped waiting.
-                deadline_ns: monotonic_ns() + self.timeout.as_nanos() as u64,
+                deadline_ns: CmaRef::clock_ns() + self.timeout.as_nanos() as u64,
             }
             .encode()
         });

@@ -49,6 +49,18 @@ pub struct CmaRef {
 }
 
 impl CmaRef {
+    /// The clock of [`CmaRef::deadline_ns`]: `CLOCK_MONOTONIC` in ns, the
+    /// same for every process of a host (outside time namespaces).
+    pub fn clock_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the live timespec above.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
     /// Encoded size (at the end of the payload).
     pub const LEN: usize = 24;
 

@@ -22,20 +22,10 @@ pub(crate) fn peer_pid(cred: &tokio::net::unix::UCred) -> Option<libc::pid_t> {
     (cred.uid() == me).then(|| cred.pid()).flatten()
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the live timespec above.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// Copies `r` out of process `pid`.
 fn fetch(pid: libc::pid_t, r: CmaRef) -> Result<Bytes, ErrorReply> {
     // The sender stops waiting at the deadline and may reuse the memory.
-    if monotonic_ns() > r.deadline_ns {
+    if CmaRef::clock_ns() > r.deadline_ns {
         return Err(ErrorReply::new(
             libc::ETIMEDOUT,
             "the client stopped waiting for this request",

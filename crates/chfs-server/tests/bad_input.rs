@@ -346,16 +346,6 @@ fn a_stalled_client_does_not_block_others() {
     still_serves(addr);
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the live timespec above.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The local (Unix socket) connection a client on this host uses.
 fn local(addr: &str) -> std::os::unix::net::UnixStream {
     use std::os::linux::net::SocketAddrExt;
@@ -376,7 +366,7 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
     let p = pool(1, None);
     let addr = &p.addrs()[0];
     let data: Vec<u8> = (0..65536u32).map(|i| (i * 13) as u8).collect();
-    let far = monotonic_ns() + 60_000_000_000;
+    let far = CmaRef::clock_ns() + 60_000_000_000;
     let at = |m: &[u8], deadline_ns| {
         CmaRef {
             addr: m.as_ptr() as u64,
@@ -441,7 +431,7 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
         "unmapped address"
     );
     let mut late = head.clone();
-    late.extend_from_slice(&at(&data, monotonic_ns() - 1));
+    late.extend_from_slice(&at(&data, CmaRef::clock_ns() - 1));
     send_flags(&mut u, 6, op::WRITE, FLAG_CMA, &late);
     assert_eq!(
         reply(&mut u, 6).unwrap_err().0,
