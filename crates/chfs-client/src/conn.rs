@@ -15,8 +15,6 @@
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-
-use crate::stream::Stream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -29,6 +27,7 @@ use chfs_proto::{Request, Response};
 
 use crate::config::ClientConfig;
 use crate::error::{Error, Result};
+use crate::stream::Stream;
 
 /// Smallest write whose data a local server copies from this process's
 /// memory rather than receiving it through the socket (below it, the
@@ -68,8 +67,8 @@ pub(crate) struct Conn {
     /// The server copies large write data from our memory (probed at
     /// connect; see [`chfs_proto::frame::FLAG_CMA`]).
     cma: AtomicBool,
-    /// Our pid when the probe succeeded (a forked child has another
-    /// address space: it sends its data through the socket).
+    /// Our pid at connect (a forked child has another address space: it
+    /// sends its data through the socket).
     pid: u32,
 }
 

@@ -28,16 +28,22 @@ fn raw(addr: &str) -> TcpStream {
     s
 }
 
-/// Connects and completes the handshake; returns the reply status.
-fn hello(addr: &str, secret: &[u8]) -> (TcpStream, i32, String) {
-    let mut s = raw(addr);
+/// Performs the handshake on `s`; returns the reply status and message.
+fn handshake(s: &mut (impl Read + Write), secret: &[u8]) -> (i32, String) {
     s.write_all(&Hello::new(secret).encode()).unwrap();
     let mut fixed = [0u8; HelloReply::FIXED_LEN];
     s.read_exact(&mut fixed).unwrap();
     let (_, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
     let mut msg = vec![0u8; n];
     s.read_exact(&mut msg).unwrap();
-    (s, status, String::from_utf8_lossy(&msg).into_owned())
+    (status, String::from_utf8_lossy(&msg).into_owned())
+}
+
+/// Connects over TCP and completes the handshake; returns the reply status.
+fn hello(addr: &str, secret: &[u8]) -> (TcpStream, i32, String) {
+    let mut s = raw(addr);
+    let (status, msg) = handshake(&mut s, secret);
+    (s, status, msg)
 }
 
 fn send(s: &mut impl Write, id: u64, opcode: u16, payload: &[u8]) {
@@ -353,11 +359,7 @@ fn local(addr: &str) -> std::os::unix::net::UnixStream {
     let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
     let mut s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&Hello::new(b"").encode()).unwrap();
-    let mut fixed = [0u8; HelloReply::FIXED_LEN];
-    s.read_exact(&mut fixed).unwrap();
-    let (_, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
-    assert_eq!((status, n), (0, 0));
+    assert_eq!(handshake(&mut s, b""), (0, String::new()));
     s
 }
 

@@ -42,14 +42,23 @@ struct Args {
     /// Repetitions (the best of each is reported).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Measure only these targets (for profiling one of them): any of
-    /// reference, native, mount; the ratio needs native and mount.
-    #[arg(long, value_delimiter = ',', default_values_t = ["reference".to_string(), "native".into(), "mount".into()])]
-    only: Vec<String>,
+    /// Measure only these targets (for profiling one of them); the ratio
+    /// needs native and mount.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["reference", "native", "mount"])]
+    only: Vec<Which>,
     /// Extra chfuse options (e.g. --chfuse-arg=--writeback-cache).
     #[arg(long = "chfuse-arg", allow_hyphen_values = true)]
     chfuse_args: Vec<String>,
 }
+
+/// The targets, in the order they run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+enum Which {
+    Reference,
+    Native,
+    Mount,
+}
+const TARGETS: [Which; 3] = [Which::Reference, Which::Native, Which::Mount];
 
 /// The operations measured, for one target.
 trait Target {
@@ -349,13 +358,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let block: Vec<u8> = (0..a.block_kib << 10).map(|i| (i * 7 + 3) as u8).collect();
     let mut buf = vec![0u8; a.block_kib << 10];
-    let keys = ["reference", "native", "mount"];
-    for o in &a.only {
-        if !keys.contains(&o.as_str()) {
-            return Err(format!("--only: unknown target {o} (one of {keys:?})").into());
-        }
-    }
-    let wanted = |i: usize| a.only.iter().any(|o| o == keys[i]);
+    let wanted = |i: usize| a.only.contains(&TARGETS[i]);
     let mut figs = vec![Figures::default(); targets.len()];
     for _ in 0..a.repeat.max(1) {
         for (i, (t, f)) in targets.iter().zip(figs.iter_mut()).enumerate() {
