@@ -11,6 +11,7 @@
 //! of one chunk never lose each other's bytes. The server holds an
 //! `Arc<dyn Store>` and knows nothing of how an engine keeps its data.
 
+mod chunkmap;
 pub mod crc;
 mod dirindex;
 mod media;

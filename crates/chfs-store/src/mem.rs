@@ -1,18 +1,19 @@
 //! DRAM engine: sharded hash maps plus a per-directory name index.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap};
 use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
+use crate::chunkmap::ChunkMap;
 use crate::dirindex::{lock, shard_of, DirIndex};
 use crate::usage::Usage;
 use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
 const SHARDS: usize = 64;
 
-type Chunks = BTreeMap<u64, Chunk>;
+type Chunks = ChunkMap<Chunk>;
 
 /// The DRAM engine. Data is lost when the server stops.
 pub struct MemStore {

@@ -39,9 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::dirindex::Padded;
 use crate::usage::Striped;
 use std::sync::MutexGuard;
 
@@ -49,6 +47,7 @@ use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
+use crate::chunkmap::ChunkMap;
 use crate::dirindex::{lock, shard_of, DirIndex};
 use crate::media::{Media, MmapMedia, PersistMode};
 use crate::record::{new_uuid, Slot, SLOT_LEN};
@@ -127,7 +126,7 @@ struct Rec {
     corrupt: bool,
 }
 
-type Chunks = BTreeMap<u64, Rec>;
+type Chunks = ChunkMap<Rec>;
 
 /// Free space: by start and by (length, start) for best fit.
 #[derive(Default)]
@@ -179,8 +178,6 @@ pub struct PmemStore {
     free: Vec<crate::dirindex::Shard<FreeSpace>>,
     /// Bytes of the data area the arenas' slices cover each.
     arena_len: u64,
-    /// Record sequence numbers (newest slot wins), in its own cache lines.
-    seq: Padded<AtomicU64>,
     entries: Striped,
     bytes: Striped,
     report: RecoveryReport,
@@ -360,7 +357,6 @@ impl PmemStore {
                 .map(|_| crate::dirindex::Shard::new(FreeSpace::default()))
                 .collect(),
             arena_len: align((end - DATA_START).div_ceil(arenas)),
-            seq: Padded(AtomicU64::new(1)),
             entries: Striped::new(0),
             bytes: Striped::new(0),
             report: RecoveryReport {
@@ -407,10 +403,6 @@ impl PmemStore {
         lock(&self.files[shard_of(path, SHARDS)])
     }
 
-    fn next_seq(&self) -> u64 {
-        self.seq.0.fetch_add(1, Ordering::Relaxed)
-    }
-
     fn read_slot(&self, ext: u64, n: u8) -> Option<Slot> {
         let mut b = [0u8; SLOT_LEN];
         self.media
@@ -422,7 +414,6 @@ impl PmemStore {
         let mut pos = DATA_START;
         let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // (start, len, needs word)
         let mut losers = Vec::new();
-        let mut max_seq = 0u64;
         let mut report = std::mem::take(&mut self.report);
         while pos < self.end {
             let w = self.media.load_word(pos);
@@ -439,8 +430,7 @@ impl PmemStore {
             let mut is_free = state == FREE;
             if state == USED {
                 match self.recover_record(pos, len) {
-                    Some((path, idx, rec, seq)) => {
-                        max_seq = max_seq.max(seq);
+                    Some((path, idx, rec)) => {
                         let files = self.files.get_mut(shard_of(&path, SHARDS));
                         let files = files.map(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()));
                         if let Some(files) = files {
@@ -506,7 +496,6 @@ impl PmemStore {
                     .insert(ps, pl);
             }
         }
-        self.seq = Padded(AtomicU64::new(max_seq + 1));
         report.superseded = losers.len() as u64;
         for (s, l) in losers {
             self.release(s, l)?;
@@ -515,7 +504,7 @@ impl PmemStore {
         for sh in &self.files {
             let m = lock(sh);
             for (path, chunks) in m.iter() {
-                for (idx, r) in chunks {
+                for (idx, r) in chunks.iter() {
                     entries += 1;
                     bytes += r.len;
                     report.corrupt += r.corrupt as u64;
@@ -533,8 +522,8 @@ impl PmemStore {
         Ok(())
     }
 
-    /// Reads a USED extent: (path, idx, record, highest valid slot seq).
-    fn recover_record(&self, ext: u64, len: u64) -> Option<(String, u64, Rec, u64)> {
+    /// Reads a USED extent: (path, idx, record).
+    fn recover_record(&self, ext: u64, len: u64) -> Option<(String, u64, Rec)> {
         let mut slots: Vec<(u8, Slot)> = (0..2u8)
             .filter_map(|n| self.read_slot(ext, n).map(|s| (n, s)))
             .filter(|(_, s)| {
@@ -570,11 +559,11 @@ impl PmemStore {
                 continue;
             }
             if self.media.crc(data, s.data_len as u64, 0) == s.data_crc {
-                return Some((path, s.idx, mk(*n, s, false), first.seq));
+                return Some((path, s.idx, mk(*n, s, false)));
             }
         }
         let (n, s) = slots[0];
-        Some((path, s.idx, mk(n, &s, true), s.seq))
+        Some((path, s.idx, mk(n, &s, true)))
     }
 
     /// Allocates an extent of at least `want` bytes (a multiple of UNIT),
@@ -615,38 +604,41 @@ impl PmemStore {
         Ok(Some((start, got)))
     }
 
-    /// Returns an extent to free space (one word store, merged with free
-    /// neighbours).
+    /// Returns an extent to free space, merged with its free neighbours by
+    /// one word store: at the left neighbour's start when that one is free
+    /// (the extent's own word then lies inside the grown free run, where
+    /// the chain never looks: no store to the extent's cold first line),
+    /// else at the extent's start, covering a free right neighbour too.
     fn release(&self, start: u64, len: u64) -> Result<()> {
         let mut fs = lock(&self.free[self.arena_of(start)]);
-        self.media.store_word(start, word(FREE, len));
-        self.media.persist(start, 8)?;
+        let fs = &mut *fs;
         let right = fs.by_start.get(&(start + len)).copied();
+        let left = fs
+            .by_start
+            .range(..start)
+            .next_back()
+            .map(|(&ls, &ll)| (ls, ll))
+            .filter(|&(ls, ll)| ls + ll == start);
+        let (at, old, new) = match left {
+            Some((ls, ll)) => (ls, Some(ll), ll + len + right.unwrap_or(0)),
+            None => (start, None, len + right.unwrap_or(0)),
+        };
+        self.media.store_word(at, word(FREE, new));
+        self.media.persist(at, 8)?;
         if let Some(r) = right {
             fs.remove(start + len, r);
         }
-        let add = len + right.unwrap_or(0);
-        // Merged into the left neighbour: its length grows in place.
-        let fs = &mut *fs;
-        if let Some((&ls, ll)) = fs.by_start.range_mut(..start).next_back() {
-            if ls + *ll == start {
-                fs.by_size.remove(&(*ll, ls));
-                *ll += add;
-                fs.by_size.insert((*ll, ls));
-                self.media.store_word(ls, word(FREE, *ll));
-                return Ok(self.media.persist(ls, 8)?);
-            }
+        if let Some(ll) = old {
+            // (its by_start entry is overwritten by the insert)
+            fs.by_size.remove(&(ll, at));
         }
-        if right.is_some() {
-            self.media.store_word(start, word(FREE, add));
-            self.media.persist(start, 8)?;
-        }
-        fs.insert(start, add);
+        fs.insert(at, new);
         Ok(())
     }
 
+    /// Writes slot `n` of `rec` as the next version of its key (`seq` + 1).
     fn write_slot(&self, rec: &mut Rec, path: &str, idx: u64, n: u8) {
-        rec.seq = self.next_seq();
+        rec.seq += 1;
         let s = Slot {
             seq: rec.seq,
             uuid: self.uuid,
@@ -674,6 +666,8 @@ impl PmemStore {
     }
 
     /// Writes a complete new record; returns it once durable and published.
+    /// `prev_seq` is the sequence number of the version of the key it
+    /// replaces (0 for none): the new one gets a higher one.
     fn new_record(
         &self,
         path: &str,
@@ -681,6 +675,7 @@ impl PmemStore {
         meta: Meta,
         cap: u64,
         parts: &[Part<'_>],
+        prev_seq: u64,
     ) -> Result<Rec> {
         let len: u64 = parts.iter().map(Part::len).sum();
         if len > u32::MAX as u64 {
@@ -718,7 +713,7 @@ impl PmemStore {
             len,
             crc,
             meta,
-            seq: 0,
+            seq: prev_seq,
             slot: 0,
             corrupt: false,
         };
@@ -818,7 +813,7 @@ impl PmemStore {
         if end < old.len {
             parts.push(Part::Copy(old.data + end, old.len - end));
         }
-        let rec = self.new_record(path, idx, meta, cap, &parts)?;
+        let rec = self.new_record(path, idx, meta, cap, &parts, old.seq)?;
         self.replace(chunks, idx, rec)
     }
 
@@ -876,16 +871,20 @@ impl Store for PmemStore {
 
     fn create(&self, path: &str, meta: Meta, data: &[u8], excl: bool) -> Result<(Meta, bool)> {
         let mut files = self.files(path);
-        if let Some(r) = files.get(path).and_then(|c| c.get(&0)) {
+        let chunks = files.entry(path.to_string()).or_default();
+        if let Some(r) = chunks.get(&0) {
             return if excl {
                 Err(StoreError::Exists(r.meta))
             } else {
                 Ok((r.meta, false))
             };
         }
-        let rec = self.new_record(path, 0, meta, data.len() as u64, &[Part::Bytes(data)])?;
-        let chunks = files.entry(path.to_string()).or_default();
-        self.replace(chunks, 0, rec)?;
+        let made = self.new_record(path, 0, meta, data.len() as u64, &[Part::Bytes(data)], 0);
+        let made = made.and_then(|rec| self.replace(chunks, 0, rec));
+        if made.is_err() && chunks.is_empty() {
+            files.remove(path);
+        }
+        made?;
         drop(files);
         self.dirs.add(path);
         Ok((meta, true))
@@ -918,9 +917,10 @@ impl Store for PmemStore {
                 let m = r.meta;
                 self.write_into(chunks, path, idx, off, data, m)
             }
-            _ => {
+            old => {
+                let prev = old.map_or(0, |o| o.seq);
                 let parts = [Part::Zero(off), Part::Bytes(data)];
-                match self.new_record(path, idx, *template, end, &parts) {
+                match self.new_record(path, idx, *template, end, &parts, prev) {
                     Ok(rec) => self.replace(chunks, idx, rec),
                     Err(e) => Err(e),
                 }
@@ -1034,8 +1034,8 @@ impl Store for PmemStore {
         }
         if r.cap > 4096 && len < r.cap / 4 {
             // Reclaim the space: move the short remainder to a small record.
-            let (meta, data) = (r.meta, r.data);
-            let rec = self.new_record(path, idx, meta, len, &[Part::Copy(data, len)])?;
+            let (meta, data, prev) = (r.meta, r.data, r.seq);
+            let rec = self.new_record(path, idx, meta, len, &[Part::Copy(data, len)], prev)?;
             return self.replace(chunks, idx, rec);
         }
         let mut next = *r;
@@ -1112,15 +1112,21 @@ impl Store for PmemStore {
 
     fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
         let mut files = self.files(path);
-        let rec = self.new_record(
+        let chunks = files.entry(path.to_string()).or_default();
+        let prev = chunks.get(&idx).map_or(0, |r| r.seq);
+        let made = self.new_record(
             path,
             idx,
             chunk.meta,
             chunk.data.len() as u64,
             &[Part::Bytes(&chunk.data)],
-        )?;
-        let chunks = files.entry(path.to_string()).or_default();
-        self.replace(chunks, idx, rec)?;
+            prev,
+        );
+        let made = made.and_then(|rec| self.replace(chunks, idx, rec));
+        if made.is_err() && chunks.is_empty() {
+            files.remove(path);
+        }
+        made?;
         drop(files);
         if idx == 0 {
             self.dirs.add(path);

@@ -27,7 +27,7 @@
 //! Durability: [`Store::sync`] fsyncs every chunk file changed since the
 //! last sync and the directories whose entries changed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
 
@@ -41,6 +41,7 @@ use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
+use crate::chunkmap::ChunkMap;
 use crate::dirindex::{lock, shard_of, DirIndex};
 use crate::record::{new_uuid, Slot, SLOT_LEN};
 use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
@@ -76,7 +77,7 @@ struct PRec {
     corrupt: bool,
 }
 
-type Chunks = BTreeMap<u64, PRec>;
+type Chunks = ChunkMap<PRec>;
 
 #[derive(Default)]
 struct Dirty {
@@ -383,7 +384,7 @@ impl PosixStore {
         let (mut entries, mut bytes) = (0, 0);
         for sh in &self.files {
             for (path, chunks) in lock(sh).iter() {
-                for (idx, r) in chunks {
+                for (idx, r) in chunks.iter() {
                     entries += 1;
                     bytes += r.len;
                     report.corrupt += r.corrupt as u64;

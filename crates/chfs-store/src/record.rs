@@ -28,7 +28,9 @@ pub const SLOT_LEN: usize = 128;
 /// A decoded slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
-    /// Store-wide sequence number of this version.
+    /// Sequence number of this version of its key: every new slot or record
+    /// of a key gets the previous one + 1 (all changes of a key happen under
+    /// one lock, so no counter is shared between threads).
     pub seq: u64,
     /// Identity of the store the record belongs to.
     pub uuid: u64,
