@@ -1,6 +1,6 @@
 //! DRAM engine: sharded hash maps plus a per-directory name index.
 
-use std::collections::{HashMap};
+use std::collections::HashMap;
 use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;

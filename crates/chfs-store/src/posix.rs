@@ -40,8 +40,8 @@ use std::sync::{Mutex, MutexGuard};
 use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
-use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::chunkmap::ChunkMap;
+use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::{lock, shard_of, DirIndex};
 use crate::record::{new_uuid, Slot, SLOT_LEN};
 use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
