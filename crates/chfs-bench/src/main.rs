@@ -7,7 +7,8 @@ use chfs_bench::leader::{self, Launcher, LocalLauncher, RunOptions};
 use chfs_bench::report::{self, RunResult};
 use chfs_bench::worker::{Params, TargetSpec};
 use chfs_bench::{sweep, BenchError, Result};
-use chfs_localpool::LocalPool;
+use chfs_client::Client;
+use chfs_localpool::{LocalPool, PoolOptions};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -42,6 +43,33 @@ struct Target {
     /// Benchmark this directory through POSIX calls instead of a pool.
     #[arg(long, value_name = "DIR")]
     posix: Option<PathBuf>,
+    /// Storage engine of the local pool's servers: mem, pmem or posix (a
+    /// persistent store per server on /dev/shm, of --store-size).
+    #[arg(long, value_name = "ENGINE", requires = "servers")]
+    store: Option<Engine>,
+    /// Size of each server's persistent store (with --store or
+    /// --reference-store pmem/posix; it must hold that server's share of
+    /// the data written).
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    store_size: String,
+}
+
+/// A chfsd storage engine (`chfsd --store`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    Mem,
+    Pmem,
+    Posix,
+}
+
+impl Engine {
+    fn name(self) -> &'static str {
+        match self {
+            Engine::Mem => "mem",
+            Engine::Pmem => "pmem",
+            Engine::Posix => "posix",
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -51,6 +79,16 @@ struct Io500Args {
     /// Run the same phases on this directory and print ratios.
     #[arg(long, value_name = "DIR")]
     reference: Option<PathBuf>,
+    /// Run the same phases on a second local pool of as many servers with
+    /// this storage engine and print ratios (e.g. `--servers 2 --store
+    /// pmem --reference-store mem`: each engine against DRAM, end to end).
+    #[arg(
+        long,
+        value_name = "ENGINE",
+        requires = "servers",
+        conflicts_with = "reference"
+    )]
+    reference_store: Option<Engine>,
     /// Worker processes (ranks).
     #[arg(short = 'n', long, default_value_t = 2)]
     procs: usize,
@@ -114,12 +152,24 @@ struct SweepArgs {
     json: Option<PathBuf>,
 }
 
-/// The pool to use: a fresh local one, or CHFS_SERVER.
-fn pool(servers: Option<usize>) -> Result<(Option<LocalPool>, String)> {
+/// The pool to use: a fresh local one (with `store`: its servers' engine
+/// and the size of each store), or CHFS_SERVER.
+fn pool(
+    servers: Option<usize>,
+    store: Option<(Engine, &str)>,
+) -> Result<(Option<LocalPool>, String)> {
     match servers {
         Some(n) => {
-            let p =
-                LocalPool::start(n).map_err(|e| BenchError::io("start local pool", "chfsd", e))?;
+            let mut opts = PoolOptions {
+                servers: n,
+                ..Default::default()
+            };
+            if let Some((engine, size)) = store {
+                opts.store = Some(engine.name().to_string());
+                opts.store_size = size.to_string();
+            }
+            let p = LocalPool::start_with(opts)
+                .map_err(|e| BenchError::io("start local pool", "chfsd", e))?;
             let s = p.server_string();
             Ok((Some(p), s))
         }
@@ -130,6 +180,25 @@ fn pool(servers: Option<usize>) -> Result<(Option<LocalPool>, String)> {
             )),
         },
     }
+}
+
+/// What the servers of a pool say they are: how many, and their storage
+/// engines (as reported by each server's status, not as requested).
+fn describe_pool(servers: &str) -> Result<String> {
+    let cfg = chfs_bench::worker::chfs_config(servers)?;
+    let client = Client::connect(cfg).map_err(|e| BenchError::chfs("connect", servers, e))?;
+    let mut engines = std::collections::BTreeSet::new();
+    let status = client.server_status();
+    let n = status.len();
+    for (addr, st) in status {
+        let st = st.map_err(|e| BenchError::chfs("status", &addr, e))?;
+        engines.insert(st.store);
+    }
+    let engines: Vec<String> = engines.into_iter().collect();
+    Ok(format!(
+        "chfs-rs pool of {n} servers, store {}",
+        engines.join("+")
+    ))
 }
 
 fn write_file(path: &PathBuf, data: &str) -> Result<()> {
@@ -174,7 +243,8 @@ fn io500(
     let (_pool, system) = match &a.target.posix {
         Some(dir) => (None, TargetSpec::Posix { dir: dir.clone() }),
         None => {
-            let (p, s) = pool(a.target.servers)?;
+            let t = &a.target;
+            let (p, s) = pool(t.servers, t.store.map(|e| (e, t.store_size.as_str())))?;
             (p, TargetSpec::Chfs { servers: s })
         }
     };
@@ -194,6 +264,17 @@ fn io500(
     let mut targets = vec![("system", system)];
     if let Some(dir) = &a.reference {
         targets.push(("reference", TargetSpec::Posix { dir: dir.clone() }));
+    }
+    let mut _reference_pool = None;
+    if let Some(engine) = a.reference_store {
+        let (p, s) = pool(a.target.servers, Some((engine, &a.target.store_size)))?;
+        _reference_pool = p;
+        targets.push(("reference", TargetSpec::Chfs { servers: s }));
+    }
+    for (label, spec) in &targets {
+        if let TargetSpec::Chfs { servers } = spec {
+            println!("{label}: {}", describe_pool(servers)?);
+        }
     }
     let mut results = leader::run_targets(&targets, &params, &opts, launcher)?.into_iter();
     let (Some(sys), reference) = (results.next(), results.next()) else {
@@ -238,7 +319,7 @@ fn io500(
 }
 
 fn run_sweep(a: SweepArgs) -> Result<()> {
-    let (_pool, servers) = pool(a.servers)?;
+    let (_pool, servers) = pool(a.servers, None)?;
     let pts = sweep::sweep(
         &servers,
         &a.chunk_sizes,

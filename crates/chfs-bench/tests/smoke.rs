@@ -153,6 +153,45 @@ fn pool_and_reference_smoke() {
 }
 
 #[test]
+fn one_engine_against_another() {
+    // The pmem engine against the DRAM engine, each in its own pool; the
+    // servers' own status says which engine served which side.
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("e.json");
+    let (run, stdout) = run_bench(&[
+        "--servers",
+        "2",
+        "-n",
+        "2",
+        "--store",
+        "pmem",
+        "--store-size",
+        "64M",
+        "--reference-store",
+        "mem",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout.contains("system: chfs-rs pool of 2 servers, store pmem"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("reference: chfs-rs pool of 2 servers, store mem"),
+        "{stdout}"
+    );
+    check_target(&run.system, 2);
+    let r = run.reference.as_ref().expect("reference");
+    assert!(matches!(
+        r.target,
+        chfs_bench::worker::TargetSpec::Chfs { .. }
+    ));
+    check_target(r, 2);
+    assert_eq!(run.ratios.len(), 15);
+    assert!(run.ratios.iter().all(|x| x.ratio > 0.0));
+}
+
+#[test]
 fn posix_only_smoke() {
     let dir = scratch();
     let out = tempfile::tempdir().unwrap();
@@ -281,6 +320,18 @@ fn bad_input_is_a_clear_error() {
     assert!(run(&["--posix", "/tmp", "-n", "0"]).contains("--procs"));
     assert!(run(&["--posix", "/tmp", "--stonewall=-1"]).contains("--stonewall"));
     assert!(run(&["--posix", "/tmp", "--hard-files", "0"]).contains("--hard-files"));
+    // an engine needs a local pool; one reference at a time
+    assert!(run(&["--store", "pmem"]).contains("--servers"));
+    assert!(run(&["--servers", "2", "--store", "dram"]).contains("possible values"));
+    let e = run(&[
+        "--servers",
+        "2",
+        "--reference",
+        "/tmp",
+        "--reference-store",
+        "mem",
+    ]);
+    assert!(e.contains("cannot be used with"), "{e}");
     // a pool that is not there: an error naming the address, no hang
     let e = run(&["--no-progress"]);
     assert!(e.contains("CHFS_SERVER"), "{e}");

@@ -20,6 +20,13 @@ pub struct PoolOptions {
     pub chfsd: Option<PathBuf>,
     /// Log filter of the servers.
     pub log_level: String,
+    /// Storage engine of every server (`mem`, `pmem`, `posix`; default:
+    /// `CHFS_TEST_STORE`, else chfsd's default, mem). A persistent engine
+    /// gets a store per server under the pool directory (on /dev/shm when
+    /// there is one) of `store_size`.
+    pub store: Option<String>,
+    /// Size of each server's persistent store (chfsd `--size`).
+    pub store_size: String,
 }
 
 impl Default for PoolOptions {
@@ -30,6 +37,8 @@ impl Default for PoolOptions {
             args: Vec::new(),
             chfsd: None,
             log_level: "warn".into(),
+            store: None,
+            store_size: "256M".into(),
         }
     }
 }
@@ -113,8 +122,9 @@ impl LocalPool {
 
     /// Starts a pool.
     ///
-    /// With `CHFS_TEST_STORE=pmem` or `posix` in the environment (and no
-    /// `--store` in the options), every server gets that persistent engine
+    /// With `store` in the options, or else `CHFS_TEST_STORE=pmem` or
+    /// `posix` in the environment (and no `--store` among the extra
+    /// arguments), every server gets that persistent engine
     /// with its own store under the pool directory (on /dev/shm when there
     /// is one), so a whole test suite can run against an engine:
     /// `CHFS_TEST_STORE=pmem cargo test -p chfs-client`.
@@ -123,8 +133,10 @@ impl LocalPool {
             Some(p) => p.clone(),
             None => find_chfsd()?,
         };
-        let test_store = std::env::var("CHFS_TEST_STORE")
-            .ok()
+        let test_store = opts
+            .store
+            .clone()
+            .or_else(|| std::env::var("CHFS_TEST_STORE").ok())
             .filter(|s| !s.is_empty() && s != "mem" && !opts.args.iter().any(|a| a == "--store"));
         let base = match &test_store {
             Some(_) if Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
@@ -144,7 +156,7 @@ impl LocalPool {
                 "--path".to_string(),
                 path,
                 "--size".to_string(),
-                "256M".to_string(),
+                opts.store_size.clone(),
             ]);
         }
         let n = opts.servers.max(1);
