@@ -128,12 +128,28 @@ struct Rec {
 
 type Chunks = ChunkMap<Rec>;
 
-/// Free space: by start and by (length, start) for best fit.
+/// Free space of an arena: by start and by (length, start) for best fit,
+/// plus a *cursor*: one large free extent, kept out of the maps, that
+/// allocations are cut from first, front to back (dlmalloc's "designated
+/// victim"). Cutting from it changes no map (a create or a fresh chunk
+/// costs no tree update), and a freed extent next to it merges into it.
+/// Like every free extent it has its FREE word on the medium. Invariant:
+/// no two free extents (map entries or the cursor) are adjacent.
 #[derive(Default)]
 struct FreeSpace {
     by_start: BTreeMap<u64, u64>,
     by_size: BTreeSet<(u64, u64)>,
+    cursor: Option<(u64, u64)>,
 }
+
+/// Free extents of an arena (start, length): the cursor, the maps'.
+#[cfg(test)]
+pub(crate) type ArenaExtents = (Option<(u64, u64)>, Vec<(u64, u64)>);
+
+/// Remainders at least this large (or an eighth of a small arena) become
+/// the cursor; smaller ones go to the maps, where best fit finds them for
+/// small records.
+const CURSOR_MIN: u64 = 1 << 20;
 
 impl FreeSpace {
     fn insert(&mut self, s: u64, l: u64) {
@@ -391,11 +407,27 @@ impl PmemStore {
         (((start - DATA_START) / self.arena_len) as usize).min(self.free.len() - 1)
     }
 
+    /// Free extents (start, length) of every arena: (cursor, the maps').
+    #[cfg(test)]
+    pub(crate) fn free_extents(&self) -> Vec<ArenaExtents> {
+        self.free
+            .iter()
+            .map(|a| {
+                let fs = lock(a);
+                let v = fs.by_start.iter().map(|(&s, &l)| (s, l)).collect();
+                (fs.cursor, v)
+            })
+            .collect()
+    }
+
     /// Free bytes (all arenas).
     fn free_bytes(&self) -> u64 {
         self.free
             .iter()
-            .map(|a| lock(a).by_start.values().sum::<u64>())
+            .map(|a| {
+                let fs = lock(a);
+                fs.by_start.values().sum::<u64>() + fs.cursor.map_or(0, |c| c.1)
+            })
             .sum()
     }
 
@@ -582,26 +614,44 @@ impl PmemStore {
         })
     }
 
-    /// Best fit in one arena; None if nothing there is large enough.
+    /// An extent from one arena: cut from the front of its cursor when
+    /// that is large enough, else best fit from its maps; None if nothing
+    /// there is large enough. The word of the remaining free space is
+    /// stored and persisted before the extent is handed out.
     fn alloc_in(&self, fs: &mut FreeSpace, want: u64) -> Result<Option<(u64, u64)>> {
+        if let Some((cs, cl)) = fs.cursor.filter(|c| c.1 >= want) {
+            if cl - want < UNIT {
+                fs.cursor = None;
+                return Ok(Some((cs, cl)));
+            }
+            self.media.store_word(cs + want, word(FREE, cl - want));
+            self.media.persist(cs + want, 8)?;
+            fs.cursor = Some((cs + want, cl - want));
+            return Ok(Some((cs, want)));
+        }
         let Some(&(len, start)) = fs.by_size.range((want, 0)..).next() else {
             return Ok(None);
         };
-        fs.remove(start, len);
         let rest = len - want;
-        let got = if rest >= UNIT {
-            let r = start + want;
-            self.media.store_word(r, word(FREE, rest));
-            if let Err(e) = self.media.persist(r, 8) {
-                fs.insert(start, len);
-                return Err(e.into());
+        if rest < UNIT {
+            fs.remove(start, len);
+            return Ok(Some((start, len)));
+        }
+        let r = start + want;
+        self.media.store_word(r, word(FREE, rest));
+        self.media.persist(r, 8)?;
+        fs.remove(start, len);
+        let cursor_min = CURSOR_MIN.min(self.arena_len / 8);
+        if rest >= cursor_min && fs.cursor.is_none_or(|c| c.1 < rest) {
+            // The larger remainder becomes the cursor; the old one goes to
+            // the maps (it is adjacent to no free extent).
+            if let Some((cs, cl)) = fs.cursor.replace((r, rest)) {
+                fs.insert(cs, cl);
             }
-            fs.insert(r, rest);
-            want
         } else {
-            len
-        };
-        Ok(Some((start, got)))
+            fs.insert(r, rest);
+        }
+        Ok(Some((start, want)))
     }
 
     /// Returns an extent to free space, merged with its free neighbours by
@@ -609,30 +659,38 @@ impl PmemStore {
     /// (the extent's own word then lies inside the grown free run, where
     /// the chain never looks: no store to the extent's cold first line),
     /// else at the extent's start, covering a free right neighbour too.
+    /// Merged with the cursor, the result is the cursor.
     fn release(&self, start: u64, len: u64) -> Result<()> {
         let mut fs = lock(&self.free[self.arena_of(start)]);
         let fs = &mut *fs;
+        let cur = fs.cursor;
         let right = fs.by_start.get(&(start + len)).copied();
+        let cur_right = cur.filter(|c| c.0 == start + len).map(|c| c.1);
         let left = fs
             .by_start
             .range(..start)
             .next_back()
             .map(|(&ls, &ll)| (ls, ll))
             .filter(|&(ls, ll)| ls + ll == start);
-        let (at, old, new) = match left {
-            Some((ls, ll)) => (ls, Some(ll), ll + len + right.unwrap_or(0)),
-            None => (start, None, len + right.unwrap_or(0)),
+        let cur_left = cur.filter(|c| c.0 + c.1 == start);
+        let right_len = right.or(cur_right).unwrap_or(0);
+        let (at, new) = match left.or(cur_left) {
+            Some((ls, ll)) => (ls, ll + len + right_len),
+            None => (start, len + right_len),
         };
         self.media.store_word(at, word(FREE, new));
         self.media.persist(at, 8)?;
         if let Some(r) = right {
             fs.remove(start + len, r);
         }
-        if let Some(ll) = old {
-            // (its by_start entry is overwritten by the insert)
-            fs.by_size.remove(&(ll, at));
+        if let Some((ls, ll)) = left {
+            fs.remove(ls, ll);
         }
-        fs.insert(at, new);
+        if cur_left.is_some() || cur_right.is_some() {
+            fs.cursor = Some((at, new));
+        } else {
+            fs.insert(at, new);
+        }
         Ok(())
     }
 

@@ -512,6 +512,83 @@ fn pmem_fills_to_enospc_and_reuses_freed_space() {
 }
 
 #[test]
+fn pmem_freed_space_merges_back_into_one_extent() {
+    // Records of many sizes cut from the allocator's cursor and from its
+    // maps, removed in a scrambled order: each time everything is removed,
+    // the whole data area is one free extent again (merged as it was freed,
+    // not by a reopen), and finally a record as large as the store fits.
+    let d = shm_dir();
+    let f = d.path().join("merge.pmem");
+    let s = PmemStore::open(&f, 8 << 20).unwrap();
+    let cap = s.stats().capacity;
+    let m = Meta {
+        chunk_size: 1 << 20,
+        ..meta(1)
+    };
+    let mut r = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        r % n
+    };
+    let whole_free = |s: &PmemStore, what: &str| {
+        let ext = s.free_extents();
+        assert_eq!(ext.len(), 1, "one arena");
+        let (cursor, maps) = &ext[0];
+        let all: Vec<(u64, u64)> = cursor.iter().copied().chain(maps.iter().copied()).collect();
+        assert_eq!(
+            all,
+            vec![(4096, cap)],
+            "{what}: cursor {cursor:?}, maps {maps:?}"
+        );
+    };
+    let mut n = 0;
+    for round in 0..30 {
+        let mut live: Vec<String> = Vec::new();
+        for step in 0..120 {
+            if step % 3 == 2 && !live.is_empty() {
+                let p = live.swap_remove(next(live.len() as u64) as usize);
+                s.remove_chunks(&p, 0).unwrap();
+                continue;
+            }
+            n += 1;
+            let p = format!("/m{n}");
+            let data = vec![n as u8; next(70_000) as usize];
+            s.put(&p, 0, Chunk { meta: m, data }).unwrap();
+            live.push(p);
+        }
+        while !live.is_empty() {
+            let p = live.swap_remove(next(live.len() as u64) as usize);
+            s.remove_chunks(&p, 0).unwrap();
+        }
+        whole_free(&s, &format!("round {round}"));
+    }
+    let path = "/whole";
+    let data_off = (320 + path.len() as u64).div_ceil(64) * 64;
+    let whole = vec![7u8; (cap - data_off) as usize];
+    let big = Meta {
+        chunk_size: whole.len() as u32,
+        ..meta(1)
+    };
+    s.put(
+        path,
+        0,
+        Chunk {
+            meta: big,
+            data: whole.clone(),
+        },
+    )
+    .expect("the freed space is one extent again");
+    drop(s);
+    let s = PmemStore::open(&f, 0).unwrap();
+    assert_eq!(
+        s.read(path, 0, 1, 0, whole.len() as u32).unwrap().unwrap(),
+        whole
+    );
+}
+
+#[test]
 fn pmem_refuses_bad_files_and_sizes() {
     let d = shm_dir();
     assert_eq!(
