@@ -112,11 +112,11 @@ struct Rec {
     /// Extent start and length.
     ext: u64,
     ext_len: u64,
-    /// Absolute offset of the data and its capacity.
-    data: u64,
-    cap: u64,
     len: u64,
     crc: u32,
+    /// Offset of the data in the extent ([`data_rel`] of the path length;
+    /// kept small: the index holds one `Rec` per chunk).
+    drel: u16,
     meta: Meta,
     /// Sequence number of the current slot.
     seq: u64,
@@ -124,6 +124,21 @@ struct Rec {
     slot: u8,
     /// Header valid but data failed its checksum at open.
     corrupt: bool,
+}
+
+// The data offset of the longest path fits `Rec::drel`.
+const _: () = assert!(PATH_OFF as usize + chfs_proto::path::MAX_PATH + 64 <= u16::MAX as usize);
+
+impl Rec {
+    /// Absolute offset of the data.
+    fn data(&self) -> u64 {
+        self.ext + self.drel as u64
+    }
+
+    /// Bytes of data the extent holds.
+    fn cap(&self) -> u64 {
+        self.ext_len - self.drel as u64
+    }
 }
 
 type Chunks = ChunkMap<Rec>;
@@ -573,12 +588,10 @@ impl PmemStore {
         }
         let path = String::from_utf8(pb).ok()?;
         let data = ext + data_rel(plen);
-        let cap = ext + len - data;
         let mk = |n: u8, s: &Slot, corrupt: bool| Rec {
             ext,
             ext_len: len,
-            data,
-            cap,
+            drel: data_rel(plen) as u16,
             len: s.data_len as u64,
             crc: s.data_crc,
             meta: s.meta,
@@ -766,8 +779,7 @@ impl PmemStore {
         let mut rec = Rec {
             ext,
             ext_len,
-            data,
-            cap: ext + ext_len - data,
+            drel: rel as u16,
             len,
             crc,
             meta,
@@ -834,14 +846,14 @@ impl PmemStore {
         }
         let end = off + data.len() as u64;
         let max_cap = (meta.chunk_size as u64).max(end);
-        if off >= rec.len && end <= rec.cap {
+        if off >= rec.len && end <= rec.cap() {
             // Append into spare capacity: the current slot's bytes are untouched.
             let gap = off - rec.len;
             if gap > 0 {
-                self.media.zero(rec.data + rec.len, gap);
+                self.media.zero(rec.data() + rec.len, gap);
             }
-            self.media.write(rec.data + off, data);
-            self.media.persist(rec.data + rec.len, end - rec.len)?;
+            self.media.write(rec.data() + off, data);
+            self.media.persist(rec.data() + rec.len, end - rec.len)?;
             let mut next = *rec;
             next.crc = crc32c_append(crc32c_zeros(rec.crc, gap), data);
             next.len = end;
@@ -854,22 +866,22 @@ impl PmemStore {
         // Copy-on-write.
         let old = *rec;
         let new_len = end.max(old.len);
-        let cap = if new_len > old.cap {
-            new_len.max(old.cap.saturating_mul(2).min(max_cap))
+        let cap = if new_len > old.cap() {
+            new_len.max(old.cap().saturating_mul(2).min(max_cap))
         } else {
-            old.cap.min(max_cap.max(new_len))
+            old.cap().min(max_cap.max(new_len))
         };
         let mut parts = Vec::with_capacity(4);
         let keep = off.min(old.len);
         if keep > 0 {
-            parts.push(Part::Copy(old.data, keep));
+            parts.push(Part::Copy(old.data(), keep));
         }
         if off > old.len {
             parts.push(Part::Zero(off - old.len));
         }
         parts.push(Part::Bytes(data));
         if end < old.len {
-            parts.push(Part::Copy(old.data + end, old.len - end));
+            parts.push(Part::Copy(old.data() + end, old.len - end));
         }
         let rec = self.new_record(path, idx, meta, cap, &parts, old.seq)?;
         self.replace(chunks, idx, rec)
@@ -880,7 +892,7 @@ impl PmemStore {
         let start = off.min(r.len);
         let end = (off + len).min(r.len);
         let mut v = vec![0u8; (end - start) as usize];
-        self.media.read(r.data + start, &mut v);
+        self.media.read(r.data() + start, &mut v);
         v
     }
 }
@@ -1090,15 +1102,15 @@ impl Store for PmemStore {
                 "{path} chunk {idx}: data checksum mismatch"
             )));
         }
-        if r.cap > 4096 && len < r.cap / 4 {
+        if r.cap() > 4096 && len < r.cap() / 4 {
             // Reclaim the space: move the short remainder to a small record.
-            let (meta, data, prev) = (r.meta, r.data, r.seq);
+            let (meta, data, prev) = (r.meta, r.data(), r.seq);
             let rec = self.new_record(path, idx, meta, len, &[Part::Copy(data, len)], prev)?;
             return self.replace(chunks, idx, rec);
         }
         let mut next = *r;
         next.len = len;
-        next.crc = self.media.crc(r.data, len, 0);
+        next.crc = self.media.crc(r.data(), len, 0);
         self.flip(&mut next, path, idx)?;
         self.bytes.sub(r.len - len);
         *r = next;
