@@ -64,6 +64,9 @@ pub(crate) trait Media: Send + Sync + 'static {
     fn sync(&self) -> io::Result<()>;
     /// How this medium persists.
     fn mode(&self) -> PersistMode;
+    /// Hints that `[off, off+len)` is about to be written (no effect on
+    /// contents; ranges beyond the medium are ignored).
+    fn prefetch(&self, _off: u64, _len: u64) {}
 }
 
 /// `MAP_SYNC` (linux/mman.h); not exported by every libc version.
@@ -235,6 +238,25 @@ impl Media for MmapMedia {
         // SAFETY: p is 8-byte aligned (mapping is page aligned, off % 8 == 0)
         // and within the mapping; AtomicU64 has the layout of u64.
         unsafe { (*(p as *const AtomicU64)).load(Ordering::Acquire) }
+    }
+
+    fn prefetch(&self, off: u64, len: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let end = off.saturating_add(len).min(self.len);
+            let mut o = off;
+            while o < end {
+                // SAFETY: o < self.len, so the address lies within the
+                // mapping; a prefetch never faults and changes no memory.
+                unsafe {
+                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+                    _mm_prefetch::<_MM_HINT_ET0>(self.ptr.add(o as usize) as *const i8);
+                }
+                o += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (off, len);
     }
 
     fn store_word(&self, off: u64, v: u64) {

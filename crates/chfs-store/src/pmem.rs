@@ -640,6 +640,9 @@ impl PmemStore {
             self.media.store_word(cs + want, word(FREE, cl - want));
             self.media.persist(cs + want, 8)?;
             fs.cursor = Some((cs + want, cl - want));
+            // The next record from this arena goes there: its header lines
+            // into the cache now, not at its first store.
+            self.media.prefetch(cs + want + 64, want.min(512));
             return Ok(Some((cs, want)));
         }
         let Some(&(len, start)) = fs.by_size.range((want, 0)..).next() else {
@@ -696,11 +699,16 @@ impl PmemStore {
         if let Some(r) = right {
             fs.remove(start + len, r);
         }
-        if let Some((ls, ll)) = left {
-            fs.remove(ls, ll);
-        }
         if cur_left.is_some() || cur_right.is_some() {
+            if let Some((ls, ll)) = left {
+                fs.remove(ls, ll);
+            }
             fs.cursor = Some((at, new));
+        } else if let Some((ls, ll)) = left {
+            // The left neighbour grows in place (its start is unchanged).
+            fs.by_size.remove(&(ll, ls));
+            fs.by_size.insert((new, ls));
+            fs.by_start.insert(ls, new);
         } else {
             fs.insert(at, new);
         }
