@@ -144,22 +144,28 @@ impl Rec {
 type Chunks = ChunkMap<Rec>;
 
 /// Free space of an arena: by start and by (length, start) for best fit,
-/// plus a *cursor*: one large free extent, kept out of the maps, that
-/// allocations are cut from first, front to back (dlmalloc's "designated
-/// victim"). Cutting from it changes no map (a create or a fresh chunk
-/// costs no tree update), and a freed extent next to it merges into it.
-/// Like every free extent it has its FREE word on the medium. Invariant:
-/// no two free extents (map entries or the cursor) are adjacent.
+/// plus two *hot* extents kept out of the maps: the cursor, a large free
+/// extent that allocations are cut from first, front to back (dlmalloc's
+/// "designated victim"), and the run freed last, which the next adjacent
+/// free grows (files removed in the order they were written free
+/// neighbouring extents one after another). Cutting from a hot extent or
+/// growing one changes no map. Like every free extent they have their
+/// FREE word on the medium. Invariant: no two free extents (map entries or
+/// hot ones) are adjacent.
 #[derive(Default)]
 struct FreeSpace {
     by_start: BTreeMap<u64, u64>,
     by_size: BTreeSet<(u64, u64)>,
-    cursor: Option<(u64, u64)>,
+    /// [cursor, last freed run].
+    hot: [Option<(u64, u64)>; 2],
 }
 
-/// Free extents of an arena (start, length): the cursor, the maps'.
+const CURSOR: usize = 0;
+const RECENT: usize = 1;
+
+/// Free extents of an arena (start, length): the hot ones, the maps'.
 #[cfg(test)]
-pub(crate) type ArenaExtents = (Option<(u64, u64)>, Vec<(u64, u64)>);
+pub(crate) type ArenaExtents = (Vec<(u64, u64)>, Vec<(u64, u64)>);
 
 /// Remainders at least this large (or an eighth of a small arena) become
 /// the cursor; smaller ones go to the maps, where best fit finds them for
@@ -422,7 +428,7 @@ impl PmemStore {
         (((start - DATA_START) / self.arena_len) as usize).min(self.free.len() - 1)
     }
 
-    /// Free extents (start, length) of every arena: (cursor, the maps').
+    /// Free extents (start, length) of every arena: (the hot ones, the maps').
     #[cfg(test)]
     pub(crate) fn free_extents(&self) -> Vec<ArenaExtents> {
         self.free
@@ -430,7 +436,7 @@ impl PmemStore {
             .map(|a| {
                 let fs = lock(a);
                 let v = fs.by_start.iter().map(|(&s, &l)| (s, l)).collect();
-                (fs.cursor, v)
+                (fs.hot.iter().flatten().copied().collect(), v)
             })
             .collect()
     }
@@ -441,7 +447,8 @@ impl PmemStore {
             .iter()
             .map(|a| {
                 let fs = lock(a);
-                fs.by_start.values().sum::<u64>() + fs.cursor.map_or(0, |c| c.1)
+                let hot: u64 = fs.hot.iter().flatten().map(|c| c.1).sum();
+                fs.by_start.values().sum::<u64>() + hot
             })
             .sum()
     }
@@ -627,21 +634,25 @@ impl PmemStore {
         })
     }
 
-    /// An extent from one arena: cut from the front of its cursor when
-    /// that is large enough, else best fit from its maps; None if nothing
-    /// there is large enough. The word of the remaining free space is
-    /// stored and persisted before the extent is handed out.
+    /// An extent from one arena: cut from the front of a hot extent (the
+    /// cursor, then the run freed last) when one is large enough, else best
+    /// fit from its maps; None if nothing there is large enough. The word
+    /// of the remaining free space is stored and persisted before the
+    /// extent is handed out.
     fn alloc_in(&self, fs: &mut FreeSpace, want: u64) -> Result<Option<(u64, u64)>> {
-        if let Some((cs, cl)) = fs.cursor.filter(|c| c.1 >= want) {
+        for h in [CURSOR, RECENT] {
+            let Some((cs, cl)) = fs.hot[h].filter(|c| c.1 >= want) else {
+                continue;
+            };
             if cl - want < UNIT {
-                fs.cursor = None;
+                fs.hot[h] = None;
                 return Ok(Some((cs, cl)));
             }
             self.media.store_word(cs + want, word(FREE, cl - want));
             self.media.persist(cs + want, 8)?;
-            fs.cursor = Some((cs + want, cl - want));
-            // The next record from this arena goes there: its header lines
-            // into the cache now, not at its first store.
+            fs.hot[h] = Some((cs + want, cl - want));
+            // The next record cut from here: its header lines into the
+            // cache now, not at its first stores.
             self.media.prefetch(cs + want + 64, want.min(512));
             return Ok(Some((cs, want)));
         }
@@ -658,10 +669,10 @@ impl PmemStore {
         self.media.persist(r, 8)?;
         fs.remove(start, len);
         let cursor_min = CURSOR_MIN.min(self.arena_len / 8);
-        if rest >= cursor_min && fs.cursor.is_none_or(|c| c.1 < rest) {
+        if rest >= cursor_min && fs.hot[CURSOR].is_none_or(|c| c.1 < rest) {
             // The larger remainder becomes the cursor; the old one goes to
             // the maps (it is adjacent to no free extent).
-            if let Some((cs, cl)) = fs.cursor.replace((r, rest)) {
+            if let Some((cs, cl)) = fs.hot[CURSOR].replace((r, rest)) {
                 fs.insert(cs, cl);
             }
         } else {
@@ -675,22 +686,26 @@ impl PmemStore {
     /// (the extent's own word then lies inside the grown free run, where
     /// the chain never looks: no store to the extent's cold first line),
     /// else at the extent's start, covering a free right neighbour too.
-    /// Merged with the cursor, the result is the cursor.
+    /// Merged with a hot extent the result takes its place (the cursor's
+    /// first); otherwise it becomes the run freed last, and the previous
+    /// one goes to the maps.
     fn release(&self, start: u64, len: u64) -> Result<()> {
         let mut fs = lock(&self.free[self.arena_of(start)]);
         let fs = &mut *fs;
-        let cur = fs.cursor;
+        let hot = fs.hot;
         let right = fs.by_start.get(&(start + len)).copied();
-        let cur_right = cur.filter(|c| c.0 == start + len).map(|c| c.1);
+        let hot_right = (0..2).find(|&h| hot[h].is_some_and(|c| c.0 == start + len));
         let left = fs
             .by_start
             .range(..start)
             .next_back()
             .map(|(&ls, &ll)| (ls, ll))
             .filter(|&(ls, ll)| ls + ll == start);
-        let cur_left = cur.filter(|c| c.0 + c.1 == start);
-        let right_len = right.or(cur_right).unwrap_or(0);
-        let (at, new) = match left.or(cur_left) {
+        let hot_left = (0..2).find(|&h| hot[h].is_some_and(|c| c.0 + c.1 == start));
+        let right_len = right
+            .or(hot_right.and_then(|h| hot[h]).map(|c| c.1))
+            .unwrap_or(0);
+        let (at, new) = match left.or(hot_left.and_then(|h| hot[h])) {
             Some((ls, ll)) => (ls, ll + len + right_len),
             None => (start, len + right_len),
         };
@@ -699,18 +714,19 @@ impl PmemStore {
         if let Some(r) = right {
             fs.remove(start + len, r);
         }
-        if cur_left.is_some() || cur_right.is_some() {
-            if let Some((ls, ll)) = left {
-                fs.remove(ls, ll);
+        if let Some((ls, ll)) = left {
+            fs.remove(ls, ll);
+        }
+        for h in hot_left.iter().chain(hot_right.iter()) {
+            fs.hot[*h] = None;
+        }
+        match hot_left.into_iter().chain(hot_right).min() {
+            Some(h) => fs.hot[h] = Some((at, new)),
+            None => {
+                if let Some((rs, rl)) = fs.hot[RECENT].replace((at, new)) {
+                    fs.insert(rs, rl);
+                }
             }
-            fs.cursor = Some((at, new));
-        } else if let Some((ls, ll)) = left {
-            // The left neighbour grows in place (its start is unchanged).
-            fs.by_size.remove(&(ll, ls));
-            fs.by_size.insert((new, ls));
-            fs.by_start.insert(ls, new);
-        } else {
-            fs.insert(at, new);
         }
         Ok(())
     }

@@ -513,8 +513,8 @@ fn pmem_fills_to_enospc_and_reuses_freed_space() {
 
 #[test]
 fn pmem_freed_space_merges_back_into_one_extent() {
-    // Records of many sizes cut from the allocator's cursor and from its
-    // maps, removed in a scrambled order: each time everything is removed,
+    // Records of many sizes cut from the allocator's hot extents (cursor,
+    // last freed run) and from its maps, removed in a scrambled order: each time everything is removed,
     // the whole data area is one free extent again (merged as it was freed,
     // not by a reopen), and finally a record as large as the store fits.
     let d = shm_dir();
@@ -535,13 +535,9 @@ fn pmem_freed_space_merges_back_into_one_extent() {
     let whole_free = |s: &PmemStore, what: &str| {
         let ext = s.free_extents();
         assert_eq!(ext.len(), 1, "one arena");
-        let (cursor, maps) = &ext[0];
-        let all: Vec<(u64, u64)> = cursor.iter().copied().chain(maps.iter().copied()).collect();
-        assert_eq!(
-            all,
-            vec![(4096, cap)],
-            "{what}: cursor {cursor:?}, maps {maps:?}"
-        );
+        let (hot, maps) = &ext[0];
+        let all: Vec<(u64, u64)> = hot.iter().chain(maps.iter()).copied().collect();
+        assert_eq!(all, vec![(4096, cap)], "{what}: hot {hot:?}, maps {maps:?}");
     };
     let mut n = 0;
     for round in 0..30 {
