@@ -39,8 +39,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-
-use crate::usage::Striped;
 use std::sync::MutexGuard;
 
 use chfs_proto::path::is_within;
@@ -51,6 +49,7 @@ use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::{lock, shard_of, DirIndex};
 use crate::media::{Media, MmapMedia, PersistMode};
 use crate::record::{new_uuid, Slot, SLOT_LEN};
+use crate::usage::Striped;
 use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
 /// Superblock magic.
@@ -594,11 +593,12 @@ impl PmemStore {
             return None;
         }
         let path = String::from_utf8(pb).ok()?;
-        let data = ext + data_rel(plen);
+        let drel = data_rel(plen);
+        let data = ext + drel;
         let mk = |n: u8, s: &Slot, corrupt: bool| Rec {
             ext,
             ext_len: len,
-            drel: data_rel(plen) as u16,
+            drel: drel as u16,
             len: s.data_len as u64,
             crc: s.data_crc,
             meta: s.meta,
