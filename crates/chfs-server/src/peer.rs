@@ -80,7 +80,7 @@ impl Peers {
     async fn connect(&self, addr: &str) -> Result<Conn, NetError> {
         if let Some(mut s) = local_stream(addr) {
             net::timeout(self.timeout, net::connect_handshake(&mut s, &self.secret)).await?;
-            let (rd, wr) = s.into_split();
+            let (rd, wr) = crate::local_io::split(s)?;
             return Ok(start_io(rd, wr, addr));
         }
         let mut s =

@@ -485,8 +485,10 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         Err(_) => ("local".to_string(), None),
     };
     if admitted(&shared, &mut stream, &peer).await {
-        let (rd, wr) = stream.into_split();
-        serve_conn(shared, rd, wr, peer, cma).await;
+        match crate::local_io::split(stream) {
+            Ok((rd, wr)) => serve_conn(shared, rd, wr, peer, cma).await,
+            Err(e) => warn!(%peer, "closing connection: {e}"),
+        }
     }
 }
 

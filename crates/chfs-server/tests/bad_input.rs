@@ -466,3 +466,52 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
     assert_eq!(reply(&mut t, 1).unwrap_err().0, libc::EPERM);
     assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
 }
+
+#[test]
+fn a_local_client_that_reads_its_replies_late_gets_them_all() {
+    // Replies that overflow the socket's send buffer: the server's writer
+    // waits for room (the local socket is polled for writability only
+    // then) and resumes when the client reads.
+    let p = pool(1, None);
+    let addr = &p.addrs()[0];
+    let mut u = local(addr);
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 29 + 7) as u8).collect();
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 1 << 20,
+        ..Default::default()
+    };
+    let create = Request::Create {
+        path: "/big".into(),
+        meta,
+        excl: true,
+        data: Bytes::from(data.clone()),
+    };
+    call(&mut u, 1, &create).unwrap();
+    let read = Request::Read {
+        path: "/big".into(),
+        fileid: 0,
+        idx: 0,
+        off: 0,
+        len: 1 << 20,
+        chunk_size: 1 << 20,
+        flags: 0,
+    };
+    let mut p = Vec::new();
+    read.encode(&mut p);
+    for id in 2..66 {
+        send(&mut u, id, read.op(), &p);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut got = std::collections::HashSet::new();
+    for _ in 2..66 {
+        let (h, payload) = recv(&mut u).expect("a reply");
+        assert_eq!(h.flags & FLAG_ERROR, 0);
+        assert_eq!(
+            Response::decode(payload).unwrap(),
+            Response::Data(Bytes::from(data.clone()))
+        );
+        assert!(got.insert(h.id), "reply {} twice", h.id);
+    }
+    assert_eq!(call(&mut u, 66, &Request::Ping), Ok(Response::Ok));
+}
