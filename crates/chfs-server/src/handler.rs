@@ -295,13 +295,14 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 mtime: now_ns(),
                 ..Default::default()
             };
-            st.write(&path, idx, off, &data, &t)
+            let n = data.len() as u32;
+            st.write_bytes(&path, idx, off, data, &t)
                 .map_err(|e| store_err(&path, e))?;
             if let Some(c) = cache {
                 c.mark_dirty(&**st, &path, idx)
                     .map_err(|e| store_err(&path, e))?;
             }
-            Ok(Response::Written(data.len() as u32))
+            Ok(Response::Written(n))
         }
         Request::Read {
             path,

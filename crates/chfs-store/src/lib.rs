@@ -130,6 +130,21 @@ pub trait Store: Send + Sync + 'static {
     /// to `template.mtime`.
     fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()>;
 
+    /// As [`Store::write`], with a buffer the caller no longer needs: an
+    /// engine holding chunks in heap buffers keeps it instead of copying
+    /// it when it makes up the chunk's whole data (a fresh chunk, or one
+    /// written over from its start to at least its end).
+    fn write_bytes(
+        &self,
+        path: &str,
+        idx: u64,
+        off: u32,
+        data: bytes::Bytes,
+        template: &Meta,
+    ) -> Result<()> {
+        self.write(path, idx, off, &data, template)
+    }
+
     /// Reads up to `len` bytes at `off` of chunk `idx` whose fileid is
     /// `fileid`; `None` when the chunk is missing or stale.
     fn read(

@@ -41,6 +41,63 @@ impl MemStore {
         lock(&self.files[shard_of(path, SHARDS)])
     }
 
+    fn write_src(
+        &self,
+        path: &str,
+        idx: u64,
+        off: u32,
+        data: Src<'_>,
+        template: &Meta,
+    ) -> Result<()> {
+        let end = off as usize + data.len();
+        let mut files = self.files(path);
+        if idx == 0 {
+            let c = files
+                .get_mut(path)
+                .and_then(|c| c.get_mut(&0))
+                .ok_or(StoreError::NotFound)?;
+            let old = c.data.len();
+            if end > old {
+                self.usage.reserve((end - old) as u64)?;
+            }
+            data.put(&mut c.data, off as usize);
+            c.meta.size = c.meta.size.max(end as u64);
+            c.meta.mtime = template.mtime;
+            c.meta.ctime = template.mtime;
+            return Ok(());
+        }
+        let chunks = files.entry(path.to_string()).or_default();
+        match chunks.get_mut(&idx) {
+            Some(c) if c.meta.fileid == template.fileid => {
+                let old = c.data.len();
+                if end > old {
+                    self.usage.reserve((end - old) as u64)?;
+                }
+                data.put(&mut c.data, off as usize);
+            }
+            existing => {
+                let old = existing.as_ref().map_or(0, |c| c.data.len() as u64);
+                if end as u64 > old {
+                    self.usage.reserve(end as u64 - old)?;
+                } else {
+                    self.usage.release(old - end as u64);
+                }
+                let fresh = Chunk {
+                    meta: *template,
+                    data: data.fresh(off as usize),
+                };
+                match existing {
+                    Some(c) => *c = fresh,
+                    None => {
+                        chunks.insert(idx, fresh);
+                        self.entries.add(1);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn dropped(&self, chunk: &Chunk) {
         self.usage.release(chunk.data.len() as u64);
         self.entries.sub(1);
@@ -91,55 +148,18 @@ impl Store for MemStore {
     }
 
     fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
-        let end = off as usize + data.len();
-        let mut files = self.files(path);
-        if idx == 0 {
-            let c = files
-                .get_mut(path)
-                .and_then(|c| c.get_mut(&0))
-                .ok_or(StoreError::NotFound)?;
-            let old = c.data.len();
-            if end > old {
-                self.usage.reserve((end - old) as u64)?;
-            }
-            put(&mut c.data, off as usize, data);
-            c.meta.size = c.meta.size.max(end as u64);
-            c.meta.mtime = template.mtime;
-            c.meta.ctime = template.mtime;
-            return Ok(());
-        }
-        let chunks = files.entry(path.to_string()).or_default();
-        match chunks.get_mut(&idx) {
-            Some(c) if c.meta.fileid == template.fileid => {
-                let old = c.data.len();
-                if end > old {
-                    self.usage.reserve((end - old) as u64)?;
-                }
-                put(&mut c.data, off as usize, data);
-            }
-            existing => {
-                let old = existing.as_ref().map_or(0, |c| c.data.len() as u64);
-                if end as u64 > old {
-                    self.usage.reserve(end as u64 - old)?;
-                } else {
-                    self.usage.release(old - end as u64);
-                }
-                let mut buf = Vec::with_capacity(end);
-                put(&mut buf, off as usize, data);
-                let fresh = Chunk {
-                    meta: *template,
-                    data: buf,
-                };
-                match existing {
-                    Some(c) => *c = fresh,
-                    None => {
-                        chunks.insert(idx, fresh);
-                        self.entries.add(1);
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.write_src(path, idx, off, Src::Copy(data), template)
+    }
+
+    fn write_bytes(
+        &self,
+        path: &str,
+        idx: u64,
+        off: u32,
+        data: bytes::Bytes,
+        template: &Meta,
+    ) -> Result<()> {
+        self.write_src(path, idx, off, Src::Own(data), template)
     }
 
     fn read(
@@ -304,6 +324,46 @@ impl Store for MemStore {
             entries: self.entries.get(),
             bytes: self.usage.bytes(),
             capacity: self.usage.capacity(),
+        }
+    }
+}
+
+/// Data of a write: borrowed (copied in) or a buffer to keep when it makes
+/// up a chunk's whole data.
+enum Src<'a> {
+    Copy(&'a [u8]),
+    Own(bytes::Bytes),
+}
+
+impl Src<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Src::Copy(d) => d.len(),
+            Src::Own(b) => b.len(),
+        }
+    }
+
+    /// Writes these bytes at `off` of `data` (see [`put`]), or replaces
+    /// `data` with the buffer when it covers all of it from offset 0.
+    fn put(self, data: &mut Vec<u8>, off: usize) {
+        match self {
+            Src::Own(b) if off == 0 && b.len() >= data.len() => *data = Vec::from(b),
+            Src::Own(b) => put(data, off, &b),
+            Src::Copy(d) => put(data, off, d),
+        }
+    }
+
+    /// The data of a fresh chunk holding these bytes at `off`.
+    fn fresh(self, off: usize) -> Vec<u8> {
+        match self {
+            // No copy when the buffer is the only reference to an
+            // allocation that starts with the data.
+            Src::Own(b) if off == 0 => Vec::from(b),
+            s => {
+                let mut buf = Vec::with_capacity(off + s.len());
+                s.put(&mut buf, off);
+                buf
+            }
         }
     }
 }
