@@ -165,6 +165,20 @@ impl Client {
         (open.iter().filter(|l| **l).count(), open.len())
     }
 
+    /// Reaches servers on this host over one connection per CPU of the
+    /// calling thread, each served by a server thread pinned to that CPU
+    /// (`Request::Lane`), so a request and its reply hand over on one CPU:
+    /// for callers that stay on their CPU (chfuse's ring threads). Servers
+    /// that refuse are reached as before.
+    pub fn set_cpu_lanes(&self, on: bool) {
+        self.inner.pool.set_lanes(on);
+    }
+
+    /// Open CPU-lane connections (see [`Client::set_cpu_lanes`]).
+    pub fn lane_connections(&self) -> usize {
+        self.inner.pool.lane_connections(&self.state())
+    }
+
     /// Chunk size of files created from now on.
     pub fn set_chunk_size(&self, cs: u32) -> Result<()> {
         if cs == 0 || cs > chfs_proto::MAX_CHUNK_SIZE {

@@ -26,7 +26,7 @@ use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Request, Response};
 
 use crate::config::ClientConfig;
-use crate::error::{Error, Result};
+use crate::error::{fail, Error, Result};
 use crate::stream::Stream;
 
 /// Smallest write whose data a local server copies from this process's
@@ -151,6 +151,17 @@ impl Conn {
     /// [`crate::stream`]), and with `cfg.cma` asked whether it can copy
     /// write data from this process's memory.
     pub fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn> {
+        Self::open(addr, cfg, None)
+    }
+
+    /// A local connection served on the server's thread for `cpu`
+    /// ([`Request::Lane`]); an error when the server is not local or
+    /// refuses.
+    pub fn connect_lane(addr: &str, cfg: &ClientConfig, cpu: u32) -> Result<Conn> {
+        Self::open(addr, cfg, Some(cpu))
+    }
+
+    fn open(addr: &str, cfg: &ClientConfig, lane: Option<u32>) -> Result<Conn> {
         let (secret, timeout) = (&cfg.secret[..], cfg.rpc_timeout);
         let mut s = match cfg.local_socket.then(|| Stream::local(addr)).flatten() {
             Some(s) => s,
@@ -198,6 +209,21 @@ impl Conn {
             cma: AtomicBool::new(false),
             pid: std::process::id(),
         };
+        if let Some(cpu) = lane {
+            // The lane is asked for by the connection's first request.
+            if !local {
+                return fail(libc::EINVAL, format!("server {addr} is not local"));
+            }
+            match c.call(&Request::Lane { cpu })? {
+                Response::Ok => {}
+                other => {
+                    return fail(
+                        libc::EPROTO,
+                        format!("server {addr}: unexpected answer {other:?}"),
+                    )
+                }
+            }
+        }
         if cfg.cma && local {
             c.probe_cma();
         }

@@ -1,6 +1,7 @@
 //! Server list, placement and one connection per server.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -15,7 +16,18 @@ use crate::error::{fail, Error, Result};
 pub(crate) struct PoolState {
     pub ring: Ring,
     pub(crate) conns: Vec<Mutex<Option<Arc<Conn>>>>,
+    /// Per-CPU connections to local servers (CPU lanes), by server.
+    lanes: Vec<Mutex<Lanes>>,
     fetched: Instant,
+}
+
+/// The CPU-lane connections to one server.
+#[derive(Default, Clone)]
+struct Lanes {
+    /// The server is not local, or refused a lane: use the shared
+    /// connection.
+    refused: bool,
+    by_cpu: Vec<Option<Arc<Conn>>>,
 }
 
 /// One request of a batch: target server, opcode, encoded fields and a
@@ -44,6 +56,9 @@ impl<'a> Op<'a> {
 pub(crate) struct Pool {
     cfg: ClientConfig,
     state: RwLock<Arc<PoolState>>,
+    /// Requests to local servers use a connection per CPU of the calling
+    /// thread (for callers pinned to a CPU).
+    lanes: AtomicBool,
 }
 
 impl Pool {
@@ -57,7 +72,11 @@ impl Pool {
         }
         let list = fetch_list(&cfg, &cfg.servers, None)?;
         let state = RwLock::new(Arc::new(PoolState::new(list, None)));
-        Ok(Pool { cfg, state })
+        Ok(Pool {
+            cfg,
+            state,
+            lanes: AtomicBool::new(false),
+        })
     }
 
     pub fn cfg(&self) -> &ClientConfig {
@@ -81,6 +100,7 @@ impl Pool {
             PoolState {
                 ring: old.ring.clone(),
                 conns: old.clone_conns(&list),
+                lanes: old.clone_lanes(&list),
                 fetched: Instant::now(),
             }
         } else {
@@ -90,8 +110,70 @@ impl Pool {
         Ok(())
     }
 
-    /// The connection to server `i`, opened (or re-opened) on demand.
+    /// Turns CPU lanes on or off (see [`Pool::lanes`]).
+    pub fn set_lanes(&self, on: bool) {
+        self.lanes.store(on, Ordering::Relaxed);
+    }
+
+    /// The connection to server `i`, opened (or re-opened) on demand: the
+    /// calling CPU's lane to a local server when lanes are on.
     pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
+        let shared = self.shared_conn(st, i)?;
+        if self.lanes.load(Ordering::Relaxed) && shared.is_local() {
+            if let Some(c) = self.lane_conn(st, i) {
+                return Ok(c);
+            }
+        }
+        Ok(shared)
+    }
+
+    /// Open lane connections.
+    pub fn lane_connections(&self, st: &PoolState) -> usize {
+        st.lanes
+            .iter()
+            .map(|l| {
+                lock(l)
+                    .by_cpu
+                    .iter()
+                    .flatten()
+                    .filter(|c| c.alive())
+                    .count()
+            })
+            .sum()
+    }
+
+    /// The lane of the calling thread's CPU to server `i`, opened on first
+    /// use; None when the server refuses lanes.
+    fn lane_conn(&self, st: &PoolState, i: usize) -> Option<Arc<Conn>> {
+        // SAFETY: sched_getcpu takes no arguments and touches no memory.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).ok()?;
+        let mut g = lock(st.lanes.get(i)?);
+        if g.refused {
+            return None;
+        }
+        if let Some(Some(c)) = g.by_cpu.get(cpu) {
+            if c.alive() {
+                return Some(c.clone());
+            }
+        }
+        match Conn::connect_lane(&st.ring.list().servers[i], &self.cfg, cpu as u32) {
+            Ok(c) => {
+                let c = Arc::new(c);
+                if g.by_cpu.len() <= cpu {
+                    g.by_cpu.resize(cpu + 1, None);
+                }
+                g.by_cpu[cpu] = Some(c.clone());
+                Some(c)
+            }
+            Err(_) => {
+                g.refused = true;
+                None
+            }
+        }
+    }
+
+    /// The shared connection to server `i`, opened (or re-opened) on demand.
+    fn shared_conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
         let slot = st
             .conns
             .get(i)
@@ -158,11 +240,29 @@ impl PoolState {
             Some(o) => o.clone_conns(&list),
             None => list.servers.iter().map(|_| Mutex::new(None)).collect(),
         };
+        let lanes = match old {
+            Some(o) => o.clone_lanes(&list),
+            None => list.servers.iter().map(|_| Mutex::default()).collect(),
+        };
         PoolState {
             ring: Ring::new(list),
             conns,
+            lanes,
             fetched: Instant::now(),
         }
+    }
+
+    fn clone_lanes(&self, list: &ServerList) -> Vec<Mutex<Lanes>> {
+        list.servers
+            .iter()
+            .map(|s| {
+                let old = self.ring.list().servers.iter().position(|o| o == s);
+                Mutex::new(
+                    old.map(|i| lock(&self.lanes[i]).clone())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
     }
 
     fn clone_conns(&self, list: &ServerList) -> Vec<Mutex<Option<Arc<Conn>>>> {

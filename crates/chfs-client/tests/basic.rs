@@ -293,3 +293,63 @@ fn local_servers_copy_large_writes_from_the_clients_memory() {
         assert_eq!(back, data, "{name}");
     }
 }
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data set up before the call, which only
+    // reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+#[test]
+fn cpu_lanes_give_a_pinned_thread_its_own_connections() {
+    let (p, c) = pool(2);
+    c.set_cpu_lanes(true);
+    let data = pattern(200_000, 3);
+    let on0 = {
+        let (c, data) = (c.clone(), data.clone());
+        std::thread::spawn(move || {
+            pin(0);
+            // Large writes still leave their data here for the servers.
+            let copied = cma_writes_during(&c, "/lane", &data);
+            let fd = c.open("/lane", O_RDONLY, 0).unwrap();
+            let mut back = vec![0u8; data.len()];
+            assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+            c.close(fd).unwrap();
+            assert_eq!(back, data);
+            copied
+        })
+        .join()
+        .unwrap()
+    };
+    assert!(on0 > 0, "no write copied from the client's memory");
+    // One connection per local server for CPU 0, next to the shared ones.
+    assert_eq!(c.lane_connections(), 2);
+    assert_eq!(c.local_connections(), (2, 2));
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        let c1 = c.clone();
+        std::thread::spawn(move || {
+            pin(1);
+            assert_eq!(c1.stat("/lane").unwrap().size, 200_000);
+            c1.unlink("/lane").unwrap();
+        })
+        .join()
+        .unwrap();
+        assert!(c.lane_connections() >= 3, "{}", c.lane_connections());
+    }
+    // Over TCP there are no lanes; the same calls work.
+    let t = client(&p, |c| c.local_socket = false);
+    t.set_cpu_lanes(true);
+    let fd = t.create("/tcp", O_RDWR, 0o644).unwrap();
+    assert_eq!(t.pwrite(fd, &data, 0).unwrap(), data.len());
+    t.close(fd).unwrap();
+    assert_eq!(t.stat("/tcp").unwrap().size, data.len() as u64);
+    assert_eq!(t.lane_connections(), 0);
+}

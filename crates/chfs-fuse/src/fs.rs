@@ -58,6 +58,11 @@ pub struct FsOptions {
     /// a request costs no wake-up across CPUs. Falls back to reading
     /// /dev/fuse when the kernel does not offer it.
     pub io_uring: bool,
+    /// With io_uring, each ring thread (pinned to its queue's CPU) reaches
+    /// the servers on this host over its own connections, which they serve
+    /// on a thread pinned to the same CPU (CPU lanes): a request and its
+    /// reply hand over on one CPU instead of waking a thread on another.
+    pub cpu_lanes: bool,
 }
 
 impl Default for FsOptions {
@@ -69,6 +74,7 @@ impl Default for FsOptions {
             writeback_cache: false,
             direct_io: true,
             io_uring: true,
+            cpu_lanes: true,
         }
     }
 }
@@ -196,7 +202,7 @@ pub struct ChfsFs(pub(crate) Arc<Core>);
 
 /// State and operations behind [`ChfsFs`].
 pub(crate) struct Core {
-    client: Client,
+    pub(crate) client: Client,
     pub(crate) opts: FsOptions,
     /// The kernel accepted FUSE over io_uring at INIT.
     pub(crate) uring_granted: std::sync::atomic::AtomicBool,

@@ -204,6 +204,9 @@ fn start_rings(core: &Arc<Core>, session: &Session<ChfsFs>, threads: usize) -> &
     match crate::ring::start(core.clone(), fd, threads.div_ceil(cpus).max(1)) {
         Ok(n) => {
             debug!(threads = n, "FUSE over io_uring");
+            if core.opts.cpu_lanes {
+                core.client.set_cpu_lanes(true);
+            }
             "io_uring"
         }
         Err(e) => {

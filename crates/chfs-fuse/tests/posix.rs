@@ -697,6 +697,20 @@ fn kernel_offers_io_uring() -> bool {
     fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y")
 }
 
+/// Threads the pool's servers run for CPU lanes.
+fn lanes_of(pool: &chfs_localpool::LocalPool) -> usize {
+    (0..pool.addrs().len())
+        .filter_map(|i| pool.pid(i))
+        .flat_map(|pid| {
+            fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|n| n.starts_with("chfsd-lane"))
+        .count()
+}
+
 /// The transport chfuse reported when it mounted.
 fn transport(m: &Mount) -> String {
     let log = fs::read_to_string(&m.log).unwrap_or_default();
@@ -736,6 +750,13 @@ fn posix_suite(args: &[&str], want_transport: &str) {
     assert_eq!(transport(&m), want_transport, "chfuse {args:?}");
     let want = run_all(tmpfs.path());
     let got = run_all(&m.mp);
+    // Over io_uring the ring threads' requests went through CPU lanes.
+    assert_eq!(
+        lanes_of(&pool) > 0,
+        want_transport == "io_uring",
+        "chfuse {args:?}: {} lane threads in the servers",
+        lanes_of(&pool)
+    );
     let semantics = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../SEMANTICS.md"))
         .unwrap_or_default();
     let mut report = String::new();

@@ -71,6 +71,8 @@ pub mod op {
     pub const REBALANCE: u16 = 28;
     /// [`super::Request::AdoptChunk`]
     pub const ADOPT_CHUNK: u16 = 29;
+    /// [`super::Request::Lane`]
+    pub const LANE: u16 = 30;
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -393,6 +395,14 @@ pub enum Request {
         /// Chunk bytes (payload tail).
         data: Bytes,
     },
+    /// First request of a local connection whose client thread runs on
+    /// CPU `cpu` (and stays there): serve this connection on a thread of
+    /// that CPU, so a request and its reply hand over on one CPU. Refused
+    /// (EINVAL) anywhere else; the connection then stays as it was.
+    Lane {
+        /// The client thread's CPU.
+        cpu: u32,
+    },
 }
 
 /// A successful response.
@@ -573,6 +583,7 @@ impl Request {
             Request::Sync => op::SYNC,
             Request::Rebalance { .. } => op::REBALANCE,
             Request::AdoptChunk { .. } => op::ADOPT_CHUNK,
+            Request::Lane { .. } => op::LANE,
         }
     }
 
@@ -603,6 +614,7 @@ impl Request {
             | Request::Shutdown
             | Request::Sync => {}
             Request::Rebalance { start } => out.put_u8(*start as u8),
+            Request::Lane { cpu } => out.put_u32(*cpu),
             Request::Join { addr } => out.put_str(addr),
             Request::UpdateServers { list } => put_list(out, list),
             Request::Create {
@@ -726,6 +738,7 @@ impl Request {
             op::PING => Request::Ping,
             op::SYNC => Request::Sync,
             op::REBALANCE => Request::Rebalance { start: r.bool()? },
+            op::LANE => Request::Lane { cpu: r.u32()? },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -1039,6 +1052,7 @@ mod tests {
             ..Default::default()
         };
         rt(Request::Ping);
+        rt(Request::Lane { cpu: 7 });
         rt(Request::Join { addr: "h:1".into() });
         rt(Request::UpdateServers {
             list: ServerList {

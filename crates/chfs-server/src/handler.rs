@@ -76,6 +76,17 @@ fn medium_available(store: &str, path: Option<&std::path::Path>) -> u64 {
     }
 }
 
+/// Runs blocking backend I/O from a handler: with `block_in_place` on the
+/// shared multi-thread runtime; in place on a CPU lane (a current-thread
+/// runtime, where `block_in_place` is not allowed; the lane's other
+/// connections wait meanwhile).
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Serves one request.
 pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> Reply {
     Counters::inc(&sh.counters.requests);
@@ -114,6 +125,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
     }
     match req {
         Request::Ping => Ok(Response::Ok),
+        Request::Lane { .. } => Err(ErrorReply::new(
+            libc::EINVAL,
+            "a CPU lane is asked for by the first request of a local connection",
+        )),
         Request::Sync => {
             // fsync/msync block: keep them off the async workers.
             let s = st.clone();
@@ -256,10 +271,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             }
             if let Some(c) = cache {
                 if idx == 0 || flags & rw::BACKEND != 0 {
-                    tokio::task::block_in_place(|| {
-                        c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode)
-                    })
-                    .map_err(|e| store_err(&path, e))?;
+                    blocking(|| c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode))
+                        .map_err(|e| store_err(&path, e))?;
                 }
             }
             if idx == 0 {
@@ -318,10 +331,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 if idx == 0 || flags & rw::BACKEND != 0 {
                     check_chunk_size(chunk_size)?;
                     let mode = libc::S_IFREG | 0o644;
-                    tokio::task::block_in_place(|| {
-                        c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode)
-                    })
-                    .map_err(|e| store_err(&path, e))?;
+                    blocking(|| c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode))
+                        .map_err(|e| store_err(&path, e))?;
                 }
             }
             if flags & rw::FETCH_ONLY != 0 {
@@ -436,7 +447,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let max = (max as usize).clamp(1, 65536);
             let (entries, done) = match cache {
                 Some(c) if sh.placement().owns(&path) => {
-                    tokio::task::block_in_place(|| list_with_backend(&**st, c, &path, &after, max))?
+                    blocking(|| list_with_backend(&**st, c, &path, &after, max))?
                 }
                 _ => st
                     .list_dir(&path, &after, max)
@@ -464,9 +475,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let mut after = after;
             let done = loop {
                 let (entries, done) = match cache {
-                    Some(c) if sh.placement().owns(&path) => tokio::task::block_in_place(|| {
-                        list_with_backend(&**st, c, &path, &after, max)
-                    })?,
+                    Some(c) if sh.placement().owns(&path) => {
+                        blocking(|| list_with_backend(&**st, c, &path, &after, max))?
+                    }
                     _ => st
                         .list_dir(&path, &after, max)
                         .map_err(|e| store_err(&path, e))?,
@@ -498,13 +509,12 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let mut any = st.has_children(&path).map_err(|e| store_err(&path, e))?;
             if let Some(c) = cache {
                 if !any && sh.placement().owns(&path) {
-                    let list =
-                        tokio::task::block_in_place(|| c.backend.list(&path)).map_err(|e| {
-                            ErrorReply::new(
-                                e.raw_os_error().unwrap_or(libc::EIO),
-                                format!("backend listing of {path}: {e}"),
-                            )
-                        })?;
+                    let list = blocking(|| c.backend.list(&path)).map_err(|e| {
+                        ErrorReply::new(
+                            e.raw_os_error().unwrap_or(libc::EIO),
+                            format!("backend listing of {path}: {e}"),
+                        )
+                    })?;
                     any = !list.is_empty();
                 }
             }
@@ -670,13 +680,12 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
                         return Err(ErrorReply::new(libc::EXDEV, format!("{old}: a backend entry cannot be renamed with --backend-policy keep (copy it)")));
                     }
                     Policy::Keep => {}
-                    Policy::Mirror => tokio::task::block_in_place(|| c.backend.rename(old, new))
-                        .map_err(|e| {
-                            ErrorReply::new(
-                                e.raw_os_error().unwrap_or(libc::EIO),
-                                format!("backend rename of {old} to {new}: {e}"),
-                            )
-                        })?,
+                    Policy::Mirror => blocking(|| c.backend.rename(old, new)).map_err(|e| {
+                        ErrorReply::new(
+                            e.raw_os_error().unwrap_or(libc::EIO),
+                            format!("backend rename of {old} to {new}: {e}"),
+                        )
+                    })?,
                 }
             }
         }
@@ -726,7 +735,7 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
 /// skipping whiteouts; revalidates when asked to.
 fn lookup(sh: &Arc<Shared>, c: &Cache, path: &str) -> Result<Option<Meta>, ErrorReply> {
     let st = &*sh.store;
-    tokio::task::block_in_place(|| match st.meta(path, 0)? {
+    blocking(|| match st.meta(path, 0)? {
         Some(m) if m.flags & FLAG_WHITEOUT != 0 => Ok(None),
         Some(m) => c.revalidate(st, path, m).map(Some),
         None if path == "/" => Ok(None),
@@ -774,7 +783,7 @@ fn remove_cached(sh: &Arc<Shared>, c: &Cache, path: &str, kind: RemoveKind) -> R
             format!("backend: removing {path}: {e}"),
         )
     };
-    tokio::task::block_in_place(|| -> Result<(), ErrorReply> {
+    blocking(|| -> Result<(), ErrorReply> {
         match c.cfg.policy {
             Policy::Mirror => {
                 if m.is_dir() {

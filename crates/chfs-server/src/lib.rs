@@ -10,6 +10,7 @@ pub mod cache;
 pub(crate) mod cma;
 pub mod config;
 mod handler;
+mod lanes;
 mod local_io;
 pub mod metrics;
 pub mod net;

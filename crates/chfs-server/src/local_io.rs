@@ -35,7 +35,13 @@ pub(crate) struct LocalWrite {
 /// Splits a connected stream (the caller is in a tokio runtime).
 pub(crate) fn split(s: tokio::net::UnixStream) -> io::Result<(LocalRead, LocalWrite)> {
     // into_std leaves the descriptor non-blocking.
-    let fd = Arc::new(register(s.into_std()?, Interest::READABLE)?);
+    split_std(s.into_std()?)
+}
+
+/// Splits a connected non-blocking stream, registering it with the
+/// calling thread's runtime.
+pub(crate) fn split_std(s: UnixStream) -> io::Result<(LocalRead, LocalWrite)> {
+    let fd = Arc::new(register(s, Interest::READABLE)?);
     Ok((
         LocalRead(fd.clone()),
         LocalWrite {

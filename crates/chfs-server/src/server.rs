@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_proto::frame::{Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED};
-use chfs_proto::msg::encode_error;
+use chfs_proto::msg::{encode_error, op};
 use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Request, Response};
 use chfs_store::{Chunk, MemStore, Store, StoreError};
@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     pub store_path: Option<std::path::PathBuf>,
     /// Progress of rebalance passes (after the list grew).
     pub rebalancer: crate::rebalance::Rebalancer,
+    /// Threads serving local connections on their clients' CPUs.
+    pub lanes: crate::lanes::Lanes,
     secret: Vec<u8>,
 }
 
@@ -262,6 +264,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         cache,
         store_path: cfg.path.clone(),
         rebalancer: Default::default(),
+        lanes: Default::default(),
         secret,
     });
     if let Some(c) = &shared.cache {
@@ -453,7 +456,7 @@ async fn serve_tcp(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
     let _ = stream.set_nodelay(true);
     if admitted(&shared, &mut stream, &peer).await {
         let (rd, wr) = stream.into_split();
-        serve_conn(shared, rd, wr, peer, None).await;
+        serve_conn(shared, rd, wr, peer, None, None).await;
     }
 }
 
@@ -484,18 +487,90 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         ),
         Err(_) => ("local".to_string(), None),
     };
-    if admitted(&shared, &mut stream, &peer).await {
-        match crate::local_io::split(stream) {
-            Ok((rd, wr)) => serve_conn(shared, rd, wr, peer, cma).await,
-            Err(e) => warn!(%peer, "closing connection: {e}"),
+    if !admitted(&shared, &mut stream, &peer).await {
+        return;
+    }
+    // The first request may ask for a CPU lane (read on its own: nothing
+    // after it is buffered here).
+    let (h, payload) = match net::read_frame(&mut stream).await {
+        Ok(Some(f)) => f,
+        Ok(None) => return,
+        Err(e) => {
+            warn!(%peer, "closing connection: {e}");
+            return;
         }
+    };
+    if h.op != op::LANE || h.flags != 0 {
+        return serve_local(shared, stream, peer, cma, Some((h, payload))).await;
+    }
+    let n = crate::lanes::cpus();
+    let lane = match Request::decode(op::LANE, payload) {
+        Ok(Request::Lane { cpu }) if cpu < n => Ok(cpu),
+        Ok(_) => Err(ErrorReply::new(
+            libc::EINVAL,
+            format!("no CPU lane here for that CPU (CPUs 0-{})", n - 1),
+        )),
+        Err(e) => Err(ErrorReply::new(
+            e.errno(),
+            format!("malformed request: {e}"),
+        )),
+    };
+    let reply = match &lane {
+        Ok(_) => Ok(Response::Ok),
+        Err(e) => Err(e.clone()),
+    };
+    let (rh, head, tail) = response_frame(h.id, h.op, reply);
+    let sent = async {
+        stream.write_all(&rh.encode()).await?;
+        stream.write_all(&head).await?;
+        stream.write_all(&tail).await
+    }
+    .await;
+    if let Err(e) = sent {
+        warn!(%peer, "closing connection: {e}");
+        return;
+    }
+    let Ok(cpu) = lane else {
+        // Refused: the connection goes on without a lane.
+        return serve_local(shared, stream, peer, cma, None).await;
+    };
+    let handed = stream.into_std().and_then(|stream| {
+        let inc = crate::lanes::Incoming {
+            stream,
+            peer: peer.clone(),
+            cma,
+        };
+        shared.lanes.hand_over(&shared, cpu, inc)
+    });
+    if let Err(e) = handed {
+        warn!(%peer, cpu, "closing connection: {e}");
+    }
+}
+
+/// Serves a local connection on the shared runtime.
+async fn serve_local(
+    shared: Arc<Shared>,
+    stream: UnixStream,
+    peer: String,
+    cma: Option<libc::pid_t>,
+    first: Option<(Header, Bytes)>,
+) {
+    match crate::local_io::split(stream) {
+        Ok((rd, wr)) => serve_conn(shared, rd, wr, peer, cma, first).await,
+        Err(e) => warn!(%peer, "closing connection: {e}"),
     }
 }
 
 /// Serves the requests of one connection; `cma`: the pid whose memory
 /// `FLAG_CMA` requests may name (local peers of the server's user).
-async fn serve_conn<R, W>(shared: Arc<Shared>, rd: R, wr: W, peer: String, cma: Option<libc::pid_t>)
-where
+pub(crate) async fn serve_conn<R, W>(
+    shared: Arc<Shared>,
+    rd: R,
+    wr: W,
+    peer: String,
+    cma: Option<libc::pid_t>,
+    first: Option<(Header, Bytes)>,
+) where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -529,8 +604,13 @@ where
             }
         }
     });
+    let mut first = first;
     loop {
-        match net::read_frame(&mut rd).await {
+        let frame = match first.take() {
+            Some(f) => Ok(Some(f)),
+            None => net::read_frame(&mut rd).await,
+        };
+        match frame {
             Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
                 let (sh, tx) = (shared.clone(), tx.clone());
                 tokio::spawn(async move {

@@ -515,3 +515,78 @@ fn a_local_client_that_reads_its_replies_late_gets_them_all() {
     }
     assert_eq!(call(&mut u, 66, &Request::Ping), Ok(Response::Ok));
 }
+
+/// Names of the threads of process `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn a_local_connection_asking_for_a_cpu_lane_is_served_there() {
+    let p = pool(1, None);
+    let addr = &p.addrs()[0];
+    let pid = p.pid(0).unwrap();
+    assert!(!thread_names(pid)
+        .iter()
+        .any(|n| n.starts_with("chfsd-lane")));
+    // Asked for by the first request: served by the lane's thread.
+    let mut u = local(addr);
+    assert_eq!(call(&mut u, 1, &Request::Lane { cpu: 0 }), Ok(Response::Ok));
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 4096,
+        ..Default::default()
+    };
+    let create = Request::Create {
+        path: "/laned".into(),
+        meta,
+        excl: true,
+        data: Bytes::from_static(b"on lane zero"),
+    };
+    call(&mut u, 2, &create).unwrap();
+    let read = Request::Read {
+        path: "/laned".into(),
+        fileid: 0,
+        idx: 0,
+        off: 0,
+        len: 4096,
+        chunk_size: 4096,
+        flags: 0,
+    };
+    assert_eq!(
+        call(&mut u, 3, &read),
+        Ok(Response::Data(Bytes::from_static(b"on lane zero")))
+    );
+    assert!(thread_names(pid).contains(&"chfsd-lane0".to_string()));
+    // Only first, only local, only a CPU of this machine: refused with
+    // EINVAL, and the connection goes on.
+    assert_eq!(
+        call(&mut u, 4, &Request::Lane { cpu: 0 }).unwrap_err().0,
+        libc::EINVAL
+    );
+    assert_eq!(
+        call(&mut u, 5, &read).unwrap(),
+        Response::Data(Bytes::from_static(b"on lane zero"))
+    );
+    let mut far = local(addr);
+    assert_eq!(
+        call(&mut far, 1, &Request::Lane { cpu: 1 << 20 })
+            .unwrap_err()
+            .0,
+        libc::EINVAL
+    );
+    assert_eq!(call(&mut far, 2, &Request::Ping), Ok(Response::Ok));
+    let (mut t, _, _) = hello(addr, b"");
+    assert_eq!(
+        call(&mut t, 1, &Request::Lane { cpu: 0 }).unwrap_err().0,
+        libc::EINVAL
+    );
+    assert_eq!(
+        call(&mut t, 2, &read).unwrap(),
+        Response::Data(Bytes::from_static(b"on lane zero"))
+    );
+}

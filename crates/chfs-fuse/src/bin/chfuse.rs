@@ -33,7 +33,7 @@ struct Args {
     debug: bool,
     /// Mount options, comma separated: allow_other, noallow_other,
     /// default_permissions, nodefault_permissions, ro, rw, writeback_cache,
-    /// direct_io, page_cache, io_uring, no_io_uring, attr_timeout=SEC, entry_timeout=SEC,
+    /// direct_io, page_cache, io_uring, no_io_uring, cpu_lanes, no_cpu_lanes, attr_timeout=SEC, entry_timeout=SEC,
     /// negative_timeout=SEC, max_threads=N.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
@@ -70,6 +70,12 @@ struct Args {
     /// always reads /dev/fuse.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     io_uring: bool,
+    /// With io_uring: each ring thread reaches the servers on this host
+    /// over its own connections, served there by a thread pinned to the
+    /// same CPU, so a request and its reply stay on one CPU. `false` (or
+    /// `-o no_cpu_lanes`) shares one connection per server.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    cpu_lanes: bool,
     /// Kernel read-ahead in KiB (root only; 0 = kernel default of 128).
     #[arg(long, default_value_t = 1024)]
     read_ahead_kb: u32,
@@ -97,6 +103,7 @@ fn build(args: &Args) -> Result<MountConfig, String> {
     c.fs.writeback_cache = args.writeback_cache;
     c.fs.direct_io = !args.page_cache;
     c.fs.io_uring = args.io_uring;
+    c.fs.cpu_lanes = args.cpu_lanes;
     if args.threads > 0 {
         c.threads = args.threads;
     }
@@ -117,6 +124,8 @@ fn build(args: &Args) -> Result<MountConfig, String> {
             ("page_cache" | "kernel_cache", None) => c.fs.direct_io = false,
             ("io_uring", None) => c.fs.io_uring = true,
             ("no_io_uring", None) => c.fs.io_uring = false,
+            ("cpu_lanes", None) => c.fs.cpu_lanes = true,
+            ("no_cpu_lanes", None) => c.fs.cpu_lanes = false,
             ("attr_timeout", Some(v)) => c.fs.attr_timeout = secs(k, v)?,
             ("entry_timeout", Some(v)) => c.fs.entry_timeout = secs(k, v)?,
             ("negative_timeout", Some(v)) => negative = Some(v.to_string()),
