@@ -165,13 +165,13 @@ impl Client {
         (open.iter().filter(|l| **l).count(), open.len())
     }
 
-    /// Reaches servers on this host over one connection per CPU of the
-    /// calling thread, each served by a server thread pinned to that CPU
-    /// (`Request::Lane`), so a request and its reply hand over on one CPU:
-    /// for callers that stay on their CPU (chfuse's ring threads). Servers
-    /// that refuse are reached as before.
-    pub fn set_cpu_lanes(&self, on: bool) {
-        self.inner.pool.set_lanes(on);
+    /// Which calling threads reach servers on this host over one
+    /// connection per CPU, each served by a server thread pinned to that
+    /// CPU (`Request::Lane`), so a request and its reply hand over on one
+    /// CPU (`CHFS_CPU_LANES`; by default threads pinned to one CPU).
+    /// Servers that refuse are reached as before.
+    pub fn set_cpu_lanes(&self, lanes: crate::CpuLanes) {
+        self.inner.pool.set_lanes(lanes);
     }
 
     /// Open CPU-lane connections (see [`Client::set_cpu_lanes`]).

@@ -29,6 +29,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_DIR_CACHE_MSEC", default: "1000", help: "how long a directory known to exist is trusted when creating entries in it (0 = always check)" },
     Setting { env: "CHFS_LOCAL_SOCKET", default: "1", help: "reach servers on this host through their Unix socket instead of TCP (0 = always TCP)" },
     Setting { env: "CHFS_CMA", default: "1", help: "let servers on this host that run as the same user copy large writes (16 KiB and up) straight from this process's memory with process_vm_readv instead of through the socket (0 = always through the socket)" },
+    Setting { env: "CHFS_CPU_LANES", default: "auto", help: "reach servers on this host over one connection per CPU of the calling thread, each served by a server thread pinned to that CPU, so a request and its reply stay on one CPU: auto = for threads pinned to one CPU (MPI ranks bound to cores), 1 = for every thread, 0 = never" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "shared secret presented to the servers" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the shared secret (takes precedence over CHFS_SECRET)" },
 ];
@@ -60,6 +61,21 @@ pub struct ClientConfig {
     /// memory (`process_vm_readv`, when they run as the same user) instead
     /// of through the socket.
     pub cma: bool,
+    /// Which threads reach local servers over per-CPU connections served
+    /// on that CPU (see `Client::set_cpu_lanes`).
+    pub cpu_lanes: CpuLanes,
+}
+
+/// Which calling threads use CPU lanes (`CHFS_CPU_LANES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CpuLanes {
+    /// None: one shared connection per server.
+    Never,
+    /// Threads whose affinity is a single CPU (checked once per thread).
+    Pinned,
+    /// Every thread, on whatever CPU it runs at the call.
+    Always,
 }
 
 impl Default for ClientConfig {
@@ -76,6 +92,7 @@ impl Default for ClientConfig {
             secret: Vec::new(),
             local_socket: true,
             cma: true,
+            cpu_lanes: CpuLanes::Pinned,
         }
     }
 }
@@ -143,6 +160,13 @@ impl ClientConfig {
         if let Some(v) = get("CHFS_CMA") {
             c.cma = num::<i64>("CHFS_CMA", &v)? != 0;
         }
+        if let Some(v) = get("CHFS_CPU_LANES") {
+            c.cpu_lanes = match v.trim() {
+                "auto" => CpuLanes::Pinned,
+                _ if num::<i64>("CHFS_CPU_LANES", &v)? != 0 => CpuLanes::Always,
+                _ => CpuLanes::Never,
+            };
+        }
         if let Some(v) = get("CHFS_DIR_CACHE_MSEC") {
             c.dir_cache = Duration::from_millis(num("CHFS_DIR_CACHE_MSEC", &v)?);
         }
@@ -198,6 +222,19 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.chunk_size, 4096);
+        assert_eq!(c.cpu_lanes, CpuLanes::Pinned);
+        for (v, want) in [
+            ("0", CpuLanes::Never),
+            ("1", CpuLanes::Always),
+            ("auto", CpuLanes::Pinned),
+        ] {
+            let c =
+                ClientConfig::from_lookup(|k| (k == "CHFS_CPU_LANES").then(|| v.into())).unwrap();
+            assert_eq!(c.cpu_lanes, want, "{v}");
+        }
+        let e = ClientConfig::from_lookup(|k| (k == "CHFS_CPU_LANES").then(|| "yes".into()))
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
         let e = ClientConfig::from_lookup(|k| (k == "CHFS_CHUNK_SIZE").then(|| "abc".into()))
             .unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL);

@@ -18,7 +18,7 @@ mod types;
 
 pub use chfs_proto::msg::FlushState;
 pub use client::{Client, ClientStats};
-pub use config::ClientConfig;
+pub use config::{ClientConfig, CpuLanes};
 pub use error::{Error, Result};
 pub use types::{DirEntry, Stat, StatFs, TimeSet, Whence};
 

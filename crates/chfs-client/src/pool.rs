@@ -1,14 +1,14 @@
 //! Server list, placement and one connection per server.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{Request, Response};
 
-use crate::config::ClientConfig;
+use crate::config::{ClientConfig, CpuLanes};
 use crate::conn::{lock, Conn, Ticket};
 use crate::error::{fail, Error, Result};
 
@@ -56,9 +56,35 @@ impl<'a> Op<'a> {
 pub(crate) struct Pool {
     cfg: ClientConfig,
     state: RwLock<Arc<PoolState>>,
-    /// Requests to local servers use a connection per CPU of the calling
-    /// thread (for callers pinned to a CPU).
-    lanes: AtomicBool,
+    /// Which callers reach local servers over a connection per CPU of the
+    /// calling thread ([`CpuLanes`] as u8).
+    lanes: AtomicU8,
+}
+
+fn lanes_code(l: CpuLanes) -> u8 {
+    match l {
+        CpuLanes::Never => 0,
+        CpuLanes::Pinned => 1,
+        _ => 2,
+    }
+}
+
+/// Is the calling thread allowed on one CPU only? (Asked once per thread.)
+fn thread_is_pinned() -> bool {
+    thread_local! {
+        static PINNED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+    PINNED.with(|p| {
+        *p.get().get_or_insert_with(|| {
+            // SAFETY: sched_getaffinity fills the zeroed set it is given,
+            // of the size passed.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+                    && libc::CPU_COUNT(&set) == 1
+            }
+        })
+    })
 }
 
 impl Pool {
@@ -73,9 +99,9 @@ impl Pool {
         let list = fetch_list(&cfg, &cfg.servers, None)?;
         let state = RwLock::new(Arc::new(PoolState::new(list, None)));
         Ok(Pool {
+            lanes: AtomicU8::new(lanes_code(cfg.cpu_lanes)),
             cfg,
             state,
-            lanes: AtomicBool::new(false),
         })
     }
 
@@ -110,16 +136,25 @@ impl Pool {
         Ok(())
     }
 
-    /// Turns CPU lanes on or off (see [`Pool::lanes`]).
-    pub fn set_lanes(&self, on: bool) {
-        self.lanes.store(on, Ordering::Relaxed);
+    /// Which callers use CPU lanes.
+    pub fn set_lanes(&self, l: CpuLanes) {
+        self.lanes.store(lanes_code(l), Ordering::Relaxed);
+    }
+
+    /// Does this call go through the calling CPU's lane?
+    fn wants_lane(&self) -> bool {
+        match self.lanes.load(Ordering::Relaxed) {
+            0 => false,
+            1 => thread_is_pinned(),
+            _ => true,
+        }
     }
 
     /// The connection to server `i`, opened (or re-opened) on demand: the
     /// calling CPU's lane to a local server when lanes are on.
     pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
         let shared = self.shared_conn(st, i)?;
-        if self.lanes.load(Ordering::Relaxed) && shared.is_local() {
+        if shared.is_local() && self.wants_lane() {
             if let Some(c) = self.lane_conn(st, i) {
                 return Ok(c);
             }

@@ -311,7 +311,7 @@ fn pin(cpu: usize) {
 #[test]
 fn cpu_lanes_give_a_pinned_thread_its_own_connections() {
     let (p, c) = pool(2);
-    c.set_cpu_lanes(true);
+    c.set_cpu_lanes(chfs_client::CpuLanes::Always);
     let data = pattern(200_000, 3);
     let on0 = {
         let (c, data) = (c.clone(), data.clone());
@@ -346,10 +346,45 @@ fn cpu_lanes_give_a_pinned_thread_its_own_connections() {
     }
     // Over TCP there are no lanes; the same calls work.
     let t = client(&p, |c| c.local_socket = false);
-    t.set_cpu_lanes(true);
+    t.set_cpu_lanes(chfs_client::CpuLanes::Always);
     let fd = t.create("/tcp", O_RDWR, 0o644).unwrap();
     assert_eq!(t.pwrite(fd, &data, 0).unwrap(), data.len());
     t.close(fd).unwrap();
     assert_eq!(t.stat("/tcp").unwrap().size, data.len() as u64);
     assert_eq!(t.lane_connections(), 0);
+}
+
+#[test]
+fn by_default_only_threads_pinned_to_one_cpu_use_cpu_lanes() {
+    let (_p, c) = pool(2);
+    let fd = c.create("/shared", O_RDWR, 0o644).unwrap();
+    c.close(fd).unwrap();
+    assert_eq!(c.lane_connections(), 0, "an unpinned thread");
+    let c0 = c.clone();
+    std::thread::spawn(move || {
+        pin(0);
+        assert_eq!(c0.stat("/shared").unwrap().size, 0);
+        let fd = c0.create("/pinned", O_RDWR, 0o644).unwrap();
+        c0.close(fd).unwrap();
+    })
+    .join()
+    .unwrap();
+    assert!(c.lane_connections() >= 1, "a thread pinned to CPU 0");
+    // Turned off: a thread pinned to a CPU without a lane yet opens none.
+    c.set_cpu_lanes(chfs_client::CpuLanes::Never);
+    let before = c.lane_connections();
+    let c1 = c.clone();
+    let cpu = usize::from(std::thread::available_parallelism().map_or(1, |n| n.get()) > 1);
+    std::thread::spawn(move || {
+        pin(cpu);
+        c1.unlink("/pinned").unwrap();
+        c1.unlink("/shared").unwrap();
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        c.lane_connections(),
+        before,
+        "lanes turned off: none opened"
+    );
 }

@@ -205,7 +205,7 @@ fn start_rings(core: &Arc<Core>, session: &Session<ChfsFs>, threads: usize) -> &
         Ok(n) => {
             debug!(threads = n, "FUSE over io_uring");
             if core.opts.cpu_lanes {
-                core.client.set_cpu_lanes(true);
+                core.client.set_cpu_lanes(chfs_client::CpuLanes::Always);
             }
             "io_uring"
         }
