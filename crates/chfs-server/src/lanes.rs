@@ -45,9 +45,15 @@ pub(crate) fn cpus() -> u32 {
     n.clamp(1, libc::CPU_SETSIZE as libc::c_long) as u32
 }
 
+/// A running lane, to hand connections to.
+pub(crate) struct Lane {
+    cpu: u32,
+    tx: mpsc::UnboundedSender<Incoming>,
+}
+
 impl Lanes {
-    /// Serves `inc` on the lane of `cpu` (< [`cpus`]), started on first use.
-    pub fn hand_over(&self, sh: &Arc<Shared>, cpu: u32, inc: Incoming) -> io::Result<()> {
+    /// The lane of `cpu` (< [`cpus`]), started on first use.
+    pub fn get(&self, sh: &Arc<Shared>, cpu: u32) -> io::Result<Lane> {
         let mut g = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
         let tx = match g.get(&cpu) {
             Some(tx) if !tx.is_closed() => tx.clone(),
@@ -57,7 +63,16 @@ impl Lanes {
                 tx
             }
         };
-        tx.send(inc)
+        Ok(Lane { cpu, tx })
+    }
+}
+
+impl Lane {
+    /// Serves `inc` on this lane.
+    pub fn hand_over(&self, inc: Incoming) -> io::Result<()> {
+        let cpu = self.cpu;
+        self.tx
+            .send(inc)
             .map_err(|_| io::Error::other(format!("the lane of CPU {cpu} stopped")))
     }
 }

@@ -505,7 +505,13 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
     }
     let n = crate::lanes::cpus();
     let lane = match Request::decode(op::LANE, payload) {
-        Ok(Request::Lane { cpu }) if cpu < n => Ok(cpu),
+        // Started before the answer, so an accepted lane is there.
+        Ok(Request::Lane { cpu }) if cpu < n => shared.lanes.get(&shared, cpu).map_err(|e| {
+            ErrorReply::new(
+                e.raw_os_error().unwrap_or(libc::EAGAIN),
+                format!("cannot start the lane of CPU {cpu}: {e}"),
+            )
+        }),
         Ok(_) => Err(ErrorReply::new(
             libc::EINVAL,
             format!("no CPU lane here for that CPU (CPUs 0-{})", n - 1),
@@ -530,20 +536,19 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         warn!(%peer, "closing connection: {e}");
         return;
     }
-    let Ok(cpu) = lane else {
+    let Ok(lane) = lane else {
         // Refused: the connection goes on without a lane.
         return serve_local(shared, stream, peer, cma, None).await;
     };
     let handed = stream.into_std().and_then(|stream| {
-        let inc = crate::lanes::Incoming {
+        lane.hand_over(crate::lanes::Incoming {
             stream,
             peer: peer.clone(),
             cma,
-        };
-        shared.lanes.hand_over(&shared, cpu, inc)
+        })
     });
     if let Err(e) = handed {
-        warn!(%peer, cpu, "closing connection: {e}");
+        warn!(%peer, "closing connection: {e}");
     }
 }
 
