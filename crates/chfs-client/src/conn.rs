@@ -70,6 +70,8 @@ pub(crate) struct Conn {
     /// Our pid at connect (a forked child has another address space: it
     /// sends its data through the socket).
     pid: u32,
+    /// A Unix socket to a server on this host.
+    local: bool,
 }
 
 /// A request in flight.
@@ -208,6 +210,7 @@ impl Conn {
             timeout,
             cma: AtomicBool::new(false),
             pid: std::process::id(),
+            local,
         };
         if let Some(cpu) = lane {
             // The lane is asked for by the connection's first request.
@@ -275,7 +278,7 @@ impl Conn {
 
     /// Is this a Unix socket to a server on this host?
     pub fn is_local(&self) -> bool {
-        lock(&self.writer).is_local()
+        self.local
     }
 
     /// Is the connection still usable?

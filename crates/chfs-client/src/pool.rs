@@ -154,7 +154,7 @@ impl Pool {
     /// calling CPU's lane to a local server when lanes are on.
     pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
         let shared = self.shared_conn(st, i)?;
-        if shared.is_local() && self.wants_lane() {
+        if self.wants_lane() && shared.is_local() {
             if let Some(c) = self.lane_conn(st, i) {
                 return Ok(c);
             }
