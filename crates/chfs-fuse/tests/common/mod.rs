@@ -27,6 +27,20 @@ pub fn is_mounted(mp: &Path) -> bool {
 }
 
 /// Unmounts `mp`: fusermount3 -u, then a lazy detach as a last resort.
+/// Is a FUSE file system mounted on `mp` and answering?
+pub fn fuse_answers(mp: &Path) -> bool {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs fills the zeroed struct it is given; the path is a
+    // NUL-terminated string that lives across the call.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
+    }
+}
+
 pub fn force_unmount(mp: &Path) {
     for args in [&["-u", "-q"][..], &["-u", "-q", "-z"][..]] {
         if !is_mounted(mp) {
@@ -108,9 +122,12 @@ impl Mount {
 
     fn wait_mounted(&mut self) {
         let t = Instant::now();
-        // Mounted and answering (a stale mount left by a killed daemon is
-        // listed too, but answers ENOTCONN until chfuse clears it).
-        while !is_mounted(&self.mp) || std::fs::metadata(&self.mp).is_err() {
+        // Mounted and answering, asked in one call: a stale mount left by a
+        // killed daemon is listed too but answers ENOTCONN, and once chfuse
+        // has cleared it the mount point is a plain directory for a moment
+        // (two separate checks could see the stale mount listed and then
+        // the plain directory answering).
+        while !fuse_answers(&self.mp) {
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(st)) = c.try_wait() {
                     panic!(
