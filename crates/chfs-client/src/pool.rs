@@ -1,4 +1,5 @@
-//! Server list, placement and one connection per server.
+//! Server list, placement, one shared connection per server, and per-CPU
+//! connections to local servers (CPU lanes).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -24,8 +25,8 @@ pub(crate) struct PoolState {
 /// The CPU-lane connections to one server.
 #[derive(Default, Clone)]
 struct Lanes {
-    /// The server is not local, or refused a lane: use the shared
-    /// connection.
+    /// The server refused a lane, or could not be reached for one: use the
+    /// shared connection.
     refused: bool,
     by_cpu: Vec<Option<Arc<Conn>>>,
 }

@@ -465,6 +465,8 @@ async fn serve_tcp(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
 /// the kernel caps the request at `net.core.wmem_max`).
 const UNIX_SEND_BUFFER: libc::c_int = 4 << 20;
 
+/// A local connection: after the handshake, on the CPU lane its first
+/// request asks for ([`crate::lanes`]), else on the shared runtime.
 async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
     use std::os::fd::AsRawFd;
     let v = UNIX_SEND_BUFFER;
