@@ -190,6 +190,11 @@ pub fn block_signals() -> libc::sigset_t {
 /// least one per queue); otherwise /dev/fuse stays the transport. Returns
 /// the transport's name.
 fn start_rings(core: &Arc<Core>, session: &Session<ChfsFs>, threads: usize) -> &'static str {
+    if !core.opts.cpu_lanes {
+        // Off for every thread, whatever CHFS_CPU_LANES says (its default
+        // would still give the pinned ring threads lanes).
+        core.client.set_cpu_lanes(chfs_client::CpuLanes::Never);
+    }
     if !core.uring_granted.load(Ordering::Relaxed) {
         return "/dev/fuse";
     }

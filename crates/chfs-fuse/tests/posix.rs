@@ -737,6 +737,18 @@ fn posix_suite_mount_vs_tmpfs() {
 }
 
 #[test]
+fn cpu_lanes_can_be_turned_off() {
+    let pool = pool(2);
+    let m = Mount::new(&pool, &["--cpu-lanes=false"]);
+    fs::write(m.mp.join("f"), b"shared connections").unwrap();
+    assert_eq!(fs::read(m.mp.join("f")).unwrap(), b"shared connections");
+    if transport(&m) != "io_uring" {
+        eprintln!("no FUSE over io_uring here: the ring threads this is about do not run");
+    }
+    assert_eq!(lanes_of(&pool), 0, "lane threads with --cpu-lanes=false");
+}
+
+#[test]
 fn posix_suite_over_dev_fuse() {
     posix_suite(&["--io-uring=false"], "/dev/fuse");
 }
