@@ -527,14 +527,9 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         Ok(_) => Ok(Response::Ok),
         Err(e) => Err(e.clone()),
     };
-    let (rh, head, tail) = response_frame(h.id, h.op, reply);
-    let sent = async {
-        stream.write_all(&rh.encode()).await?;
-        stream.write_all(&head).await?;
-        stream.write_all(&tail).await
-    }
-    .await;
-    if let Err(e) = sent {
+    // Neither answer carries a data tail.
+    let (rh, head, _) = response_frame(h.id, h.op, reply);
+    if let Err(e) = write_all_vectored(&mut stream, &rh.encode(), &head).await {
         warn!(%peer, "closing connection: {e}");
         return;
     }
