@@ -88,6 +88,19 @@ fn reply(s: &mut impl Read, id: u64) -> Result<Response, (i32, String)> {
     }
 }
 
+/// A read of all of chunk 0 of `path` (fileid 0, chunk size `cs`).
+fn whole_chunk0(path: &str, cs: u32) -> Request {
+    Request::Read {
+        path: path.into(),
+        fileid: 0,
+        idx: 0,
+        off: 0,
+        len: cs,
+        chunk_size: cs,
+        flags: 0,
+    }
+}
+
 fn closed(s: &mut TcpStream) -> bool {
     let mut b = [0u8; 1];
     matches!(s.read(&mut b), Ok(0) | Err(_))
@@ -403,15 +416,7 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
     w.extend_from_slice(&at(&data, far));
     send_flags(&mut u, 3, op::WRITE, FLAG_CMA, &w);
     assert_eq!(reply(&mut u, 3), Ok(Response::Written(65536)));
-    let read = Request::Read {
-        path: "/f".into(),
-        fileid: 0,
-        idx: 0,
-        off: 0,
-        len: 65536,
-        chunk_size: 65536,
-        flags: 0,
-    };
+    let read = whole_chunk0("/f", 65536);
     assert_eq!(
         call(&mut u, 4, &read),
         Ok(Response::Data(Bytes::from(data.clone())))
@@ -488,15 +493,7 @@ fn a_local_client_that_reads_its_replies_late_gets_them_all() {
         data: Bytes::from(data.clone()),
     };
     call(&mut u, 1, &create).unwrap();
-    let read = Request::Read {
-        path: "/big".into(),
-        fileid: 0,
-        idx: 0,
-        off: 0,
-        len: 1 << 20,
-        chunk_size: 1 << 20,
-        flags: 0,
-    };
+    let read = whole_chunk0("/big", 1 << 20);
     let mut p = Vec::new();
     read.encode(&mut p);
     for id in 2..66 {
@@ -548,15 +545,7 @@ fn a_local_connection_asking_for_a_cpu_lane_is_served_there() {
         data: Bytes::from_static(b"on lane zero"),
     };
     call(&mut u, 2, &create).unwrap();
-    let read = Request::Read {
-        path: "/laned".into(),
-        fileid: 0,
-        idx: 0,
-        off: 0,
-        len: 4096,
-        chunk_size: 4096,
-        flags: 0,
-    };
+    let read = whole_chunk0("/laned", 4096);
     assert_eq!(
         call(&mut u, 3, &read),
         Ok(Response::Data(Bytes::from_static(b"on lane zero")))
