@@ -62,6 +62,7 @@ pub struct FsOptions {
     /// the servers on this host over its own connections, which they serve
     /// on a thread pinned to the same CPU (CPU lanes): a request and its
     /// reply hand over on one CPU instead of waking a thread on another.
+    /// Off: one shared connection per server for every thread.
     pub cpu_lanes: bool,
 }
 
