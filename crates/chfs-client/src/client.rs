@@ -174,6 +174,21 @@ impl Client {
         self.inner.pool.set_lanes(lanes);
     }
 
+    /// Memory of `len` bytes that servers on this host map too (a sealed
+    /// memory file): a large write whose data lies there is copied by the
+    /// server from its own mapping, with stores that bypass the cache,
+    /// instead of with `process_vm_readv`. For a process that receives
+    /// data into buffers of its own choosing before writing it (chfuse
+    /// places its FUSE ring buffers here). One per client (EBUSY after);
+    /// it stays mapped while the client or the returned handle lives.
+    /// Servers that cannot map it (another user, an older server) read it
+    /// like any other memory.
+    pub fn shared_buffer(&self, len: usize) -> Result<crate::SharedBuffer> {
+        let window = Arc::new(crate::shm::Window::new(len)?);
+        self.inner.pool.set_window(window.clone())?;
+        Ok(crate::SharedBuffer { window })
+    }
+
     /// Open CPU-lane connections (see [`Client::set_cpu_lanes`]).
     pub fn lane_connections(&self) -> usize {
         self.inner.pool.lane_connections(&self.state())

@@ -67,6 +67,9 @@ pub(crate) struct Conn {
     /// The server copies large write data from our memory (probed at
     /// connect; see [`chfs_proto::frame::FLAG_CMA`]).
     cma: AtomicBool,
+    /// The client's shared-memory window was offered (see
+    /// [`Conn::offer_window`]).
+    window_offered: AtomicBool,
     /// Our pid at connect (a forked child has another address space: it
     /// sends its data through the socket).
     pid: u32,
@@ -209,6 +212,7 @@ impl Conn {
             next_id: AtomicU64::new(1),
             timeout,
             cma: AtomicBool::new(false),
+            window_offered: AtomicBool::new(false),
             pid: std::process::id(),
             local,
         };
@@ -231,6 +235,20 @@ impl Conn {
             c.probe_cma();
         }
         Ok(c)
+    }
+
+    /// Tells a local server that copies from our memory about the shared
+    /// window `w`, once per connection (the first caller asks; the others
+    /// go on meanwhile). A refusal changes nothing: the server reads the
+    /// window with `process_vm_readv` like any other memory.
+    pub fn offer_window(&self, w: &crate::shm::Window) {
+        if self.local
+            && self.cma.load(Ordering::Relaxed)
+            && !self.window_offered.load(Ordering::Relaxed)
+            && !self.window_offered.swap(true, Ordering::Relaxed)
+        {
+            let _ = self.call(&w.attach_request());
+        }
     }
 
     /// Asks the server to copy a probe from our memory; on success, large

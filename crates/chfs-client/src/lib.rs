@@ -13,6 +13,7 @@ mod conn;
 mod error;
 mod names;
 mod pool;
+mod shm;
 mod stream;
 mod types;
 
@@ -20,6 +21,7 @@ pub use chfs_proto::msg::FlushState;
 pub use client::{Client, ClientStats};
 pub use config::{ClientConfig, CpuLanes};
 pub use error::{Error, Result};
+pub use shm::SharedBuffer;
 pub use types::{DirEntry, Stat, StatFs, TimeSet, Whence};
 
 /// Open flags accepted by [`Client::open`] (Linux values).

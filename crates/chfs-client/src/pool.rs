@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use chfs_proto::ring::{Ring, ServerList};
@@ -12,6 +12,7 @@ use chfs_proto::{Request, Response};
 use crate::config::{ClientConfig, CpuLanes};
 use crate::conn::{lock, Conn, Ticket};
 use crate::error::{fail, Error, Result};
+use crate::shm::Window;
 
 /// The current server list with a connection slot per server.
 pub(crate) struct PoolState {
@@ -60,6 +61,8 @@ pub(crate) struct Pool {
     /// Which callers reach local servers over a connection per CPU of the
     /// calling thread ([`CpuLanes`] as u8).
     lanes: AtomicU8,
+    /// Memory local servers map too ([`crate::Client::shared_buffer`]).
+    window: OnceLock<Arc<Window>>,
 }
 
 fn lanes_code(l: CpuLanes) -> u8 {
@@ -101,6 +104,7 @@ impl Pool {
         let state = RwLock::new(Arc::new(PoolState::new(list, None)));
         Ok(Pool {
             lanes: AtomicU8::new(lanes_code(cfg.cpu_lanes)),
+            window: OnceLock::new(),
             cfg,
             state,
         })
@@ -155,12 +159,21 @@ impl Pool {
     /// calling CPU's lane to a local server when lanes are on.
     pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
         let shared = self.shared_conn(st, i)?;
-        if self.wants_lane() && shared.is_local() {
-            if let Some(c) = self.lane_conn(st, i) {
-                return Ok(c);
-            }
+        let c = match self.wants_lane() && shared.is_local() {
+            true => self.lane_conn(st, i).unwrap_or(shared),
+            false => shared,
+        };
+        if let Some(w) = self.window.get() {
+            c.offer_window(w);
         }
-        Ok(shared)
+        Ok(c)
+    }
+
+    /// Makes `w` the memory local servers are told about (once).
+    pub fn set_window(&self, w: Arc<Window>) -> Result<()> {
+        self.window
+            .set(w)
+            .or_else(|_| fail(libc::EBUSY, "this client already has a shared buffer"))
     }
 
     /// Open lane connections.

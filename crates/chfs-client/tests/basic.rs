@@ -388,3 +388,58 @@ fn by_default_only_threads_pinned_to_one_cpu_use_cpu_lanes() {
         "lanes turned off: none opened"
     );
 }
+
+/// Writes `data` to `path`; returns how many chunk writes the servers
+/// copied from a shared-memory window meanwhile.
+fn shm_writes_during(c: &chfs_client::Client, path: &str, data: &[u8]) -> u64 {
+    let count = || -> u64 {
+        c.server_status()
+            .into_iter()
+            .map(|(_, s)| s.unwrap().shm_writes)
+            .sum()
+    };
+    let before = count();
+    let fd = c.create(path, O_RDWR, 0o644).unwrap();
+    assert_eq!(c.pwrite(fd, data, 0).unwrap(), data.len());
+    c.close(fd).unwrap();
+    count() - before
+}
+
+#[test]
+fn writes_from_a_shared_buffer_are_copied_from_the_servers_mapping() {
+    let (p, c) = pool(2);
+    c.set_chunk_size(64 << 10).unwrap();
+    let buf = c.shared_buffer(2 << 20).unwrap();
+    assert_eq!(buf.len(), 2 << 20);
+    let data = pattern(1 << 20, 11);
+    // SAFETY: the buffer is 2 MiB of this client's memory, written by this
+    // thread only; the slices below end before the writes that use them.
+    let shared = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), buf.len()) };
+    shared[4096..4096 + data.len()].copy_from_slice(&data);
+    // 16 chunk writes of 64 KiB from the buffer; none from other memory.
+    let from_buffer = &shared[4096..4096 + data.len()];
+    assert_eq!(shm_writes_during(&c, "/shm", from_buffer), 16);
+    assert_eq!(shm_writes_during(&c, "/heap", &data), 0);
+    for path in ["/shm", "/heap"] {
+        let mut back = vec![0u8; data.len()];
+        let fd = c.open(path, O_RDONLY, 0).unwrap();
+        assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+        c.close(fd).unwrap();
+        assert_eq!(back, data, "{path}");
+    }
+    // One per client.
+    assert_eq!(c.shared_buffer(4096).unwrap_err().errno(), libc::EBUSY);
+    // Over TCP the data travels in the frame, same bytes.
+    let t = client(&p, |c| c.local_socket = false);
+    t.set_chunk_size(64 << 10).unwrap();
+    let tbuf = t.shared_buffer(1 << 20).unwrap();
+    // SAFETY: as above, for this client's buffer.
+    let tshared = unsafe { std::slice::from_raw_parts_mut(tbuf.as_ptr(), tbuf.len()) };
+    tshared.copy_from_slice(&data);
+    assert_eq!(shm_writes_during(&t, "/tcp", tshared), 0);
+    let mut back = vec![0u8; data.len()];
+    let fd = c.open("/tcp", O_RDONLY, 0).unwrap();
+    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+    c.close(fd).unwrap();
+    assert_eq!(back, data);
+}

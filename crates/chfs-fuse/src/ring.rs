@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chfs_client::TimeSet;
+use chfs_client::{SharedBuffer, TimeSet};
 use chfs_proto::msg::SetAttr;
 use fuser::{Errno, FileAttr, FileType, RenameFlags};
 use tracing::{debug, warn};
@@ -362,17 +362,29 @@ fn pin_to(cpu: usize) {
 /// the rings; an error means /dev/fuse stays in use.
 pub(crate) fn start(core: Arc<Core>, fuse: OwnedFd, per_queue: usize) -> io::Result<usize> {
     let queues = possible_cpus();
+    let per_queue = per_queue.max(1);
     let fuse = Arc::new(fuse);
+    // The payload buffers, in memory the local servers map too: the data
+    // of a WRITE the kernel copied there reaches a chunk with one cheap
+    // copy by the server.
+    let shared = match core.client.shared_buffer(queues * per_queue * PAYLOAD_SIZE) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            debug!("ring buffers in private memory: {e}");
+            None
+        }
+    };
     let (tx, rx) = std::sync::mpsc::channel::<io::Result<()>>();
     let mut n = 0;
     for qid in 0..queues {
-        for t in 0..per_queue.max(1) {
+        for t in 0..per_queue {
             let core = core.clone();
             let fuse = fuse.clone();
             let tx = tx.clone();
+            let slice = shared.clone().map(|b| (b, n * PAYLOAD_SIZE));
             std::thread::Builder::new()
                 .name(format!("chfuse-q{qid}.{t}"))
-                .spawn(move || serve_queue(core, fuse, qid as u16, tx))?;
+                .spawn(move || serve_queue(core, fuse, qid as u16, slice, tx))?;
             n += 1;
         }
     }
@@ -392,21 +404,46 @@ pub(crate) fn start(core: Arc<Core>, fuse: OwnedFd, per_queue: usize) -> io::Res
 /// next submission.
 struct Entry {
     header: Vec<u64>,
-    payload: Map,
+    payload: Payload,
     iov: [libc::iovec; 2],
 }
 
+/// Where an entry's payload buffer (PAYLOAD_SIZE bytes) lives.
+enum Payload {
+    /// At this offset of the client's shared buffer, which the local
+    /// servers map too (one slice per entry).
+    Shared(SharedBuffer, usize),
+    /// In a private mapping.
+    Own(Map),
+}
+
+impl Payload {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Payload::Shared(b, off) => {
+                assert!(off + PAYLOAD_SIZE <= b.len());
+                // SAFETY: in bounds (asserted).
+                unsafe { b.as_ptr().add(*off) }
+            }
+            Payload::Own(m) => m.ptr,
+        }
+    }
+}
+
 impl Entry {
-    fn new() -> io::Result<Entry> {
+    fn new(payload: Option<Payload>) -> io::Result<Entry> {
         let mut header = vec![0u64; HEADER_SIZE / 8];
-        let payload = Map::new(-1, PAYLOAD_SIZE, 0)?;
+        let payload = match payload {
+            Some(p) => p,
+            None => Payload::Own(Map::new(-1, PAYLOAD_SIZE, 0)?),
+        };
         let iov = [
             libc::iovec {
                 iov_base: header.as_mut_ptr().cast(),
                 iov_len: HEADER_SIZE,
             },
             libc::iovec {
-                iov_base: payload.ptr.cast(),
+                iov_base: payload.ptr().cast(),
                 iov_len: PAYLOAD_SIZE,
             },
         ];
@@ -424,9 +461,10 @@ impl Entry {
     }
 
     fn payload(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is PAYLOAD_SIZE bytes, ours alone while no
-        // command is in flight.
-        unsafe { std::slice::from_raw_parts_mut(self.payload.ptr, PAYLOAD_SIZE) }
+        // SAFETY: the buffer is PAYLOAD_SIZE bytes, this entry's alone
+        // (each has its own slice of a shared buffer) while no command is
+        // in flight.
+        unsafe { std::slice::from_raw_parts_mut(self.payload.ptr(), PAYLOAD_SIZE) }
     }
 
     fn sqe(&self, fuse: RawFd, cmd: u32, commit_id: u64, qid: u16) -> [u8; SQE_SIZE] {
@@ -449,10 +487,12 @@ fn serve_queue(
     core: Arc<Core>,
     fuse: Arc<OwnedFd>,
     qid: u16,
+    slice: Option<(SharedBuffer, usize)>,
     started: std::sync::mpsc::Sender<io::Result<()>>,
 ) {
     pin_to(qid as usize);
-    let setup = Ring::new(4).and_then(|ring| Ok((ring, Entry::new()?)));
+    let payload = slice.map(|(b, off)| Payload::Shared(b, off));
+    let setup = Ring::new(4).and_then(|ring| Ok((ring, Entry::new(payload)?)));
     let (mut ring, mut ent) = match setup {
         Ok(x) => x,
         Err(e) => {
@@ -492,7 +532,7 @@ fn serve_queue(
                     errno = -e,
                     "FUSE ring entry failed; registering a new one"
                 );
-                match Entry::new() {
+                match Entry::new(None) {
                     Ok(fresh) => std::mem::forget(std::mem::replace(&mut ent, fresh)),
                     Err(e) => {
                         warn!(qid, error = %e, "cannot allocate a FUSE ring entry");

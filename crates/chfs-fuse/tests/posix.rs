@@ -711,6 +711,20 @@ fn lanes_of(pool: &chfs_localpool::LocalPool) -> usize {
         .count()
 }
 
+/// Chunk writes the pool's servers copied from shared-memory windows.
+fn shm_writes(pool: &chfs_localpool::LocalPool) -> u64 {
+    let admin = chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: pool.addrs().to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    admin
+        .server_status()
+        .into_iter()
+        .map(|(_, s)| s.unwrap().shm_writes)
+        .sum()
+}
+
 /// The transport chfuse reported when it mounted.
 fn transport(m: &Mount) -> String {
     let log = fs::read_to_string(&m.log).unwrap_or_default();
@@ -768,6 +782,18 @@ fn posix_suite(args: &[&str], want_transport: &str) {
         want_transport == "io_uring",
         "chfuse {args:?}: {} lane threads in the servers",
         lanes_of(&pool)
+    );
+    // And the data of large writes, which the kernel copied into the ring
+    // buffers, was copied by the servers from their mapping of those.
+    let data = pattern(1 << 20, 5);
+    let before = shm_writes(&pool);
+    fs::write(m.mp.join("shm"), &data).unwrap();
+    let copied = shm_writes(&pool) - before;
+    assert_eq!(fs::read(m.mp.join("shm")).unwrap(), data);
+    assert_eq!(
+        copied > 0,
+        want_transport == "io_uring",
+        "chfuse {args:?}: {copied} chunk writes from the ring buffers"
     );
     let semantics = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../SEMANTICS.md"))
         .unwrap_or_default();

@@ -21,8 +21,9 @@ pub use meta::Meta;
 pub use msg::{Request, Response};
 
 /// Protocol version spoken by this build. Bumped on any incompatible change
-/// (2: `FLAG_CMA` and `ServerStatus::cma_writes`).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// (2: `FLAG_CMA` and `ServerStatus::cma_writes`; 3: `ShmAttach` and
+/// `ServerStatus::shm_writes`).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -73,6 +73,8 @@ pub mod op {
     pub const ADOPT_CHUNK: u16 = 29;
     /// [`super::Request::Lane`]
     pub const LANE: u16 = 30;
+    /// [`super::Request::ShmAttach`]
+    pub const SHM_ATTACH: u16 = 31;
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -178,6 +180,9 @@ pub struct ServerStatus {
     /// Writes whose data the server copied from a local client's memory
     /// (cross-memory attach) since start.
     pub cma_writes: u64,
+    /// Of those, the writes copied from a shared-memory window
+    /// ([`Request::ShmAttach`]) since start.
+    pub shm_writes: u64,
     /// Server list version the server holds.
     pub list_version: u64,
     /// Backend directory in cache mode (empty otherwise).
@@ -403,6 +408,21 @@ pub enum Request {
         /// The client thread's CPU.
         cpu: u32,
     },
+    /// On a local connection of the server's own user: the client's memory
+    /// `[base, base + len)` is a shared mapping of the start of the memory
+    /// file (memfd, sealed against shrinking) the client holds open as
+    /// descriptor `fd`, and stays so while the connection lives. The
+    /// server maps the file too and copies writes whose data lies there
+    /// (`FLAG_CMA`) from its own mapping instead of with
+    /// `process_vm_readv`. Once per connection; EPERM elsewhere.
+    ShmAttach {
+        /// The memory file's descriptor number in the client.
+        fd: i32,
+        /// Where the client maps it.
+        base: u64,
+        /// Length of the mapping.
+        len: u64,
+    },
 }
 
 /// A successful response.
@@ -584,6 +604,7 @@ impl Request {
             Request::Rebalance { .. } => op::REBALANCE,
             Request::AdoptChunk { .. } => op::ADOPT_CHUNK,
             Request::Lane { .. } => op::LANE,
+            Request::ShmAttach { .. } => op::SHM_ATTACH,
         }
     }
 
@@ -615,6 +636,11 @@ impl Request {
             | Request::Sync => {}
             Request::Rebalance { start } => out.put_u8(*start as u8),
             Request::Lane { cpu } => out.put_u32(*cpu),
+            Request::ShmAttach { fd, base, len } => {
+                out.put_u32(*fd as u32);
+                out.put_u64(*base);
+                out.put_u64(*len);
+            }
             Request::Join { addr } => out.put_str(addr),
             Request::UpdateServers { list } => put_list(out, list),
             Request::Create {
@@ -739,6 +765,11 @@ impl Request {
             op::SYNC => Request::Sync,
             op::REBALANCE => Request::Rebalance { start: r.bool()? },
             op::LANE => Request::Lane { cpu: r.u32()? },
+            op::SHM_ATTACH => Request::ShmAttach {
+                fd: r.u32()? as i32,
+                base: r.u64()?,
+                len: r.u64()?,
+            },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -908,6 +939,7 @@ impl Response {
                 out.put_u64(s.capacity);
                 out.put_u64(s.requests);
                 out.put_u64(s.cma_writes);
+                out.put_u64(s.shm_writes);
                 out.put_u64(s.list_version);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
@@ -976,6 +1008,7 @@ impl Response {
                 capacity: r.u64()?,
                 requests: r.u64()?,
                 cma_writes: r.u64()?,
+                shm_writes: r.u64()?,
                 list_version: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
@@ -1053,6 +1086,11 @@ mod tests {
         };
         rt(Request::Ping);
         rt(Request::Lane { cpu: 7 });
+        rt(Request::ShmAttach {
+            fd: 5,
+            base: 0x7f00_0000_1000,
+            len: 3 << 20,
+        });
         rt(Request::Join { addr: "h:1".into() });
         rt(Request::UpdateServers {
             list: ServerList {

@@ -13,6 +13,7 @@ use chfs_proto::{ErrorReply, Request, Response};
 
 use crate::metrics::Counters;
 use crate::server::Shared;
+use crate::shm::Window;
 
 /// The peer a connection may read from, if any: its pid when it runs as
 /// this server's effective user.
@@ -22,8 +23,14 @@ pub(crate) fn peer_pid(cred: &tokio::net::unix::UCred) -> Option<libc::pid_t> {
     (cred.uid() == me).then(|| cred.pid()).flatten()
 }
 
-/// Copies `r` out of process `pid`.
-fn fetch(pid: libc::pid_t, r: CmaRef) -> Result<Bytes, ErrorReply> {
+/// Copies `r` out of process `pid`: from the shared-memory window when it
+/// lies there, else with `process_vm_readv`.
+fn fetch(
+    sh: &Shared,
+    pid: libc::pid_t,
+    window: Option<&Window>,
+    r: CmaRef,
+) -> Result<Bytes, ErrorReply> {
     // The sender stops waiting at the deadline and may reuse the memory.
     if CmaRef::clock_ns() > r.deadline_ns {
         return Err(ErrorReply::new(
@@ -32,6 +39,10 @@ fn fetch(pid: libc::pid_t, r: CmaRef) -> Result<Bytes, ErrorReply> {
         ));
     }
     let len = r.len as usize;
+    if let Some(b) = window.and_then(|w| w.copy(r.addr, len)) {
+        Counters::inc(&sh.counters.shm_writes);
+        return Ok(b);
+    }
     let mut buf = BytesMut::with_capacity(len);
     let local = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -64,10 +75,11 @@ fn fetch(pid: libc::pid_t, r: CmaRef) -> Result<Bytes, ErrorReply> {
 }
 
 /// Serves a request flagged `FLAG_CMA` from a peer allowed to use it
-/// (`pid`; None: refused).
+/// (`pid`; None: refused) and the connection's shared-memory window.
 pub(crate) async fn serve(
     sh: &std::sync::Arc<Shared>,
     pid: Option<libc::pid_t>,
+    window: Option<&Window>,
     h: Header,
     payload: Bytes,
 ) -> Result<Response, ErrorReply> {
@@ -81,7 +93,7 @@ pub(crate) async fn serve(
         .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
     let head = payload.slice(..rest.len());
     match h.op {
-        op::PING if head.is_empty() => Ok(Response::Data(fetch(pid, r)?)),
+        op::PING if head.is_empty() => Ok(Response::Data(fetch(sh, pid, window, r)?)),
         op::WRITE => {
             let mut req = Request::decode(op::WRITE, head)
                 .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
@@ -92,7 +104,7 @@ pub(crate) async fn serve(
                         "malformed request: data both in the frame and in memory",
                     ));
                 }
-                *data = fetch(pid, r)?;
+                *data = fetch(sh, pid, window, r)?;
             }
             Counters::inc(&sh.counters.cma_writes);
             let forwarded = h.flags & chfs_proto::frame::FLAG_FORWARDED != 0;

@@ -129,6 +129,12 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             libc::EINVAL,
             "a CPU lane is asked for by the first request of a local connection",
         )),
+        // Answered by the connection (see `serve_conn`); only reached when
+        // forwarded, where no client memory is at hand.
+        Request::ShmAttach { .. } => Err(ErrorReply::new(
+            libc::EPERM,
+            "shared memory is only for local clients of the server's user",
+        )),
         Request::Sync => {
             // fsync/msync block: keep them off the async workers.
             let s = st.clone();
@@ -174,6 +180,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 cma_writes: sh
                     .counters
                     .cma_writes
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                shm_writes: sh
+                    .counters
+                    .shm_writes
                     .load(std::sync::atomic::Ordering::Relaxed),
                 list_version: sh.placement().ring.list().version,
                 backend: cache

@@ -17,6 +17,7 @@ pub mod net;
 mod peer;
 mod rebalance;
 mod server;
+mod shm;
 
 pub use config::Config;
 pub use server::{run, run_with_ready, start, RunningServer, ServerError};

@@ -17,6 +17,10 @@ pub const READS: &str = "chfsd.reads";
 /// (cross-memory attach, local clients).
 pub const CMA_WRITES: &str = "chfsd.cma_writes";
 
+/// Of those, writes copied from a shared-memory window the client
+/// attached (`ShmAttach`).
+pub const SHM_WRITES: &str = "chfsd.shm_writes";
+
 /// The server's counters.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -32,6 +36,8 @@ pub struct Counters {
     pub reads: AtomicU64,
     /// [`CMA_WRITES`]
     pub cma_writes: AtomicU64,
+    /// [`SHM_WRITES`]
+    pub shm_writes: AtomicU64,
 }
 
 impl Counters {
@@ -49,6 +55,7 @@ impl Counters {
             (WRITES, self.writes.load(Ordering::Relaxed)),
             (READS, self.reads.load(Ordering::Relaxed)),
             (CMA_WRITES, self.cma_writes.load(Ordering::Relaxed)),
+            (SHM_WRITES, self.shm_writes.load(Ordering::Relaxed)),
         ]
     }
 }

@@ -607,6 +607,7 @@ pub(crate) async fn serve_conn<R, W>(
         }
     });
     let mut first = first;
+    let mut window: Option<Arc<crate::shm::Window>> = None;
     loop {
         let frame = match first.take() {
             Some(f) => Ok(Some(f)),
@@ -614,11 +615,23 @@ pub(crate) async fn serve_conn<R, W>(
         };
         match frame {
             Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
-                let (sh, tx) = (shared.clone(), tx.clone());
+                let (sh, tx, w) = (shared.clone(), tx.clone(), window.clone());
                 tokio::spawn(async move {
-                    let r = crate::cma::serve(&sh, cma, h, payload).await;
+                    let r = crate::cma::serve(&sh, cma, w.as_deref(), h, payload).await;
                     let _ = tx.send(response_frame(h.id, h.op, r));
                 });
+            }
+            // Answered here, in order: the connection's later writes see
+            // the window.
+            Ok(Some((h, payload))) if h.op == op::SHM_ATTACH && h.flags == 0 => {
+                let r = attach_window(cma, window.is_some(), payload).map(|w| {
+                    window = Some(Arc::new(w));
+                    Response::Ok
+                });
+                if let Err(e) = &r {
+                    debug!(%peer, "shared memory refused: {}", e.message);
+                }
+                let _ = tx.send(response_frame(h.id, h.op, r));
             }
             Ok(Some((h, payload))) => match Request::decode(h.op, payload) {
                 Ok(req) => {
@@ -652,6 +665,38 @@ pub(crate) async fn serve_conn<R, W>(
     drop(tx);
     let _ = writer.await;
     debug!(%peer, "connection closed");
+}
+
+/// Maps the window a [`Request::ShmAttach`] names, for a peer allowed
+/// cross-memory attach (`pid`), once per connection.
+fn attach_window(
+    pid: Option<libc::pid_t>,
+    attached: bool,
+    payload: Bytes,
+) -> Result<crate::shm::Window, ErrorReply> {
+    let Some(pid) = pid else {
+        return Err(ErrorReply::new(
+            libc::EPERM,
+            "shared memory is only for local clients of the server's user",
+        ));
+    };
+    if attached {
+        return Err(ErrorReply::new(
+            libc::EBUSY,
+            "this connection already has a shared-memory window",
+        ));
+    }
+    match Request::decode(op::SHM_ATTACH, payload) {
+        Ok(Request::ShmAttach { fd, base, len }) => crate::shm::Window::attach(pid, fd, base, len),
+        Ok(other) => Err(ErrorReply::new(
+            libc::EPROTO,
+            format!("expected a shared-memory request, decoded {:?}", other.op()),
+        )),
+        Err(e) => Err(ErrorReply::new(
+            e.errno(),
+            format!("malformed request: {e}"),
+        )),
+    }
 }
 
 /// Runs a server until SIGINT/SIGTERM or a `Shutdown` request (the `chfsd`

@@ -579,3 +579,126 @@ fn a_local_connection_asking_for_a_cpu_lane_is_served_there() {
         Response::Data(Bytes::from_static(b"on lane zero"))
     );
 }
+
+/// A memory file of `len` bytes mapped here (sealed against shrinking when
+/// `sealed`); the descriptor stays open for the test's life.
+fn memfd(len: usize, sealed: bool) -> (std::os::fd::OwnedFd, &'static mut [u8]) {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: plain descriptor calls and a fresh shared mapping of the
+    // whole file, leaked for the test's life.
+    unsafe {
+        let fd = libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING);
+        assert!(fd >= 0);
+        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as i64), 0);
+        if sealed {
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
+        }
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        (fd, std::slice::from_raw_parts_mut(p.cast(), len))
+    }
+}
+
+fn shm_writes(s: &mut (impl Read + Write), id: u64) -> u64 {
+    match call(s, id, &Request::Status) {
+        Ok(Response::Status(st)) => st.shm_writes,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_servers_mapping() {
+    use std::os::fd::AsRawFd;
+    let p = pool(1, None);
+    let addr = &p.addrs()[0];
+    let (fd, win) = memfd(1 << 20, true);
+    for (i, b) in win.iter_mut().enumerate() {
+        *b = (i * 7 + i / 4093) as u8;
+    }
+    let attach = |fd: i32, base: &[u8], len: u64| Request::ShmAttach {
+        fd,
+        base: base.as_ptr() as u64,
+        len,
+    };
+    let far = CmaRef::clock_ns() + 60_000_000_000;
+    let at = |m: &[u8]| {
+        CmaRef {
+            addr: m.as_ptr() as u64,
+            len: m.len() as u64,
+            deadline_ns: far,
+        }
+        .encode()
+    };
+    let mut u = local(addr);
+    let ok = call(&mut u, 1, &attach(fd.as_raw_fd(), win, 1 << 20));
+    assert_eq!(ok, Ok(Response::Ok));
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 65536,
+        ..Default::default()
+    };
+    let create = |path: &str| Request::Create {
+        path: path.into(),
+        meta,
+        excl: true,
+        data: Bytes::new(),
+    };
+    // A write from the window (at an odd offset: the server's copy starts
+    // unaligned) and one from elsewhere: the same bytes arrive, and only
+    // the first is counted as copied from the window.
+    let outside: Vec<u8> = win[3..3 + 65536].to_vec();
+    let before = shm_writes(&mut u, 2);
+    for (i, (path, data)) in [("/w", &win[3..3 + 65536]), ("/o", &outside[..])]
+        .into_iter()
+        .enumerate()
+    {
+        let id = 10 + 10 * i as u64;
+        call(&mut u, id, &create(path)).unwrap();
+        let mut w = Vec::new();
+        chfs_proto::msg::encode_write_head(&mut w, path, 0, 65536, meta.mode, 0, 0, 0);
+        w.extend_from_slice(&at(data));
+        send_flags(&mut u, id + 1, op::WRITE, FLAG_CMA, &w);
+        assert_eq!(reply(&mut u, id + 1), Ok(Response::Written(65536)));
+        assert_eq!(
+            call(&mut u, id + 2, &whole_chunk0(path, 65536)),
+            Ok(Response::Data(Bytes::copy_from_slice(&win[3..3 + 65536]))),
+            "{path}"
+        );
+        let counted = shm_writes(&mut u, id + 3) - before;
+        assert_eq!(counted, 1, "{path}");
+    }
+    // One window per connection.
+    let again = call(&mut u, 40, &attach(fd.as_raw_fd(), win, 1 << 20));
+    assert_eq!(again.unwrap_err().0, libc::EBUSY);
+    // Refused, each on a fresh connection that goes on serving: a file
+    // that may shrink under the server's mapping, a window longer than
+    // the file, one that is not a memory file, a descriptor not open, an
+    // empty window, and any window over TCP.
+    let (loose_fd, loose) = memfd(4096, false);
+    let exe = std::fs::File::open("/proc/self/exe").unwrap();
+    let cases = [
+        (attach(loose_fd.as_raw_fd(), loose, 4096), libc::EPERM),
+        (attach(fd.as_raw_fd(), win, 2 << 20), libc::EINVAL),
+        (attach(exe.as_raw_fd(), win, 4096), libc::EINVAL),
+        (attach(1 << 20, win, 4096), libc::ENOENT),
+        (attach(fd.as_raw_fd(), win, 0), libc::EINVAL),
+    ];
+    for (req, errno) in cases {
+        let mut c = local(addr);
+        assert_eq!(call(&mut c, 1, &req).unwrap_err().0, errno, "{req:?}");
+        assert_eq!(call(&mut c, 2, &Request::Ping), Ok(Response::Ok));
+    }
+    let (mut t, _, _) = hello(addr, b"");
+    let tcp = call(&mut t, 1, &attach(fd.as_raw_fd(), win, 1 << 20));
+    assert_eq!(tcp.unwrap_err().0, libc::EPERM);
+    assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
+}
