@@ -33,7 +33,8 @@ fn last_os(what: &str) -> Error {
 
 impl Window {
     /// A memory file of `len` bytes, sealed so that it can neither shrink
-    /// (servers map it) nor grow, mapped and populated.
+    /// (servers map it) nor grow, mapped (pages are allocated as they are
+    /// first written).
     pub(crate) fn new(len: usize) -> Result<Window> {
         if len == 0 {
             return Err(Error::new(libc::EINVAL, "an empty shared buffer"));
@@ -62,7 +63,7 @@ impl Window {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED,
                 raw,
                 0,
             )

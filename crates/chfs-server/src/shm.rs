@@ -11,10 +11,11 @@
 //! chunk in a fraction of the time.
 //!
 //! Only for the same peers as cross-memory attach (local, the server's own
-//! user). The file must be sealed against shrinking, or a client could
-//! truncate it under the mapping and the server's reads would fault
-//! (SIGBUS). The server never forms a Rust reference to the window: the
-//! client may write it at any moment, so it is read through raw pointers
+//! user). The file must be plain shared memory sealed against shrinking:
+//! a client could otherwise truncate it under the mapping, or give a
+//! hugetlb file with no page for a hole, and the server's reads would
+//! fault (SIGBUS). The server never forms a Rust reference to the window:
+//! the client may write it at any moment, so it is read through raw pointers
 //! only, and a client that changes its data during a write gets a chunk
 //! of old and new bytes, as with `process_vm_readv`.
 //!
@@ -82,6 +83,19 @@ impl Window {
         })?;
         let file = OwnedFd::from(file);
         let raw = file.as_raw_fd();
+        // Only plain shared memory: a hugetlb file, say, may have no page
+        // to give when the server reads a hole, and that is a SIGBUS.
+        // SAFETY: fstatfs fills the zeroed struct it is given.
+        let on_tmpfs = unsafe {
+            let mut fs: libc::statfs = std::mem::zeroed();
+            libc::fstatfs(raw, &mut fs) == 0 && fs.f_type == libc::TMPFS_MAGIC
+        };
+        if !on_tmpfs {
+            return Err(err(
+                libc::EINVAL,
+                format!("{path} is not a memory file (memfd)"),
+            ));
+        }
         // SAFETY: F_GET_SEALS on a descriptor we own; no memory involved.
         let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
         if seals < 0 {

@@ -617,7 +617,7 @@ fn shm_writes(s: &mut (impl Read + Write), id: u64) -> u64 {
 
 #[test]
 fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_servers_mapping() {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::{AsRawFd, FromRawFd};
     let p = pool(1, None);
     let addr = &p.addrs()[0];
     let (fd, win) = memfd(1 << 20, true);
@@ -685,13 +685,34 @@ fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_ser
     // empty window, and any window over TCP.
     let (loose_fd, loose) = memfd(4096, false);
     let exe = std::fs::File::open("/proc/self/exe").unwrap();
-    let cases = [
+    let shm_file = tempfile::tempfile_in("/dev/shm").unwrap();
+    shm_file.set_len(4096).unwrap();
+    let mut cases = vec![
         (attach(loose_fd.as_raw_fd(), loose, 4096), libc::EPERM),
+        (attach(shm_file.as_raw_fd(), loose, 4096), libc::EPERM),
         (attach(fd.as_raw_fd(), win, 2 << 20), libc::EINVAL),
         (attach(exe.as_raw_fd(), win, 4096), libc::EINVAL),
         (attach(1 << 20, win, 4096), libc::ENOENT),
         (attach(fd.as_raw_fd(), win, 0), libc::EINVAL),
     ];
+    // A hugetlb memory file (where the kernel has them), sealed: its holes
+    // can fault, so it is refused too.
+    // SAFETY: descriptor calls only; the descriptor is owned below.
+    let huge = unsafe {
+        let flags = libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB;
+        let fd = libc::memfd_create(c"h".as_ptr(), flags);
+        (fd >= 0).then(|| std::os::fd::OwnedFd::from_raw_fd(fd))
+    };
+    if let Some(h) = &huge {
+        // SAFETY: as above.
+        let sized = unsafe {
+            libc::ftruncate(h.as_raw_fd(), 2 << 20) == 0
+                && libc::fcntl(h.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0
+        };
+        if sized {
+            cases.push((attach(h.as_raw_fd(), win, 2 << 20), libc::EINVAL));
+        }
+    }
     for (req, errno) in cases {
         let mut c = local(addr);
         assert_eq!(call(&mut c, 1, &req).unwrap_err().0, errno, "{req:?}");
