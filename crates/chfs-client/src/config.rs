@@ -28,7 +28,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_ASYNC_WINDOW", default: "64", help: "most chunk RPCs of one read/write in flight at once" },
     Setting { env: "CHFS_DIR_CACHE_MSEC", default: "1000", help: "how long a directory known to exist is trusted when creating entries in it (0 = always check)" },
     Setting { env: "CHFS_LOCAL_SOCKET", default: "1", help: "reach servers on this host through their Unix socket instead of TCP (0 = always TCP)" },
-    Setting { env: "CHFS_CMA", default: "1", help: "let servers on this host that run as the same user copy large writes (16 KiB and up) straight from this process's memory with process_vm_readv instead of through the socket (0 = always through the socket)" },
+    Setting { env: "CHFS_CMA", default: "1", help: "let servers on this host that run as the same user copy large writes (16 KiB and up) straight from this process's memory with process_vm_readv instead of through the socket, or from a shared-memory window the process set up (chfuse's ring buffers) with cache-bypassing stores (0 = always through the socket)" },
     Setting { env: "CHFS_CPU_LANES", default: "auto", help: "reach servers on this host over one connection per CPU of the calling thread, each served by a server thread pinned to that CPU, so a request and its reply stay on one CPU: auto = for threads pinned to one CPU (MPI ranks bound to cores), 1 = for every thread, 0 = never" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "shared secret presented to the servers" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the shared secret (takes precedence over CHFS_SECRET)" },
