@@ -249,13 +249,18 @@ fn servers_on_this_host_are_reached_through_their_unix_socket() {
     assert_eq!(t.local_connections(), (0, 3));
 }
 
-/// Writes to every server; returns how many write requests the servers
-/// copied from the client's memory meanwhile.
-fn cma_writes_during(c: &chfs_client::Client, path: &str, data: &[u8]) -> u64 {
+/// Writes `data` to `path`; returns how much the servers' counter
+/// `counter` grew meanwhile.
+fn counted_during(
+    c: &chfs_client::Client,
+    counter: fn(&chfs_proto::msg::ServerStatus) -> u64,
+    path: &str,
+    data: &[u8],
+) -> u64 {
     let count = || -> u64 {
         c.server_status()
             .into_iter()
-            .map(|(_, s)| s.unwrap().cma_writes)
+            .map(|(_, s)| counter(&s.unwrap()))
             .sum()
     };
     let before = count();
@@ -263,6 +268,12 @@ fn cma_writes_during(c: &chfs_client::Client, path: &str, data: &[u8]) -> u64 {
     assert_eq!(c.pwrite(fd, data, 0).unwrap(), data.len());
     c.close(fd).unwrap();
     count() - before
+}
+
+/// Write requests the servers copied from the client's memory while
+/// `data` was written to `path`.
+fn cma_writes_during(c: &chfs_client::Client, path: &str, data: &[u8]) -> u64 {
+    counted_during(c, |s| s.cma_writes, path, data)
 }
 
 #[test]
@@ -389,20 +400,10 @@ fn by_default_only_threads_pinned_to_one_cpu_use_cpu_lanes() {
     );
 }
 
-/// Writes `data` to `path`; returns how many chunk writes the servers
-/// copied from a shared-memory window meanwhile.
+/// Chunk writes the servers copied from a shared-memory window while
+/// `data` was written to `path`.
 fn shm_writes_during(c: &chfs_client::Client, path: &str, data: &[u8]) -> u64 {
-    let count = || -> u64 {
-        c.server_status()
-            .into_iter()
-            .map(|(_, s)| s.unwrap().shm_writes)
-            .sum()
-    };
-    let before = count();
-    let fd = c.create(path, O_RDWR, 0o644).unwrap();
-    assert_eq!(c.pwrite(fd, data, 0).unwrap(), data.len());
-    c.close(fd).unwrap();
-    count() - before
+    counted_during(c, |s| s.shm_writes, path, data)
 }
 
 #[test]
