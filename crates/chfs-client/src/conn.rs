@@ -13,13 +13,14 @@
 //! wake-up, as much as the round trip itself on some machines).
 
 use std::collections::HashMap;
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN};
 use chfs_proto::handshake::{Hello, HelloReply};
 use chfs_proto::msg::{decode_error, op};
@@ -59,7 +60,7 @@ pub(crate) struct Conn {
     /// connection broke.
     filed: Condvar,
     /// Only used by the waiter holding the reader role.
-    reader: Mutex<BufReader<Stream>>,
+    reader: Mutex<FrameReader>,
     writer: Mutex<Stream>,
     alive: AtomicBool,
     next_id: AtomicU64,
@@ -102,40 +103,86 @@ fn is_timeout(e: &std::io::Error) -> bool {
 /// declared broken (a server that stops mid-frame).
 const MID_FRAME_STALLS: u32 = 3;
 
-fn read_frame(s: &mut impl Read) -> std::result::Result<(Header, Bytes), ReadError> {
-    use ReadError::*;
-    let mut hb = [0u8; HEADER_LEN];
-    let mut got = 0;
-    let mut stalls = 0;
-    while got < HEADER_LEN {
-        match s.read(&mut hb[got..]) {
-            Ok(0) => return Err(Broken(std::io::ErrorKind::UnexpectedEof.into())),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if is_timeout(&e) && got == 0 => return Err(Idle),
-            Err(e) if is_timeout(&e) && stalls < MID_FRAME_STALLS => stalls += 1,
-            Err(e) => return Err(Broken(e)),
+/// Reads frames off a connection into one buffer, as much as has arrived
+/// (up to [`READ_AHEAD`] past the frame in hand): a reply's payload is a
+/// slice of it, not a copy, and the buffer's memory is used again once
+/// the slices handed out are gone.
+struct FrameReader {
+    s: Stream,
+    buf: BytesMut,
+}
+
+/// How far a read may run past the frame it needs (small replies that
+/// arrive together are read with one system call).
+const READ_AHEAD: usize = 256 << 10;
+
+impl FrameReader {
+    fn new(s: Stream) -> FrameReader {
+        FrameReader {
+            s,
+            buf: BytesMut::new(),
         }
     }
-    let h = Header::decode(&hb).map_err(|e| Broken(std::io::Error::other(e)))?;
-    // Read into spare capacity: no zeroing of a buffer about to be
-    // overwritten (chunk replies are up to the chunk size).
-    let len = h.len as usize;
-    let mut buf = Vec::with_capacity(len);
-    while buf.len() < len {
-        let want = (len - buf.len()) as u64;
-        let before = buf.len();
-        match s.take(want).read_to_end(&mut buf) {
-            Ok(_) if buf.len() == before => {
-                return Err(Broken(std::io::ErrorKind::UnexpectedEof.into()))
+
+    fn read_frame(&mut self) -> std::result::Result<(Header, Bytes), ReadError> {
+        let mut stalls = 0;
+        loop {
+            let need = if self.buf.len() >= HEADER_LEN {
+                let mut hb = [0u8; HEADER_LEN];
+                hb.copy_from_slice(&self.buf[..HEADER_LEN]);
+                let h =
+                    Header::decode(&hb).map_err(|e| ReadError::Broken(std::io::Error::other(e)))?;
+                let need = HEADER_LEN + h.len as usize;
+                if self.buf.len() >= need {
+                    self.buf.advance(HEADER_LEN);
+                    return Ok((h, self.buf.split_to(h.len as usize).freeze()));
+                }
+                need
+            } else {
+                HEADER_LEN
+            };
+            self.fill(need, &mut stalls)?;
+        }
+    }
+
+    /// Reads what has arrived, at least one byte, with room for `need`
+    /// bytes in the buffer and [`READ_AHEAD`] more.
+    fn fill(&mut self, need: usize, stalls: &mut u32) -> std::result::Result<(), ReadError> {
+        use ReadError::*;
+        self.buf
+            .reserve(need.saturating_sub(self.buf.len()) + READ_AHEAD);
+        let had = self.buf.len();
+        loop {
+            let spare = self.buf.spare_capacity_mut();
+            // SAFETY: the kernel writes at most `spare.len()` bytes into
+            // the buffer's spare capacity; no Rust reference to that
+            // uninitialised memory is made.
+            let n = unsafe {
+                libc::recv(
+                    self.s.as_raw_fd(),
+                    spare.as_mut_ptr().cast(),
+                    spare.len(),
+                    0,
+                )
+            };
+            if n > 0 {
+                // SAFETY: the kernel initialised the next `n` bytes.
+                unsafe { self.buf.set_len(had + n as usize) };
+                return Ok(());
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if is_timeout(&e) && stalls < MID_FRAME_STALLS => stalls += 1,
-            Err(e) => return Err(Broken(e)),
+            if n == 0 {
+                return Err(Broken(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            let e = std::io::Error::last_os_error();
+            match e {
+                e if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // Nothing of a frame yet: the connection is just idle.
+                e if is_timeout(&e) && had == 0 => return Err(Idle),
+                e if is_timeout(&e) && *stalls < MID_FRAME_STALLS => *stalls += 1,
+                e => return Err(Broken(e)),
+            }
         }
     }
-    Ok((h, Bytes::from(buf)))
 }
 
 fn io_err(addr: &str, what: &str, e: std::io::Error) -> Error {
@@ -206,7 +253,7 @@ impl Conn {
             addr: addr.to_string(),
             state: Mutex::new(State::default()),
             filed: Condvar::new(),
-            reader: Mutex::new(BufReader::with_capacity(256 << 10, reader)),
+            reader: Mutex::new(FrameReader::new(reader)),
             writer: Mutex::new(s),
             alive: AtomicBool::new(true),
             next_id: AtomicU64::new(1),
@@ -465,7 +512,7 @@ impl Conn {
     fn read_until(&self, id: u64, deadline: Instant) -> Option<Reply> {
         let mut rd = lock(&self.reader);
         loop {
-            match read_frame(&mut *rd) {
+            match rd.read_frame() {
                 Ok((h, payload)) => {
                     let reply = self.decode(h, payload);
                     if h.id == id {
@@ -521,5 +568,69 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn frame(id: u64, payload: &[u8]) -> Vec<u8> {
+        let h = Header {
+            len: payload.len() as u32,
+            id,
+            op: op::READ,
+            flags: 0,
+        };
+        let mut f = h.encode().to_vec();
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn frames_are_cut_from_whatever_the_socket_delivers() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut r = FrameReader::new(Stream::Unix(a));
+        // Nothing yet: idle, not broken.
+        assert!(matches!(r.read_frame(), Err(ReadError::Idle)));
+        // Several frames in one write, one larger than the read-ahead, and
+        // a frame trickling in byte by byte.
+        let big: Vec<u8> = (0..READ_AHEAD as u32 * 3)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut all = frame(1, b"one");
+        all.extend(frame(2, &[]));
+        all.extend(frame(3, &big));
+        let writer = std::thread::spawn(move || {
+            b.write_all(&all).unwrap();
+            for byte in frame(4, b"slow") {
+                b.write_all(&[byte]).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Half a frame, then the server goes away.
+            b.write_all(&frame(5, b"cut short")[..20]).unwrap();
+        });
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let (h, p) = r.read_frame().unwrap_or_else(|_| panic!("frame"));
+            got.push((h.id, p));
+        }
+        assert_eq!(got[0], (1, Bytes::from_static(b"one")));
+        assert_eq!(got[1], (2, Bytes::new()));
+        assert_eq!(got[2], (3, Bytes::from(big)));
+        assert_eq!(got[3], (4, Bytes::from_static(b"slow")));
+        writer.join().unwrap();
+        assert!(matches!(r.read_frame(), Err(ReadError::Broken(_))));
+        // A server that stops in the middle of a frame but keeps the
+        // connection: broken after a few read timeouts, not idle forever.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut r = FrameReader::new(Stream::Unix(a));
+        b.write_all(&frame(6, b"stalled")[..10]).unwrap();
+        assert!(matches!(r.read_frame(), Err(ReadError::Broken(_))));
+        drop(b);
     }
 }
