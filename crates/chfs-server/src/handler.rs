@@ -360,9 +360,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             }
             let len = len.min(MAX_CHUNK_SIZE);
             let d = st
-                .read(&path, idx, fileid, off, len)
+                .read_bytes(&path, idx, fileid, off, len)
                 .map_err(|e| store_err(&path, e))?;
-            Ok(Response::Data(d.map(Bytes::from).unwrap_or_default()))
+            Ok(Response::Data(d.unwrap_or_default()))
         }
         Request::SetSize {
             path,

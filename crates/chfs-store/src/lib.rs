@@ -156,6 +156,22 @@ pub trait Store: Send + Sync + 'static {
         len: u32,
     ) -> Result<Option<Vec<u8>>>;
 
+    /// As [`Store::read`], as a shared buffer: an engine holding chunks in
+    /// heap buffers hands out a slice of the chunk instead of a copy (a
+    /// later write to the chunk leaves the slice as it was).
+    fn read_bytes(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<Option<bytes::Bytes>> {
+        Ok(self
+            .read(path, idx, fileid, off, len)?
+            .map(bytes::Bytes::from))
+    }
+
     /// Atomically changes the header of chunk `idx` (missing: NotFound).
     fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta>;
 

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::MutexGuard;
 
+use bytes::Bytes;
 use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
@@ -13,7 +14,15 @@ use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
 const SHARDS: usize = 64;
 
-type Chunks = ChunkMap<Chunk>;
+type Chunks = ChunkMap<Held>;
+
+/// A chunk as held here: its bytes in a shared buffer, so that a read can
+/// hand out a slice (a write to a chunk someone still reads copies it
+/// first).
+struct Held {
+    meta: Meta,
+    data: Bytes,
+}
 
 /// The DRAM engine. Data is lost when the server stops.
 pub struct MemStore {
@@ -82,7 +91,7 @@ impl MemStore {
                 } else {
                     self.usage.release(old - end as u64);
                 }
-                let fresh = Chunk {
+                let fresh = Held {
                     meta: *template,
                     data: data.fresh(off as usize),
                 };
@@ -98,7 +107,7 @@ impl MemStore {
         Ok(())
     }
 
-    fn dropped(&self, chunk: &Chunk) {
+    fn dropped(&self, chunk: &Held) {
         self.usage.release(chunk.data.len() as u64);
         self.entries.sub(1);
     }
@@ -128,9 +137,9 @@ impl Store for MemStore {
         self.usage.reserve(data.len() as u64)?;
         chunks.insert(
             0,
-            Chunk {
+            Held {
                 meta,
-                data: data.to_vec(),
+                data: Bytes::copy_from_slice(data),
             },
         );
         self.entries.add(1);
@@ -156,7 +165,7 @@ impl Store for MemStore {
         path: &str,
         idx: u64,
         off: u32,
-        data: bytes::Bytes,
+        data: Bytes,
         template: &Meta,
     ) -> Result<()> {
         self.write_src(path, idx, off, Src::Own(data), template)
@@ -170,6 +179,17 @@ impl Store for MemStore {
         off: u32,
         len: u32,
     ) -> Result<Option<Vec<u8>>> {
+        Ok(self.read_bytes(path, idx, fileid, off, len)?.map(Vec::from))
+    }
+
+    fn read_bytes(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<Option<Bytes>> {
         let files = self.files(path);
         let Some(c) = files.get(path).and_then(|c| c.get(&idx)) else {
             return Ok(None);
@@ -179,7 +199,7 @@ impl Store for MemStore {
         }
         let start = (off as usize).min(c.data.len());
         let end = (off as usize + len as usize).min(c.data.len());
-        Ok(Some(c.data[start..end].to_vec()))
+        Ok(Some(c.data.slice(start..end)))
     }
 
     fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {
@@ -296,7 +316,10 @@ impl Store for MemStore {
                 self.dirs.remove(path);
             }
         }
-        Ok(c)
+        Ok(c.map(|c| Chunk {
+            meta: c.meta,
+            data: Vec::from(c.data),
+        }))
     }
 
     fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
@@ -309,7 +332,11 @@ impl Store for MemStore {
         } else {
             self.usage.release(old - new);
         }
-        if chunks.insert(idx, chunk).is_none() {
+        let held = Held {
+            meta: chunk.meta,
+            data: Bytes::from(chunk.data),
+        };
+        if chunks.insert(idx, held).is_none() {
             self.entries.add(1);
         }
         drop(files);
@@ -344,28 +371,37 @@ impl Src<'_> {
     }
 
     /// Writes these bytes at `off` of `data` (see [`put`]), or replaces
-    /// `data` with the buffer when it covers all of it from offset 0.
-    fn put(self, data: &mut Vec<u8>, off: usize) {
+    /// `data` with the buffer when it covers all of it from offset 0. The
+    /// chunk's buffer is changed in place unless a reader still holds a
+    /// slice of it (then it is copied first).
+    fn put(self, data: &mut Bytes, off: usize) {
         match self {
-            Src::Own(b) if off == 0 && b.len() >= data.len() => *data = Vec::from(b),
-            Src::Own(b) => put(data, off, &b),
-            Src::Copy(d) => put(data, off, d),
+            Src::Own(b) if off == 0 && b.len() >= data.len() => *data = b,
+            Src::Own(b) => put_shared(data, off, &b),
+            Src::Copy(d) => put_shared(data, off, d),
         }
     }
 
     /// The data of a fresh chunk holding these bytes at `off`.
-    fn fresh(self, off: usize) -> Vec<u8> {
+    fn fresh(self, off: usize) -> Bytes {
         match self {
-            // No copy when the buffer is the only reference to an
-            // allocation that starts with the data.
-            Src::Own(b) if off == 0 => Vec::from(b),
+            // The buffer itself, when it starts with the data.
+            Src::Own(b) if off == 0 => b,
             s => {
-                let mut buf = Vec::with_capacity(off + s.len());
+                let mut buf = Bytes::new();
                 s.put(&mut buf, off);
                 buf
             }
         }
     }
+}
+
+/// [`put`] into a chunk's shared buffer: in place when nobody else holds
+/// it, else into a copy.
+fn put_shared(data: &mut Bytes, off: usize, src: &[u8]) {
+    let mut v = Vec::from(std::mem::take(data));
+    put(&mut v, off, src);
+    *data = Bytes::from(v);
 }
 
 /// Writes `src` at `off` of `data`, growing it (zero-filled gap) as needed;

@@ -138,6 +138,44 @@ fn writes_of_owned_buffers_store_what_copied_writes_store() {
 }
 
 #[test]
+fn shared_reads_equal_copied_reads_and_keep_what_they_saw() {
+    for (s, _dir) in engines() {
+        let name = s.name();
+        s.create("/r", file_meta(5), b"entry", true).unwrap();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+        s.write("/r", 1, 0, &data, &file_meta(5)).unwrap();
+        for (idx, f, off, len) in [
+            (0, 5, 0, 100),
+            (1, 5, 0, 4096),
+            (1, 5, 100, 50),
+            (1, 5, 4000, 500),
+            (1, 6, 0, 10),
+            (2, 5, 0, 10),
+        ] {
+            assert_eq!(
+                s.read_bytes("/r", idx, f, off, len).unwrap().map(Vec::from),
+                s.read("/r", idx, f, off, len).unwrap(),
+                "{name}: chunk {idx} fileid {f} at {off}+{len}"
+            );
+        }
+        // A slice read before writes (in place, past the end, over all of
+        // it, truncation) still holds the bytes it read.
+        let seen = s.read_bytes("/r", 1, 5, 0, 4096).unwrap().unwrap();
+        s.write("/r", 1, 10, b"new", &file_meta(5)).unwrap();
+        s.write("/r", 1, 4096, b"more", &file_meta(5)).unwrap();
+        let whole = bytes::Bytes::from(vec![9u8; 8192]);
+        s.write_bytes("/r", 1, 0, whole, &file_meta(5)).unwrap();
+        s.truncate_chunk("/r", 1, 5).unwrap();
+        assert_eq!(&seen[..], &data[..], "{name}");
+        assert_eq!(
+            s.read("/r", 1, 5, 0, 100).unwrap().unwrap(),
+            vec![9u8; 5],
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn stale_data_chunks_read_as_holes_and_are_replaced() {
     for (s, _dir) in engines() {
         s.write("/f", 3, 0, b"old", &file_meta(1)).unwrap();
