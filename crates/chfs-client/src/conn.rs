@@ -116,6 +116,10 @@ struct FrameReader {
 /// arrive together are read with one system call).
 const READ_AHEAD: usize = 256 << 10;
 
+/// Largest read buffer kept once empty (a 64 MiB chunk's reply grows it
+/// past this).
+const KEEP_MAX: usize = 8 << 20;
+
 impl FrameReader {
     fn new(s: Stream) -> FrameReader {
         FrameReader {
@@ -149,8 +153,12 @@ impl FrameReader {
     /// bytes in the buffer and [`READ_AHEAD`] more.
     fn fill(&mut self, need: usize, stalls: &mut u32) -> std::result::Result<(), ReadError> {
         use ReadError::*;
-        self.buf
-            .reserve(need.saturating_sub(self.buf.len()) + READ_AHEAD);
+        let want = need.saturating_sub(self.buf.len()) + READ_AHEAD;
+        self.buf.reserve(want);
+        // A buffer grown for one large reply is not kept for small ones.
+        if self.buf.is_empty() && self.buf.capacity() > KEEP_MAX && want <= KEEP_MAX {
+            self.buf = BytesMut::with_capacity(want);
+        }
         let had = self.buf.len();
         loop {
             let spare = self.buf.spare_capacity_mut();
@@ -632,5 +640,32 @@ mod tests {
         b.write_all(&frame(6, b"stalled")[..10]).unwrap();
         assert!(matches!(r.read_frame(), Err(ReadError::Broken(_))));
         drop(b);
+    }
+
+    #[test]
+    fn a_buffer_grown_for_a_large_reply_is_not_kept() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut r = FrameReader::new(Stream::Unix(a));
+        let big = vec![7u8; KEEP_MAX + (1 << 20)];
+        let writer = std::thread::spawn(move || {
+            b.write_all(&frame(1, &big)).unwrap();
+            b.write_all(&frame(2, b"small")).unwrap();
+            b
+        });
+        let (_, p) = r.read_frame().unwrap_or_else(|_| panic!("frame"));
+        assert_eq!(p.len(), KEEP_MAX + (1 << 20));
+        drop(p);
+        let (h, p) = r.read_frame().unwrap_or_else(|_| panic!("frame"));
+        assert_eq!((h.id, &p[..]), (2, &b"small"[..]));
+        drop(p);
+        let _b = writer.join().unwrap();
+        // The next read starts from a buffer of ordinary size (nothing
+        // comes: it times out).
+        r.s.set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let mut stalls = 0;
+        let _ = r.fill(HEADER_LEN, &mut stalls);
+        assert!(r.buf.capacity() <= KEEP_MAX, "{}", r.buf.capacity());
     }
 }
