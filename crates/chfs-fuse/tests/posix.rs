@@ -763,6 +763,36 @@ fn cpu_lanes_can_be_turned_off() {
 }
 
 #[test]
+fn restarted_servers_are_told_about_the_ring_buffers_again() {
+    let mut pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    if transport(&m) != "io_uring" {
+        eprintln!("no FUSE over io_uring here: chfuse's ring buffers are not in use");
+        return;
+    }
+    let data = pattern(1 << 20, 8);
+    fs::write(m.p("before"), &data).unwrap();
+    assert!(shm_writes(&pool) > 0);
+    // New servers (DRAM: empty) on the same addresses; the mount's
+    // connections break and are opened again, each offered the window.
+    pool.restart_all().unwrap();
+    let mut ok = false;
+    for _ in 0..50 {
+        if fs::write(m.p("after"), &data).is_ok() {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ok, "the mount did not reach the restarted servers");
+    assert_eq!(fs::read(m.p("after")).unwrap(), data);
+    assert!(
+        shm_writes(&pool) > 0,
+        "restarted servers copied nothing from the ring buffers"
+    );
+}
+
+#[test]
 fn posix_suite_over_dev_fuse() {
     posix_suite(&["--io-uring=false"], "/dev/fuse");
 }
