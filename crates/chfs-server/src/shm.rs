@@ -21,14 +21,14 @@
 //!
 //! [`Request::ShmAttach`]: chfs_proto::Request::ShmAttach
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 use bytes::{Bytes, BytesMut};
 use chfs_proto::ErrorReply;
 
 /// Largest window a client may attach (the mapping costs address space
 /// only, but a bound keeps a bad request from asking for the impossible).
-pub(crate) const MAX_WINDOW: u64 = 1 << 36;
+const MAX_WINDOW: u64 = 1 << 36;
 
 /// The server's read-only mapping of a client's window.
 pub(crate) struct Window {
@@ -46,13 +46,8 @@ unsafe impl Send for Window {}
 // SAFETY: as above: shared readers only copy out of it.
 unsafe impl Sync for Window {}
 
-fn err(errno: i32, msg: String) -> ErrorReply {
-    ErrorReply::new(errno, msg)
-}
-
-fn os_err(what: &str) -> ErrorReply {
-    let e = std::io::Error::last_os_error();
-    err(
+fn io_err(what: &str, e: std::io::Error) -> ErrorReply {
+    ErrorReply::new(
         e.raw_os_error().unwrap_or(libc::EIO),
         format!("{what}: {e}"),
     )
@@ -69,19 +64,13 @@ impl Window {
         len: u64,
     ) -> Result<Window, ErrorReply> {
         if len == 0 || len > MAX_WINDOW || base.checked_add(len).is_none() {
-            return Err(err(
+            return Err(ErrorReply::new(
                 libc::EINVAL,
                 format!("shared-memory window of {len} bytes at {base:#x}"),
             ));
         }
         let path = format!("/proc/{pid}/fd/{fd}");
-        let file = std::fs::File::open(&path).map_err(|e| {
-            err(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("{path}: {e}"),
-            )
-        })?;
-        let file = OwnedFd::from(file);
+        let file = std::fs::File::open(&path).map_err(|e| io_err(&path, e))?;
         let raw = file.as_raw_fd();
         // Only plain shared memory: a hugetlb file, say, may have no page
         // to give when the server reads a hole, and that is a SIGBUS.
@@ -91,7 +80,7 @@ impl Window {
             libc::fstatfs(raw, &mut fs) == 0 && fs.f_type == libc::TMPFS_MAGIC
         };
         if !on_tmpfs {
-            return Err(err(
+            return Err(ErrorReply::new(
                 libc::EINVAL,
                 format!("{path} is not a memory file (memfd)"),
             ));
@@ -99,17 +88,18 @@ impl Window {
         // SAFETY: F_GET_SEALS on a descriptor we own; no memory involved.
         let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
         if seals < 0 {
-            return Err(os_err(&format!("{path} is not a memory file")));
+            let e = std::io::Error::last_os_error();
+            return Err(io_err(&format!("{path} is not a memory file"), e));
         }
         if seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(err(
+            return Err(ErrorReply::new(
                 libc::EPERM,
                 format!("{path} is not sealed against shrinking"),
             ));
         }
-        let size = file_size(&file).map_err(|e| os_err(&format!("{path}: {e}")))?;
+        let size = file.metadata().map_err(|e| io_err(&path, e))?.len();
         if size < len {
-            return Err(err(
+            return Err(ErrorReply::new(
                 libc::EINVAL,
                 format!("{path} holds {size} bytes, not the {len} of the window"),
             ));
@@ -129,7 +119,8 @@ impl Window {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(os_err("cannot map the shared-memory window"));
+            let e = std::io::Error::last_os_error();
+            return Err(io_err("cannot map the shared-memory window", e));
         }
         Ok(Window {
             base,
@@ -162,11 +153,6 @@ impl Drop for Window {
             libc::munmap(self.ptr as *mut libc::c_void, self.len);
         }
     }
-}
-
-fn file_size(f: &OwnedFd) -> std::io::Result<u64> {
-    let file = std::fs::File::from(f.try_clone()?);
-    Ok(file.metadata()?.len())
 }
 
 /// Copies `len` bytes from `src` to `dst` with non-temporal stores where
