@@ -211,9 +211,18 @@ fn kill_stops_at_once() {
 #[test]
 fn failed_start_leaves_nothing() {
     // Three "hosts" on loopback; the third cannot bind its port because this
-    // test holds it.
-    let hold = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
-    let port = hold.local_addr().unwrap().port().to_string();
+    // test holds it. The port must be free on the other two (another test's
+    // server or client may have it there): checked, else another is taken.
+    let (_hold, port) = (0..100)
+        .find_map(|_| {
+            let hold = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
+            let port = hold.local_addr().unwrap().port();
+            let free = ["127.0.0.1", "127.0.0.2"]
+                .iter()
+                .all(|h| std::net::TcpListener::bind((*h, port)).is_ok());
+            free.then(|| (hold, port.to_string()))
+        })
+        .expect("a port free on 127.0.0.1-3");
     let sc = Scratch::new();
     let s = sc.s();
     let hf = sc.dir.path().join("hosts");
