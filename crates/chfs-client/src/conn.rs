@@ -27,7 +27,7 @@ use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Request, Response};
 
 use crate::config::ClientConfig;
-use crate::error::{fail, Error, Result};
+use crate::error::{fail, ConnFault, Error, Result};
 use crate::stream::Stream;
 
 /// Smallest write whose data a local server copies from this process's
@@ -76,7 +76,17 @@ pub(crate) struct Conn {
     pid: u32,
     /// A Unix socket to a server on this host.
     local: bool,
+    /// The socket (for [`Conn::closed_by_server`]; owned by `writer`).
+    fd: std::os::fd::RawFd,
+    /// When the connection was opened, and ns after that of its last send
+    /// or reply.
+    opened: Instant,
+    last_io: AtomicU64,
 }
+
+/// A connection idle for this long is checked for a server that closed it
+/// (a server restarted meanwhile) before it is used again.
+const IDLE_CHECK: Duration = Duration::from_millis(5);
 
 /// A request in flight.
 pub(crate) struct Ticket {
@@ -257,6 +267,7 @@ impl Conn {
             .map_err(|e| io_err(addr, "socket", e))?;
         let reader = s.try_clone().map_err(|e| io_err(addr, "socket", e))?;
         let local = s.is_local();
+        let fd = s.as_raw_fd();
         let c = Conn {
             addr: addr.to_string(),
             state: Mutex::new(State::default()),
@@ -270,6 +281,9 @@ impl Conn {
             window_offered: AtomicBool::new(false),
             pid: std::process::id(),
             local,
+            fd,
+            opened: Instant::now(),
+            last_io: AtomicU64::new(0),
         };
         if let Some(cpu) = lane {
             // The lane is asked for by the connection's first request.
@@ -359,6 +373,53 @@ impl Conn {
         self.alive.load(Ordering::Acquire)
     }
 
+    fn note_io(&self) {
+        self.last_io
+            .store(self.opened.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Is the connection usable, as far as can be told without a round
+    /// trip? One idle for a while is first checked for an end of stream
+    /// from the server (it stopped or restarted since): such a connection
+    /// is marked broken, so that the next request opens a new one instead
+    /// of failing on this one.
+    pub fn usable(&self) -> bool {
+        if !self.alive() {
+            return false;
+        }
+        let idle = (self.opened.elapsed().as_nanos() as u64)
+            .saturating_sub(self.last_io.load(Ordering::Relaxed));
+        if idle < IDLE_CHECK.as_nanos() as u64 || !self.closed_by_server() {
+            return true;
+        }
+        self.fail_all(&format!("server {} closed the connection", self.addr));
+        false
+    }
+
+    /// Has the server closed (or reset) the connection? A look at the
+    /// socket that takes nothing from it.
+    fn closed_by_server(&self) -> bool {
+        let mut b = 0u8;
+        // SAFETY: recv into a one-byte local with MSG_PEEK|MSG_DONTWAIT on
+        // the socket `writer` owns, which lives as long as `self`.
+        let n = unsafe {
+            libc::recv(
+                self.fd,
+                (&mut b as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => true,
+            n if n > 0 => false,
+            _ => !matches!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::EAGAIN) | Some(libc::EINTR)
+            ),
+        }
+    }
+
     /// Marks the connection broken: every waiter gets `why`.
     fn fail_all(&self, why: &str) {
         self.alive.store(false, Ordering::Release);
@@ -368,7 +429,9 @@ impl Conn {
         }
         for slot in st.pending.values_mut() {
             if slot.is_none() {
-                *slot = Some(Err(Error::new(libc::EIO, why.to_string())));
+                *slot = Some(Err(
+                    Error::new(libc::EIO, why.to_string()).with_conn_fault(ConnFault::Lost)
+                ));
             }
         }
         drop(st);
@@ -396,10 +459,10 @@ impl Conn {
     fn send_frame(&self, op: u16, head: &[u8], tail: &[u8], cma: Option<&[u8]>) -> Result<Ticket> {
         let addr = &self.addr;
         if !self.alive() {
-            return Err(Error::new(
-                libc::EIO,
-                format!("connection to server {addr} is broken"),
-            ));
+            return Err(
+                Error::new(libc::EIO, format!("connection to server {addr} is broken"))
+                    .with_conn_fault(ConnFault::NotSent),
+            );
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         lock(&self.state).pending.insert(id, None);
@@ -442,8 +505,10 @@ impl Conn {
         if let Err(e) = r {
             lock(&self.state).pending.remove(&id);
             self.fail_all(&format!("connection to server {addr} lost: {e}"));
-            return Err(io_err(addr, "send failed", e));
+            // A frame cut short is never carried out.
+            return Err(io_err(addr, "send failed", e).with_conn_fault(ConnFault::NotSent));
         }
+        self.note_io();
         Ok(Ticket { id })
     }
 
@@ -477,13 +542,14 @@ impl Conn {
                     return Err(Error::new(
                         libc::EIO,
                         format!("connection to server {}: reply lost", self.addr),
-                    ))
+                    )
+                    .with_conn_fault(ConnFault::Lost))
                 }
             }
             if let Some(why) = &st.dead {
                 let why = why.clone();
                 st.pending.remove(&t.id);
-                return Err(Error::new(libc::EIO, why));
+                return Err(Error::new(libc::EIO, why).with_conn_fault(ConnFault::Lost));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -522,6 +588,7 @@ impl Conn {
         loop {
             match rd.read_frame() {
                 Ok((h, payload)) => {
+                    self.note_io();
                     let reply = self.decode(h, payload);
                     if h.id == id {
                         return Some(reply);

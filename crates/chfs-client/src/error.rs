@@ -12,6 +12,20 @@ pub struct Error {
     errno: i32,
     message: String,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    conn: ConnFault,
+}
+
+/// How a request met a broken connection (for transparent retries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum ConnFault {
+    /// Not a connection failure.
+    #[default]
+    None,
+    /// The request never left: any request may be sent again.
+    NotSent,
+    /// The connection broke after the request was sent: the server may
+    /// or may not have carried it out.
+    Lost,
 }
 
 impl Error {
@@ -21,7 +35,19 @@ impl Error {
             errno,
             message: message.into(),
             source: None,
+            conn: ConnFault::None,
         }
+    }
+
+    /// Marks how the connection failed this request.
+    pub(crate) fn with_conn_fault(mut self, f: ConnFault) -> Self {
+        self.conn = f;
+        self
+    }
+
+    /// How the connection failed this request.
+    pub(crate) fn conn_fault(&self) -> ConnFault {
+        self.conn
     }
 
     /// Attaches the underlying cause.
@@ -61,6 +87,7 @@ impl From<ErrorReply> for Error {
             errno: e.errno,
             message: e.message,
             source: None,
+            conn: ConnFault::None,
         }
     }
 }

@@ -11,7 +11,7 @@ use chfs_proto::{Request, Response};
 
 use crate::config::{ClientConfig, CpuLanes};
 use crate::conn::{lock, Conn, Ticket};
-use crate::error::{fail, Error, Result};
+use crate::error::{fail, ConnFault, Error, Result};
 use crate::shm::Window;
 
 /// The current server list with a connection slot per server.
@@ -201,7 +201,7 @@ impl Pool {
             return None;
         }
         if let Some(Some(c)) = g.by_cpu.get(cpu) {
-            if c.alive() {
+            if c.usable() {
                 return Some(c.clone());
             }
         }
@@ -229,7 +229,7 @@ impl Pool {
             .ok_or_else(|| Error::new(libc::EINVAL, format!("no server with index {i}")))?;
         let mut g = lock(slot);
         if let Some(c) = g.as_ref() {
-            if c.alive() {
+            if c.usable() {
                 return Ok(c.clone());
             }
         }
@@ -238,9 +238,14 @@ impl Pool {
         Ok(c)
     }
 
-    /// One request to server `i`.
+    /// One request to server `i`, sent once more on a new connection if
+    /// the connection broke under it and sending it again is safe
+    /// ([`retry_safe`]).
     pub fn call(&self, st: &PoolState, i: usize, req: &Request) -> Result<Response> {
-        self.conn(st, i)?.call(req)
+        match self.conn(st, i)?.call(req) {
+            Err(e) if retry_safe(&e, req.op()) => self.conn(st, i)?.call(req),
+            r => r,
+        }
     }
 
     /// Runs a batch with at most `window` requests in flight; results are in
@@ -252,13 +257,42 @@ impl Pool {
             1
         };
         let mut results: Vec<Option<Result<Response>>> = (0..ops.len()).map(|_| None).collect();
+        self.run_batch(st, &ops, (0..ops.len()).collect(), window, &mut results);
+        // Requests a broken connection failed, and safe to send again
+        // (see `retry_safe`): once more, on new connections.
+        let again: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| matches!(r, Some(Err(e)) if retry_safe(e, ops[*i].op)))
+            .map(|(i, _)| i)
+            .collect();
+        if !again.is_empty() {
+            self.run_batch(st, &ops, again, window, &mut results);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(libc::EIO, "request not sent"))))
+            .collect()
+    }
+
+    /// Sends `ops[i]` for each `i` of `which` with at most `window` in
+    /// flight; files each result at its index.
+    fn run_batch(
+        &self,
+        st: &PoolState,
+        ops: &[Op<'_>],
+        which: Vec<usize>,
+        window: usize,
+        results: &mut [Option<Result<Response>>],
+    ) {
         let mut inflight: VecDeque<(usize, Arc<Conn>, Ticket)> = VecDeque::new();
-        for (i, op) in ops.into_iter().enumerate() {
+        for i in which {
             if inflight.len() >= window {
                 if let Some((j, c, t)) = inflight.pop_front() {
                     results[j] = Some(c.wait(t));
                 }
             }
+            let op = &ops[i];
             match self
                 .conn(st, op.server)
                 .and_then(|c| c.send_raw(op.op, &op.head, op.tail).map(|t| (c, t)))
@@ -270,16 +304,45 @@ impl Pool {
         for (j, c, t) in inflight {
             results[j] = Some(c.wait(t));
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::new(libc::EIO, "request not sent"))))
-            .collect()
     }
 
     /// Sends `req` to every server; results by server index.
     pub fn broadcast(&self, st: &PoolState, req: &Request) -> Vec<Result<Response>> {
         let ops = (0..st.ring.len()).map(|i| Op::req(i, req)).collect();
         self.pipeline(st, ops)
+    }
+}
+
+/// May a request with opcode `op` that failed with `e` be sent again? When
+/// it never left (any request), or when the connection broke after it was
+/// sent and carrying it out twice is harmless: reads, stats, listings,
+/// writes of the same bytes to the same place, size and attribute
+/// settings, chunk removals. Not creates (an exclusive one would find its
+/// own entry), removals of entries, renames, append reservations,
+/// membership changes.
+fn retry_safe(e: &Error, op: u16) -> bool {
+    use chfs_proto::msg::op::*;
+    match e.conn_fault() {
+        ConnFault::None => false,
+        ConnFault::NotSent => true,
+        ConnFault::Lost => matches!(
+            op,
+            PING | GET_SERVERS
+                | STATUS
+                | STAT
+                | WRITE
+                | READ
+                | SET_SIZE
+                | SET_ATTR
+                | REMOVE_CHUNKS
+                | TRUNCATE_CHUNKS
+                | READDIR
+                | READDIR_DIRS
+                | HAS_CHILDREN
+                | FLUSH_STATUS
+                | FLUSH
+                | SYNC
+        ),
     }
 }
 
