@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use chfs_proto::meta::now_ns;
 use chfs_proto::meta::{FLAG_BACKEND_ONLY, FLAG_CACHED};
-use chfs_proto::msg::{encode_write_head, op, RemoveKind, SetAttr};
+use chfs_proto::msg::{encode_write_head, op, RemoveKind, SetAttr, WriteHead};
 use chfs_proto::msg::{FlushState, RebalanceState};
 use chfs_proto::path::{self, normalize};
 use chfs_proto::ring::path_hash;
@@ -37,6 +37,9 @@ struct FileState {
     /// Write buffer (`CHFS_BUF_SIZE`): offset and bytes.
     buf_off: u64,
     buf: Vec<u8>,
+    /// Data was written through this descriptor (a cached backend file
+    /// is then modified: see [`rw_flags`]).
+    wrote: bool,
 }
 
 struct OpenFile {
@@ -589,7 +592,8 @@ impl Client {
             off: 0,
             len: m.size as u32,
             chunk_size: m.chunk_size,
-            flags: rw_flags(m),
+            flags: rw_flags(m, false),
+            epoch: m.epoch(),
         };
         match self.call_owner(st, p, 0, &req)? {
             Response::Data(d) => String::from_utf8(d.to_vec())
@@ -713,10 +717,12 @@ impl Client {
     pub fn truncate(&self, path: &str, len: u64) -> Result<()> {
         let st = self.state();
         let (p, m) = self.resolve(&st, normalize(path)?)?;
-        self.truncate_resolved(&st, &p, &m, len)
+        self.truncate_resolved(&st, &p, &m, len).map(drop)
     }
 
-    fn truncate_resolved(&self, st: &PoolState, p: &str, m: &Meta, len: u64) -> Result<()> {
+    /// Truncates; returns the entry as it is now (a file cut to zero
+    /// starts a new epoch, see [`Meta::epoch`]).
+    fn truncate_resolved(&self, st: &PoolState, p: &str, m: &Meta, len: u64) -> Result<Meta> {
         if m.is_dir() {
             return fail(libc::EISDIR, format!("{p}: is a directory"));
         }
@@ -749,16 +755,17 @@ impl Client {
                 path: p.to_string(),
                 size: len,
                 grow_only: false,
+                if_size: None,
             },
         );
         self.inner.names.touched(p);
-        expect_meta(r)?;
+        let m = expect_meta(r)?;
         for f in self.open_files(p) {
             let mut s = lock(&f.state);
             s.written_end = s.written_end.min(len);
             s.published = len;
         }
-        Ok(())
+        Ok(m)
     }
 
     fn open_files(&self, path: &str) -> Vec<Arc<OpenFile>> {
@@ -1106,8 +1113,7 @@ impl Client {
                 return fail(libc::ENOTDIR, format!("{p}: not a directory"));
             }
             if flags & libc::O_TRUNC != 0 && wants_write && !created && m.is_reg() && m.size > 0 {
-                self.truncate_resolved(&st, &p, &m, 0)?;
-                break Meta { size: 0, ..m };
+                break self.truncate_resolved(&st, &p, &m, 0)?;
             }
             break m;
         };
@@ -1238,14 +1244,14 @@ impl Client {
         if !s.buf.is_empty() {
             let buf = std::mem::take(&mut s.buf);
             let off = s.buf_off;
-            let r = self.write_chunks(st, f, &mut s, &buf, off);
-            r?;
+            self.write_all_chunks(st, f, &mut s, &buf, off)?;
         }
         if s.need_publish {
             let req = Request::SetSize {
                 path: f.path.clone(),
                 size: s.written_end,
                 grow_only: true,
+                if_size: None,
             };
             let r = self.call_owner(st, &f.path, 0, &req);
             self.inner.names.touched(&f.path);
@@ -1256,8 +1262,9 @@ impl Client {
         Ok(())
     }
 
-    /// Sends the chunk writes of `buf` at `off`, concurrently.
-    fn write_chunks(
+    /// Writes all of `buf` at `off` (buffered data the caller was already
+    /// told is written): a short write is an error.
+    fn write_all_chunks(
         &self,
         st: &PoolState,
         f: &OpenFile,
@@ -1265,10 +1272,33 @@ impl Client {
         buf: &[u8],
         off: u64,
     ) -> Result<()> {
+        match self.write_chunks(st, f, s, buf, off) {
+            (_, Some(e)) => Err(e),
+            (_, None) => Ok(()),
+        }
+    }
+
+    /// Sends the chunk writes of `buf` at `off`, concurrently. Returns the
+    /// bytes stored from the start of `buf` (all of them, or those of the
+    /// chunks before the first that failed: a short write) and the first
+    /// error. The size this client publishes never covers bytes that were
+    /// not stored (chunks after a failed one may be stored, but lie beyond
+    /// the size).
+    fn write_chunks(
+        &self,
+        st: &PoolState,
+        f: &OpenFile,
+        s: &mut FileState,
+        buf: &[u8],
+        off: u64,
+    ) -> (usize, Option<Error>) {
         let cs = f.meta.chunk_size as u64;
         let mut ops = Vec::new();
+        let mut lens = Vec::new();
         let mut done = 0usize;
         let mut data_chunks = false;
+        s.wrote = true;
+        let flags = rw_flags(&f.meta, true);
         while done < buf.len() {
             let pos = off + done as u64;
             let idx = pos / cs;
@@ -1277,13 +1307,16 @@ impl Client {
             let mut head = Vec::with_capacity(48 + f.path.len());
             encode_write_head(
                 &mut head,
-                &f.path,
-                f.meta.fileid,
-                f.meta.chunk_size,
-                f.meta.mode,
-                idx,
-                in_chunk,
-                rw_flags(&f.meta),
+                &WriteHead {
+                    path: &f.path,
+                    fileid: f.meta.fileid,
+                    chunk_size: f.meta.chunk_size,
+                    mode: f.meta.mode,
+                    idx,
+                    off: in_chunk,
+                    flags,
+                    epoch: f.meta.epoch(),
+                },
             );
             ops.push(Op {
                 server: st.ring.owner_of_hash(f.hash, idx),
@@ -1291,47 +1324,53 @@ impl Client {
                 head,
                 tail: &buf[done..done + n],
             });
+            lens.push(n);
             data_chunks |= idx > 0;
             done += n;
         }
-        let end = off + buf.len() as u64;
-        // Sent along with the data (the size may be seen a moment before
-        // the data, as with any write in progress).
-        let publish = s.eager_publish && data_chunks && end > s.published;
-        if publish {
-            ops.push(Op::req(
-                st.ring.owner_of_hash(f.hash, 0),
-                &Request::SetSize {
-                    path: f.path.clone(),
-                    size: end,
-                    grow_only: true,
-                },
-            ));
-        }
+        let mut stored = 0usize;
         let mut first_err = None;
-        for r in self.pipeline(st, ops) {
-            match r {
-                Ok(Response::Written(_)) => {}
-                Ok(Response::Meta(m)) if publish => s.published = s.published.max(m.size),
-                Ok(other) => {
-                    first_err.get_or_insert(unexpected(other));
+        for (r, n) in self.pipeline(st, ops).into_iter().zip(lens) {
+            let e = match r {
+                Ok(Response::Written(_)) if first_err.is_none() => {
+                    stored += n;
+                    continue;
                 }
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
+                Ok(Response::Written(_)) => continue,
+                Ok(other) => unexpected(other),
+                Err(e) => e,
+            };
+            first_err.get_or_insert(e);
         }
-        if let Some(e) = first_err {
-            return Err(e);
+        if stored == 0 {
+            return (0, first_err);
         }
         self.inner.names.touched(&f.path);
+        let end = off + stored as u64;
         s.written_end = s.written_end.max(end);
-        if data_chunks && !publish {
+        if s.eager_publish && data_chunks && end > s.published {
+            // Published once the data is stored, never with it: the size
+            // must not cover bytes a failed chunk did not store.
+            let req = Request::SetSize {
+                path: f.path.clone(),
+                size: end,
+                grow_only: true,
+                if_size: None,
+            };
+            match expect_meta(self.call_owner(st, &f.path, 0, &req)) {
+                Ok(m) => s.published = s.published.max(m.size),
+                Err(e) => {
+                    s.need_publish = true;
+                    return (stored, Some(first_err.unwrap_or(e)));
+                }
+            }
+        } else if data_chunks {
             s.need_publish = true;
         } else {
+            // Chunk 0 grew the size on its server as part of the write.
             s.published = s.published.max(end);
         }
-        Ok(())
+        (stored, first_err)
     }
 
     /// `pwrite(2)`.
@@ -1357,7 +1396,7 @@ impl Client {
             if !contiguous || s.buf.len() + buf.len() > bsize {
                 let old = std::mem::take(&mut s.buf);
                 let o = s.buf_off;
-                self.write_chunks(&st, &f, &mut s, &old, o)?;
+                self.write_all_chunks(&st, &f, &mut s, &old, o)?;
             }
             if s.buf.is_empty() {
                 s.buf_off = off;
@@ -1368,10 +1407,12 @@ impl Client {
         if !s.buf.is_empty() {
             let old = std::mem::take(&mut s.buf);
             let o = s.buf_off;
-            self.write_chunks(&st, &f, &mut s, &old, o)?;
+            self.write_all_chunks(&st, &f, &mut s, &old, o)?;
         }
-        self.write_chunks(&st, &f, &mut s, buf, off)?;
-        Ok(buf.len())
+        match self.write_chunks(&st, &f, &mut s, buf, off) {
+            (0, Some(e)) => Err(e),
+            (n, _) => Ok(n),
+        }
     }
 
     /// `write(2)` at the descriptor's position (`O_APPEND`: at the end,
@@ -1451,6 +1492,7 @@ impl Client {
         }
         let len = ((size - off) as usize).min(buf.len());
         let cs = f.meta.chunk_size as u64;
+        let flags = rw_flags(&f.meta, lock(&f.state).wrote);
         let mut ops = Vec::new();
         let mut spans = Vec::new();
         let mut done = 0usize;
@@ -1466,7 +1508,8 @@ impl Client {
                 off: in_chunk,
                 len: n as u32,
                 chunk_size: f.meta.chunk_size,
-                flags: rw_flags(&f.meta),
+                flags,
+                epoch: f.meta.epoch(),
             };
             ops.push(Op::req(st.ring.owner_of_hash(f.hash, idx), &req));
             spans.push((done, n));
@@ -1544,7 +1587,7 @@ impl Client {
         }
         let st = self.state();
         let m = self.stat_meta(&st, &f.path)?;
-        self.truncate_resolved(&st, &f.path, &m, len)
+        self.truncate_resolved(&st, &f.path, &m, len).map(drop)
     }
 
     /// Path of an open descriptor.
@@ -1759,7 +1802,8 @@ impl Client {
                     off: 0,
                     len: 0,
                     chunk_size: m.chunk_size,
-                    flags: chfs_proto::msg::rw::BACKEND | chfs_proto::msg::rw::FETCH_ONLY,
+                    flags: rw_flags(m, false) | chfs_proto::msg::rw::FETCH_ONLY,
+                    epoch: m.epoch(),
                 };
                 Op::req(st.ring.owner_of_hash(hash, idx), &req)
             })
@@ -1788,12 +1832,18 @@ fn errno_in(msg: &str) -> i32 {
 }
 
 /// Read/write flags for chunks of a file with entry `m`: read-through from
-/// the backend for cached copies of backend files.
-fn rw_flags(m: &Meta) -> u16 {
-    if m.flags & chfs_proto::meta::FLAG_CACHED != 0 {
-        chfs_proto::msg::rw::BACKEND
-    } else {
+/// the backend for cached copies of backend files, and whether the file
+/// was changed in the cache (by anyone before `m` was read, or by this
+/// descriptor: `wrote`).
+fn rw_flags(m: &Meta, wrote: bool) -> u16 {
+    use chfs_proto::meta::FLAG_MODIFIED;
+    use chfs_proto::msg::rw;
+    if m.flags & FLAG_CACHED == 0 {
         0
+    } else if wrote || m.flags & FLAG_MODIFIED != 0 {
+        rw::BACKEND | rw::MODIFIED
+    } else {
+        rw::BACKEND
     }
 }
 

@@ -42,7 +42,7 @@ impl Stat {
             nlink: if is_dir { 2 } else { 1 },
             uid: m.uid,
             gid: m.gid,
-            rdev: m.rdev as u64,
+            rdev: m.device() as u64,
             size: m.size,
             blksize: m.chunk_size.max(512),
             blocks: m.size.div_ceil(512),

@@ -169,17 +169,17 @@ impl LocalPool {
             starts: 0,
         };
         for i in 0..n {
-            let (child, addr) = pool.spawn(i, "127.0.0.1:0")?;
+            let join = pool.addrs.first().cloned();
+            let (child, addr) = pool.spawn(i, "127.0.0.1:0", join.as_deref())?;
             pool.children.push(Some(child));
             pool.addrs.push(addr);
         }
         Ok(pool)
     }
 
-    /// Starts server `i` on `host`, joining the first other known server;
-    /// `{i}` in the extra arguments becomes the server's index (for
-    /// per-server store paths).
-    fn spawn(&mut self, i: usize, host: &str) -> io::Result<(Child, String)> {
+    /// Starts server `i` on `host`, joining `join`; `{i}` in the extra
+    /// arguments becomes the server's index (for per-server store paths).
+    fn spawn(&mut self, i: usize, host: &str, join: Option<&str>) -> io::Result<(Child, String)> {
         self.starts += 1;
         let info = self.dir.join(format!("server{i}.{}.addr", self.starts));
         let log = std::fs::OpenOptions::new()
@@ -190,8 +190,8 @@ impl LocalPool {
         cmd.args(["--host", host, "-S"])
             .arg(&info)
             .args(["--log-level", &self.opts.log_level]);
-        if let Some(first) = self.addrs.first() {
-            cmd.args(["--join", first]);
+        if let Some(seed) = join {
+            cmd.args(["--join", seed]);
         }
         cmd.args(
             self.opts
@@ -224,10 +224,27 @@ impl LocalPool {
         }
         let addrs = std::mem::take(&mut self.addrs);
         for (i, a) in addrs.iter().enumerate() {
-            let (child, addr) = self.spawn(i, a)?;
+            let join = self.addrs.first().cloned();
+            let (child, addr) = self.spawn(i, a, join.as_deref())?;
             self.children[i] = Some(child);
             self.addrs.push(addr);
         }
+        Ok(())
+    }
+
+    /// Kills server `i` (SIGKILL) and starts it again on the same address
+    /// with the same options, joining the first other running server: a
+    /// node that rebooted, or an admin's restart. A DRAM server comes back
+    /// empty.
+    pub fn restart(&mut self, i: usize) -> io::Result<()> {
+        self.kill(i);
+        let join = (0..self.children.len())
+            .find(|&j| j != i && self.children[j].is_some())
+            .map(|j| self.addrs[j].clone());
+        let a = self.addrs[i].clone();
+        let (child, addr) = self.spawn(i, &a, join.as_deref())?;
+        self.children[i] = Some(child);
+        self.addrs[i] = addr;
         Ok(())
     }
 
@@ -235,7 +252,8 @@ impl LocalPool {
     /// returns its address.
     pub fn add_server(&mut self) -> io::Result<String> {
         let i = self.children.len();
-        let (child, addr) = self.spawn(i, "127.0.0.1:0")?;
+        let join = self.addrs.first().cloned();
+        let (child, addr) = self.spawn(i, "127.0.0.1:0", join.as_deref())?;
         self.children.push(Some(child));
         self.addrs.push(addr.clone());
         Ok(addr)

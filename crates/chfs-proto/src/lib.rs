@@ -22,8 +22,10 @@ pub use msg::{Request, Response};
 
 /// Protocol version spoken by this build. Bumped on any incompatible change
 /// (2: `FLAG_CMA` and `ServerStatus::cma_writes`; 3: `ShmAttach` and
-/// `ServerStatus::shm_writes`).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// `ServerStatus::shm_writes`; 4: file epochs in `Read`/`Write`,
+/// `ServerList::since`, `Join::fresh`, `SetSize::if_size`,
+/// `ServerStatus::since`/`lost`).
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -12,7 +12,8 @@
 //! | 12     | gid        | u32  |                                              |
 //! | 16     | size       | u64  | file size (chunk 0 only; data chunks: 0)     |
 //! | 24     | chunk_size | u32  | bytes per chunk of this file                 |
-//! | 28     | rdev       | u32  | device number of device special files        |
+//! | 28     | rdev       | u32  | device number of device special files; the   |
+//! |        |            |      | epoch of regular files ([`Meta::epoch`])     |
 //! | 32     | mtime      | i64  | ns since the epoch                           |
 //! | 40     | ctime      | i64  | ns since the epoch                           |
 //! | 48     | atime      | i64  | ns since the epoch                           |
@@ -38,6 +39,11 @@ pub const FLAG_PARTIAL: u16 = 4;
 pub const FLAG_WHITEOUT: u16 = 8;
 /// A directory entry that exists only in the backend (readdir results).
 pub const FLAG_BACKEND_ONLY: u16 = 16;
+/// A cached copy of a backend file (`FLAG_CACHED`) that was written in the
+/// cache since it was imported: a chunk of it missing from a replaced
+/// server cannot be fetched again from the backend (it may have been
+/// changed here and lost before it was flushed).
+pub const FLAG_MODIFIED: u16 = 32;
 
 /// File metadata as stored with a chunk and carried on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,7 +60,8 @@ pub struct Meta {
     pub size: u64,
     /// Chunk size of the file.
     pub chunk_size: u32,
-    /// Device number for device special files.
+    /// Device number of device special files. Regular files keep their
+    /// epoch here ([`Meta::epoch`]); read it through [`Meta::device`].
     pub rdev: u32,
     /// Modification time, ns since the epoch.
     pub mtime: i64,
@@ -85,6 +92,36 @@ impl Meta {
     /// Is this a symbolic link?
     pub fn is_symlink(&self) -> bool {
         self.file_type() == libc::S_IFLNK
+    }
+
+    /// Device number (`st_rdev`): that of a device special file, 0 for
+    /// anything else.
+    pub fn device(&self) -> u32 {
+        match self.file_type() {
+            libc::S_IFCHR | libc::S_IFBLK => self.rdev,
+            _ => 0,
+        }
+    }
+
+    /// The epoch of a regular file: the server list version its entry's
+    /// server held when the file was created or truncated to zero (0 for
+    /// anything else, and for files created before epochs existed). A
+    /// server whose store replaced a lost one at a later version (see
+    /// [`crate::ring::ServerList::since`]) cannot tell a hole in such a
+    /// file from a chunk it lost, and says so (EIO).
+    pub fn epoch(&self) -> u32 {
+        if self.is_reg() {
+            self.rdev
+        } else {
+            0
+        }
+    }
+
+    /// Sets the epoch of a regular file (a no-op for anything else).
+    pub fn set_epoch(&mut self, epoch: u64) {
+        if self.is_reg() {
+            self.rdev = u32::try_from(epoch).unwrap_or(u32::MAX);
+        }
     }
 
     /// Encodes the record into exactly 64 bytes.

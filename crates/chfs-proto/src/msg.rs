@@ -84,6 +84,10 @@ pub mod rw {
     pub const BACKEND: u16 = 1;
     /// Only make sure the chunk is cached; return no bytes (stage-in).
     pub const FETCH_ONLY: u16 = 2;
+    /// With `BACKEND`: the file was written in the cache
+    /// ([`crate::meta::FLAG_MODIFIED`], or by this client): a chunk a
+    /// replaced server lacks is not fetched from the backend again (EIO).
+    pub const MODIFIED: u16 = 4;
 }
 
 /// Write-back state of a server (or of a subtree on it).
@@ -185,6 +189,12 @@ pub struct ServerStatus {
     pub shm_writes: u64,
     /// Server list version the server holds.
     pub list_version: u64,
+    /// List version at which this server's store replaced an earlier
+    /// incarnation's (0: it holds everything ever written to it).
+    pub since: u64,
+    /// Reads and writes refused with EIO because the chunk may have been
+    /// lost with that earlier incarnation.
+    pub lost: u64,
     /// Backend directory in cache mode (empty otherwise).
     pub backend: String,
     /// Write-back state.
@@ -198,10 +208,15 @@ pub enum Request {
     Ping,
     /// Fetch the ordered server list.
     GetServers,
-    /// A new server at `addr` asks to join the pool.
+    /// A server at `addr` asks to join the pool. A member's address with
+    /// `fresh` (its store is new: a DRAM server restarted, a persistent
+    /// store recreated) replaces the earlier incarnation: the list gets a
+    /// new version, recorded as that server's [`ServerList::since`].
     Join {
         /// Address of the joining server.
         addr: String,
+        /// Its store holds nothing written before this start.
+        fresh: bool,
     },
     /// The pool leader pushes a new membership list.
     UpdateServers {
@@ -249,11 +264,16 @@ pub enum Request {
         off: u32,
         /// `rw::*` flags.
         flags: u16,
+        /// The file's epoch ([`Meta::epoch`]): a server replaced after it
+        /// refuses a partial write into a chunk it does not hold (EIO).
+        epoch: u32,
         /// The bytes (payload tail).
         data: Bytes,
     },
     /// Read up to `len` bytes at offset `off` of chunk `idx`. A missing or
-    /// stale chunk returns no bytes (a hole).
+    /// stale chunk returns no bytes (a hole), unless the server was
+    /// replaced after the file's `epoch` began (its chunk may be lost):
+    /// then `EIO`.
     Read {
         /// Normalised path.
         path: String,
@@ -269,6 +289,8 @@ pub enum Request {
         chunk_size: u32,
         /// `rw::*` flags.
         flags: u16,
+        /// The file's epoch ([`Meta::epoch`]).
+        epoch: u32,
     },
     /// Set the size recorded in the entry; with `grow_only` only if larger.
     SetSize {
@@ -278,6 +300,9 @@ pub enum Request {
         size: u64,
         /// Only grow (publishing written data), never shrink.
         grow_only: bool,
+        /// Change the size only while it is exactly this (a client taking
+        /// back the size it published with a write that then failed).
+        if_size: Option<u64>,
     },
     /// chmod / chown / utimens.
     SetAttr {
@@ -476,8 +501,9 @@ fn put_list(out: &mut Vec<u8>, l: &ServerList) {
     out.put_u64(l.version);
     out.put_u8(l.hashing.code());
     out.put_u32(l.servers.len() as u32);
-    for s in &l.servers {
+    for (i, s) in l.servers.iter().enumerate() {
         out.put_str(s);
+        out.put_u64(l.since(i));
     }
 }
 
@@ -491,13 +517,19 @@ fn get_list(r: &mut Reader) -> Result<ServerList, ProtoError> {
         return Err(ProtoError::Malformed(format!("{n} servers")));
     }
     let mut servers = Vec::with_capacity(n.min(1024));
+    let mut since = Vec::with_capacity(n.min(1024));
     for _ in 0..n {
         servers.push(r.string()?);
+        since.push(r.u64()?);
+    }
+    if since.iter().all(|&v| v == 0) {
+        since.clear();
     }
     Ok(ServerList {
         version,
         hashing,
         servers,
+        since,
     })
 }
 
@@ -535,26 +567,38 @@ fn get_opt(r: &mut Reader) -> Result<Option<u32>, ProtoError> {
     Ok(if r.bool()? { Some(r.u32()?) } else { None })
 }
 
+/// The fixed fields of a [`Request::Write`] (see there).
+#[derive(Debug, Clone, Copy)]
+pub struct WriteHead<'a> {
+    /// Normalised path.
+    pub path: &'a str,
+    /// File incarnation id.
+    pub fileid: u32,
+    /// Chunk size of the file.
+    pub chunk_size: u32,
+    /// File mode.
+    pub mode: u32,
+    /// Chunk index.
+    pub idx: u64,
+    /// Offset within the chunk.
+    pub off: u32,
+    /// `rw::*` flags.
+    pub flags: u16,
+    /// The file's epoch.
+    pub epoch: u32,
+}
+
 /// Encodes the fixed fields of a [`Request::Write`]; the data follows as the
 /// payload tail. Lets a client send user bytes without copying them.
-#[allow(clippy::too_many_arguments)]
-pub fn encode_write_head(
-    out: &mut Vec<u8>,
-    path: &str,
-    fileid: u32,
-    chunk_size: u32,
-    mode: u32,
-    idx: u64,
-    off: u32,
-    flags: u16,
-) {
-    out.put_str(path);
-    out.put_u32(fileid);
-    out.put_u32(chunk_size);
-    out.put_u32(mode);
-    out.put_u64(idx);
-    out.put_u32(off);
-    out.put_u16(flags);
+pub fn encode_write_head(out: &mut Vec<u8>, h: &WriteHead<'_>) {
+    out.put_str(h.path);
+    out.put_u32(h.fileid);
+    out.put_u32(h.chunk_size);
+    out.put_u32(h.mode);
+    out.put_u64(h.idx);
+    out.put_u32(h.off);
+    out.put_u16(h.flags);
+    out.put_u32(h.epoch);
 }
 
 fn put_flush(out: &mut Vec<u8>, f: &FlushState) {
@@ -641,7 +685,10 @@ impl Request {
                 out.put_u64(*base);
                 out.put_u64(*len);
             }
-            Request::Join { addr } => out.put_str(addr),
+            Request::Join { addr, fresh } => {
+                out.put_str(addr);
+                out.put_u8(*fresh as u8);
+            }
             Request::UpdateServers { list } => put_list(out, list),
             Request::Create {
                 path,
@@ -663,9 +710,22 @@ impl Request {
                 idx,
                 off,
                 flags,
+                epoch,
                 data,
             } => {
-                encode_write_head(out, path, *fileid, *chunk_size, *mode, *idx, *off, *flags);
+                encode_write_head(
+                    out,
+                    &WriteHead {
+                        path,
+                        fileid: *fileid,
+                        chunk_size: *chunk_size,
+                        mode: *mode,
+                        idx: *idx,
+                        off: *off,
+                        flags: *flags,
+                        epoch: *epoch,
+                    },
+                );
                 out.extend_from_slice(data);
             }
             Request::Read {
@@ -676,6 +736,7 @@ impl Request {
                 len,
                 chunk_size,
                 flags,
+                epoch,
             } => {
                 out.put_str(path);
                 out.put_u32(*fileid);
@@ -684,15 +745,24 @@ impl Request {
                 out.put_u32(*len);
                 out.put_u32(*chunk_size);
                 out.put_u16(*flags);
+                out.put_u32(*epoch);
             }
             Request::SetSize {
                 path,
                 size,
                 grow_only,
+                if_size,
             } => {
                 out.put_str(path);
                 out.put_u64(*size);
                 out.put_u8(*grow_only as u8);
+                match if_size {
+                    None => out.put_u8(0),
+                    Some(v) => {
+                        out.put_u8(1);
+                        out.put_u64(*v);
+                    }
+                }
             }
             Request::SetAttr { path, attr } => {
                 out.put_str(path);
@@ -773,7 +843,10 @@ impl Request {
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
-            op::JOIN => Request::Join { addr: r.string()? },
+            op::JOIN => Request::Join {
+                addr: r.string()?,
+                fresh: r.bool()?,
+            },
             op::UPDATE_SERVERS => Request::UpdateServers {
                 list: get_list(&mut r)?,
             },
@@ -799,9 +872,11 @@ impl Request {
                 let idx = r.u64()?;
                 let off = r.u32()?;
                 let flags = r.u16()?;
+                let epoch = r.u32()?;
                 let data = r.rest();
                 return Ok(Request::Write {
                     flags,
+                    epoch,
                     path,
                     fileid,
                     chunk_size,
@@ -819,6 +894,7 @@ impl Request {
                 len: r.u32()?,
                 chunk_size: r.u32()?,
                 flags: r.u16()?,
+                epoch: r.u32()?,
             },
             op::FLUSH_STATUS => Request::FlushStatus {
                 prefix: r.string()?,
@@ -830,6 +906,7 @@ impl Request {
                 path: r.string()?,
                 size: r.u64()?,
                 grow_only: r.bool()?,
+                if_size: if r.bool()? { Some(r.u64()?) } else { None },
             },
             op::SET_ATTR => Request::SetAttr {
                 path: r.string()?,
@@ -941,6 +1018,8 @@ impl Response {
                 out.put_u64(s.cma_writes);
                 out.put_u64(s.shm_writes);
                 out.put_u64(s.list_version);
+                out.put_u64(s.since);
+                out.put_u64(s.lost);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1010,6 +1089,8 @@ impl Response {
                 cma_writes: r.u64()?,
                 shm_writes: r.u64()?,
                 list_version: r.u64()?,
+                since: r.u64()?,
+                lost: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             }),
@@ -1091,12 +1172,16 @@ mod tests {
             base: 0x7f00_0000_1000,
             len: 3 << 20,
         });
-        rt(Request::Join { addr: "h:1".into() });
+        rt(Request::Join {
+            addr: "h:1".into(),
+            fresh: true,
+        });
         rt(Request::UpdateServers {
             list: ServerList {
                 version: 3,
                 hashing: Hashing::Consistent,
-                servers: vec!["a:1".into()],
+                servers: vec!["a:1".into(), "b:2".into()],
+                since: vec![0, 3],
             },
         });
         rt(Request::Create {
@@ -1113,6 +1198,7 @@ mod tests {
             idx: 5,
             off: 2,
             flags: rw::BACKEND,
+            epoch: 7,
             data: Bytes::from_static(b"xy"),
         });
         rt(Request::Read {
@@ -1123,7 +1209,16 @@ mod tests {
             len: 4,
             chunk_size: 9,
             flags: 0,
+            epoch: 3,
         });
+        for if_size in [None, Some(9)] {
+            rt(Request::SetSize {
+                path: "/a".into(),
+                size: 4,
+                grow_only: true,
+                if_size,
+            });
+        }
         rt(Request::SetAttr {
             path: "/a".into(),
             attr: SetAttr {
@@ -1205,6 +1300,8 @@ mod tests {
             Response::Status(ServerStatus {
                 addr: "a".into(),
                 entries: 4,
+                since: 5,
+                lost: 6,
                 ..Default::default()
             }),
             Response::Count(7),
@@ -1240,6 +1337,7 @@ mod tests {
             len: 4,
             chunk_size: 9,
             flags: 0,
+            epoch: 5,
         }
         .encode(&mut b);
         for n in 0..b.len() {
@@ -1247,5 +1345,61 @@ mod tests {
         }
         assert!(Request::decode(999, Bytes::new()).is_err());
         assert!(Response::decode(Bytes::from_static(&[200, 1, 2])).is_err());
+    }
+
+    /// The bytes of a read and a write request, field by field: a change
+    /// of the wire format cannot pass unnoticed.
+    #[test]
+    fn golden_read_and_write_requests() {
+        let mut b = Vec::new();
+        Request::Read {
+            path: "/ab".into(),
+            fileid: 0x0102_0304,
+            idx: 5,
+            off: 6,
+            len: 7,
+            chunk_size: 8,
+            flags: rw::BACKEND,
+            epoch: 9,
+        }
+        .encode(&mut b);
+        #[rustfmt::skip]
+        let want: &[u8] = &[
+            3, 0, 0, 0, b'/', b'a', b'b', // path
+            4, 3, 2, 1,                   // fileid
+            5, 0, 0, 0, 0, 0, 0, 0,       // idx
+            6, 0, 0, 0,                   // off
+            7, 0, 0, 0,                   // len
+            8, 0, 0, 0,                   // chunk size
+            1, 0,                         // flags
+            9, 0, 0, 0,                   // epoch
+        ];
+        assert_eq!(b, want);
+        let mut b = Vec::new();
+        Request::Write {
+            path: "/x".into(),
+            fileid: 1,
+            chunk_size: 2,
+            mode: 0o100644,
+            idx: 3,
+            off: 4,
+            flags: 0,
+            epoch: 5,
+            data: Bytes::from_static(b"zz"),
+        }
+        .encode(&mut b);
+        #[rustfmt::skip]
+        let want: &[u8] = &[
+            2, 0, 0, 0, b'/', b'x',      // path
+            1, 0, 0, 0,                  // fileid
+            2, 0, 0, 0,                  // chunk size
+            0xa4, 0x81, 0, 0,            // mode
+            3, 0, 0, 0, 0, 0, 0, 0,      // idx
+            4, 0, 0, 0,                  // off
+            0, 0,                        // flags
+            5, 0, 0, 0,                  // epoch
+            b'z', b'z',                  // data (payload tail)
+        ];
+        assert_eq!(b, want);
     }
 }

@@ -59,6 +59,27 @@ pub struct ServerList {
     pub hashing: Hashing,
     /// Server addresses (`host:port`), in placement order.
     pub servers: Vec<String>,
+    /// Per server (same order; missing entries are 0): the list version at
+    /// which its current store replaced an earlier incarnation's, which
+    /// lost what was written to it (a DRAM server restarted, a store
+    /// recreated). 0: the server holds everything ever written to it.
+    pub since: Vec<u64>,
+}
+
+impl ServerList {
+    /// [`ServerList::since`] of server `i`.
+    pub fn since(&self, i: usize) -> u64 {
+        self.since.get(i).copied().unwrap_or(0)
+    }
+
+    /// Records that server `i` replaced an earlier incarnation at
+    /// `version`.
+    pub fn set_since(&mut self, i: usize, version: u64) {
+        if self.since.len() < self.servers.len() {
+            self.since.resize(self.servers.len(), 0);
+        }
+        self.since[i] = version;
+    }
 }
 
 /// Virtual nodes per server for consistent hashing.
@@ -137,6 +158,7 @@ mod tests {
             version: 1,
             hashing,
             servers: (0..n).map(|i| format!("127.0.0.1:{}", 50000 + i)).collect(),
+            since: Vec::new(),
         }
     }
 

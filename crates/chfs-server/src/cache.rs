@@ -202,7 +202,13 @@ impl Cache {
 
     /// Imports `path` from the backend if it exists there; `None` if not.
     /// Called by the owner of the entry on a miss.
-    pub fn import(&self, store: &dyn Store, path: &str) -> Result<Option<Meta>, StoreError> {
+    /// The entry of a regular file gets `epoch` (the server list version).
+    pub fn import(
+        &self,
+        store: &dyn Store,
+        path: &str,
+        epoch: u64,
+    ) -> Result<Option<Meta>, StoreError> {
         let Some(st) = self
             .backend
             .lstat(path)
@@ -211,7 +217,8 @@ impl Cache {
             return Ok(None);
         };
         let fileid = (chfs_proto::ring::path_hash(path) as u32 ^ now_ns() as u32).max(1);
-        let meta = meta_from_stat(&st, self.cfg.chunk_size, fileid);
+        let mut meta = meta_from_stat(&st, self.cfg.chunk_size, fileid);
+        meta.set_epoch(epoch);
         let data = if meta.is_symlink() {
             self.backend
                 .readlink(path)
@@ -227,7 +234,13 @@ impl Cache {
     /// Revalidation: a clean cached file whose backend copy changed (mtime
     /// or size) is imported again with a new fileid, so its old chunks read
     /// as stale everywhere.
-    pub fn revalidate(&self, store: &dyn Store, path: &str, m: Meta) -> Result<Meta, StoreError> {
+    pub fn revalidate(
+        &self,
+        store: &dyn Store,
+        path: &str,
+        m: Meta,
+        epoch: u64,
+    ) -> Result<Meta, StoreError> {
         if !self.cfg.revalidate
             || m.flags & FLAG_CACHED == 0
             || m.flags & FLAG_DIRTY != 0
@@ -247,7 +260,7 @@ impl Cache {
         }
         info!(path, "backend copy changed: dropping the cached copy");
         let _ = store.take(path, 0)?;
-        Ok(self.import(store, path)?.unwrap_or(m))
+        Ok(self.import(store, path, epoch)?.unwrap_or(m))
     }
 
     /// Makes sure chunk `idx` of a cached file is present (fetching it from

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
-use chfs_proto::meta::{now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_PARTIAL, FLAG_WHITEOUT};
+use chfs_proto::meta::{
+    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_MODIFIED, FLAG_PARTIAL, FLAG_WHITEOUT,
+};
 use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
 use chfs_proto::path::validate;
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
@@ -145,7 +147,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             Ok(Response::Ok)
         }
         Request::GetServers => Ok(Response::Servers(sh.placement().ring.list().clone())),
-        Request::Join { addr } => join(sh, addr).await,
+        Request::Join { addr, fresh } => join(sh, addr, fresh).await,
         Request::UpdateServers { list } => {
             let cur = sh.placement();
             if list.version > cur.ring.list().version {
@@ -186,6 +188,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     .shm_writes
                     .load(std::sync::atomic::Ordering::Relaxed),
                 list_version: sh.placement().ring.list().version,
+                since: sh.placement().since(),
+                lost: sh.counters.lost.load(std::sync::atomic::Ordering::Relaxed),
                 backend: cache
                     .map(|c| c.backend.path().display().to_string())
                     .unwrap_or_default(),
@@ -214,6 +218,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 ));
             }
             check_chunk_size(meta.chunk_size)?;
+            let mut meta = meta;
+            meta.set_epoch(sh.placement().ring.list().version);
             if let Some(c) = cache {
                 let existing = lookup(sh, c, &path)?;
                 if let Some(m) = existing {
@@ -270,6 +276,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             off,
             data,
             flags,
+            epoch,
         } => {
             Counters::inc(&sh.counters.writes);
             check_chunk_size(chunk_size)?;
@@ -278,6 +285,20 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     libc::EINVAL,
                     format!("{path}: write of {} bytes at offset {off} crosses the chunk boundary (chunk size {chunk_size})", data.len()),
                 ));
+            }
+            // A partial write into a chunk this server may have lost would
+            // leave zeros where the lost bytes were: refused. (A write of
+            // the whole chunk defines all of it.)
+            let whole = off == 0 && data.len() == chunk_size as usize;
+            if idx > 0 && !whole {
+                if let Some(why) = sh.placement().may_have_lost(epoch) {
+                    let held = st.meta(&path, idx).map_err(|e| store_err(&path, e))?;
+                    if !held.is_some_and(|m| m.fileid == fileid)
+                        && (flags & rw::BACKEND == 0 || flags & rw::MODIFIED != 0)
+                    {
+                        return Err(lost(sh, &path, idx, &why));
+                    }
+                }
             }
             if let Some(c) = cache {
                 if idx == 0 || flags & rw::BACKEND != 0 {
@@ -324,6 +345,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             if let Some(c) = cache {
                 c.mark_dirty(&**st, &path, idx)
                     .map_err(|e| store_err(&path, e))?;
+                if idx == 0 {
+                    modified_entry(sh, &path)?;
+                }
             }
             Ok(Response::Written(n))
         }
@@ -335,8 +359,20 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             len,
             chunk_size,
             flags,
+            epoch,
         } => {
             Counters::inc(&sh.counters.reads);
+            let loss = sh.placement().may_have_lost(epoch);
+            if let (Some(why), Some(_)) = (&loss, cache) {
+                // Fetching a chunk of a file changed in the cache again
+                // from the backend could bring back bytes it replaced.
+                if flags & rw::BACKEND != 0 && flags & rw::MODIFIED != 0 {
+                    let held = st.meta(&path, idx).map_err(|e| store_err(&path, e))?;
+                    if !held.is_some_and(|m| m.fileid == fileid) {
+                        return Err(lost(sh, &path, idx, why));
+                    }
+                }
+            }
             if let Some(c) = cache {
                 if idx == 0 || flags & rw::BACKEND != 0 {
                     check_chunk_size(chunk_size)?;
@@ -362,24 +398,47 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let d = st
                 .read_bytes(&path, idx, fileid, off, len)
                 .map_err(|e| store_err(&path, e))?;
-            Ok(Response::Data(d.unwrap_or_default()))
+            match (d, loss) {
+                (Some(d), _) => Ok(Response::Data(d)),
+                // Not held here: a hole, unless this server may have lost it.
+                (None, Some(why)) => Err(lost(sh, &path, idx, &why)),
+                (None, None) => Ok(Response::Data(Bytes::new())),
+            }
         }
         Request::SetSize {
             path,
             size,
             grow_only,
+            if_size,
         } => {
+            let version = sh.placement().ring.list().version;
             let m = st
                 .update_meta(&path, 0, &mut |m| {
                     if m.is_dir() {
                         return Err(refuse(libc::EISDIR, "is a directory"));
+                    }
+                    if let Some(v) = if_size {
+                        // Taking back a size published with a write that
+                        // failed; if it changed since, the change stands.
+                        if m.size == v {
+                            m.size = size;
+                        }
+                        return Ok(());
                     }
                     if !grow_only || size > m.size {
                         m.size = size;
                     }
                     if !grow_only {
                         // Truncated: the cache holds the whole file now.
-                        m.flags &= !(FLAG_CACHED | FLAG_PARTIAL);
+                        m.flags &= !(FLAG_CACHED | FLAG_PARTIAL | FLAG_MODIFIED);
+                    }
+                    if !grow_only && size == 0 {
+                        // No byte of it is left anywhere: nothing can be
+                        // lost with a server replaced before now.
+                        m.set_epoch(version);
+                    }
+                    if m.flags & FLAG_CACHED != 0 {
+                        m.flags |= FLAG_MODIFIED;
                     }
                     m.mtime = now_ns();
                     m.ctime = m.mtime;
@@ -590,6 +649,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             })
             .map_err(|e| store_err(&path, e))?;
             dirty_entry(sh, &path)?;
+            modified_entry(sh, &path)?;
             Ok(Response::Count(at))
         }
     }
@@ -630,46 +690,70 @@ fn apply_attr(m: &mut Meta, a: &SetAttr) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Adds a server to the pool. Only the leader (first server) changes the
-/// list, so concurrent joins are serialised; others forward to it.
-async fn join(sh: &Arc<Shared>, addr: String) -> Reply {
+/// Adds a server to the pool, or records that a member restarted with a
+/// new, empty store (`fresh`): then its lost data must not read as holes,
+/// so the list gets a new version, which becomes that member's
+/// [`ServerList::since`]. A member restarting with its store intact gets
+/// the list as is. Only the leader (the first server other than the one
+/// joining) changes the list, so changes are serialised; others forward.
+///
+/// [`ServerList::since`]: chfs_proto::ring::ServerList::since
+async fn join(sh: &Arc<Shared>, addr: String, fresh: bool) -> Reply {
     let _g = sh.join_lock.lock().await;
     let p = sh.placement();
     let list = p.ring.list();
-    if list.servers.contains(&addr) {
-        // A member restarting on its old address: it gets the list as is.
-        info!(%addr, "server rejoined");
+    let member = list.servers.iter().position(|s| *s == addr);
+    if member.is_some() && !fresh {
+        info!(%addr, "server rejoined with its store");
         return Ok(Response::Servers(list.clone()));
     }
-    let leader = list.servers.first().cloned().unwrap_or_default();
+    let leader = list
+        .servers
+        .iter()
+        .find(|s| **s != addr)
+        .cloned()
+        .unwrap_or_default();
     if leader != sh.me {
-        return sh.peers.call(&leader, &Request::Join { addr }, 0).await;
+        return sh
+            .peers
+            .call(&leader, &Request::Join { addr, fresh }, 0)
+            .await;
     }
     let mut new = list.clone();
-    if !new.servers.contains(&addr) {
-        new.servers.push(addr.clone());
-        new.version += 1;
-        info!(%addr, version = new.version, servers = new.servers.len(), "server joined");
-        sh.set_list(new.clone());
-        let pushes = new
-            .servers
-            .iter()
-            .filter(|s| **s != sh.me && **s != addr)
-            .map(|s| {
-                let (sh, s, l) = (sh.clone(), s.clone(), new.clone());
-                async move {
-                    if let Err(e) = sh
-                        .peers
-                        .call(&s, &Request::UpdateServers { list: l }, 0)
-                        .await
-                    {
-                        warn!(server = %s, "cannot push the server list: {e}");
-                    }
-                }
-            });
-        for p in pushes.collect::<Vec<_>>() {
-            p.await;
+    new.version += 1;
+    match member {
+        Some(i) => {
+            new.set_since(i, new.version);
+            warn!(%addr, version = new.version,
+                  "server restarted with an empty store: what it held is lost (reads of it fail with EIO)");
         }
+        None => {
+            new.servers.push(addr.clone());
+            if !new.since.is_empty() {
+                new.since.push(0);
+            }
+            info!(%addr, version = new.version, servers = new.servers.len(), "server joined");
+        }
+    }
+    sh.set_list(new.clone());
+    let pushes = new
+        .servers
+        .iter()
+        .filter(|s| **s != sh.me && **s != addr)
+        .map(|s| {
+            let (sh, s, l) = (sh.clone(), s.clone(), new.clone());
+            async move {
+                if let Err(e) = sh
+                    .peers
+                    .call(&s, &Request::UpdateServers { list: l }, 0)
+                    .await
+                {
+                    warn!(server = %s, "cannot push the server list: {e}");
+                }
+            }
+        });
+    for p in pushes.collect::<Vec<_>>() {
+        p.await;
     }
     Ok(Response::Servers(new))
 }
@@ -745,13 +829,41 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
 /// skipping whiteouts; revalidates when asked to.
 fn lookup(sh: &Arc<Shared>, c: &Cache, path: &str) -> Result<Option<Meta>, ErrorReply> {
     let st = &*sh.store;
+    let epoch = sh.placement().ring.list().version;
     blocking(|| match st.meta(path, 0)? {
         Some(m) if m.flags & FLAG_WHITEOUT != 0 => Ok(None),
-        Some(m) => c.revalidate(st, path, m).map(Some),
+        Some(m) => c.revalidate(st, path, m, epoch).map(Some),
         None if path == "/" => Ok(None),
-        None => c.import(st, path),
+        None => c.import(st, path, epoch),
     })
     .map_err(|e| store_err(path, e))
+}
+
+/// The EIO of a read or write of a chunk this server may have lost.
+fn lost(sh: &Shared, path: &str, idx: u64, why: &str) -> ErrorReply {
+    Counters::inc(&sh.counters.lost);
+    warn!(path, idx, "{why}");
+    ErrorReply::new(
+        libc::EIO,
+        format!("chunk {idx} of {path} on server {}: {why}", sh.me),
+    )
+}
+
+/// Marks a cached backend file as written in the cache ([`FLAG_MODIFIED`]).
+fn modified_entry(sh: &Arc<Shared>, path: &str) -> Result<(), ErrorReply> {
+    if sh.cache.is_some() {
+        let r = sh.store.update_meta(path, 0, &mut |m| {
+            if m.flags & FLAG_CACHED != 0 {
+                m.flags |= FLAG_MODIFIED;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(_) | Err(StoreError::NotFound) => {}
+            Err(e) => return Err(store_err(path, e)),
+        }
+    }
+    Ok(())
 }
 
 /// Marks an entry dirty after a metadata change (cache mode).

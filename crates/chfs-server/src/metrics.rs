@@ -21,6 +21,10 @@ pub const CMA_WRITES: &str = "chfsd.cma_writes";
 /// attached (`ShmAttach`).
 pub const SHM_WRITES: &str = "chfsd.shm_writes";
 
+/// Reads and writes refused with EIO because the chunk may have been lost
+/// with an earlier incarnation of this server's store.
+pub const LOST: &str = "chfsd.lost_chunks";
+
 /// The server's counters.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -38,6 +42,8 @@ pub struct Counters {
     pub cma_writes: AtomicU64,
     /// [`SHM_WRITES`]
     pub shm_writes: AtomicU64,
+    /// [`LOST`]
+    pub lost: AtomicU64,
 }
 
 impl Counters {
@@ -56,6 +62,7 @@ impl Counters {
             (READS, self.reads.load(Ordering::Relaxed)),
             (CMA_WRITES, self.cma_writes.load(Ordering::Relaxed)),
             (SHM_WRITES, self.shm_writes.load(Ordering::Relaxed)),
+            (LOST, self.lost.load(Ordering::Relaxed)),
         ]
     }
 }

@@ -58,6 +58,37 @@ impl Placement {
     pub fn owns(&self, path: &str) -> bool {
         self.me.is_some() && self.me == Some(self.ring.owner(path, 0))
     }
+
+    /// The list version at which this server's store replaced a lost one
+    /// (0: it holds everything ever written to it).
+    pub fn since(&self) -> u64 {
+        self.me.map_or(0, |i| self.ring.list().since(i))
+    }
+
+    /// Why a chunk of a file of `epoch` ([`Meta::epoch`]) that this server
+    /// does not hold may have been lost rather than never written; None
+    /// when it is a hole. See SEMANTICS.md, "Faults".
+    ///
+    /// [`Meta::epoch`]: chfs_proto::Meta::epoch
+    pub fn may_have_lost(&self, epoch: u32) -> Option<String> {
+        let since = self.since();
+        let version = self.ring.list().version;
+        if since > epoch as u64 {
+            Some(format!(
+                "the chunk may have been lost: this server started with an empty store, \
+                 replacing an earlier one (server list version {since}), after the file \
+                 was created (version {epoch})"
+            ))
+        } else if epoch as u64 > version {
+            Some(format!(
+                "the chunk may have been lost: the file was created at server list \
+                 version {epoch}, this server holds version {version} (it was restarted \
+                 outside the pool, or has not yet heard of the pool's last change)"
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 /// State shared by every connection of a server.
@@ -136,7 +167,9 @@ impl RunningServer {
     }
 }
 
-fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
+/// Opens the store; true when it is new (holds nothing written before this
+/// start: the DRAM engine always, a persistent one when just created).
+fn open_store(cfg: &Config) -> Result<(Arc<dyn Store>, bool), ServerError> {
     let need_path = || {
         cfg.path
             .clone()
@@ -150,7 +183,7 @@ fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
         ))
     };
     match cfg.store.as_str() {
-        "mem" => Ok(Arc::new(MemStore::new(cfg.size))),
+        "mem" => Ok((Arc::new(MemStore::new(cfg.size)), true)),
         "pmem" => {
             let p = need_path()?;
             let s = chfs_store::PmemStore::open(&p, cfg.size).map_err(|e| failed(&p, e))?;
@@ -164,7 +197,8 @@ fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
                     "chunks failed their checksum and read as EIO"
                 );
             }
-            Ok(Arc::new(s))
+            let created = r.created;
+            Ok((Arc::new(s), created))
         }
         "posix" => {
             let p = need_path()?;
@@ -178,7 +212,8 @@ fn open_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
                     "chunks failed their checksum and read as EIO"
                 );
             }
-            Ok(Arc::new(s))
+            let created = r.created;
+            Ok((Arc::new(s), created))
         }
         other => Err(ServerError::Config(format!(
             "unknown store {other:?} (available: mem, pmem, posix)"
@@ -234,7 +269,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
     let secret = cfg
         .load_secret()
         .map_err(|e| ServerError::Config(format!("cannot read secret: {e}")))?;
-    let store = open_store(&cfg)?;
+    let (store, fresh) = open_store(&cfg)?;
     let cache = open_cache(&cfg, &*store)?;
     let want = cfg.listen_addr();
     let listener = TcpListener::bind(&want)
@@ -280,12 +315,20 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
             version: 1,
             hashing: cfg.hashing,
             servers: vec![me.clone()],
+            since: Vec::new(),
         }),
         Some(seed) => {
             let seed = crate::config::with_default_port(seed);
             match shared
                 .peers
-                .call(&seed, &Request::Join { addr: me.clone() }, 0)
+                .call(
+                    &seed,
+                    &Request::Join {
+                        addr: me.clone(),
+                        fresh,
+                    },
+                    0,
+                )
                 .await
             {
                 Ok(Response::Servers(list)) => shared.set_list(list),

@@ -98,6 +98,7 @@ fn whole_chunk0(path: &str, cs: u32) -> Request {
         len: cs,
         chunk_size: cs,
         flags: 0,
+        epoch: 0,
     }
 }
 
@@ -253,6 +254,7 @@ fn unnormalised_paths_and_bad_chunk_sizes_are_refused() {
         idx: 0,
         off: 90,
         flags: 0,
+        epoch: 0,
         data: Bytes::from(vec![1u8; 20]),
     };
     assert_eq!(
@@ -268,6 +270,7 @@ fn unnormalised_paths_and_bad_chunk_sizes_are_refused() {
         idx: 0,
         off: 0,
         flags: 0,
+        epoch: 0,
         data: Bytes::from(vec![1u8; 20]),
     };
     assert_eq!(
@@ -311,6 +314,7 @@ fn requests_reaching_a_non_owner_are_forwarded() {
                 idx,
                 off: 0,
                 flags: 0,
+                epoch: 0,
                 data: Bytes::from(vec![idx as u8 + 1; 10]),
             };
             assert_eq!(call(s, 2, &w), Ok(Response::Written(10)));
@@ -326,6 +330,7 @@ fn requests_reaching_a_non_owner_are_forwarded() {
                 len: 10,
                 chunk_size: 10,
                 flags: 0,
+                epoch: 0,
             },
         );
         assert_eq!(r, Ok(Response::Data(Bytes::from(vec![3u8; 10]))));
@@ -411,7 +416,19 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
     };
     call(&mut u, 2, &create).unwrap();
     let mut w = Vec::new();
-    chfs_proto::msg::encode_write_head(&mut w, "/f", 0, 65536, meta.mode, 0, 0, 0);
+    chfs_proto::msg::encode_write_head(
+        &mut w,
+        &chfs_proto::msg::WriteHead {
+            path: "/f",
+            fileid: 0,
+            chunk_size: 65536,
+            mode: meta.mode,
+            idx: 0,
+            off: 0,
+            flags: 0,
+            epoch: 0,
+        },
+    );
     let head = w.clone();
     w.extend_from_slice(&at(&data, far));
     send_flags(&mut u, 3, op::WRITE, FLAG_CMA, &w);
@@ -664,7 +681,19 @@ fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_ser
         let id = 10 + 10 * i as u64;
         call(&mut u, id, &create(path)).unwrap();
         let mut w = Vec::new();
-        chfs_proto::msg::encode_write_head(&mut w, path, 0, 65536, meta.mode, 0, 0, 0);
+        chfs_proto::msg::encode_write_head(
+            &mut w,
+            &chfs_proto::msg::WriteHead {
+                path,
+                fileid: 0,
+                chunk_size: 65536,
+                mode: meta.mode,
+                idx: 0,
+                off: 0,
+                flags: 0,
+                epoch: 0,
+            },
+        );
         w.extend_from_slice(&at(data));
         send_flags(&mut u, id + 1, op::WRITE, FLAG_CMA, &w);
         assert_eq!(reply(&mut u, id + 1), Ok(Response::Written(65536)));

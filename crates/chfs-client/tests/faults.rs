@@ -1,0 +1,281 @@
+//! Faults must give errors, never wrong bytes or wrong sizes: a server
+//! restarted with an empty store, a connection broken by a restart, a full
+//! store (SEMANTICS.md, "Faults").
+
+mod common;
+
+use std::time::Duration;
+
+use chfs_client::flags::*;
+use chfs_client::Client;
+use common::*;
+
+const CS: u32 = 4096;
+
+/// Reads a whole file; its bytes or the error.
+fn read_all(c: &Client, path: &str, len: usize) -> chfs_client::Result<Vec<u8>> {
+    let fd = c.open(path, O_RDONLY, 0)?;
+    let mut buf = vec![0u8; len];
+    let r = c.pread(fd, &mut buf, 0);
+    c.close(fd)?;
+    let n = r?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Index (in the pool's list) of the server owning chunk `idx` of `path`.
+fn owner(p: &LocalPool, c: &Client, path: &str, idx: u64) -> usize {
+    let list = c.servers();
+    let n = list.len() as u64;
+    let i = ((chfs_proto::ring::path_hash(path).wrapping_add(idx)) % n) as usize;
+    p.addrs().iter().position(|a| *a == list[i]).unwrap()
+}
+
+#[test]
+fn a_server_restarted_empty_makes_its_chunks_read_as_errors_not_zeros() {
+    let mut p = LocalPool::start(2).unwrap();
+    let c = client(&p, |c| {
+        c.chunk_size = CS;
+        c.rpc_timeout = Duration::from_secs(5);
+    });
+    let len = 10 * CS as usize;
+    for i in 0..10 {
+        let fd = c.create(&format!("/f{i}"), O_WRONLY, 0o644).unwrap();
+        c.pwrite(fd, &pattern(len, i), 0).unwrap();
+        c.close(fd).unwrap();
+    }
+    // A sparse file: chunks 0 and 9 written, 1-8 holes.
+    let fd = c.create("/sparse", O_WRONLY, 0o644).unwrap();
+    c.pwrite(fd, b"head", 0).unwrap();
+    c.pwrite(fd, b"tail", 9 * CS as u64).unwrap();
+    c.close(fd).unwrap();
+
+    p.restart(1).unwrap();
+
+    // The same client, whose connections the restart broke: every answer
+    // is the file's bytes or an honest error (ENOENT: the entry was on the
+    // restarted server; EIO: some of its chunks were), never zeros in the
+    // place of data, never a connection error.
+    let mut eio = 0;
+    for i in 0..10 {
+        let path = format!("/f{i}");
+        match read_all(&c, &path, len) {
+            Ok(b) => panic!("{path} read {} bytes after losing chunks", b.len()),
+            Err(e) if e.errno() == libc::ENOENT => assert_eq!(owner(&p, &c, &path, 0), 1),
+            Err(e) => {
+                assert_eq!(e.errno(), libc::EIO, "{path}: {e}");
+                assert!(
+                    e.message().contains(&p.addrs()[1]) && e.message().contains(&path),
+                    "the error names the server and the file: {e}"
+                );
+                eio += 1;
+                // Chunks on the server that kept its store still read.
+                let want = pattern(len, i);
+                let fd = c.open(&path, O_RDONLY, 0).unwrap();
+                for idx in 0..10u64 {
+                    let mut b = vec![0u8; CS as usize];
+                    let r = c.pread(fd, &mut b, idx * CS as u64);
+                    if owner(&p, &c, &path, idx) == 0 {
+                        assert_eq!(r.unwrap(), CS as usize);
+                        let at = idx as usize * CS as usize;
+                        assert!(b == want[at..at + CS as usize], "{path} chunk {idx}");
+                    } else {
+                        assert_eq!(r.unwrap_err().errno(), libc::EIO, "{path} chunk {idx}");
+                    }
+                }
+                c.close(fd).unwrap();
+            }
+        }
+    }
+    assert!(eio > 0, "some files kept their entry");
+
+    // A hole of an older file: zeros where its server kept its store;
+    // where the server was replaced a hole cannot be told from a lost
+    // chunk, so EIO (documented).
+    if owner(&p, &c, "/sparse", 0) == 0 {
+        let fd = c.open("/sparse", O_RDONLY, 0).unwrap();
+        for idx in 1..9u64 {
+            let mut b = vec![1u8; CS as usize];
+            let r = c.pread(fd, &mut b, idx * CS as u64);
+            if owner(&p, &c, "/sparse", idx) == 0 {
+                assert_eq!(r.unwrap(), CS as usize);
+                assert!(b.iter().all(|&x| x == 0), "a real hole reads as zeros");
+            } else {
+                assert_eq!(r.unwrap_err().errno(), libc::EIO);
+            }
+        }
+        c.close(fd).unwrap();
+    }
+
+    // A file created after the restart: its holes are holes on both.
+    let fd = c.create("/new", O_RDWR, 0o644).unwrap();
+    c.pwrite(fd, b"end", 9 * CS as u64).unwrap();
+    let mut b = vec![1u8; 9 * CS as usize];
+    assert_eq!(c.pread(fd, &mut b, 0).unwrap(), b.len());
+    assert!(b.iter().all(|&x| x == 0));
+    c.close(fd).unwrap();
+    // A partial write into a chunk the replaced server may have lost is
+    // refused (it would leave zeros where the lost bytes were); a whole
+    // chunk may be written, and an older file cut to zero starts afresh.
+    let lost = (0..10)
+        .map(|i| format!("/f{i}"))
+        .find(|f| c.stat(f).is_ok())
+        .unwrap();
+    let idx = (1..10u64).find(|&i| owner(&p, &c, &lost, i) == 1).unwrap();
+    let fd = c.open(&lost, O_WRONLY, 0).unwrap();
+    let at = idx * CS as u64;
+    assert_eq!(
+        c.pwrite(fd, b"part", at + 10).unwrap_err().errno(),
+        libc::EIO
+    );
+    assert_eq!(
+        c.pwrite(fd, &vec![7u8; CS as usize], at).unwrap(),
+        CS as usize
+    );
+    c.close(fd).unwrap();
+    let fd = c.open(&lost, O_RDWR | O_TRUNC, 0).unwrap();
+    let data = pattern(len, 99);
+    assert_eq!(c.pwrite(fd, &data[..len - 5], 0).unwrap(), len - 5);
+    let mut b = vec![0u8; len];
+    assert_eq!(c.pread(fd, &mut b, 0).unwrap(), len - 5);
+    assert!(b[..len - 5] == data[..len - 5]);
+    c.close(fd).unwrap();
+
+    // The restarted server says what happened.
+    let st = c.server_status();
+    let s1 = st
+        .iter()
+        .find(|(a, _)| *a == p.addrs()[1])
+        .unwrap()
+        .1
+        .as_ref()
+        .unwrap();
+    assert!(s1.since > 0, "{s1:?}");
+    assert!(s1.lost > 0, "{s1:?}");
+    let s0 = st
+        .iter()
+        .find(|(a, _)| *a == p.addrs()[0])
+        .unwrap()
+        .1
+        .as_ref()
+        .unwrap();
+    assert_eq!((s0.since, s0.lost), (0, 0), "{s0:?}");
+}
+
+#[test]
+fn a_server_restarted_with_its_persistent_store_keeps_serving_holes() {
+    let mut p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        store: Some("posix".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let c = client(&p, |c| c.chunk_size = CS);
+    let fd = c.create("/sparse", O_WRONLY, 0o644).unwrap();
+    c.pwrite(fd, b"tail", 9 * CS as u64).unwrap();
+    c.fsync(fd).unwrap();
+    c.close(fd).unwrap();
+    p.restart(1).unwrap();
+    let b = read_all(&c, "/sparse", 10 * CS as usize).unwrap();
+    assert_eq!(b.len(), 9 * CS as usize + 4);
+    assert!(b[..9 * CS as usize].iter().all(|&x| x == 0));
+    assert_eq!(&b[9 * CS as usize..], b"tail");
+    let s = c.server_status();
+    assert!(s.iter().all(|(_, s)| s.as_ref().unwrap().since == 0));
+}
+
+#[test]
+fn requests_after_a_restart_go_to_the_new_server_without_connection_errors() {
+    let mut p = LocalPool::start(2).unwrap();
+    let c = client(&p, |c| c.rpc_timeout = Duration::from_secs(5));
+    // Names whose entries the server about to restart owns.
+    let on1: Vec<String> = (0..100)
+        .map(|i| format!("/n{i}"))
+        .filter(|n| owner(&p, &c, n, 0) == 1)
+        .take(4)
+        .collect();
+    c.mkdir(&on1[0], 0o755).unwrap();
+    assert!(c.stat(&on1[0]).unwrap().is_dir());
+    p.restart(1).unwrap();
+    // Idempotent (stat) and not (mkdir, an exclusive create): neither
+    // fails on the connection the restart broke.
+    assert_eq!(c.stat(&on1[0]).unwrap_err().errno(), libc::ENOENT);
+    c.mkdir(&on1[1], 0o755).unwrap();
+    p.restart(1).unwrap();
+    c.mkdir(&on1[2], 0o755).unwrap();
+    p.restart(1).unwrap();
+    let fd = c.create(&on1[3], O_RDWR, 0o644).unwrap();
+    assert_eq!(c.pwrite(fd, b"abc", 0).unwrap(), 3);
+    c.close(fd).unwrap();
+}
+
+/// A pool whose servers hold at most 1 MiB each.
+fn small_pool() -> (LocalPool, Client) {
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        args: vec!["--size".into(), "1M".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let c = client(&p, |c| c.chunk_size = 64 << 10);
+    (p, c)
+}
+
+fn free(c: &Client) -> u64 {
+    c.statfs().unwrap().free
+}
+
+#[test]
+fn a_write_that_runs_out_of_space_stores_a_prefix_and_says_so() {
+    for eager in [false, true] {
+        let (_p, c) = small_pool();
+        let before = free(&c);
+        let data = pattern(4 << 20, 5);
+        let fd = c.create("/big", O_RDWR, 0o644).unwrap();
+        c.set_publish_on_write(fd, eager).unwrap();
+        let n = c.pwrite(fd, &data, 0).unwrap();
+        assert!(
+            n > 0 && n < data.len() && n % (64 << 10) == 0,
+            "short write of whole chunks, got {n}"
+        );
+        if eager {
+            // Published as the write returned: exactly what was stored.
+            assert_eq!(c.stat("/big").unwrap().size, n as u64);
+        }
+        // The rest fails with ENOSPC and changes nothing.
+        let e = c.pwrite(fd, &data[n..], n as u64).unwrap_err();
+        assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+        c.close(fd).unwrap();
+        assert_eq!(c.stat("/big").unwrap().size, n as u64, "eager {eager}");
+        assert!(read_all(&c, "/big", 4 << 20).unwrap() == data[..n]);
+        assert!(free(&c) < before);
+        c.unlink("/big").unwrap();
+        assert_eq!(free(&c), before, "space comes back after the unlink");
+    }
+}
+
+#[test]
+fn writes_until_the_store_is_full_leave_an_honest_size() {
+    let (_p, c) = small_pool();
+    let fd = c.create("/dd", O_WRONLY, 0o644).unwrap();
+    c.set_publish_on_write(fd, true).unwrap();
+    let block = pattern(300 << 10, 6);
+    let mut total = 0u64;
+    let err = loop {
+        match c.write(fd, &block) {
+            Ok(n) => {
+                total += n as u64;
+                assert_eq!(c.stat("/dd").unwrap().size, total);
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    c.close(fd).unwrap();
+    assert_eq!(c.stat("/dd").unwrap().size, total);
+    let back = read_all(&c, "/dd", 4 << 20).unwrap();
+    assert_eq!(back.len() as u64, total);
+    for (i, part) in back.chunks(block.len()).enumerate() {
+        assert!(part == &block[..part.len()], "block {i}");
+    }
+}
