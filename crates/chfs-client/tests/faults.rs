@@ -209,6 +209,67 @@ fn requests_after_a_restart_go_to_the_new_server_without_connection_errors() {
     c.close(fd).unwrap();
 }
 
+#[test]
+fn a_server_restarted_outside_the_pool_does_not_serve_holes_of_newer_files() {
+    let mut p = LocalPool::start(2).unwrap();
+    let c = client(&p, |c| c.chunk_size = CS);
+    let fd = c.create("/f", O_WRONLY, 0o644).unwrap();
+    c.pwrite(fd, &pattern(10 * CS as usize, 1), 0).unwrap();
+    c.close(fd).unwrap();
+    p.restart_joining(1, false).unwrap();
+    match read_all(&c, "/f", 10 * CS as usize) {
+        Err(e) => assert!([libc::EIO, libc::ENOENT].contains(&e.errno()), "{e}"),
+        Ok(_) => panic!("read zeros from a server that left the pool"),
+    }
+}
+
+/// Cache mode: a cached backend file changed in the cache and not yet
+/// written back is not fetched again from the backend for a chunk its
+/// restarted server lost; an unchanged one is.
+#[test]
+fn cache_mode_does_not_bring_back_backend_bytes_over_lost_changes() {
+    let backend = std::env::temp_dir().join(format!("chfs-faults-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&backend);
+    std::fs::create_dir_all(&backend).unwrap();
+    let len = 10 * CS as usize;
+    let mut p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        // Nothing is written back during the test.
+        args: vec![
+            "--backend".into(),
+            backend.display().to_string(),
+            "--flush-idle-msec".into(),
+            "600000".into(),
+            "--chunk-size".into(),
+            CS.to_string(),
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    let c = client(&p, |c| c.chunk_size = CS);
+    // Two files whose entries the server that stays up holds.
+    let names: Vec<String> = (0..100)
+        .map(|i| format!("/b{i}"))
+        .filter(|n| owner(&p, &c, n, 0) == 0)
+        .take(2)
+        .collect();
+    let (changed, same) = (&names[0], &names[1]);
+    std::fs::write(backend.join(&changed[1..]), pattern(len, 1)).unwrap();
+    std::fs::write(backend.join(&same[1..]), pattern(len, 2)).unwrap();
+    // Both cached whole; one changed in every chunk.
+    assert!(read_all(&c, same, len).unwrap() == pattern(len, 2));
+    assert!(read_all(&c, changed, len).unwrap() == pattern(len, 1));
+    let fd = c.open(changed, O_WRONLY, 0).unwrap();
+    assert_eq!(c.pwrite(fd, &pattern(len, 3), 0).unwrap(), len);
+    c.close(fd).unwrap();
+    p.restart(1).unwrap();
+    let e = read_all(&c, changed, len).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(read_all(&c, same, len).unwrap() == pattern(len, 2));
+    drop(p);
+    let _ = std::fs::remove_dir_all(&backend);
+}
+
 /// A pool whose servers hold at most 1 MiB each.
 fn small_pool() -> (LocalPool, Client) {
     let p = LocalPool::start_with(PoolOptions {

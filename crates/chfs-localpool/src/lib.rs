@@ -237,9 +237,15 @@ impl LocalPool {
     /// node that rebooted, or an admin's restart. A DRAM server comes back
     /// empty.
     pub fn restart(&mut self, i: usize) -> io::Result<()> {
+        self.restart_joining(i, true)
+    }
+
+    /// As [`LocalPool::restart`]; with `join` false the server starts a
+    /// pool of its own (an admin's `chfsd` without `--join`).
+    pub fn restart_joining(&mut self, i: usize, join: bool) -> io::Result<()> {
         self.kill(i);
         let join = (0..self.children.len())
-            .find(|&j| j != i && self.children[j].is_some())
+            .find(|&j| join && j != i && self.children[j].is_some())
             .map(|j| self.addrs[j].clone());
         let a = self.addrs[i].clone();
         let (child, addr) = self.spawn(i, &a, join.as_deref())?;
