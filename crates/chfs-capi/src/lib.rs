@@ -7,11 +7,18 @@
 //! created by `chfs_init` and shared by every thread.
 //!
 //! Rules kept at this boundary: every function returns -1 (or NULL) and sets
-//! `errno` on error and leaves `errno` alone on success; nothing is printed
-//! unless `CHFS_LOG_PRIORITY` asks for it; a Rust panic is caught and turned
-//! into `EIO`, never an abort; no signal handlers; after `fork` the child
-//! transparently opens its own connections on first use (descriptors opened
-//! by the parent are not valid in the child).
+//! `errno` on error and leaves `errno` alone on success; the text of the
+//! error is kept for `chfs_last_error` (per thread, like `errno`); nothing is
+//! printed unless `CHFS_LOG_PRIORITY` asks for it; a Rust panic is caught and
+//! turned into `EIO`, never an abort; no signal handlers; after `fork` the
+//! child transparently opens its own connections on first use (descriptors
+//! opened by the parent are not valid in the child).
+//!
+//! Calling conventions are CHFS's, not POSIX's, where programs written for
+//! CHFS depend on them: `chfs_open` ignores its flags (every descriptor reads
+//! and writes; benchmark backends pass their own flag constants) and
+//! `chfs_create` creates or truncates. `CHFS_POSIX_FLAGS=1` makes both take
+//! open(2) flags instead.
 
 // The exported functions are `unsafe extern "C"`; their contract (valid
 // pointers, NUL-terminated strings, buffer sizes) is documented once, in
@@ -20,10 +27,11 @@
 
 mod settings;
 
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io::{Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, RwLock};
 
 use chfs_client::{Client, Error, Stat, TimeSet, Whence};
@@ -53,6 +61,19 @@ static STAGEIN_BUF: AtomicUsize = AtomicUsize::new(1 << 20);
 /// Highest syslog priority printed to stderr; -1 = silent.
 static LOG_LEVEL: AtomicI32 = AtomicI32::new(-1);
 static PANIC_HOOK: Once = Once::new();
+/// `CHFS_POSIX_FLAGS=1` at `chfs_init`: open(2) flags instead of CHFS's.
+static POSIX_FLAGS: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Text of the last error of this thread (`chfs_last_error`).
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: String) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    // At thread exit the slot may be gone already; nothing to keep then.
+    let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = c);
+}
 
 // ----- plumbing --------------------------------------------------------
 
@@ -80,6 +101,7 @@ fn ffi<T>(name: &str, fail: T, f: impl FnOnce() -> R<T>) -> T {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
             log(7, format_args!("{name}: {e}"));
+            set_last_error(format!("{name}: {e}"));
             set_errno(e.errno());
             fail
         }
@@ -88,6 +110,7 @@ fn ffi<T>(name: &str, fail: T, f: impl FnOnce() -> R<T>) -> T {
                 3,
                 format_args!("{name}: internal error (panic), returning EIO"),
             );
+            set_last_error(format!("{name}: internal error (EIO)"));
             set_errno(libc::EIO);
             fail
         }
@@ -205,6 +228,38 @@ fn os_flags(flags: i32) -> i32 {
     flags & !(CHFS_O_CACHE | CHFS_S_IFREP as i32)
 }
 
+fn posix_flags() -> bool {
+    POSIX_FLAGS.load(Ordering::Relaxed)
+}
+
+/// The open(2) flags of `chfs_create(path, flags, mode)`: as CHFS, create
+/// or truncate whatever `flags` say (only `CHFS_O_CACHE` has a meaning
+/// there, and it changes nothing here); with `CHFS_POSIX_FLAGS=1`, `flags`
+/// themselves plus `O_CREAT`.
+fn create_flags(flags: i32) -> i32 {
+    if posix_flags() {
+        os_flags(flags) | libc::O_CREAT
+    } else {
+        libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC
+    }
+}
+
+/// `chfs_open(path, flags)`: as CHFS, the flags restrict nothing (the
+/// descriptor reads and writes; unknown bits are ignored) and only
+/// `O_DIRECTORY` / `O_PATH` allow opening a directory; with
+/// `CHFS_POSIX_FLAGS=1`, open(2) flags.
+fn open_with(c: &Client, path: &str, flags: i32) -> R<c_int> {
+    if posix_flags() {
+        return c.open(path, os_flags(flags), 0o644);
+    }
+    match c.open(path, libc::O_RDWR, 0) {
+        Err(e) if e.errno() == libc::EISDIR && flags & (libc::O_DIRECTORY | libc::O_PATH) != 0 => {
+            c.open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+        }
+        r => r,
+    }
+}
+
 // ----- initialisation --------------------------------------------------
 
 /// Connects to the servers (`server`, or `CHFS_SERVER` when NULL or empty).
@@ -251,6 +306,7 @@ pub unsafe extern "C" fn chfs_init(server: *const c_char) -> c_int {
             }
         };
         set_log_level(s.log_level);
+        POSIX_FLAGS.store(s.posix_flags, Ordering::Relaxed);
         for v in settings::ENV_VARS {
             if let Ok(val) = std::env::var(v.name) {
                 log(
@@ -342,6 +398,16 @@ pub extern "C" fn chfs_size() -> c_int {
     ffi("chfs_size", -1, || Ok(client()?.server_count() as c_int))
 }
 
+/// Text of the last failed call of this thread ("" if none): the function,
+/// the cause and the errno name. Valid until the next failing call of the
+/// same thread.
+#[no_mangle]
+pub extern "C" fn chfs_last_error() -> *const c_char {
+    LAST_ERROR
+        .try_with(|l| l.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
+}
+
 /// Library version (static string).
 #[no_mangle]
 pub extern "C" fn chfs_version() -> *const c_char {
@@ -385,16 +451,14 @@ pub extern "C" fn chfs_set_chunk_size(chunk_size: c_int) {
     })
 }
 
-/// Client write buffer per descriptor (0 = off; ignored if < 0).
+/// Client write buffer per descriptor (0 or less = off, as in CHFS).
 #[no_mangle]
 pub extern "C" fn chfs_set_buf_size(buf_size: c_int) {
     ffi("chfs_set_buf_size", (), || {
-        if buf_size < 0 {
-            return Ok(());
-        }
-        overrides().buf_size = Some(buf_size as usize);
+        let b = buf_size.max(0) as usize;
+        overrides().buf_size = Some(b);
         if let Some(c) = live_client() {
-            c.set_buf_size(buf_size as usize);
+            c.set_buf_size(b);
         }
         Ok(())
     })
@@ -456,7 +520,7 @@ pub unsafe extern "C" fn chfs_create(path: *const c_char, flags: i32, mode: mode
     ffi("chfs_create", -1, || {
         // SAFETY: C string by contract.
         let p = unsafe { cstr(path, "path") }?;
-        client()?.open_chunk_size(p, os_flags(flags) | libc::O_CREAT, mode & 0o7777, 0)
+        client()?.open_chunk_size(p, create_flags(flags), mode & 0o7777, 0)
     })
 }
 
@@ -474,22 +538,17 @@ pub unsafe extern "C" fn chfs_create_chunk_size(
         if chunk_size <= 0 {
             return Err(Error::new(libc::EINVAL, format!("chunk size {chunk_size}")));
         }
-        client()?.open_chunk_size(
-            p,
-            os_flags(flags) | libc::O_CREAT,
-            mode & 0o7777,
-            chunk_size as u32,
-        )
+        client()?.open_chunk_size(p, create_flags(flags), mode & 0o7777, chunk_size as u32)
     })
 }
 
-/// Opens an existing file.
+/// Opens an existing file (flags as described at [`open_with`]).
 #[no_mangle]
 pub unsafe extern "C" fn chfs_open(path: *const c_char, flags: i32) -> c_int {
     ffi("chfs_open", -1, || {
         // SAFETY: C string by contract.
         let p = unsafe { cstr(path, "path") }?;
-        client()?.open(p, os_flags(flags), 0o644)
+        open_with(&client()?, p, flags)
     })
 }
 
@@ -647,13 +706,14 @@ pub unsafe extern "C" fn chfs_rmdir(path: *const c_char) -> c_int {
     })
 }
 
-/// `stat(2)` (follows a final symbolic link).
+/// The entry at `path` itself, a final symbolic link not followed (as in
+/// CHFS, whose FUSE client and syscall hooks use it for `lstat` too).
 #[no_mangle]
 pub unsafe extern "C" fn chfs_stat(path: *const c_char, st: *mut libc::stat) -> c_int {
     ffi("chfs_stat", -1, || {
         // SAFETY: C string by contract.
         let p = unsafe { cstr(path, "path") }?;
-        let s = client()?.stat(p)?;
+        let s = client()?.lstat(p)?;
         // SAFETY: `st` points to a struct stat by contract.
         unsafe { put_stat(st, &s) }?;
         Ok(0)

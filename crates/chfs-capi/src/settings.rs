@@ -99,6 +99,12 @@ pub const ENV_VARS: &[EnvVar] = &[
         effect: "chfs_stagein puts what it stages in under this directory",
     },
     EnvVar {
+        name: "CHFS_POSIX_FLAGS",
+        default: "0",
+        values: "0 or 1",
+        effect: "0: chfs_open ignores its flags and chfs_create creates or truncates, as in CHFS; 1: both take open(2) flags (access mode enforced, O_EXCL, O_TRUNC only when given)",
+    },
+    EnvVar {
         name: "CHFS_RDMA_THRESH",
         default: "32768",
         values: "bytes",
@@ -155,6 +161,9 @@ pub struct Settings {
     pub backend_path: Option<PathBuf>,
     /// `CHFS_SUBDIR_PATH`, normalised (`/` when unset).
     pub subdir_path: String,
+    /// `CHFS_POSIX_FLAGS=1`: `chfs_open` / `chfs_create` take open(2)
+    /// flags instead of ignoring them as CHFS does.
+    pub posix_flags: bool,
 }
 
 /// Syslog priority names, index = level.
@@ -220,6 +229,18 @@ impl Settings {
         server: Option<&str>,
     ) -> Result<Self, chfs_client::Error> {
         let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        // Checked here too so that the message names the variable.
+        if let Some(v) = get("CHFS_CHUNK_SIZE") {
+            let max = chfs_proto::MAX_CHUNK_SIZE;
+            let cs: u64 = parse_int("CHFS_CHUNK_SIZE", &v, "expected a size in bytes")?;
+            if cs == 0 || cs > u64::from(max) {
+                return Err(invalid(
+                    "CHFS_CHUNK_SIZE",
+                    &v,
+                    &format!("chunk size out of range 1..={max}"),
+                ));
+            }
+        }
         let mut client = ClientConfig::from_lookup(get)?;
         if let Some(s) = server.filter(|s| !s.trim().is_empty()) {
             client.servers = chfs_client::config::parse_servers(s);
@@ -300,6 +321,10 @@ impl Settings {
                 .map_err(|e| invalid("CHFS_SUBDIR_PATH", &v, &e.message))?,
             None => "/".to_string(),
         };
+        let posix_flags = get("CHFS_POSIX_FLAGS")
+            .map(|v| parse_bool("CHFS_POSIX_FLAGS", &v))
+            .transpose()?
+            .unwrap_or(false);
         Ok(Settings {
             client,
             log_level,
@@ -309,6 +334,7 @@ impl Settings {
             relay_group_auto,
             backend_path,
             subdir_path,
+            posix_flags,
         })
     }
 }
@@ -360,11 +386,20 @@ mod tests {
             ("CHFS_LOOKUP_RELAY_GROUP_AUTO", "on"),
             ("CHFS_BACKEND_PATH", "/nonexistent/chfs/backend"),
             ("CHFS_RDMA_THRESH", "big"),
+            ("CHFS_POSIX_FLAGS", "yes"),
         ];
         for (k, v) in bad {
             let kv = [("CHFS_SERVER", "h:1"), (k, v)];
             let r = Settings::from_lookup(env(&kv), &Overrides::default(), None);
             assert!(r.is_err(), "{k}={v} accepted");
+        }
+        for v in ["0", "64k", "67108865"] {
+            let kv = [("CHFS_SERVER", "h:1"), ("CHFS_CHUNK_SIZE", v)];
+            let e = Settings::from_lookup(env(&kv), &Overrides::default(), None).unwrap_err();
+            assert!(
+                e.message().starts_with(&format!("CHFS_CHUNK_SIZE={v:?}")),
+                "{e}"
+            );
         }
         let kv = [("CHFS_SERVER", "h:1"), ("CHFS_BACKEND_PATH", "/etc/passwd")];
         let e = Settings::from_lookup(env(&kv), &Overrides::default(), None).unwrap_err();
@@ -393,6 +428,10 @@ mod tests {
         assert!(s.lookup_local);
         assert_eq!(s.subdir_path, "/stage/in");
         assert_eq!(s.rdma_thresh, 32768, "empty value = unset");
+        assert!(!s.posix_flags, "CHFS calling conventions by default");
+        let kv = [("CHFS_SERVER", "h:1"), ("CHFS_POSIX_FLAGS", "1")];
+        let s = Settings::from_lookup(env(&kv), &Overrides::default(), None).unwrap();
+        assert!(s.posix_flags);
     }
 
     #[test]

@@ -7,145 +7,15 @@
 //! Needs: cc, pkg-config, nm, readelf; `chfsd` built (`cargo build -p
 //! chfs-server`).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use chfs_client::{Client, ClientConfig};
+use chfs_client::Client;
 use chfs_localpool::{LocalPool, PoolOptions};
-
-const CRATE: &str = env!("CARGO_MANIFEST_DIR");
-
-/// A directory holding the freshly built `libchfs.so` and `chfsd`, as
-/// `install-capi.sh --from` wants them. `cargo test` builds the library in
-/// `target/<profile>/deps` (next to this test) without copying it up to
-/// `target/<profile>`, so it is taken from there.
-fn build_dir() -> tempfile::TempDir {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("exe dir");
-    let lib = [deps.join("libchfs.so"), deps.join("../libchfs.so")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .expect("libchfs.so not built (cargo build -p chfs-capi)");
-    let chfsd = chfs_localpool::find_chfsd().expect("chfsd not built (cargo build -p chfs-server)");
-    let d = tempfile::tempdir().expect("tempdir");
-    std::os::unix::fs::symlink(&lib, d.path().join("libchfs.so")).unwrap();
-    std::os::unix::fs::symlink(&chfsd, d.path().join("chfsd")).unwrap();
-    d
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    out
-}
-
-fn check(cmd: &mut Command) -> Output {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// A command with no inherited CHFS_* variables.
-fn clean(prog: &Path) -> Command {
-    let mut c = Command::new(prog);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("CHFS_") {
-            c.env_remove(k);
-        }
-    }
-    c.env_remove("LD_LIBRARY_PATH");
-    c
-}
-
-/// An installed tree in a temporary PREFIX.
-struct Prefix {
-    dir: tempfile::TempDir,
-}
-
-impl Prefix {
-    fn install() -> Prefix {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let script = Path::new(CRATE).join("../../scripts/install-capi.sh");
-        let from = build_dir();
-        check(
-            Command::new("bash")
-                .arg(&script)
-                .arg("--from")
-                .arg(from.path())
-                .arg(dir.path()),
-        );
-        Prefix { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn pkg_config(&self, args: &[&str]) -> String {
-        let out = check(
-            Command::new("pkg-config")
-                .args(args)
-                .arg("chfs")
-                .env("PKG_CONFIG_PATH", self.path().join("lib/pkgconfig")),
-        );
-        String::from_utf8(out.stdout)
-            .expect("utf8")
-            .trim()
-            .to_string()
-    }
-
-    /// Compiles `tests/c/<name>.c` with pkg-config's flags only.
-    fn cc(&self, name: &str, out_dir: &Path) -> PathBuf {
-        let flags = self.pkg_config(&["--cflags", "--libs"]);
-        let exe = out_dir.join(name);
-        let src = Path::new(CRATE).join("tests/c").join(format!("{name}.c"));
-        check(
-            Command::new("cc")
-                .args([
-                    "-std=gnu99",
-                    "-Wall",
-                    "-Wextra",
-                    "-Werror",
-                    "-O1",
-                    "-pthread",
-                    "-o",
-                ])
-                .arg(&exe)
-                .arg(&src)
-                .args(flags.split_whitespace()),
-        );
-        exe
-    }
-
-    fn chfsd(&self) -> PathBuf {
-        self.path().join("bin/chfsd")
-    }
-
-    fn pool(&self, n: usize) -> LocalPool {
-        LocalPool::start_with(PoolOptions {
-            servers: n,
-            chfsd: Some(self.chfsd()),
-            ..Default::default()
-        })
-        .expect("start chfsd pool from PREFIX/bin")
-    }
-}
-
-fn rust_client(pool: &LocalPool) -> Client {
-    Client::connect(ClientConfig {
-        servers: vec![pool.addrs()[0].clone()],
-        ..Default::default()
-    })
-    .expect("connect")
-}
+use common::{check, clean, run, rust_client, Prefix, CRATE};
 
 fn server_requests(c: &Client) -> u64 {
     c.server_status()
@@ -293,6 +163,28 @@ fn every_function_against_real_servers() {
 }
 
 #[test]
+fn open_and_create_take_chfs_flags_by_default_and_open2_flags_on_request() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("flags_test", tmp.path());
+    let pool = p.pool(2);
+    for (mode, posix) in [("chfs", None), ("chfs", Some("0")), ("posix", Some("1"))] {
+        let mut c = clean(&exe);
+        c.env("CHFS_SERVER", pool.server_string()).arg(mode);
+        if let Some(v) = posix {
+            c.env("CHFS_POSIX_FLAGS", v);
+        }
+        let out = check(&mut c);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "flags_test: ok\n");
+        assert!(
+            out.stderr.is_empty(),
+            "library printed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn binary_keeps_running_when_only_the_library_is_swapped() {
     let a = Prefix::install();
     let tmp = tempfile::tempdir().unwrap();
@@ -409,67 +301,55 @@ fn bad_environment_makes_init_fail_cleanly() {
     let exe = p.cc("env_test", tmp.path());
     let pool = p.pool(1);
     let srv = pool.server_string();
-    let cases: &[(&[(&str, &str)], i32)] = &[
-        (&[], libc::EINVAL),
-        (&[("CHFS_SERVER", "")], libc::EINVAL),
+    // A bad value of one variable: EINVAL (ENOENT for a missing backend
+    // directory), and chfs_last_error() quotes the variable and the value.
+    let bad: &[(&str, &str, i32)] = &[
+        ("CHFS_CHUNK_SIZE", "abc", libc::EINVAL),
+        ("CHFS_CHUNK_SIZE", "0", libc::EINVAL),
+        ("CHFS_CHUNK_SIZE", "64k", libc::EINVAL),
+        ("CHFS_BUF_SIZE", "-1", libc::EINVAL),
+        ("CHFS_ASYNC_ACCESS", "yes", libc::EINVAL),
+        ("CHFS_RPC_TIMEOUT_MSEC", "1s", libc::EINVAL),
+        ("CHFS_NODE_LIST_CACHE_TIMEOUT", "x", libc::EINVAL),
+        ("CHFS_LOG_PRIORITY", "loud", libc::EINVAL),
+        ("CHFS_LOOKUP_LOCAL", "2", libc::EINVAL),
+        ("CHFS_LOOKUP_RELAY_GROUP", "-1", libc::EINVAL),
+        ("CHFS_LOOKUP_RELAY_GROUP_AUTO", "on", libc::EINVAL),
+        ("CHFS_BACKEND_PATH", "/nonexistent/backend", libc::ENOENT),
+        ("CHFS_RDMA_THRESH", "big", libc::EINVAL),
+        ("CHFS_POSIX_FLAGS", "yes", libc::EINVAL),
+    ];
+    // (environment, errno of chfs_init, text chfs_last_error() contains)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, i32, String);
+    let mut cases: Vec<Case> = bad
+        .iter()
+        .map(|&(k, v, e)| {
+            (
+                vec![("CHFS_SERVER", &srv[..]), (k, v)],
+                e,
+                format!("{k}={v:?}"),
+            )
+        })
+        .collect();
+    cases.extend([
+        (vec![], libc::EINVAL, "needs CHFS_SERVER".to_string()),
         (
-            &[("CHFS_SERVER", &srv), ("CHFS_CHUNK_SIZE", "abc")],
+            vec![("CHFS_SERVER", "")],
             libc::EINVAL,
+            "needs CHFS_SERVER".into(),
         ),
         (
-            &[("CHFS_SERVER", &srv), ("CHFS_CHUNK_SIZE", "0")],
-            libc::EINVAL,
+            vec![("CHFS_SERVER", &srv), ("CHFS_SUBDIR_PATH", "")],
+            0,
+            String::new(),
         ),
         (
-            &[("CHFS_SERVER", &srv), ("CHFS_BUF_SIZE", "-1")],
-            libc::EINVAL,
+            vec![("CHFS_SERVER", "127.0.0.1:1")],
+            libc::ECONNREFUSED,
+            "127.0.0.1:1".into(),
         ),
         (
-            &[("CHFS_SERVER", &srv), ("CHFS_ASYNC_ACCESS", "yes")],
-            libc::EINVAL,
-        ),
-        (
-            &[("CHFS_SERVER", &srv), ("CHFS_RPC_TIMEOUT_MSEC", "1s")],
-            libc::EINVAL,
-        ),
-        (
-            &[("CHFS_SERVER", &srv), ("CHFS_NODE_LIST_CACHE_TIMEOUT", "x")],
-            libc::EINVAL,
-        ),
-        (
-            &[("CHFS_SERVER", &srv), ("CHFS_LOG_PRIORITY", "loud")],
-            libc::EINVAL,
-        ),
-        (
-            &[("CHFS_SERVER", &srv), ("CHFS_LOOKUP_LOCAL", "2")],
-            libc::EINVAL,
-        ),
-        (
-            &[("CHFS_SERVER", &srv), ("CHFS_LOOKUP_RELAY_GROUP", "-1")],
-            libc::EINVAL,
-        ),
-        (
-            &[
-                ("CHFS_SERVER", &srv),
-                ("CHFS_LOOKUP_RELAY_GROUP_AUTO", "on"),
-            ],
-            libc::EINVAL,
-        ),
-        (
-            &[
-                ("CHFS_SERVER", &srv),
-                ("CHFS_BACKEND_PATH", "/nonexistent/backend"),
-            ],
-            libc::ENOENT,
-        ),
-        (&[("CHFS_SERVER", &srv), ("CHFS_SUBDIR_PATH", "")], 0),
-        (
-            &[("CHFS_SERVER", &srv), ("CHFS_RDMA_THRESH", "big")],
-            libc::EINVAL,
-        ),
-        (&[("CHFS_SERVER", "127.0.0.1:1")], libc::ECONNREFUSED),
-        (
-            &[
+            vec![
                 ("CHFS_SERVER", &srv),
                 ("CHFS_CHUNK_SIZE", "4096"),
                 ("CHFS_ASYNC_ACCESS", "0"),
@@ -482,13 +362,18 @@ fn bad_environment_makes_init_fail_cleanly() {
                 ("CHFS_BACKEND_PATH", "/tmp"),
                 ("CHFS_SUBDIR_PATH", "/stage"),
                 ("CHFS_RDMA_THRESH", "65536"),
+                ("CHFS_POSIX_FLAGS", "1"),
             ],
             0,
+            String::new(),
         ),
-    ];
-    for (env, errno) in cases {
+    ]);
+    for (env, errno, text) in &cases {
         let mut c = clean(&exe);
         c.envs(env.iter().copied()).arg(errno.to_string());
+        if !text.is_empty() {
+            c.arg(text);
+        }
         let out = check(&mut c);
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),

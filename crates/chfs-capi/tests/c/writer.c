@@ -31,7 +31,17 @@ main(int argc, char **argv)
 	CHECK_EQ(chfs_init(NULL), 0);
 
 	if (!verify) {
-		fd = chfs_create(path, O_WRONLY, 0644);
+		/*
+		 * As the POSIX backend of IOR: rank 0 creates (and truncates),
+		 * the others open the file once it exists, so no late create
+		 * truncates what an early rank wrote.
+		 */
+		if (rank == 0)
+			fd = chfs_create(path, O_WRONLY, 0644);
+		else
+			for (i = 0; (fd = chfs_open(path, O_WRONLY)) < 0 &&
+			    errno == ENOENT && i < 1000; ++i)
+				usleep(10000);
 		CHECK(fd >= 0);
 		for (i = 0; i < nblocks; ++i) {
 			long long b = (long long)i * nranks + rank;
