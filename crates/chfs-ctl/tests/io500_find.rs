@@ -169,7 +169,7 @@ fn popen_like_io500(command: &str, dir: &Path, server: &str, extra: &[(&str, &st
 /// `MATCHED <hits>/<examined>` split at '/'. `None` if the line is not one.
 fn io500_parse(stdout: &[u8]) -> Option<(u64, u64)> {
     let s = text(stdout);
-    let last = s.split_inclusive('\n').last()?;
+    let last = s.split_inclusive('\n').next_back()?;
     let mut line = last.to_string();
     line.pop();
     let rest = line.strip_prefix("MATCHED ")?;
