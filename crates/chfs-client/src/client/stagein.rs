@@ -1,5 +1,5 @@
-//! Stage-in: the one rule `chstagein`, `chfs stagein` and the C API's
-//! `chfs_stagein()` follow (see [`Client::stagein`]).
+//! Stage-in: the one rule of what a path given to `chstagein` or
+//! `chfs stagein` stands for (see [`Client::stagein`]).
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -44,8 +44,9 @@ fn io_err(what: &Path, e: std::io::Error) -> Error {
 }
 
 impl Client {
-    /// Stages `path` in; returns the bytes staged. The rule, the same for
-    /// `chstagein`, `chfs stagein` and `chfs_stagein()`:
+    /// Stages `path` in; returns the bytes staged. The rule (`chstagein`
+    /// and `chfs stagein` use it; the C API's `chfs_stagein()` would call
+    /// [`Client::stagein_under`] with `CHFS_SUBDIR_PATH`):
     ///
     /// 1. `path` names an entry of the local file system (`lstat`, relative
     ///    paths from the working directory):
