@@ -135,11 +135,21 @@ struct SweepArgs {
     /// Start a local pool of N chfsd servers (default: CHFS_SERVER).
     #[arg(long, value_name = "N")]
     servers: Option<usize>,
-    /// Chunk sizes in bytes.
-    #[arg(long, value_delimiter = ',', default_values_t = [4096u32, 65536, 524288])]
+    /// Chunk sizes in bytes, separated by commas.
+    #[arg(
+        long,
+        value_name = "BYTES,...",
+        value_delimiter = ',',
+        default_value = "4096,65536,524288"
+    )]
     chunk_sizes: Vec<u32>,
-    /// Request sizes in bytes.
-    #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 65536, 1 << 20, 4 << 20])]
+    /// Request sizes in bytes, separated by commas.
+    #[arg(
+        long,
+        value_name = "BYTES,...",
+        value_delimiter = ',',
+        default_value = "4096,65536,1048576,4194304"
+    )]
     request_sizes: Vec<usize>,
     /// MiB written and read per point.
     #[arg(long, default_value_t = 16)]
@@ -408,4 +418,55 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     leader::install_signal_handlers();
     finish(dispatch(cli, &LocalLauncher, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// The defaults `sweep --help` shows are accepted back by the parser,
+    /// and are the values used when the options are left out.
+    #[test]
+    fn sweep_help_shows_lists_the_parser_takes() {
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("sweep")
+            .unwrap()
+            .render_help()
+            .to_string();
+        let default_of = |opt: &str| -> String {
+            let line = help
+                .lines()
+                .find(|l| l.trim_start().starts_with(opt))
+                .unwrap_or_else(|| panic!("{opt} in {help}"));
+            let d = line.split("[default: ").nth(1).expect("a default");
+            d.trim_end().trim_end_matches(']').to_string()
+        };
+        let (chunks, requests) = (default_of("--chunk-sizes"), default_of("--request-sizes"));
+        assert_eq!(chunks, "4096,65536,524288");
+        let sweep_of = |args: &[&str]| match Cli::try_parse_from(args).unwrap().cmd {
+            Some(Cmd::Sweep(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        let given = sweep_of(&[
+            "chfs-bench",
+            "sweep",
+            "--chunk-sizes",
+            &chunks,
+            "--request-sizes",
+            &requests,
+        ]);
+        let defaults = sweep_of(&["chfs-bench", "sweep"]);
+        assert_eq!(given.chunk_sizes, vec![4096, 65536, 524288]);
+        assert_eq!(given.request_sizes, vec![4096, 65536, 1 << 20, 4 << 20]);
+        assert_eq!(defaults.chunk_sizes, given.chunk_sizes);
+        assert_eq!(defaults.request_sizes, given.request_sizes);
+        // A space-separated list (what the help showed before) is refused
+        // with a message naming the option.
+        let err = Cli::try_parse_from(["chfs-bench", "sweep", "--chunk-sizes", "4096 65536"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--chunk-sizes"), "{err}");
+    }
 }

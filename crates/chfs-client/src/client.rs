@@ -19,6 +19,9 @@ use crate::error::{fail, Error, Result};
 use crate::pool::{Op, Pool, PoolState};
 use crate::types::{DirEntry, Stat, StatFs, TimeSet, Whence};
 
+mod stagein;
+pub use stagein::StageSource;
+
 const MAX_SYMLINKS: usize = 40;
 const READDIR_PAGE: u32 = 4096;
 
@@ -77,6 +80,9 @@ struct Inner {
     fileid_seq: AtomicU32,
     /// Recently absent names (see [`Client::lookup`]); off unless enabled.
     names: crate::names::NameCache,
+    /// The pool's backend directory as this host sees it, once asked
+    /// (see [`Client::stagein`]).
+    backend_dir: Mutex<Option<Option<std::path::PathBuf>>>,
 }
 
 /// A handle to a chfs-rs pool. Cheap to clone; all clones share
@@ -126,6 +132,7 @@ impl Client {
                 rpcs: AtomicU64::new(0),
                 fileid_seq: AtomicU32::new(seed),
                 names: Default::default(),
+                backend_dir: Mutex::new(None),
             }),
             creds: None,
         })
@@ -1765,17 +1772,20 @@ impl Client {
         Ok(())
     }
 
-    /// Fetches a file from the backend into the cache (cache mode), every
-    /// chunk by its owner, in parallel; a directory recursively. Files
-    /// already cached are not fetched again. Returns the bytes staged.
-    pub fn stagein(&self, path: &str) -> Result<u64> {
+    /// Fetches a path of the pool from the backend into the cache (cache
+    /// mode), every chunk by its owner, in parallel; a directory
+    /// recursively. Files already cached (or not from the backend) are not
+    /// fetched. Returns the bytes of the files below `path`. This is the
+    /// second half of [`Client::stagein`]'s rule, without the local file
+    /// system.
+    pub fn fetch_from_backend(&self, path: &str) -> Result<u64> {
         let st = self.state();
         let p = normalize(path)?;
         let m = self.stat_meta(&st, &p)?;
         if m.is_dir() {
             let mut n = 0;
             for e in self.readdir(&p)? {
-                n += self.stagein(&path::join(&p, &e.name))?;
+                n += self.fetch_from_backend(&path::join(&p, &e.name))?;
             }
             return Ok(n);
         }

@@ -18,7 +18,7 @@ mod stream;
 mod types;
 
 pub use chfs_proto::msg::FlushState;
-pub use client::{Client, ClientStats};
+pub use client::{Client, ClientStats, StageSource};
 pub use config::{ClientConfig, CpuLanes};
 pub use error::{Error, Result};
 pub use shm::SharedBuffer;

@@ -213,23 +213,92 @@ impl RankSplit {
     }
 }
 
-/// This process's rank and the number of ranks when started by `mpirun`
-/// (Open MPI's `OMPI_COMM_WORLD_RANK`/`_SIZE`, or `PMI_RANK`/`PMI_SIZE` of
-/// MPICH's launcher); [`RankSplit::SINGLE`] otherwise. Slurm's variables
-/// are not used: a batch script sets them for every command it runs.
-pub fn launcher_split() -> RankSplit {
-    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-    for (r, n) in [
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("PMI_RANK", "PMI_SIZE"),
-    ] {
-        if let (Some(rank), Some(ranks)) = (get(r), get(n)) {
-            if ranks > 0 && rank < ranks {
-                return RankSplit { rank, ranks };
-            }
+/// The launcher variables of a rank, (rank, size): Open MPI's, then those of
+/// MPICH's and other PMI launchers. Slurm's are not used: a batch script
+/// sets them for every command it runs.
+const LAUNCHER_VARS: [(&str, &str); 2] = [
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+];
+
+/// Variables naming the job a rank belongs to, compared with the parent's
+/// as well when set (another job's launcher started inside a rank gives
+/// its processes another namespace).
+const JOB_VARS: [&str; 2] = ["PMIX_NAMESPACE", "PMIX_RANK"];
+
+/// This process's rank and the number of ranks when it was started by an
+/// MPI launcher (`mpirun`, `mpiexec`, Open MPI's `orted`/`prted`, MPICH's
+/// proxy) as one of several ranks; [`RankSplit::SINGLE`] otherwise.
+///
+/// The rule (see doc/chfind.md): the launcher variables
+/// (`OMPI_COMM_WORLD_RANK`/`_SIZE`, or `PMI_RANK`/`PMI_SIZE`) make this
+/// process a rank only if its parent process does not carry the same
+/// values. A launcher sets them for the processes it starts, never in its
+/// own environment; a process started by an MPI program (IO500 runs its
+/// find script with `popen`, through `sh -c`) inherits them from a parent
+/// that has them too, and is one process, not a rank. `CHFIND_MPI=0`
+/// makes chfind one process whatever the variables say; `CHFIND_MPI=1`
+/// takes the launcher variables as they are (e.g. `mpirun -n 3 sh -c
+/// 'chfind ...'`, whose shell carries them). The parent's environment is
+/// read from `/proc/PPID/environ`; if it cannot be read, the variables are
+/// taken as they are.
+pub fn launcher_split() -> Result<RankSplit, CtlError> {
+    let parent = parent_environment();
+    launcher_split_in(
+        |k| std::env::var(k).ok(),
+        parent
+            .as_ref()
+            .map(|env| move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())),
+    )
+}
+
+/// [`launcher_split`] from this process's variables (`own`) and its parent's
+/// (`parent`, `None` when unknown).
+pub fn launcher_split_in(
+    own: impl Fn(&str) -> Option<String>,
+    parent: Option<impl Fn(&str) -> Option<String>>,
+) -> Result<RankSplit, CtlError> {
+    let forced = match own("CHFIND_MPI").as_deref() {
+        None | Some("") => None,
+        Some("0") => return Ok(RankSplit::SINGLE),
+        Some("1") => Some(true),
+        Some(v) => {
+            return Err(CtlError::Usage(format!(
+                "CHFIND_MPI={v:?}: expected 0 (one process) or 1 (an MPI rank)"
+            )))
         }
+    };
+    let get = |k: &str| own(k).and_then(|v| v.parse::<usize>().ok());
+    for (r, n) in LAUNCHER_VARS {
+        let (Some(rank), Some(ranks)) = (get(r), get(n)) else {
+            continue;
+        };
+        if ranks == 0 || rank >= ranks {
+            continue;
+        }
+        let inherited = forced.is_none()
+            && parent
+                .as_ref()
+                .is_some_and(|p| [r, n].into_iter().chain(JOB_VARS).all(|k| p(k) == own(k)));
+        return Ok(if inherited {
+            RankSplit::SINGLE
+        } else {
+            RankSplit { rank, ranks }
+        });
     }
-    RankSplit::SINGLE
+    Ok(RankSplit::SINGLE)
+}
+
+/// The environment of this process's parent, if it can be read.
+fn parent_environment() -> Option<Vec<(String, String)>> {
+    let ppid = std::os::unix::process::parent_id();
+    let raw = std::fs::read(format!("/proc/{ppid}/environ")).ok()?;
+    Some(
+        raw.split(|&b| b == 0)
+            .filter_map(|kv| std::str::from_utf8(kv).ok()?.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
 }
 
 struct Queue {
@@ -430,6 +499,58 @@ mod tests {
         for bad in ["", "+", "1x", "-c", "a1"] {
             assert!(SizeTest::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    fn env<'a>(kv: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn a_rank_is_what_the_launcher_started_not_what_a_rank_started() {
+        let none: Option<fn(&str) -> Option<String>> = None;
+        let split = |own: &[(&str, &str)], parent: Option<&[(&str, &str)]>| {
+            match parent {
+                Some(p) => launcher_split_in(env(own), Some(env(p))),
+                None => launcher_split_in(env(own), none),
+            }
+            .unwrap()
+        };
+        let rank1 = [
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("PMIX_NAMESPACE", "42"),
+            ("PMIX_RANK", "1"),
+        ];
+        let two = RankSplit { rank: 1, ranks: 3 };
+        // No launcher variables: one process.
+        assert_eq!(split(&[], Some(&[])), RankSplit::SINGLE);
+        // Started by mpirun (whose own environment has none of them).
+        assert_eq!(split(&rank1, Some(&[("PATH", "/bin")])), two);
+        // Parent unknown: the variables are taken as they are.
+        assert_eq!(split(&rank1, None), two);
+        // Started by a rank (IO500's popen): the parent has the same values.
+        assert_eq!(split(&rank1, Some(&rank1)), RankSplit::SINGLE);
+        // Started by another job's launcher inside a rank: other values.
+        let outer = [
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("PMIX_NAMESPACE", "7"),
+            ("PMIX_RANK", "1"),
+        ];
+        assert_eq!(split(&rank1, Some(&outer)), two);
+        // Asked: CHFIND_MPI=1 (mpirun sh -c 'chfind ...'), CHFIND_MPI=0.
+        let asked = [&rank1[..], &[("CHFIND_MPI", "1")]].concat();
+        assert_eq!(split(&asked, Some(&rank1)), two);
+        let alone = [&rank1[..], &[("CHFIND_MPI", "0")]].concat();
+        assert_eq!(split(&alone, Some(&[])), RankSplit::SINGLE);
+        let bad = [("CHFIND_MPI", "yes")];
+        assert!(launcher_split_in(env(&bad), none).is_err());
+        // MPICH's variables; nonsense values are ignored.
+        let pmi = [("PMI_RANK", "0"), ("PMI_SIZE", "2")];
+        assert_eq!(split(&pmi, Some(&[])), RankSplit { rank: 0, ranks: 2 });
+        assert_eq!(split(&pmi, Some(&pmi)), RankSplit::SINGLE);
+        let bad = [("PMI_RANK", "5"), ("PMI_SIZE", "2")];
+        assert_eq!(split(&bad, Some(&[])), RankSplit::SINGLE);
     }
 
     #[test]

@@ -2,12 +2,16 @@
 //! a pool of 4 real chfsd servers (so the ranks own 2, 1 and 1 servers) and
 //! in a local directory. The lines printed by all ranks together must be
 //! GNU find's, each exactly once, and `-q` prints one total on rank 0.
+//! And the other way round: a chfind started by an MPI program (IO500's
+//! find phase) inherits the launcher's variables and must run alone.
 #![cfg(feature = "mpi")]
 
 mod common;
 mod find_tree;
 
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use chfs_localpool::LocalPool;
 use common::*;
@@ -109,4 +113,132 @@ fn chfind_under_mpirun_matches_gnu_find() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert_eq!(err.matches("chfind: /nope").count(), 1, "{err}");
+}
+
+/// What IO500's find phase does with an external script, as a small MPI
+/// program: every rank initialises MPI; rank 0 runs the command with
+/// `popen`, reads its output with `fgets`, cuts the newline off the last
+/// line and prints it; all ranks meet at a barrier.
+const IO500_LIKE: &str = r#"
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+
+int main(int argc, char **argv)
+{
+    int rank;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+        char line[1024] = "";
+        long lines = 0;
+        FILE *fp = popen(argv[1], "r");
+        if (fp == NULL)
+            return 3;
+        while (fgets(line, sizeof line, fp) != NULL)
+            lines++;
+        int st = pclose(fp);
+        if (line[0] != '\0')
+            line[strlen(line) - 1] = '\0';
+        printf("status %d lines %ld last %s\n", st, lines, line);
+        fflush(stdout);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+    return 0;
+}
+"#;
+
+/// Runs `cmd`, stopping it (SIGTERM, then SIGKILL, by its PID) if it runs
+/// longer than `limit`: a chfind that took itself for an MPI rank would
+/// wait for peers that never come.
+fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => r.expect("wait"),
+        Err(_) => {
+            // SAFETY: kill(2) on the PID of the child spawned above, not yet
+            // reaped (its waiting thread still waits).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let out = rx.recv_timeout(Duration::from_secs(10)).ok();
+            if out.is_none() {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("{cmd:?} still running after {limit:?}: {out:?}");
+        }
+    }
+}
+
+#[test]
+fn chfind_started_by_an_mpi_rank_runs_alone() {
+    let pool = LocalPool::start(3).expect("start chfsd pool");
+    let c = connect(&pool);
+    let tmp = local_dir();
+    let local = tmp.path();
+    let entries = 3000;
+    assert_eq!(build(&c, local, entries), entries);
+    let server = pool.server_string();
+    let refi = 300;
+    let lref = format!("{}/{}/{}", local.display(), file_dir(refi), file_name(refi));
+    let gout = Command::new("find")
+        .arg(local.join("t"))
+        .args(["-newer", &lref, "-size", "3901c", "-name", "*01*"])
+        .output()
+        .unwrap();
+    let want = text(&gout.stdout).lines().count();
+    assert!(want > 0, "a weak query");
+
+    let exe = tmp.path().join("io500_like");
+    let src = tmp.path().join("io500_like.c");
+    std::fs::write(&src, IO500_LIKE).unwrap();
+    let cc = Command::new("mpicc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("mpicc (apt package libopenmpi-dev)");
+    assert!(cc.status.success(), "mpicc: {}", text(&cc.stderr));
+
+    // IO500's command: external-script, then DATADIR -newer FILE (a local
+    // file here, looked up in the pool first) -size 3901c -name "*01*".
+    let wrapper = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts/io500-chfind.sh")
+        .canonicalize()
+        .expect("scripts/io500-chfind.sh");
+    let command = format!(
+        " {}  /t -newer {lref} -size 3901c -name \"*01*\"",
+        wrapper.display()
+    );
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "2"])
+        .args(["-x", "CHFS_SERVER", "-x", "CHFIND"])
+        .arg(&exe)
+        .arg(&command)
+        .env("CHFS_SERVER", &server)
+        .env("CHFIND", bin("chfind"))
+        .env_remove("CHFIND_MPI");
+    let t = Instant::now();
+    let out = output_within(cmd, Duration::from_secs(120));
+    eprintln!(
+        "mpirun -n 2 io500_like ({:.2} s): {}\n{}",
+        t.elapsed().as_secs_f64(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("status 0 lines 1 last MATCHED {want}/{entries}")
+    );
 }

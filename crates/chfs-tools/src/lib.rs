@@ -1,10 +1,11 @@
-//! Shared code of the cache-mode tools: parallel stage-in with progress.
+//! Shared code of the tools: parallel stage-in with progress (the rule of
+//! what a path stands for is [`Client::stagein`]'s).
 
 use std::io::{BufRead, IsTerminal};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use chfs_client::Client;
+use chfs_client::{Client, StageSource};
 
 /// Outcome of a stage-in.
 #[derive(Debug, Default)]
@@ -62,38 +63,106 @@ fn launcher_rank_in(var: impl Fn(&str) -> Option<String>) -> (usize, usize) {
     (0, 1)
 }
 
-/// The share of rank `rank` of `ranks` of a stage-in of `paths`: the
-/// directories are expanded into the files below them (every rank lists
-/// them the same way) and rank r takes every `ranks`-th file from the r-th.
+/// One item of a stage-in: the path as given (or found below a given
+/// directory), and where [`Client::stagein`]'s rule takes it from.
+pub type StageItem = (String, StageSource);
+
+/// The share of rank `rank` of `ranks` of a stage-in of `paths`: each path
+/// is resolved by [`Client::stagein`]'s rule, directories are expanded
+/// (every rank lists them the same way: pool directories as the pool lists
+/// them, local ones sorted by name) and rank r takes every `ranks`-th item
+/// from the r-th. A local directory is an item of its own (created alone,
+/// with its mode) besides the items below it.
 pub fn rank_share(
     client: &Client,
     paths: &[String],
     rank: usize,
     ranks: usize,
-) -> (Vec<String>, Vec<(String, chfs_client::Error)>) {
-    let mut files = Vec::new();
+) -> (Vec<StageItem>, Vec<(String, chfs_client::Error)>) {
+    let mut items = Vec::new();
     let mut failures = Vec::new();
-    let mut todo: Vec<String> = without_covered(paths);
-    todo.reverse();
-    while let Some(p) = todo.pop() {
-        match client.lstat(&p) {
-            Ok(st) if st.is_dir() => match client.readdir(&p) {
-                Ok(list) => {
-                    for e in list.into_iter().rev() {
-                        todo.push(chfs_proto::path::join(&p, &e.name));
-                    }
-                }
-                Err(e) => failures.push((p, e)),
-            },
-            Ok(_) => files.push(p),
+    let mut todo: Vec<StageItem> = Vec::new();
+    for p in without_covered(paths) {
+        match client.stagein_source(&p, "/") {
+            Ok(s) => todo.push((p, s)),
             Err(e) => failures.push((p, e)),
+        }
+    }
+    todo.reverse();
+    while let Some((label, source)) = todo.pop() {
+        match source {
+            StageSource::Backend(p) => match client.lstat(&p) {
+                Ok(st) if st.is_dir() => match client.readdir(&p) {
+                    Ok(list) => {
+                        for e in list.into_iter().rev() {
+                            let c = chfs_proto::path::join(&p, &e.name);
+                            todo.push((c.clone(), StageSource::Backend(c)));
+                        }
+                    }
+                    Err(e) => failures.push((label, e)),
+                },
+                Ok(_) => items.push((label, StageSource::Backend(p))),
+                Err(e) => failures.push((label, e)),
+            },
+            StageSource::Local { src, dst, .. } => match local_children(&src) {
+                Ok(Some(names)) => {
+                    for n in names.into_iter().rev() {
+                        let (s, d) = (src.join(&n), chfs_proto::path::join(&dst, &n));
+                        let source = StageSource::Local {
+                            src: s.clone(),
+                            dst: d,
+                            whole: true,
+                        };
+                        todo.push((s.display().to_string(), source));
+                    }
+                    let whole = false;
+                    items.push((label, StageSource::Local { src, dst, whole }));
+                }
+                Ok(None) => items.push((
+                    label,
+                    StageSource::Local {
+                        src,
+                        dst,
+                        whole: true,
+                    },
+                )),
+                Err(e) => failures.push((label, e)),
+            },
         }
     }
     // Every ranks-th item from the rank-th.
     fn mine<T>(v: Vec<T>, rank: usize, ranks: usize) -> Vec<T> {
         v.into_iter().skip(rank).step_by(ranks.max(1)).collect()
     }
-    (mine(files, rank, ranks), mine(failures, rank, ranks))
+    (mine(items, rank, ranks), mine(failures, rank, ranks))
+}
+
+/// The names in a local directory, sorted (`None`: not a directory).
+fn local_children(dir: &std::path::Path) -> Result<Option<Vec<String>>, chfs_client::Error> {
+    let err = |e: std::io::Error| {
+        chfs_client::Error::new(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("{}: {e}", dir.display()),
+        )
+    };
+    if !std::fs::symlink_metadata(dir).map_err(err)?.is_dir() {
+        return Ok(None);
+    }
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(err)? {
+        let name = e.map_err(err)?.file_name();
+        match name.into_string() {
+            Ok(n) => names.push(n),
+            Err(n) => {
+                return Err(chfs_client::Error::new(
+                    libc::EINVAL,
+                    format!("{}: not a UTF-8 name", dir.join(n).display()),
+                ))
+            }
+        }
+    }
+    names.sort();
+    Ok(Some(names))
 }
 
 /// Drops the paths that lie below another path of the list (`find DIR`
@@ -118,14 +187,33 @@ pub fn without_covered(paths: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Stages `paths` in with `threads` threads (each path's chunks are
+/// Stages `paths` in with `threads` threads, each by [`Client::stagein`]'s
+/// rule (a local file or directory is copied in, or fetched by the servers
+/// when it lies in the backend directory; any other path is a path of the
+/// pool, fetched from the backend); a progress bar is drawn only when
+/// standard error is a terminal.
+pub fn stagein(client: &Client, paths: &[String], threads: usize) -> StageReport {
+    let mut items = Vec::new();
+    let mut failures = Vec::new();
+    for p in without_covered(paths) {
+        match client.stagein_source(&p, "/") {
+            Ok(s) => items.push((p, s)),
+            Err(e) => failures.push((p, e)),
+        }
+    }
+    let mut r = stage_items(client, &items, threads);
+    r.paths = paths.len();
+    failures.append(&mut r.failures);
+    r.failures = failures;
+    r
+}
+
+/// Stages resolved items in with `threads` threads (each item's chunks are
 /// fetched by their owner servers in parallel); a progress bar is drawn
 /// only when standard error is a terminal.
-pub fn stagein(client: &Client, paths: &[String], threads: usize) -> StageReport {
-    let given = paths.len();
-    let paths = &without_covered(paths)[..];
+pub fn stage_items(client: &Client, items: &[StageItem], threads: usize) -> StageReport {
     let bar = if std::io::stderr().is_terminal() {
-        let b = indicatif::ProgressBar::new(paths.len() as u64);
+        let b = indicatif::ProgressBar::new(items.len() as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} files {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -141,8 +229,10 @@ pub fn stagein(client: &Client, paths: &[String], threads: usize) -> StageReport
         for _ in 0..threads.max(1) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(p) = paths.get(i) else { break };
-                match client.stagein(p) {
+                let Some((p, source)) = items.get(i) else {
+                    break;
+                };
+                match client.stage(source) {
                     Ok(n) => {
                         let total = bytes.fetch_add(n, Ordering::Relaxed) + n;
                         if let Some(b) = &bar {
@@ -164,7 +254,7 @@ pub fn stagein(client: &Client, paths: &[String], threads: usize) -> StageReport
         b.finish_and_clear();
     }
     StageReport {
-        paths: given,
+        paths: items.len(),
         bytes: bytes.into_inner(),
         failures: failures.into_inner().unwrap_or_else(|p| p.into_inner()),
     }

@@ -173,3 +173,273 @@ fn stagein_split_across_mpi_ranks() {
     drop(pool);
     let _ = fs::remove_dir_all(&backend);
 }
+
+/// A temporary directory removed on drop.
+struct TmpDir(std::path::PathBuf);
+
+impl TmpDir {
+    fn new(tag: &str) -> TmpDir {
+        let p = std::env::temp_dir().join(format!("chfs-tools-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TmpDir(p.canonicalize().unwrap())
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn client(pool: &LocalPool) -> chfs_client::Client {
+    chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: pool.addrs().to_vec(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn read_pool(c: &chfs_client::Client, p: &str) -> Vec<u8> {
+    let st = c.stat(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let fd = c.open(p, libc::O_RDONLY, 0).unwrap();
+    let mut buf = vec![0u8; st.size as usize + 1];
+    let n = c.pread(fd, &mut buf, 0).unwrap();
+    c.close(fd).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// Every entry below the local directory `local` is in the pool below
+/// `dst`, with the same type, permission bits, data and link target.
+fn same_tree(c: &chfs_client::Client, local: &std::path::Path, dst: &str) -> usize {
+    use std::os::unix::fs::PermissionsExt;
+    let mut n = 0;
+    for e in fs::read_dir(local).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        let (lp, cp) = (e.path(), format!("{dst}/{name}"));
+        let md = fs::symlink_metadata(&lp).unwrap();
+        let st = c
+            .lstat(&cp)
+            .unwrap_or_else(|err| panic!("{cp} missing in the pool: {err}"));
+        n += 1;
+        if md.is_dir() {
+            assert!(st.is_dir(), "{cp}");
+            assert_eq!(
+                st.mode & 0o7777,
+                md.permissions().mode() & 0o7777 | 0o700,
+                "{cp}"
+            );
+            n += same_tree(c, &lp, &cp);
+        } else if md.file_type().is_symlink() {
+            assert!(st.is_symlink(), "{cp}");
+            let t = fs::read_link(&lp).unwrap();
+            assert_eq!(c.readlink(&cp).unwrap(), t.to_str().unwrap(), "{cp}");
+        } else {
+            assert!(st.is_file(), "{cp}");
+            assert_eq!(st.mode & 0o7777, md.permissions().mode() & 0o7777, "{cp}");
+            assert_eq!(read_pool(c, &cp), fs::read(&lp).unwrap(), "{cp}");
+        }
+    }
+    n
+}
+
+/// A local tree: files of several sizes (one over a chunk), a nested and
+/// an empty directory, an odd mode, a symbolic link.
+fn local_tree(root: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(root.join("sub/deeper")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    fs::write(root.join("a.dat"), vec![7u8; 300_000]).unwrap();
+    fs::write(root.join("sub/b.txt"), b"hello").unwrap();
+    fs::write(root.join("sub/deeper/zero"), b"").unwrap();
+    for i in 0..12 {
+        fs::write(
+            root.join(format!("sub/f{i:02}")),
+            vec![i as u8; 1000 + i * 97],
+        )
+        .unwrap();
+    }
+    fs::set_permissions(root.join("sub/b.txt"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::set_permissions(root.join("sub/deeper"), fs::Permissions::from_mode(0o750)).unwrap();
+    std::os::unix::fs::symlink("sub/b.txt", root.join("link")).unwrap();
+}
+
+/// Without a backend, `chstagein LOCALFILE` and `chstagein DIR` copy the
+/// local file and the whole directory into the pool at the same path (a
+/// relative one from the root), as the original's chstagein does and as
+/// chfs_stagein() does; running it again is harmless; a path that is
+/// neither local nor in the pool is an error naming it.
+#[test]
+fn stagein_copies_local_files_and_directories_without_a_backend() {
+    let t = TmpDir::new("local");
+    let src = t.0.join("src");
+    local_tree(&src);
+    let pool = LocalPool::start(2).unwrap();
+    let c = client(&pool);
+    let run = |dir: &std::path::Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chstagein"))
+            .args(args)
+            .current_dir(dir)
+            .env("CHFS_SERVER", pool.server_string())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), err)
+    };
+
+    // One local file, by its absolute path: the same path in the pool.
+    let file = src.join("a.dat");
+    let (code, err) = run(&t.0, &["-v", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("1 paths, 300000 bytes"), "{err}");
+    assert_eq!(read_pool(&c, file.to_str().unwrap()), vec![7u8; 300_000]);
+
+    // A directory, by a relative path: "src" is /src in the pool, with
+    // everything below it.
+    let (code, err) = run(&t.0, &["-v", "src"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(same_tree(&c, &src, "/src"), 19);
+    // Again (what is there is overwritten), and from standard input as
+    // `find src | chstagein`.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chstagein"))
+        .current_dir(&t.0)
+        .env("CHFS_SERVER", pool.server_string())
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let find = Command::new("find")
+        .arg("src")
+        .current_dir(&t.0)
+        .output()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&find.stdout).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(same_tree(&c, &src, "/src"), 19);
+
+    // Neither here nor in the pool (and no backend): ENOENT, named.
+    let (code, err) = run(&t.0, &["no-such-file"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("no-such-file") && err.contains("no backend"),
+        "{err}"
+    );
+    // The library call is the same rule.
+    assert_eq!(
+        c.stagein(src.join("sub/b.txt").to_str().unwrap()).unwrap(),
+        5
+    );
+}
+
+/// `mpirun -n 3 chstagein DIR` of a local directory: the ranks share its
+/// entries out and together copy all of it once.
+#[test]
+fn local_directory_split_across_mpi_ranks() {
+    let has_mpirun = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_mpirun {
+        eprintln!("SKIPPED: mpirun not installed (apt install openmpi-bin)");
+        return;
+    }
+    let t = TmpDir::new("local-mpi");
+    let src = t.0.join("src");
+    local_tree(&src);
+    let pool = LocalPool::start(2).unwrap();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "3"])
+        .args(["-x", "CHFS_SERVER"])
+        .arg(env!("CARGO_BIN_EXE_chstagein"))
+        .args(["-v", "src"])
+        .current_dir(&t.0)
+        .env("CHFS_SERVER", pool.server_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // 20 items (the directory and the 19 entries below it), each once.
+    let (mut items, mut bytes) = (0, 0);
+    for r in 0..3 {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&format!("chstagein[{r}/3]: ")))
+            .unwrap_or_else(|| panic!("no report of rank {r}: {err}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        items += words[1].parse::<usize>().unwrap();
+        bytes += words[3].parse::<u64>().unwrap();
+    }
+    let total: u64 = 300_000 + 5 + (0..12).map(|i| 1000 + i * 97).sum::<u64>();
+    assert_eq!((items, bytes), (20, total), "{err}");
+    assert_eq!(same_tree(&client(&pool), &src, "/src"), 19);
+}
+
+/// Cache mode: a local path inside the backend directory (absolute, or
+/// relative from a directory of the backend: the original's `cd BACKEND;
+/// find . | xargs chstagein`) is fetched by the servers as the same path of
+/// the pool, not copied: it is clean (nothing to write back) and the
+/// backend file is not touched.
+#[test]
+fn local_paths_inside_the_backend_are_fetched_not_copied() {
+    let t = TmpDir::new("inback");
+    let backend = t.0.join("backend");
+    fs::create_dir_all(backend.join("in/sub")).unwrap();
+    fs::write(backend.join("in/big"), vec![3u8; 200_000]).unwrap();
+    fs::write(backend.join("in/sub/small"), b"small").unwrap();
+    let mtime = |p: &str| fs::metadata(backend.join(p)).unwrap().modified().unwrap();
+    let before = (mtime("in/big"), mtime("in/sub/small"));
+    let pool = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        args: vec![
+            "--backend".into(),
+            backend.display().to_string(),
+            "--flush-idle-msec".into(),
+            "50".into(),
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    let run = |dir: &std::path::Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chstagein"))
+            .args(args)
+            .current_dir(dir)
+            .env("CHFS_SERVER", pool.server_string())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        err
+    };
+    let big = backend.join("in/big");
+    let err = run(&t.0, &["-v", big.to_str().unwrap()]);
+    assert!(err.contains("200000 bytes"), "{err}");
+    let err = run(&backend.join("in"), &["-v", "sub"]);
+    assert!(err.contains("5 bytes"), "{err}");
+    let c = client(&pool);
+    // Nothing dirty: the servers fetched the files, nobody wrote them.
+    let s = c.flush_status("/").unwrap();
+    assert_eq!((s.chunks, s.bytes), (0, 0), "{s:?}");
+    // No copy at the local path's name in the pool.
+    assert_eq!(
+        c.lstat(big.to_str().unwrap()).unwrap_err().errno(),
+        libc::ENOENT
+    );
+    // Cached: with the backend gone, the data reads.
+    let moved = t.0.join("moved");
+    fs::rename(&backend, &moved).unwrap();
+    fs::create_dir_all(&backend).unwrap();
+    assert_eq!(read_pool(&c, "/in/big"), vec![3u8; 200_000]);
+    assert_eq!(read_pool(&c, "/in/sub/small"), b"small");
+    fs::remove_dir_all(&backend).unwrap();
+    fs::rename(&moved, &backend).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(before, (mtime("in/big"), mtime("in/sub/small")));
+    drop(pool);
+}

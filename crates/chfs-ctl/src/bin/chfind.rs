@@ -35,6 +35,10 @@ Under mpirun (chfind built with --features mpi), rank r of n examines the
 entries of the servers whose index i has i % n == r and reads only the
 directories of the others; rank 0 prints the matches of every rank (at the
 end) or, with -q, the total. Built without it, chfind under mpirun fails.
+chfind is a rank only when the launcher started it: one started by an MPI
+program (IO500's find phase runs it through popen) inherits the launcher's
+variables from its parent and runs as one process. CHFIND_MPI=0 forces one
+process, CHFIND_MPI=1 a rank (for mpirun -n N sh -c 'chfind ...').
 
 Exit status: 0 success, 1 some directory could not be read (each error
 names the server and directory), 2 bad usage or the pool cannot be reached.
@@ -199,7 +203,7 @@ impl LineOut {
 fn run() -> Result<i32, CtlError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut o = parse(&args)?;
-    let split = launcher_split();
+    let split = launcher_split()?;
     #[cfg(feature = "mpi")]
     let _universe;
     #[cfg(feature = "mpi")]

@@ -34,7 +34,8 @@ enum Cmd {
     },
     /// Write back everything (chfs_sync).
     Sync,
-    /// Stage paths in from the backend (as chstagein).
+    /// Stage local files and directories, or paths of the backend, in (as
+    /// chstagein).
     Stagein {
         /// Paths (standard input when none).
         paths: Vec<String>,

@@ -1,13 +1,18 @@
-//! chstagein: fetch files (or whole directories) from the backend into the
-//! cache before a job reads them.
+//! chstagein: put files (or whole directories) into the pool before a job
+//! reads them: local ones are copied in, those of the backend (cache mode)
+//! fetched by the servers.
 
 use clap::Parser;
 
-/// Stage files and directories in from the backend (cache mode). Paths come
-/// from the arguments, or from standard input (one a line) when there are
-/// none or one is "-", e.g. `find /data -name '*.h5' | chstagein`. Started
-/// by `mpirun` or `srun`, every rank reads the same list and stages its
-/// share of the files (directories are expanded first).
+/// Stage files and directories into the pool. A path that exists here is
+/// copied in at the same path (a relative one from the pool's root), or,
+/// if it lies in the pool's backend directory (cache mode), fetched by the
+/// servers from there (`cd BACKEND; find . | chstagein`); any other path
+/// is a path of the pool, fetched from the backend. Paths come from the
+/// arguments, or from standard input (one a line) when there are none or
+/// one is "-", e.g. `find /data -name '*.h5' | chstagein`. Started by
+/// `mpirun` or `srun`, every rank reads the same list and stages its share
+/// of the files (directories are expanded first).
 #[derive(Parser)]
 #[command(name = "chstagein", version)]
 struct Args {
@@ -22,7 +27,7 @@ struct Args {
     /// `mpirun`, which gives standard input to rank 0 only.
     #[arg(short = 'f', long = "from")]
     from: Option<std::path::PathBuf>,
-    /// Paths in the file system's namespace.
+    /// Local paths, or paths of the pool (see above).
     paths: Vec<String>,
 }
 
@@ -50,7 +55,7 @@ fn main() {
     let (rank, ranks) = chfs_tools::launcher_rank();
     let (r, who) = if ranks > 1 {
         let (share, failures) = chfs_tools::rank_share(&client, &paths, rank, ranks);
-        let mut r = chfs_tools::stagein(&client, &share, a.threads);
+        let mut r = chfs_tools::stage_items(&client, &share, a.threads);
         r.failures.extend(failures);
         (r, format!("chstagein[{rank}/{ranks}]"))
     } else {
