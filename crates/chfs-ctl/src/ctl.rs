@@ -9,6 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 use chfs_client::{Client, ClientConfig};
@@ -41,7 +42,8 @@ pub struct CtlOptions {
     /// Storage engine of the servers (chfsd `--store`); a persistent one
     /// keeps its data at `chfsd@H@k.db` in the scratch directory.
     pub store: Option<String>,
-    /// Store size per server (`-s`), chfsd's `-s`.
+    /// Store size per server (`-s`), chfsd's `-s`. Without it a new pmem
+    /// store gets [`DEFAULT_PMEM_SIZE`], the other engines no limit.
     pub db_size: Option<String>,
     /// Flush threads per server (`-f`), chfsd's `--flush-threads`.
     pub flush_threads: Option<u32>,
@@ -102,6 +104,14 @@ const INHERITED_POOL_VARS: &str = "CHFS_SERVER_HOST CHFS_JOIN CHFS_SECRET CHFS_S
 
 /// The name of the pool's secret file in the scratch directory.
 pub const SECRET_FILE: &str = "chfs.secret";
+
+/// What `none_found` adds when `CHFS_SERVER` is not set either.
+const NO_SERVER_VAR: &str = ", and CHFS_SERVER is not set (give the -c and -h that start was given, or set CHFS_SERVER by evaluating the output of start)";
+
+/// Size of a new pmem store when `-s` is not given: 1 GiB per server, the
+/// original chfsctl's `-s db_size` default. A store that exists already
+/// keeps the size it was created with.
+pub const DEFAULT_PMEM_SIZE: &str = "1G";
 
 impl CtlOptions {
     fn stem(&self, id: &ServerId) -> String {
@@ -289,12 +299,17 @@ impl CtlOptions {
             let _ = write!(cmd, " --secret-file {}", quote(f));
         }
         if let Some(st) = self.store.as_deref().filter(|s| *s != "mem") {
-            let _ = write!(
-                cmd,
-                " --store {} --path {}",
-                quote(st),
-                quote(&format!("{stem}.db"))
-            );
+            let db = quote(&format!("{stem}.db"));
+            let _ = write!(cmd, " --store {} --path {db}", quote(st));
+            if st == "pmem" && self.db_size.is_none() {
+                // A new store gets the default size; an existing one (a
+                // restart on the same scratch directory) keeps its own.
+                let _ = writeln!(
+                    s,
+                    "if [ -s {db} ]; then set --; else set -- -s {DEFAULT_PMEM_SIZE}; fi"
+                );
+                cmd.push_str(" \"$@\"");
+            }
         }
         if let Some(sz) = &self.db_size {
             let _ = write!(cmd, " -s {}", quote(sz));
@@ -788,15 +803,37 @@ exit 0
         ))
     }
 
+    /// The error of stop, status, kill and clean when there is nothing to
+    /// act on: no server recorded in the scratch directory of any host
+    /// (`detail` says what else was tried and what to do).
+    fn none_found(&self, detail: &str) -> CtlError {
+        let hosts = self.unique_hosts();
+        let on = match hosts.as_slice() {
+            [h] => format!("host {h}"),
+            hs => format!("the {} hosts", hs.len()),
+        };
+        CtlError::NotFound(format!(
+            "no server found: none recorded in {} (-c) on {on}{detail}",
+            self.scratch
+        ))
+    }
+
     /// `chfsctl stop`: in cache mode first waits until every dirty chunk is
     /// in the backend (failing, with mounts and servers left running, if it
     /// cannot be written back), unmounts, asks the pool to stop (a
-    /// `Shutdown` request to every server), waits for every recorded server
-    /// to exit (falling back to SIGTERM by recorded PID) and removes its
-    /// files.
+    /// `Shutdown` request to every server), waits for every server it
+    /// reached to exit (a recorded one by its PID, falling back to SIGTERM;
+    /// one known only through `CHFS_SERVER` until its port is closed) and
+    /// removes the recorded servers' files. Fails with "no server found"
+    /// when no server is recorded and none is reachable through
+    /// `CHFS_SERVER`.
     pub fn stop(&self) -> Result<String, CtlError> {
         let hosts = self.unique_hosts();
         let (recs, mut errs) = self.records_partial();
+        if recs.is_empty() && self.env_server.is_none() {
+            errs.push(self.none_found(NO_SERVER_VAR));
+            return one_or_many(errs).map(|()| String::new());
+        }
         let mut contacts: Vec<String> = recs
             .iter()
             .filter(|r| r.alive && !r.addr.is_empty())
@@ -812,6 +849,13 @@ exit 0
             let secret = self.caller_secret()?;
             match self.client(contacts, secret.as_deref()) {
                 Ok(c) => Some(c),
+                Err(e) if recs.is_empty() => {
+                    errs.push(self.none_found(&format!(
+                        ", and CHFS_SERVER={} cannot be reached ({e})",
+                        self.env_server.as_deref().unwrap_or("")
+                    )));
+                    return one_or_many(errs).map(|()| String::new());
+                }
                 Err(e) => {
                     let _ = writeln!(report, "{e}; stopping by recorded PID");
                     None
@@ -845,6 +889,15 @@ exit 0
             if cached {
                 write_back(c, &mut report)?;
             }
+            // Servers not recorded here (reached through CHFS_SERVER) are
+            // watched through a connection each: it ends when the server
+            // exits.
+            let unrecorded: Vec<String> = c
+                .servers()
+                .into_iter()
+                .filter(|a| !recs.iter().any(|r| r.alive && r.addr == *a))
+                .collect();
+            let watches: Vec<_> = unrecorded.iter().map(|a| (a, watch(a))).collect();
             match c.shutdown_servers() {
                 Ok(()) => {
                     let _ = writeln!(report, "asked {n} server(s) to stop");
@@ -854,6 +907,28 @@ exit 0
                         report,
                         "pool stop request failed ({e}); stopping by recorded PID"
                     );
+                }
+            }
+            if !watches.is_empty() {
+                let t = Instant::now();
+                let deadline = t + self.timeout;
+                let left: Vec<&String> = watches
+                    .into_iter()
+                    .filter(|(a, w)| !gone(a, w.as_ref(), deadline))
+                    .map(|(a, _)| a)
+                    .collect();
+                let _ = writeln!(
+                    report,
+                    "{} server(s) not recorded in {} exited in {:?}",
+                    unrecorded.len() - left.len(),
+                    self.scratch,
+                    t.elapsed()
+                );
+                for a in left {
+                    errs.push(CtlError::NotFound(format!(
+                        "server {a} still serves {:?} after the stop request (not recorded in {}: stop it on its host, or chfsctl kill with its -c)",
+                        self.timeout, self.scratch
+                    )));
                 }
             }
         }
@@ -894,10 +969,17 @@ exit 0
     }
 
     /// `chfsctl kill`: unmounts lazily and sends SIGKILL to every recorded
-    /// server at once.
+    /// server at once. Fails with "no server found" when none is recorded.
     pub fn kill(&self) -> Result<String, CtlError> {
         let hosts = self.unique_hosts();
-        let mut errs = self.unmount(&hosts, true);
+        let (recs, mut errs) = self.records_partial();
+        errs.extend(self.unmount(&hosts, true));
+        if recs.is_empty() {
+            errs.push(self.none_found(
+                " (kill stops recorded servers only: give the -c and -h that start was given)",
+            ));
+            return one_or_many(errs).map(|()| String::new());
+        }
         let jobs: Vec<_> = hosts
             .iter()
             .map(|h| {
@@ -932,16 +1014,9 @@ exit 0
             }
         }
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "{:<24} {:<8} {:>10} {:>14} {:>14} {:>12} {:>10} {:>7}  HOST",
-            "SERVER", "STATE", "ENTRIES", "BYTES", "CAPACITY", "DIRTY_BYTES", "REQUESTS", "PID"
-        );
         if addrs.is_empty() {
             one_or_many(host_errs)?;
-            return Err(CtlError::NotFound(
-                "no server found: none recorded on the hosts and CHFS_SERVER is not set".into(),
-            ));
+            return Err(self.none_found(NO_SERVER_VAR));
         }
         let secret = self.caller_secret()?;
         let mut answered: Vec<(String, Result<chfs_proto::msg::ServerStatus, String>)> = Vec::new();
@@ -972,36 +1047,49 @@ exit 0
         for e in &host_errs {
             let _ = writeln!(out, "# {e}");
         }
+        let mut rows: Vec<StatusRow> = Vec::new();
         for (a, r) in &answered {
             let rec = recs.iter().find(|r| r.addr == *a);
-            let pid = rec.map_or("-".to_string(), |r| r.pid.to_string());
-            let host = rec.map_or("-".to_string(), |r| format!("{}#{}", r.id.host, r.id.index));
+            let mut row = StatusRow {
+                server: a.clone(),
+                state: "up",
+                pid: rec.map_or("-".to_string(), |r| r.pid.to_string()),
+                host: rec.map_or("-".to_string(), |r| format!("{}#{}", r.id.host, r.id.index)),
+                ..StatusRow::default()
+            };
             match r {
                 Ok(s) => {
-                    let dirty = if s.backend.is_empty() {
-                        "-".to_string()
-                    } else {
-                        s.flush.bytes.to_string()
-                    };
-                    let _ = writeln!(
-                        out,
-                        "{:<24} {:<8} {:>10} {:>14} {:>14} {:>12} {:>10} {:>7}  {host}",
-                        a, "up", s.entries, s.bytes, s.capacity, dirty, s.requests, pid
-                    );
+                    row.numbers = [
+                        s.entries.to_string(),
+                        s.bytes.to_string(),
+                        s.capacity.to_string(),
+                        if s.backend.is_empty() {
+                            "-".to_string()
+                        } else {
+                            s.flush.bytes.to_string()
+                        },
+                        s.requests.to_string(),
+                    ];
                 }
                 Err(e) => {
                     all_ok = false;
-                    let _ = writeln!(out, "{:<24} {:<8} {e} {:>7}  {host}", a, "DOWN", pid);
+                    row.state = "DOWN";
+                    row.note = e.clone();
                 }
             }
+            rows.push(row);
         }
+        out.push_str(&render_status(&rows));
         Ok((out, all_ok))
     }
 
     /// `chfsctl clean`: removes the servers' files and the secret from the
     /// scratch directory of every host (refused while a server runs there).
+    /// Fails with "no server found" when there was nothing of chfsctl's to
+    /// remove on any host.
     pub fn clean(&self) -> Result<String, CtlError> {
         let hosts = self.unique_hosts();
+        let mut removed = 0usize;
         if self.holds_daemons() {
             // The launchers' output files on this host.
             let ours = |n: &str| {
@@ -1016,12 +1104,17 @@ exit 0
             };
             if let Ok(rd) = std::fs::read_dir(&self.scratch) {
                 for e in rd.flatten() {
-                    if ours(&e.file_name().to_string_lossy()) {
-                        let _ = std::fs::remove_file(e.path());
+                    if ours(&e.file_name().to_string_lossy())
+                        && std::fs::remove_file(e.path()).is_ok()
+                    {
+                        removed += 1;
                     }
                 }
             }
         }
+        // Each host prints how many of chfsctl's files it removed (the
+        // scratch directory itself counts once it is empty: after a stop
+        // with the logs elsewhere, -L, nothing else may be left).
         let jobs: Vec<_> = hosts
             .iter()
             .map(|h| {
@@ -1031,9 +1124,12 @@ for f in {pat}; do
   [ -e "$f" ] || continue; p=$(cat "$f" 2>/dev/null)
   if [ -n "$p" ] && alive "$p"; then echo "chfsd (pid $p, $f) still runs: stop it first" >&2; exit 4; fi
 done
+n=0
+for f in {all} {secret} {fuse}; do [ -e "$f" ] && n=$((n+1)); done
 rm -rf {all}
 rm -f {secret} {fuse}
-rmdir {scratch} 2>/dev/null
+rmdir {scratch} 2>/dev/null && n=$((n+1))
+echo "$n"
 exit 0
 "#,
                     pat = pat_quote(&format!("{}/chfsd@{h}@*.pid", self.scratch)),
@@ -1045,19 +1141,25 @@ exit 0
                 (h.clone(), script, Vec::new())
             })
             .collect();
-        one_or_many(
-            self.launcher
-                .run_all(&jobs)
-                .into_iter()
-                .filter_map(Result::err)
-                .collect(),
-        )?;
+        let mut errs = Vec::new();
+        for r in self.launcher.run_all(&jobs) {
+            match r {
+                Ok(out) => removed += out.trim().parse::<usize>().unwrap_or(0),
+                Err(e) => errs.push(e),
+            }
+        }
+        one_or_many(errs)?;
         if self.holds_daemons() {
             // This host's scratch directory, if only the launchers' files
             // were there.
             let _ = std::fs::remove_dir(&self.scratch);
         }
-        Ok(String::new())
+        if removed == 0 {
+            return Err(self.none_found(
+                " (no file of chfsctl's there to remove: give the -c and -h that start was given)",
+            ));
+        }
+        Ok(format!("removed {removed} file(s)\n"))
     }
 }
 
@@ -1080,6 +1182,103 @@ fn pat_quote(p: &str) -> String {
             )
         }
         None => quote(p),
+    }
+}
+
+/// One line of `chfsctl status`.
+#[derive(Debug, Default)]
+struct StatusRow {
+    server: String,
+    state: &'static str,
+    /// Entries, bytes, capacity, dirty bytes, requests ("-" when unknown).
+    numbers: [String; 5],
+    pid: String,
+    host: String,
+    /// Why a server is down.
+    note: String,
+}
+
+/// The status table: a header and one aligned line per server; a down
+/// server has `-` in the columns it could not report and the reason after
+/// its host.
+fn render_status(rows: &[StatusRow]) -> String {
+    let sw = rows
+        .iter()
+        .map(|r| r.server.len())
+        .max()
+        .unwrap_or(0)
+        .max(24);
+    let hw = rows.iter().map(|r| r.host.len()).max().unwrap_or(0).max(4);
+    let line = |server: &str, state: &str, n: [&str; 5], pid: &str, host: &str, note: &str| {
+        let l = format!(
+            "{server:<sw$} {state:<5} {:>10} {:>14} {:>14} {:>12} {:>10} {pid:>7}  {host:<hw$}  {note}",
+            n[0], n[1], n[2], n[3], n[4]
+        );
+        format!("{}\n", l.trim_end())
+    };
+    let mut out = line(
+        "SERVER",
+        "STATE",
+        ["ENTRIES", "BYTES", "CAPACITY", "DIRTY_BYTES", "REQUESTS"],
+        "PID",
+        "HOST",
+        "",
+    );
+    for r in rows {
+        let n = r
+            .numbers
+            .each_ref()
+            .map(|s| if s.is_empty() { "-" } else { s.as_str() });
+        out.push_str(&line(&r.server, r.state, n, &r.pid, &r.host, &r.note));
+    }
+    out
+}
+
+/// A connection to the server at `addr`, opened before it is asked to
+/// stop: it ends (EOF or reset) when the server's process goes.
+fn watch(addr: &str) -> Option<std::net::TcpStream> {
+    let sa = addr.to_socket_addrs().ok()?.next()?;
+    let s = std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(100))).ok()?;
+    Some(s)
+}
+
+/// Waits until the server at `addr` has exited: the connection `w` opened
+/// before the stop request is closed and new connections are refused.
+/// False if it still serves at `deadline`.
+fn gone(addr: &str, w: Option<&std::net::TcpStream>, deadline: Instant) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 512];
+    if let Some(mut w) = w {
+        loop {
+            match w.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
+    }
+    loop {
+        let serving = addr.to_socket_addrs().is_ok_and(|mut it| {
+            it.any(|sa| {
+                std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(500)).is_ok()
+            })
+        });
+        if !serving {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

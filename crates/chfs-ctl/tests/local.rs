@@ -286,6 +286,12 @@ fn usage_errors() {
     let out = run(&ctl, &["--help"], &[]);
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("eval $(chfsctl"));
+    // The action list names every action.
+    assert!(
+        text(&out.stdout).contains("start | stop | status | kill | clean | rebalance"),
+        "{}",
+        text(&out.stdout)
+    );
     for t in ["chlist", "chmkdir", "chrmdir", "chfind"] {
         let out = run(&bin(t), &["--help"], &[]);
         assert_eq!(out.status.code(), Some(0), "{t}");
@@ -532,4 +538,226 @@ fn failed_mount_stops_the_servers() {
     );
     assert!(err.contains("stopped the 2 server(s)"), "{err}");
     assert!(recorded_pids(&sc.scratch()).is_empty());
+}
+
+/// The CAPACITY column of every `up` line of a status table.
+fn capacities(table: &str) -> Vec<u64> {
+    table
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("up"))
+        .map(|l| l.split_whitespace().nth(4).unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn pmem_store_defaults_to_one_gib_per_server() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = [
+        "-c",
+        &s,
+        "--chfsd",
+        chfsd.to_str().unwrap(),
+        "-n",
+        "2",
+        "--store",
+        "pmem",
+    ];
+    // No -s: each new store gets 1 GiB, as the original's -s db_size.
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    for k in 0..2 {
+        let db = sc.scratch().join(format!("chfsd@{}@{k}.db", hostname()));
+        assert_eq!(std::fs::metadata(&db).unwrap().len(), 1 << 30, "{db:?}");
+    }
+    let out = run(&ctl, &[&a[..], &["status"]].concat(), &envs(&env));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let caps = capacities(&text(&out.stdout));
+    assert_eq!(caps.len(), 2, "{}", text(&out.stdout));
+    for c in caps {
+        assert!(c > (1 << 30) - (1 << 20) && c <= 1 << 30, "capacity {c}");
+    }
+    let out = run(&ctl, &[&a[..], &["stop"]].concat(), &envs(&env));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // A store created with another size keeps it when the pool is started
+    // again on the same scratch directory without -s, with its data.
+    let out = run(&ctl, &[&a[..], &["-s", "256M", "start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    let c = client(&env, false).unwrap();
+    let fd = c.create("/kept", libc::O_WRONLY, 0o644).unwrap();
+    c.write(fd, b"persistent").unwrap();
+    c.close(fd).unwrap();
+    drop(c);
+    let out = run(&ctl, &[&a[..], &["stop"]].concat(), &envs(&env));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    let out = run(&ctl, &[&a[..], &["status"]].concat(), &envs(&env));
+    let caps = capacities(&text(&out.stdout));
+    assert_eq!(caps.len(), 2, "{}", text(&out.stdout));
+    for c in caps {
+        assert!(
+            c > (256 << 20) - (1 << 20) && c <= 256 << 20,
+            "capacity {c}"
+        );
+    }
+    let c = client(&env, false).unwrap();
+    let fd = c.open("/kept", libc::O_RDONLY, 0).unwrap();
+    let mut b = [0u8; 32];
+    let n = c.read(fd, &mut b).unwrap();
+    assert_eq!(&b[..n], b"persistent");
+    c.close(fd).unwrap();
+    drop(c);
+    let out = run(&ctl, &[&a[..], &["stop"]].concat(), &envs(&env));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn nothing_to_act_on_is_an_error_and_stop_waits_for_unrecorded_servers() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let wrong = sc.dir.path().join("wrong").to_string_lossy().into_owned();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap(), "-n", "2"];
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = eval_env(&text(&out.stdout));
+    let servers = var(&env, "CHFS_SERVER").unwrap().to_string();
+    let pids = recorded_pids(&sc.scratch());
+    assert_eq!(pids.len(), 2);
+
+    // A wrong -c and no CHFS_SERVER: every action that needs servers says
+    // so and fails; the pool keeps running untouched.
+    for action in ["stop", "clean", "kill", "status"] {
+        let out = run(&ctl, &["-c", &wrong, action], &[]);
+        assert_eq!(out.status.code(), Some(1), "{action}");
+        let err = text(&out.stderr);
+        assert!(err.contains("no server found"), "{action}: {err}");
+        assert!(
+            err.contains(&wrong),
+            "{action} names the scratch directory: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{action}");
+    }
+    // Missing -c (the default scratch directory has none of this test's).
+    let out = run(&ctl, &["stop"], &[("USER", "chfsctl-test-nobody")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/tmp/chfsctl-test-nobody"));
+    for p in &pids {
+        assert!(chfsd_alive(*p), "pid {p} untouched");
+    }
+
+    // Only CHFS_SERVER (wrong -c): the servers are asked to stop and stop
+    // returns once they have exited.
+    let out = run(
+        &ctl,
+        &["-v", "-c", &wrong, "stop"],
+        &[("CHFS_SERVER", &servers)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for p in &pids {
+        assert!(!chfsd_alive(*p), "pid {p} still runs when stop returned");
+    }
+    assert!(
+        text(&out.stderr).contains("2 server(s) not recorded in"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Again: nothing answers and nothing is recorded there.
+    let out = run(&ctl, &["-c", &wrong, "stop"], &[("CHFS_SERVER", &servers)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no server found") && err.contains("cannot be reached"),
+        "{err}"
+    );
+
+    // clean with the right -c removes the files, a second clean finds
+    // nothing.
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!sc.scratch().exists());
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no server found"));
+}
+
+#[test]
+fn status_aligns_down_servers() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap(), "-n", "3"];
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let host = hostname();
+    let pid0: u32 = std::fs::read_to_string(sc.scratch().join(format!("chfsd@{host}@0.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on the chfsd this test started (its recorded PID).
+    unsafe { libc::kill(pid0 as i32, libc::SIGKILL) };
+    let t = std::time::Instant::now();
+    while chfsd_alive(pid0) && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run(&ctl, &[&a[..], &["status"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(1), "a server is down");
+    let table = text(&out.stdout);
+    let lines: Vec<&str> = table.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    let header = lines[0];
+    // Every column ends where the header's does: PID right-aligned, HOST
+    // left-aligned, in every row, up or down.
+    let pid_end = header.find("PID").unwrap() + 3;
+    let host_at = header.find("HOST").unwrap();
+    let mut down = 0;
+    for l in &lines[1..] {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let host_field = format!("{host}#");
+        assert_eq!(l.find(&host_field), Some(host_at), "HOST column:\n{table}");
+        let pid = w[7];
+        assert!(l[..pid_end].ends_with(pid), "PID column:\n{table}");
+        assert_eq!(l.find(w[1]), header.find("STATE"), "STATE column:\n{table}");
+        if w[1] == "DOWN" {
+            down += 1;
+            assert_eq!(w[2..7], ["-"; 5], "no figures for a down server:\n{table}");
+            assert_eq!(pid, pid0.to_string());
+            assert!(w.len() > 9, "the reason after the host:\n{table}");
+        }
+    }
+    assert_eq!(down, 1, "{table}");
+    let out = run(&ctl, &[&a[..], &["stop"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn scratch_default_without_user_is_the_account_name() {
+    let name = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let name = text(&name.stdout).trim().to_string();
+    let out = tool(&bin("chfsctl"), &["-v", "status"], &[])
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("scratch /tmp/{name}\n")), "{err}");
 }

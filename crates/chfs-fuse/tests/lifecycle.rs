@@ -80,13 +80,49 @@ fn background_mode_with_pid_file() {
     sh(&format!("fusermount3 -u {}", q(&mp)));
     let t = Instant::now();
     // SAFETY: probing whether the recorded PID still exists.
-    while unsafe { libc::kill(pid, 0) } == 0 {
+    while unsafe { libc::kill(pid, 0) } == 0 && !is_zombie(pid) {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "daemon still running"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert!(!pidf.exists(), "the PID file is removed at unmount");
+}
+
+/// Has process `pid` exited, waiting to be reaped (by an init that does
+/// not)?
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'))
+    })
+}
+
+#[test]
+fn foreground_pid_file_goes_at_unmount_and_the_log_is_plain_text() {
+    let pool = pool(1);
+    let dir = tempfile::tempdir().unwrap();
+    let pidf = dir.path().join("chfuse.pid");
+    let mut m = Mount::new(&pool, &["--pid-file", pidf.to_str().unwrap()]);
+    let recorded = std::fs::read_to_string(&pidf).unwrap();
+    assert_eq!(recorded.trim(), m.pid().to_string());
+    std::fs::write(m.p("f"), b"x").unwrap();
+    signal(m.pid(), libc::SIGTERM);
+    let st = m.wait_exit(Duration::from_secs(10)).expect("chfuse exits");
+    assert!(st.success(), "{st}");
+    assert!(!pidf.exists(), "the PID file is removed at unmount");
+    // Its standard error went to a file: no colour codes there.
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(log.contains("mounted"), "{log}");
+    assert!(!log.contains('\x1b'), "escape codes in the log: {log:?}");
+
+    // A PID file another chfuse has taken over since is left alone.
+    let mut m = Mount::new(&pool, &["--pid-file", pidf.to_str().unwrap()]);
+    std::fs::write(&pidf, "999999\n").unwrap();
+    signal(m.pid(), libc::SIGTERM);
+    m.wait_exit(Duration::from_secs(10)).expect("chfuse exits");
+    assert_eq!(std::fs::read_to_string(&pidf).unwrap(), "999999\n");
 }
 
 #[test]

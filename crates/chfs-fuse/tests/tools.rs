@@ -610,3 +610,55 @@ fn root_has_real_times_and_df_shows_free_space() {
     assert!(used >= 1 << 20, "df used {used}: {line}");
     assert!(avail > 0 && total > used, "df shows no free space: {line}");
 }
+
+/// MemAvailable of this host, in bytes.
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn df_of_servers_without_a_size_shows_free_memory_per_server() {
+    // Two DRAM servers without -s on this host (SEMANTICS.md, statfs / df).
+    let pool = pool(2);
+    let m = Mount::new(&pool, &[]);
+    std::fs::write(m.p("f"), pattern(3 << 20, 5)).unwrap();
+    let c = std::ffi::CString::new(m.mp.to_str().unwrap()).unwrap();
+    // SAFETY: statvfs is plain data filled by the call.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    let before = mem_available();
+    // SAFETY: valid path and out pointer.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    let after = mem_available();
+    let bs = s.f_frsize;
+    let (size, free, avail) = (s.f_blocks * bs, s.f_bfree * bs, s.f_bavail * bs);
+    // What is stored counts as used; the rest is what each server's medium
+    // can still take, free memory, counted once per server.
+    assert!(size - free >= 3 << 20, "used {}", size - free);
+    assert!(size - free < 64 << 20, "used {}", size - free);
+    assert_eq!(free, avail);
+    let (lo, hi) = (before.min(after), before.max(after));
+    assert!(
+        avail > 2 * lo - lo / 5 && avail < 2 * hi + hi / 5,
+        "available {avail}, 2 x MemAvailable {} .. {}",
+        2 * lo,
+        2 * hi
+    );
+    // Files: the entries stored plus the free blocks.
+    assert!(s.f_files > s.f_ffree && s.f_ffree == s.f_bfree);
+    // df agrees, far from 100 % used.
+    let out = sh(&format!("df -P {} | tail -1", q(&m.mp)));
+    let pct: u32 = out
+        .split_whitespace()
+        .nth(4)
+        .unwrap()
+        .trim_end_matches('%')
+        .parse()
+        .unwrap();
+    assert!(pct < 50, "{out}");
+}

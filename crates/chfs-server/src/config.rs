@@ -79,7 +79,8 @@ pub struct Config {
     #[arg(long = "log-level", env = "CHFS_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
-    /// Log file (default: standard error).
+    /// Log file (default: standard error). Plain text; colours only when
+    /// standard error is a terminal.
     #[arg(short = 'l', long = "log-file")]
     pub log_file: Option<PathBuf>,
 

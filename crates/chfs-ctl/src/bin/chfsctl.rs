@@ -34,6 +34,13 @@ enum Action {
 ///   eval $(chfsctl -h $HOSTFILE -m /tmp/$USER/mnt start)
 ///   ... run the job (CHFS_SERVER is set) ...
 ///   chfsctl -h $HOSTFILE -m /tmp/$USER/mnt stop
+///   chfsctl -h $HOSTFILE clean
+///
+/// stop, status, kill and clean act on the servers recorded in the scratch
+/// directory (-c) of the hosts (-h), and stop and status also on the pool
+/// named by CHFS_SERVER; with nothing found they say "no server found" and
+/// exit 1. They need the same -c and -h as start (-m to unmount); the
+/// other options of start are not needed.
 ///
 /// Exit status: 0 success, 1 a host or server failed (each error line names
 /// it), 2 bad usage.
@@ -55,7 +62,9 @@ struct Args {
     hostfile: Option<PathBuf>,
 
     /// Scratch directory on every host: pid, address and log files of the
-    /// servers, the pool's secret. Default /tmp/$USER.
+    /// servers, the pool's secret. Default /tmp/$USER (without $USER, the
+    /// name of the user running chfsctl). stop, status, kill and clean find
+    /// the servers through it: give them the -c (and -h) of start.
     #[arg(short = 'c', long = "scratch")]
     scratch: Option<String>,
 
@@ -86,7 +95,9 @@ struct Args {
     #[arg(long = "store")]
     store: Option<String>,
 
-    /// Store size of every server (K, M, G, T suffixes); chfsd -s.
+    /// Store size of every server (K, M, G, T suffixes); chfsd -s. Default:
+    /// 1G for a new pmem store (as CHFS's chfsctl), no limit but memory or
+    /// disk for mem and posix.
     #[arg(short = 's', long = "db-size")]
     db_size: Option<String>,
 
@@ -159,7 +170,7 @@ struct Args {
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
 
-    /// start | stop | status | kill | clean
+    /// start | stop | status | kill | clean | rebalance
     #[arg(value_enum)]
     action: Action,
 }
@@ -172,13 +183,33 @@ fn sibling(name: &str) -> String {
         .map_or_else(|| name.to_string(), |p| p.to_string_lossy().into_owned())
 }
 
+/// `$USER`, else the name of this process's user (as the original's
+/// `${USER:=$(id -un)}`), else its uid.
 fn user() -> String {
-    std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| {
-            // SAFETY: getuid cannot fail and touches no memory.
-            unsafe { libc::getuid() }.to_string()
-        })
+    if let Some(u) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
+        return u;
+    }
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    // SAFETY: passwd is plain data (integers and pointers); all zeros is a
+    // valid value that getpwuid_r overwrites.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0u8; 4096];
+    let mut res: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: pw, buf (of buf.len() bytes) and res are valid for the call;
+    // on success res points to pw, whose strings live in buf.
+    let rc =
+        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut res) };
+    if rc == 0 && !res.is_null() && !pw.pw_name.is_null() {
+        // SAFETY: pw_name is a NUL-terminated string inside buf.
+        let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+        if let Ok(n) = name.to_str() {
+            if !n.is_empty() {
+                return n.to_string();
+            }
+        }
+    }
+    uid.to_string()
 }
 
 fn this_host() -> String {
@@ -349,7 +380,13 @@ fn run(a: &Args) -> Result<i32, CtlError> {
             Ok(if ok { 0 } else { 1 })
         }
         Action::Kill => o.kill().map(|_| 0),
-        Action::Clean => o.clean().map(|_| 0),
+        Action::Clean => {
+            let r = o.clean()?;
+            if a.verbose {
+                eprint!("{r}");
+            }
+            Ok(0)
+        }
         Action::Rebalance => {
             print!("{}", o.rebalance()?);
             Ok(0)

@@ -79,7 +79,7 @@ struct Args {
     /// Kernel read-ahead in KiB (root only; 0 = kernel default of 128).
     #[arg(long, default_value_t = 1024)]
     read_ahead_kb: u32,
-    /// Write the daemon's PID here once mounted.
+    /// Write the daemon's PID here once mounted (removed at unmount).
     #[arg(long)]
     pid_file: Option<PathBuf>,
     /// Log file of the background daemon (default: none; -f logs to stderr).
@@ -285,7 +285,17 @@ fn main() -> ExitCode {
         }
     });
     match r {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            // Unmounted: the PID file goes with the daemon (unless another
+            // chfuse has written its own there since).
+            if let Some(p) = &args.pid_file {
+                let ours = format!("{}", std::process::id());
+                if std::fs::read_to_string(p).is_ok_and(|s| s.trim() == ours) {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             tracing::error!(error = %e, "chfuse failed");
             if let Some(mut w) = ready_report {

@@ -1,7 +1,7 @@
 //! chfsd: the chfs-rs server daemon.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::os::fd::FromRawFd;
 
 use clap::Parser;
@@ -117,7 +117,12 @@ fn main() {
                 format!("cannot open log file {}: {e}", path.display()),
             ),
         },
-        None => builder.with_writer(std::io::stderr).init(),
+        // Colours only on a terminal: plain text into a pipe or a file
+        // (a launcher's log, `2> file`).
+        None => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .init(),
     }
     // The pipe is closed as soon as the server serves, so the foreground
     // process can exit.
