@@ -1846,14 +1846,19 @@ fn errno_in(msg: &str) -> i32 {
 /// was changed in the cache (by anyone before `m` was read, or by this
 /// descriptor: `wrote`).
 fn rw_flags(m: &Meta, wrote: bool) -> u16 {
-    use chfs_proto::meta::FLAG_MODIFIED;
+    use chfs_proto::meta::{FLAG_DAMAGED, FLAG_MODIFIED};
     use chfs_proto::msg::rw;
-    if m.flags & FLAG_CACHED == 0 {
-        0
-    } else if wrote || m.flags & FLAG_MODIFIED != 0 {
-        rw::BACKEND | rw::MODIFIED
+    let damaged = if m.flags & FLAG_DAMAGED != 0 {
+        rw::DAMAGED
     } else {
-        rw::BACKEND
+        0
+    };
+    if m.flags & FLAG_CACHED == 0 {
+        damaged
+    } else if wrote || m.flags & FLAG_MODIFIED != 0 {
+        rw::BACKEND | rw::MODIFIED | damaged
+    } else {
+        rw::BACKEND | damaged
     }
 }
 

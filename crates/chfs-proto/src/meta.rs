@@ -44,6 +44,12 @@ pub const FLAG_BACKEND_ONLY: u16 = 16;
 /// server cannot be fetched again from the backend (it may have been
 /// changed here and lost before it was flushed).
 pub const FLAG_MODIFIED: u16 = 32;
+/// A regular file that may have lost chunks: a server that held some of
+/// them restarted with an empty store after the file's epoch (set on the
+/// entry by its server when the pool records the replacement). A chunk of
+/// it that no server holds reads as EIO, not as a hole, wherever renames
+/// or rebalancing move its chunks. Cleared when the file is cut to zero.
+pub const FLAG_DAMAGED: u16 = 64;
 
 /// File metadata as stored with a chunk and carried on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

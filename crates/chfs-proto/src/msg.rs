@@ -88,6 +88,9 @@ pub mod rw {
     /// ([`crate::meta::FLAG_MODIFIED`], or by this client): a chunk a
     /// replaced server lacks is not fetched from the backend again (EIO).
     pub const MODIFIED: u16 = 4;
+    /// The file's entry has [`crate::meta::FLAG_DAMAGED`]: a chunk the
+    /// server does not hold is lost, not a hole (EIO).
+    pub const DAMAGED: u16 = 8;
 }
 
 /// Write-back state of a server (or of a subtree on it).

@@ -6,10 +6,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
 use chfs_proto::meta::{
-    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_MODIFIED, FLAG_PARTIAL, FLAG_WHITEOUT,
+    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_DAMAGED, FLAG_MODIFIED, FLAG_PARTIAL,
+    FLAG_WHITEOUT,
 };
 use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
 use chfs_proto::path::validate;
+use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::{Chunk, StoreError};
 use tracing::{debug_span, info, warn, Instrument};
@@ -156,7 +158,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     servers = list.servers.len(),
                     "server list updated"
                 );
-                sh.set_list(list);
+                let old = cur.ring.list().clone();
+                sh.set_list(list.clone());
+                mark_damaged(sh, &old, &list).await;
             }
             Ok(Response::Ok)
         }
@@ -291,9 +295,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             // the whole chunk defines all of it.)
             let whole = off == 0 && data.len() == chunk_size as usize;
             if idx > 0 && !whole {
-                if let Some(why) = sh.placement().may_have_lost(epoch) {
+                if let Some(why) = sh.placement().may_have_lost(epoch, flags) {
                     let held = st.meta(&path, idx).map_err(|e| store_err(&path, e))?;
-                    if !held.is_some_and(|m| m.fileid == fileid)
+                    if held.is_none_or(|m| m.fileid != fileid)
                         && (flags & rw::BACKEND == 0 || flags & rw::MODIFIED != 0)
                     {
                         return Err(lost(sh, &path, idx, &why));
@@ -362,13 +366,13 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             epoch,
         } => {
             Counters::inc(&sh.counters.reads);
-            let loss = sh.placement().may_have_lost(epoch);
+            let loss = sh.placement().may_have_lost(epoch, flags);
             if let (Some(why), Some(_)) = (&loss, cache) {
                 // Fetching a chunk of a file changed in the cache again
                 // from the backend could bring back bytes it replaced.
                 if flags & rw::BACKEND != 0 && flags & rw::MODIFIED != 0 {
                     let held = st.meta(&path, idx).map_err(|e| store_err(&path, e))?;
-                    if !held.is_some_and(|m| m.fileid == fileid) {
+                    if held.is_none_or(|m| m.fileid != fileid) {
                         return Err(lost(sh, &path, idx, why));
                     }
                 }
@@ -436,6 +440,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                         // No byte of it is left anywhere: nothing can be
                         // lost with a server replaced before now.
                         m.set_epoch(version);
+                        m.flags &= !FLAG_DAMAGED;
                     }
                     if m.flags & FLAG_CACHED != 0 {
                         m.flags |= FLAG_MODIFIED;
@@ -736,6 +741,7 @@ async fn join(sh: &Arc<Shared>, addr: String, fresh: bool) -> Reply {
         }
     }
     sh.set_list(new.clone());
+    mark_damaged(sh, list, &new).await;
     let pushes = new
         .servers
         .iter()
@@ -847,6 +853,81 @@ fn lost(sh: &Shared, path: &str, idx: u64, why: &str) -> ErrorReply {
         libc::EIO,
         format!("chunk {idx} of {path} on server {}: {why}", sh.me),
     )
+}
+
+/// After `new` recorded servers that restarted with an empty store (their
+/// [`ServerList::since`] grew), marks the entries held here of the regular
+/// files that may have had chunks on them ([`FLAG_DAMAGED`]: created
+/// before, with data, some chunk index placed there), so that their lost
+/// chunks read as EIO wherever a rename or a rebalance moves the rest.
+/// Done before the list change is answered.
+///
+/// [`ServerList::since`]: chfs_proto::ring::ServerList::since
+async fn mark_damaged(sh: &Arc<Shared>, old: &ServerList, new: &ServerList) {
+    let replaced: Vec<(usize, u64)> = new
+        .servers
+        .iter()
+        .enumerate()
+        .filter(|(i, addr)| {
+            let before = old
+                .servers
+                .iter()
+                .position(|a| a == *addr)
+                .map_or(0, |j| old.since(j));
+            new.since(*i) > before && **addr != sh.me
+        })
+        .map(|(i, _)| (i, new.since(i)))
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    let (sh2, ring) = (sh.clone(), Ring::new(new.clone()));
+    let r = tokio::task::spawn_blocking(move || -> Result<u64, StoreError> {
+        let st = &*sh2.store;
+        let mut marked = 0;
+        for path in st.paths_below("/")? {
+            let Some(m) = st.meta(&path, 0)? else {
+                continue;
+            };
+            let cs = m.chunk_size.max(1) as u64;
+            let chunks = m.size.div_ceil(cs);
+            let hit = |&(s, since): &(usize, u64)| {
+                since > m.epoch() as u64
+                    && (chunks > ring.len() as u64
+                        || (1..chunks).any(|idx| ring.owner(&path, idx) == s))
+            };
+            if !m.is_reg()
+                || m.size == 0
+                || m.flags & FLAG_DAMAGED != 0
+                || !replaced.iter().any(hit)
+            {
+                continue;
+            }
+            let r = st.update_meta(&path, 0, &mut |m| {
+                m.flags |= FLAG_DAMAGED;
+                Ok(())
+            });
+            match r {
+                Ok(_) => marked += 1,
+                Err(StoreError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(marked)
+    })
+    .await;
+    match r {
+        Ok(Ok(n)) => {
+            if n > 0 {
+                warn!(
+                    files = n,
+                    "files that may have lost chunks with a restarted server are marked damaged"
+                );
+            }
+        }
+        Ok(Err(e)) => warn!("cannot mark the files that lost chunks: {e}"),
+        Err(e) => warn!("cannot mark the files that lost chunks: {e}"),
+    }
 }
 
 /// Marks a cached backend file as written in the cache ([`FLAG_MODIFIED`]).

@@ -65,15 +65,22 @@ impl Placement {
         self.me.map_or(0, |i| self.ring.list().since(i))
     }
 
-    /// Why a chunk of a file of `epoch` ([`Meta::epoch`]) that this server
-    /// does not hold may have been lost rather than never written; None
-    /// when it is a hole. See SEMANTICS.md, "Faults".
+    /// Why a chunk of a file of `epoch` ([`Meta::epoch`]), read or written
+    /// with `rw::*` `flags`, that this server does not hold may have been
+    /// lost rather than never written; None when it is a hole. See
+    /// SEMANTICS.md, "Faults".
     ///
     /// [`Meta::epoch`]: chfs_proto::Meta::epoch
-    pub fn may_have_lost(&self, epoch: u32) -> Option<String> {
+    pub fn may_have_lost(&self, epoch: u32, flags: u16) -> Option<String> {
         let since = self.since();
         let version = self.ring.list().version;
-        if since > epoch as u64 {
+        if flags & chfs_proto::msg::rw::DAMAGED != 0 {
+            Some(
+                "the file lost chunks when a server restarted with an empty store, \
+                 and no server holds this one"
+                    .to_string(),
+            )
+        } else if since > epoch as u64 {
             Some(format!(
                 "the chunk may have been lost: this server started with an empty store, \
                  replacing an earlier one (server list version {since}), after the file \
