@@ -4,7 +4,8 @@
 #                      chstagein chfs (and, with --benches, chfs-bench
 #                      chfuse-bench chfs-cache-bench)
 #   PREFIX/share/man/  a manual page for each of them (man1, chfsd in man8)
-#   PREFIX/share/doc/chfs-rs/  the doc/ pages
+#   PREFIX/share/doc/chfs-rs/  the doc/ pages and io500-chfind.sh (IO500's
+#                      find phase, doc/io500.md)
 #   PREFIX/lib/libchfs.so*, PREFIX/include/chfs.h, PREFIX/lib/pkgconfig/chfs.pc
 # so that `pkg-config --cflags --libs chfs` is all a C build needs and
 # `man chfsctl` works once PREFIX/bin is on the PATH.
@@ -87,6 +88,8 @@ done
 # Documents, then a manual page per program from its --help, naming the
 # others and its document.
 install -m 644 "$root"/doc/*.md "$prefix/share/doc/chfs-rs/"
+# IO500's find phase script (doc/io500.md).
+install -m 755 "$root/scripts/io500-chfind.sh" "$prefix/share/doc/chfs-rs/io500-chfind.sh"
 see_also=""
 for p in "${install_progs[@]}"; do
     see_also="${see_also:+$see_also, }${p%%:*}(${p##*:})"

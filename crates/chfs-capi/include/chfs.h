@@ -98,7 +98,7 @@ void chfs_set_rdma_thresh(size_t thresh);
 void chfs_set_rpc_timeout_msec(int timeout);
 /* Server list cache time in s (takes effect at chfs_init). */
 void chfs_set_node_list_cache_timeout(int timeout);
-/* Buffer size of chfs_stagein (default 1 MiB; ignored if <= 0). */
+/* Accepted for compatibility: chfs_stagein copies in 1 MiB pieces. */
 void chfs_set_stagein_buf_size(int buf_size);
 
 /* ---- files ------------------------------------------------------------ */
@@ -167,11 +167,13 @@ int chfs_readlink(const char *path, char *buf, size_t size);
  * a backend write error with no progress for 10 s). chfs_term() does the
  * same before disconnecting. */
 void chfs_sync(void);
-/* Copies local `path` (file, directory or symbolic link) into CHFS at
- * CHFS_SUBDIR_PATH/path, creating missing parent directories. If `path` does
- * not exist locally, the servers stage CHFS_SUBDIR_PATH/path in from their
- * backend (cache mode: chfsd --backend), a directory recursively; without a
- * backend that fails with ENOENT. */
+/* Stages `path` in, as chstagein does: a local file, directory (with
+ * everything below it) or symbolic link is copied into CHFS at
+ * CHFS_SUBDIR_PATH/path, creating missing parent directories; a local path
+ * inside the servers' backend directory, or a path that does not exist
+ * locally, is fetched by the servers from their backend (cache mode: chfsd
+ * --backend), a directory recursively; without a backend that fails with
+ * ENOENT. */
 int chfs_stagein(const char *path);
 
 /* ---- beyond the original CHFS API ----------------------------------- */

@@ -29,9 +29,9 @@ mod settings;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, Once, RwLock};
 
 use chfs_client::{Client, Error, Stat, TimeSet, Whence};
@@ -57,7 +57,6 @@ struct Live {
 
 static LIVE: RwLock<Option<Live>> = RwLock::new(None);
 static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides::NONE);
-static STAGEIN_BUF: AtomicUsize = AtomicUsize::new(1 << 20);
 /// Highest syslog priority printed to stderr; -1 = silent.
 static LOG_LEVEL: AtomicI32 = AtomicI32::new(-1);
 static PANIC_HOOK: Once = Once::new();
@@ -504,13 +503,10 @@ pub extern "C" fn chfs_set_node_list_cache_timeout(timeout: c_int) {
     })
 }
 
-/// Buffer size used by `chfs_stagein` (ignored if <= 0).
+/// Accepted for compatibility; `chfs_stagein` copies in 1 MiB pieces
+/// (the original's default) whatever it is given.
 #[no_mangle]
-pub extern "C" fn chfs_set_stagein_buf_size(buf_size: c_int) {
-    if buf_size > 0 {
-        STAGEIN_BUF.store(buf_size as usize, Ordering::Relaxed);
-    }
-}
+pub extern "C" fn chfs_set_stagein_buf_size(_buf_size: c_int) {}
 
 // ----- files -------------------------------------------------------------
 
@@ -963,11 +959,12 @@ pub unsafe extern "C" fn chfs_access(path: *const c_char, mode: c_int) -> c_int 
 
 // ----- stage-in ----------------------------------------------------------
 
-/// Copies `path` of the local file system into CHFS at
-/// `CHFS_SUBDIR_PATH/path`: a regular file's data, a directory (created,
-/// `EEXIST` is fine) or a symbolic link. Missing parent directories are
-/// created. A path that does not exist locally is staged in by the servers
-/// from their backend (cache mode); without a backend that is `ENOENT`.
+/// Stages `path` in, by the rule of `chstagein` ([`Client::stagein`]): a
+/// local file, directory (with everything below it) or link is copied into
+/// CHFS at `CHFS_SUBDIR_PATH/path`, creating missing parents; a local path
+/// inside the pool's backend directory, or a path that does not exist
+/// locally, is fetched by the servers from their backend (cache mode;
+/// without a backend that is `ENOENT`).
 #[no_mangle]
 pub unsafe extern "C" fn chfs_stagein(path: *const c_char) -> c_int {
     ffi("chfs_stagein", -1, || {
@@ -977,85 +974,11 @@ pub unsafe extern "C" fn chfs_stagein(path: *const c_char) -> c_int {
         let subdir = read_live()
             .as_ref()
             .map_or_else(|| "/".to_string(), |l| l.settings.subdir_path.clone());
-        stagein(&c, src, &subdir)
+        if chfs_proto::path::normalize(&format!("{subdir}/{src}"))? == "/" {
+            return Ok(0);
+        }
+        c.stagein_under(src, &subdir).map(|_| 0)
     })
-}
-
-fn io_err(what: &str, e: std::io::Error) -> Error {
-    Error::new(
-        e.raw_os_error().unwrap_or(libc::EIO),
-        format!("{what}: {e}"),
-    )
-}
-
-fn mkdir_p(c: &Client, dir: &str) -> R<()> {
-    if dir == "/" {
-        return Ok(());
-    }
-    match c.stat(dir) {
-        Ok(_) => return Ok(()),
-        Err(e) if e.errno() == libc::ENOENT => {}
-        Err(e) => return Err(e),
-    }
-    mkdir_p(c, chfs_proto::path::parent(dir))?;
-    match c.mkdir(dir, 0o755) {
-        Err(e) if e.errno() != libc::EEXIST => Err(e),
-        _ => Ok(()),
-    }
-}
-
-fn stagein(c: &Client, src: &str, subdir: &str) -> R<c_int> {
-    use std::os::unix::fs::PermissionsExt;
-    let dst = chfs_proto::path::normalize(&format!("{subdir}/{src}"))?;
-    if dst == "/" {
-        return Ok(0);
-    }
-    let md = match std::fs::symlink_metadata(src) {
-        Ok(md) => md,
-        // Not a local path: in cache mode the servers fetch it from their
-        // backend (every chunk by its owner, in parallel).
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return c.stagein(&dst).map(|_| 0);
-        }
-        Err(e) => return Err(io_err(src, e)),
-    };
-    let mode = md.permissions().mode() & 0o7777;
-    mkdir_p(c, chfs_proto::path::parent(&dst))?;
-    let ft = md.file_type();
-    if ft.is_dir() {
-        match c.mkdir(&dst, mode | 0o700) {
-            Err(e) if e.errno() != libc::EEXIST => return Err(e),
-            _ => return Ok(0),
-        }
-    }
-    if ft.is_symlink() {
-        let t = std::fs::read_link(src).map_err(|e| io_err(src, e))?;
-        let t = t
-            .to_str()
-            .ok_or_else(|| Error::new(libc::EINVAL, format!("{src}: link target is not UTF-8")))?;
-        c.symlink(t, &dst)?;
-        return Ok(0);
-    }
-    if !ft.is_file() {
-        return Err(Error::new(
-            libc::ENOTSUP,
-            format!("{src}: not a file, directory or link"),
-        ));
-    }
-    let mut f = std::fs::File::open(src).map_err(|e| io_err(src, e))?;
-    let fd = c.open(&dst, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, mode)?;
-    let mut buf = vec![0u8; STAGEIN_BUF.load(Ordering::Relaxed)];
-    let r: R<()> = (|| loop {
-        let n = f.read(&mut buf).map_err(|e| io_err(src, e))?;
-        if n == 0 {
-            return Ok(());
-        }
-        c.write(fd, &buf[..n])?;
-    })();
-    let closed = c.close(fd);
-    r?;
-    closed?;
-    Ok(0)
 }
 
 #[cfg(test)]

@@ -1069,7 +1069,14 @@ exit 0
                             s.flush.bytes.to_string()
                         },
                         s.requests.to_string(),
+                        s.lost.to_string(),
                     ];
+                    if s.since > 0 {
+                        row.note = format!(
+                            "started with an empty store, replacing a lost one (list version {})",
+                            s.since
+                        );
+                    }
                 }
                 Err(e) => {
                     all_ok = false;
@@ -1190,8 +1197,9 @@ fn pat_quote(p: &str) -> String {
 struct StatusRow {
     server: String,
     state: &'static str,
-    /// Entries, bytes, capacity, dirty bytes, requests ("-" when unknown).
-    numbers: [String; 5],
+    /// Entries, bytes, capacity, dirty bytes, requests, lost ("-" when
+    /// unknown).
+    numbers: [String; 6],
     pid: String,
     host: String,
     /// Why a server is down.
@@ -1209,17 +1217,24 @@ fn render_status(rows: &[StatusRow]) -> String {
         .unwrap_or(0)
         .max(24);
     let hw = rows.iter().map(|r| r.host.len()).max().unwrap_or(0).max(4);
-    let line = |server: &str, state: &str, n: [&str; 5], pid: &str, host: &str, note: &str| {
+    let line = |server: &str, state: &str, n: [&str; 6], pid: &str, host: &str, note: &str| {
         let l = format!(
-            "{server:<sw$} {state:<5} {:>10} {:>14} {:>14} {:>12} {:>10} {pid:>7}  {host:<hw$}  {note}",
-            n[0], n[1], n[2], n[3], n[4]
+            "{server:<sw$} {state:<5} {:>10} {:>14} {:>14} {:>12} {:>10} {:>6} {pid:>7}  {host:<hw$}  {note}",
+            n[0], n[1], n[2], n[3], n[4], n[5]
         );
         format!("{}\n", l.trim_end())
     };
     let mut out = line(
         "SERVER",
         "STATE",
-        ["ENTRIES", "BYTES", "CAPACITY", "DIRTY_BYTES", "REQUESTS"],
+        [
+            "ENTRIES",
+            "BYTES",
+            "CAPACITY",
+            "DIRTY_BYTES",
+            "REQUESTS",
+            "LOST",
+        ],
         "PID",
         "HOST",
         "",

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -128,6 +129,10 @@ fn install_puts_programs_pages_and_documents_under_the_prefix() {
     }
     for d in ["chfsctl.md", "chfind.md", "cache-mode.md"] {
         assert!(p.join("share/doc/chfs-rs").join(d).is_file(), "{d}");
+    }
+    {
+        let s = p.join("share/doc/chfs-rs/io500-chfind.sh");
+        assert!(std::fs::metadata(&s).unwrap().permissions().mode() & 0o111 != 0);
     }
 
     // chfsctl's page: its actions and options, found through MANPATH.

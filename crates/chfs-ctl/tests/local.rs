@@ -729,14 +729,14 @@ fn status_aligns_down_servers() {
         let w: Vec<&str> = l.split_whitespace().collect();
         let host_field = format!("{host}#");
         assert_eq!(l.find(&host_field), Some(host_at), "HOST column:\n{table}");
-        let pid = w[7];
+        let pid = w[8];
         assert!(l[..pid_end].ends_with(pid), "PID column:\n{table}");
         assert_eq!(l.find(w[1]), header.find("STATE"), "STATE column:\n{table}");
         if w[1] == "DOWN" {
             down += 1;
-            assert_eq!(w[2..7], ["-"; 5], "no figures for a down server:\n{table}");
+            assert_eq!(w[2..8], ["-"; 6], "no figures for a down server:\n{table}");
             assert_eq!(pid, pid0.to_string());
-            assert!(w.len() > 9, "the reason after the host:\n{table}");
+            assert!(w.len() > 10, "the reason after the host:\n{table}");
         }
     }
     assert_eq!(down, 1, "{table}");

@@ -420,7 +420,10 @@ main(int argc, char **argv)
 	snprintf(p, sizeof p, "%s/in/link", argv[3]);
 	CHECK(symlink("data", p) == 0);
 	chfs_set_stagein_buf_size(4);		/* several reads per file */
-	CHECK_EQ(chfs_stagein(local), 0);
+	CHECK_EQ(chfs_stagein(local), 0);	/* the directory and its contents */
+	snprintf(p, sizeof p, "%s/in/data", argv[3]);
+	CHECK_EQ(chfs_stat(p, &st), 0);
+	CHECK_EQ(st.st_size, 12);
 	CHECK_EQ(chfs_stagein(local), 0);	/* existing directory is fine */
 	snprintf(p, sizeof p, "%s/in/data", argv[3]);
 	CHECK_EQ(chfs_stagein(p), 0);
