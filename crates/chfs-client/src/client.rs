@@ -100,7 +100,7 @@ fn unexpected(r: Response) -> Error {
 
 fn expect_meta(r: Result<Response>) -> Result<Meta> {
     match r? {
-        Response::Meta(m) => Ok(m),
+        Response::Meta(m) | Response::Sized { meta: m, .. } => Ok(m),
         other => Err(unexpected(other)),
     }
 }
@@ -1335,9 +1335,26 @@ impl Client {
             data_chunks |= idx > 0;
             done += n;
         }
+        let full_end = off + buf.len() as u64;
+        // The size is published with the data (no round trip of its own);
+        // should a chunk then fail, it is taken back below.
+        let publish = s.eager_publish && data_chunks && full_end > s.published;
+        if publish {
+            ops.push(Op::req(
+                st.ring.owner_of_hash(f.hash, 0),
+                &Request::SetSize {
+                    path: f.path.clone(),
+                    size: full_end,
+                    grow_only: true,
+                    if_size: None,
+                },
+            ));
+        }
+        let mut results = self.pipeline(st, ops);
+        let published = if publish { results.pop() } else { None };
         let mut stored = 0usize;
         let mut first_err = None;
-        for (r, n) in self.pipeline(st, ops).into_iter().zip(lens) {
+        for (r, n) in results.into_iter().zip(lens) {
             let e = match r {
                 Ok(Response::Written(_)) if first_err.is_none() => {
                     stored += n;
@@ -1349,28 +1366,43 @@ impl Client {
             };
             first_err.get_or_insert(e);
         }
+        let end = off + stored as u64;
+        match published {
+            Some(Ok(Response::Sized { meta, before })) => {
+                if stored < buf.len() && meta.size == full_end && before < full_end {
+                    // Our publish grew the size over bytes that were not
+                    // stored: back to what it was, or to the stored
+                    // prefix's end, unless it changed since (then the
+                    // change stands).
+                    let req = Request::SetSize {
+                        path: f.path.clone(),
+                        size: before.max(end),
+                        grow_only: false,
+                        if_size: Some(full_end),
+                    };
+                    match expect_meta(self.call_owner(st, &f.path, 0, &req)) {
+                        Ok(m) => s.published = m.size,
+                        Err(e) => return (stored, Some(first_err.unwrap_or(e))),
+                    }
+                } else if stored == buf.len() {
+                    s.published = s.published.max(meta.size);
+                }
+            }
+            Some(Ok(other)) => {
+                first_err.get_or_insert(unexpected(other));
+            }
+            Some(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            None => {}
+        }
         if stored == 0 {
             return (0, first_err);
         }
         self.inner.names.touched(&f.path);
-        let end = off + stored as u64;
         s.written_end = s.written_end.max(end);
-        if s.eager_publish && data_chunks && end > s.published {
-            // Published once the data is stored, never with it: the size
-            // must not cover bytes a failed chunk did not store.
-            let req = Request::SetSize {
-                path: f.path.clone(),
-                size: end,
-                grow_only: true,
-                if_size: None,
-            };
-            match expect_meta(self.call_owner(st, &f.path, 0, &req)) {
-                Ok(m) => s.published = s.published.max(m.size),
-                Err(e) => {
-                    s.need_publish = true;
-                    return (stored, Some(first_err.unwrap_or(e)));
-                }
-            }
+        if publish && stored == buf.len() && first_err.is_none() {
+            // Published above.
         } else if data_chunks {
             s.need_publish = true;
         } else {

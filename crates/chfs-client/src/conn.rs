@@ -78,8 +78,8 @@ pub(crate) struct Conn {
     local: bool,
     /// The socket (for [`Conn::closed_by_server`]; owned by `writer`).
     fd: std::os::fd::RawFd,
-    /// When the connection was opened, and ns after that of its last send
-    /// or reply.
+    /// When the connection was opened, and ns after that of the last reply
+    /// read from it.
     opened: Instant,
     last_io: AtomicU64,
 }
@@ -508,7 +508,6 @@ impl Conn {
             // A frame cut short is never carried out.
             return Err(io_err(addr, "send failed", e).with_conn_fault(ConnFault::NotSent));
         }
-        self.note_io();
         Ok(Ticket { id })
     }
 

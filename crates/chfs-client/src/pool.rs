@@ -158,10 +158,15 @@ impl Pool {
     /// The connection to server `i`, opened (or re-opened) on demand: the
     /// calling CPU's lane to a local server when lanes are on.
     pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
-        let shared = self.shared_conn(st, i)?;
+        // (the shared connection tells whether the server is local even
+        // when a lane carries the request: only checked when used)
+        let shared = self.shared_conn(st, i, false)?;
         let c = match self.wants_lane() && shared.is_local() {
-            true => self.lane_conn(st, i).unwrap_or(shared),
-            false => shared,
+            true => match self.lane_conn(st, i) {
+                Some(lane) => lane,
+                None => self.shared_conn(st, i, true)?,
+            },
+            false => self.shared_conn(st, i, true)?,
         };
         if let Some(w) = self.window.get() {
             c.offer_window(w);
@@ -221,15 +226,17 @@ impl Pool {
         }
     }
 
-    /// The shared connection to server `i`, opened (or re-opened) on demand.
-    fn shared_conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
+    /// The shared connection to server `i`, opened (or re-opened) on
+    /// demand; with `check`, one that looks closed by its server
+    /// ([`Conn::usable`]) is replaced too.
+    fn shared_conn(&self, st: &PoolState, i: usize, check: bool) -> Result<Arc<Conn>> {
         let slot = st
             .conns
             .get(i)
             .ok_or_else(|| Error::new(libc::EINVAL, format!("no server with index {i}")))?;
         let mut g = lock(slot);
         if let Some(c) = g.as_ref() {
-            if c.usable() {
+            if if check { c.usable() } else { c.alive() } {
                 return Ok(c.clone());
             }
         }

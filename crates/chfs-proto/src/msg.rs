@@ -296,6 +296,7 @@ pub enum Request {
         epoch: u32,
     },
     /// Set the size recorded in the entry; with `grow_only` only if larger.
+    /// The reply is [`Response::Sized`].
     SetSize {
         /// Normalised path.
         path: String,
@@ -490,6 +491,14 @@ pub enum Response {
     FlushState(FlushState),
     /// Rebalance progress.
     Rebalance(RebalanceState),
+    /// Result of a [`Request::SetSize`]: the entry after it, and the size
+    /// it had before.
+    Sized {
+        /// The entry.
+        meta: Meta,
+        /// Its size before the request.
+        before: u64,
+    },
 }
 
 fn put_meta(out: &mut Vec<u8>, m: &Meta) {
@@ -999,6 +1008,7 @@ mod tag {
     pub const COUNT: u8 = 9;
     pub const FLUSH: u8 = 10;
     pub const REBALANCE: u8 = 11;
+    pub const SIZED: u8 = 12;
 }
 
 impl Response {
@@ -1064,6 +1074,11 @@ impl Response {
                 out.put_u8(tag::COUNT);
                 out.put_u64(*c)
             }
+            Response::Sized { meta, before } => {
+                out.put_u8(tag::SIZED);
+                put_meta(out, meta);
+                out.put_u64(*before);
+            }
             Response::Rebalance(b) => {
                 out.put_u8(tag::REBALANCE);
                 out.put_u8(b.running as u8);
@@ -1098,6 +1113,10 @@ impl Response {
                 flush: get_flush(&mut r)?,
             }),
             tag::META => Response::Meta(get_meta(&mut r)?),
+            tag::SIZED => Response::Sized {
+                meta: get_meta(&mut r)?,
+                before: r.u64()?,
+            },
             tag::CREATED => Response::Created {
                 meta: get_meta(&mut r)?,
                 created: r.bool()?,
@@ -1308,6 +1327,7 @@ mod tests {
                 ..Default::default()
             }),
             Response::Count(7),
+            Response::Sized { meta, before: 9 },
             Response::FlushState(FlushState {
                 chunks: 1,
                 bytes: 2,

@@ -416,8 +416,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             if_size,
         } => {
             let version = sh.placement().ring.list().version;
+            let mut before = 0;
             let m = st
                 .update_meta(&path, 0, &mut |m| {
+                    before = m.size;
                     if m.is_dir() {
                         return Err(refuse(libc::EISDIR, "is a directory"));
                     }
@@ -451,7 +453,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 })
                 .map_err(|e| store_err(&path, e))?;
             dirty_entry(sh, &path)?;
-            Ok(Response::Meta(m))
+            Ok(Response::Sized { meta: m, before })
         }
         Request::SetAttr { path, attr } => {
             if path == "/" {
