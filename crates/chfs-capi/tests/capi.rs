@@ -471,3 +471,26 @@ fn servers_dying_under_a_c_program_give_errors_not_signals() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_full_pool_gives_short_writes_and_honest_sizes() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("enospc", tmp.path());
+    let pool = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        chfsd: Some(p.chfsd()),
+        args: vec!["--size".into(), "1M".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let out = run(clean(&exe).env("CHFS_SERVER", pool.server_string()));
+    assert!(
+        out.status.success(),
+        "{:?}: stdout {} stderr {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "enospc: ok\n");
+}

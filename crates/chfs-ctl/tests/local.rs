@@ -735,7 +735,11 @@ fn status_aligns_down_servers() {
         if w[1] == "DOWN" {
             down += 1;
             assert_eq!(w[2..8], ["-"; 6], "no figures for a down server:\n{table}");
-            assert_eq!(pid, pid0.to_string());
+            assert_eq!(
+                pid,
+                pid0.to_string(),
+                "the killed server is the down one:\n{table}"
+            );
             assert!(w.len() > 10, "the reason after the host:\n{table}");
         }
     }
