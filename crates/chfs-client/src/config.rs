@@ -53,8 +53,12 @@ pub struct ClientConfig {
     pub window: usize,
     /// How long a known directory is trusted.
     pub dir_cache: Duration,
-    /// Shared secret.
+    /// The pool secret or a client key (`chfs-client-key:HEX`), as read
+    /// from `CHFS_SECRET_FILE` / `CHFS_SECRET`; empty: none.
     pub secret: Vec<u8>,
+    /// The role this client authenticates as (applications: client; the
+    /// administrator's tools: admin, which needs the pool secret).
+    pub role: chfs_proto::handshake::Role,
     /// Reach servers on this host through their Unix socket.
     pub local_socket: bool,
     /// Let local servers copy written data straight from this process's
@@ -90,6 +94,7 @@ impl Default for ClientConfig {
             window: 64,
             dir_cache: Duration::from_millis(1000),
             secret: Vec::new(),
+            role: chfs_proto::handshake::Role::Client,
             local_socket: true,
             cma: true,
             cpu_lanes: CpuLanes::Pinned,

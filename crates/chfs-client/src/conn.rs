@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN};
-use chfs_proto::handshake::{Hello, HelloReply};
+use chfs_proto::handshake::{Auth, Connector, Credential, HelloReply, Verdict};
 use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Request, Response};
 
@@ -232,32 +232,16 @@ impl Conn {
     }
 
     fn open(addr: &str, cfg: &ClientConfig, lane: Option<u32>) -> Result<Conn> {
-        let (secret, timeout) = (&cfg.secret[..], cfg.rpc_timeout);
+        let timeout = cfg.rpc_timeout;
+        let cred = Credential::parse(&cfg.secret)
+            .map_err(|e| Error::new(libc::EINVAL, format!("CHFS_SECRET(_FILE): {e}")))?;
         let mut s = match cfg.local_socket.then(|| Stream::local(addr)).flatten() {
             Some(s) => s,
             None => Stream::Tcp(Self::connect_tcp(addr, timeout)?),
         };
         s.set_read_timeout(Some(timeout))
             .map_err(|e| io_err(addr, "socket", e))?;
-        s.write_all(&Hello::new(secret).encode())
-            .map_err(|e| io_err(addr, "handshake", e))?;
-        let mut fixed = [0u8; HelloReply::FIXED_LEN];
-        s.read_exact(&mut fixed)
-            .map_err(|e| io_err(addr, "handshake", e))?;
-        let (_, status, n) = HelloReply::decode_fixed(&fixed)
-            .map_err(|e| Error::new(libc::EPROTO, format!("server {addr}: handshake: {e}")))?;
-        let mut msg = vec![0u8; n];
-        s.read_exact(&mut msg)
-            .map_err(|e| io_err(addr, "handshake", e))?;
-        if status != 0 {
-            return Err(Error::new(
-                status,
-                format!(
-                    "server {addr} refused the connection: {}",
-                    String::from_utf8_lossy(&msg)
-                ),
-            ));
-        }
+        Self::handshake(&mut s, addr, cfg.role, &cred)?;
         // Reads wake up at least every `timeout` so that a waiter can give
         // up on a request the server does not answer.
         s.set_read_timeout(Some(timeout))
@@ -304,6 +288,52 @@ impl Conn {
             c.probe_cma();
         }
         Ok(c)
+    }
+
+    /// The handshake ([`chfs_proto::handshake`]): authenticates as `role`
+    /// with `cred` and checks that the server knows the pool's secret.
+    fn handshake(
+        s: &mut Stream,
+        addr: &str,
+        role: chfs_proto::handshake::Role,
+        cred: &Credential,
+    ) -> Result<()> {
+        let refused = |e: chfs_proto::ErrorReply| {
+            Error::new(e.errno, format!("server {addr}: {}", e.message))
+        };
+        let proto = |e: chfs_proto::ProtoError| {
+            Error::new(libc::EPROTO, format!("server {addr}: handshake: {e}"))
+        };
+        let (c, hello) = Connector::start(role, cred).map_err(refused)?;
+        let read = |s: &mut Stream, n: usize| -> Result<Vec<u8>> {
+            let mut b = vec![0u8; n];
+            s.read_exact(&mut b)
+                .map_err(|e| io_err(addr, "handshake", e))?;
+            Ok(b)
+        };
+        s.write_all(&hello)
+            .map_err(|e| io_err(addr, "handshake", e))?;
+        let fixed = read(s, HelloReply::FIXED_LEN)?;
+        let (version, status, n) =
+            HelloReply::decode_fixed(fixed[..].try_into().expect("fixed length")).map_err(proto)?;
+        let msg = String::from_utf8_lossy(&read(s, n)?).into_owned();
+        let mut auth = Auth::Open;
+        if status == 0
+            && HelloReply::decode_auth(read(s, HelloReply::AUTH_LEN)?[0]).map_err(proto)?
+        {
+            let ch = read(s, HelloReply::CHALLENGE_LEN)?;
+            auth = HelloReply::decode_challenge(ch[..].try_into().expect("challenge length"));
+        }
+        let Some(proof) = c.on_reply(version, status, &msg, &auth).map_err(refused)? else {
+            return Ok(());
+        };
+        s.write_all(&proof)
+            .map_err(|e| io_err(addr, "handshake", e))?;
+        let fixed = read(s, Verdict::FIXED_LEN)?;
+        let (status, n) =
+            Verdict::decode_fixed(fixed[..].try_into().expect("fixed length")).map_err(proto)?;
+        let msg = String::from_utf8_lossy(&read(s, n)?).into_owned();
+        Connector::on_verdict(status, &msg).map_err(refused)
     }
 
     /// Tells a local server that copies from our memory about the shared

@@ -457,6 +457,14 @@ done
         if let Some(s) = secret {
             cfg.secret = s.as_bytes().to_vec();
         }
+        // With the pool secret chfsctl acts as the administrator (stop,
+        // rebalance); with a client key, or none, as a client.
+        if matches!(
+            chfs_proto::handshake::Credential::parse(&cfg.secret),
+            Ok(chfs_proto::handshake::Credential::Secret(_))
+        ) {
+            cfg.role = chfs_proto::handshake::Role::Admin;
+        }
         Client::connect(cfg).map_err(|source| CtlError::Client {
             context: format!("cannot reach the pool through {}", contacts.join(",")),
             source,

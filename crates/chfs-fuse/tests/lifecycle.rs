@@ -194,6 +194,34 @@ fn bad_configuration_is_reported() {
     assert!(!is_mounted(dir.path()));
 }
 
+/// By default a pool's local socket serves only its owner (and root): a
+/// process of another user on the same host is refused, even with no
+/// secret set.
+#[test]
+fn another_users_process_is_refused_on_the_local_socket() {
+    assert!(
+        is_root(),
+        "needs root to run chfuse as another user (uid 65534)"
+    );
+    let pool = pool(2);
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(chfuse_bin())
+        .arg(dir.path())
+        .arg("-f")
+        .env("CHFS_SERVER", pool.server_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("user 65534 may not use this server's local socket"),
+        "{err}"
+    );
+}
+
 #[test]
 fn ordinary_user_mounts_through_fusermount3() {
     if !is_root() {
@@ -210,7 +238,14 @@ fn ordinary_user_mounts_through_fusermount3() {
         eprintln!("SKIPPED: /dev/fuse is mode {dev_mode:o}, ordinary users cannot mount FUSE here");
         return;
     }
-    let pool = pool(2);
+    // A pool shared with another user: its local socket must let that
+    // user in (by default only the servers' user and root may use it).
+    let pool = chfs_localpool::LocalPool::start_with(chfs_localpool::PoolOptions {
+        servers: 2,
+        args: vec!["--local-users".into(), "65534".into()],
+        ..Default::default()
+    })
+    .unwrap();
     // The pool's root belongs to the servers' user (root here): give the
     // ordinary user a directory of its own, as a job's admin would.
     let admin = chfs_client::Client::connect(chfs_client::ClientConfig {

@@ -24,8 +24,9 @@ pub use msg::{Request, Response};
 /// (2: `FLAG_CMA` and `ServerStatus::cma_writes`; 3: `ShmAttach` and
 /// `ServerStatus::shm_writes`; 4: file epochs in `Read`/`Write`,
 /// `ServerList::since`, `Join::fresh`, `SetSize::if_size`,
-/// `ServerStatus::since`/`lost`).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// `ServerStatus::since`/`lost`; 5: challenge-response handshake with
+/// roles, `Response::Sized`).
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -198,6 +198,11 @@ pub struct ServerStatus {
     /// Reads and writes refused with EIO because the chunk may have been
     /// lost with that earlier incarnation.
     pub lost: u64,
+    /// Connections refused at the handshake (wrong or missing secret,
+    /// another protocol version, a local user not allowed).
+    pub refused: u64,
+    /// Requests refused because the connection's role may not make them.
+    pub denied: u64,
     /// Backend directory in cache mode (empty otherwise).
     pub backend: String,
     /// Write-back state.
@@ -1033,6 +1038,8 @@ impl Response {
                 out.put_u64(s.list_version);
                 out.put_u64(s.since);
                 out.put_u64(s.lost);
+                out.put_u64(s.refused);
+                out.put_u64(s.denied);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1109,6 +1116,8 @@ impl Response {
                 list_version: r.u64()?,
                 since: r.u64()?,
                 lost: r.u64()?,
+                refused: r.u64()?,
+                denied: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             }),
@@ -1324,6 +1333,8 @@ mod tests {
                 entries: 4,
                 since: 5,
                 lost: 6,
+                refused: 7,
+                denied: 8,
                 ..Default::default()
             }),
             Response::Count(7),

@@ -33,6 +33,13 @@ pub struct Config {
     #[arg(long = "secret", env = "CHFS_SECRET", hide_env_values = true)]
     pub secret: Option<String>,
 
+    /// Users whose processes may connect through the local (Unix) socket:
+    /// `owner` (this server's user and root), `any`, or a comma-separated
+    /// list of uids (besides the owner and root), for pools shared by
+    /// several users.
+    #[arg(long = "local-users", env = "CHFS_LOCAL_USERS", default_value = "owner", value_parser = parse_users)]
+    pub local_users: LocalUsers,
+
     /// Placement of chunks on servers: modular or consistent. Only the first
     /// server's choice counts; joining servers adopt the pool's.
     #[arg(long, default_value = "modular")]
@@ -199,6 +206,43 @@ pub fn hostname() -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Who may connect through the local socket ([`Config::local_users`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalUsers {
+    /// Anyone.
+    Any,
+    /// The server's user, root, and these uids.
+    Owner(Vec<u32>),
+}
+
+impl LocalUsers {
+    /// May a process of `uid` connect?
+    pub fn allows(&self, uid: u32) -> bool {
+        // SAFETY: getuid cannot fail and touches no memory.
+        let me = unsafe { libc::getuid() };
+        match self {
+            LocalUsers::Any => true,
+            LocalUsers::Owner(more) => uid == me || uid == 0 || more.contains(&uid),
+        }
+    }
+}
+
+fn parse_users(s: &str) -> Result<LocalUsers, String> {
+    match s {
+        "any" => Ok(LocalUsers::Any),
+        "owner" | "" => Ok(LocalUsers::Owner(Vec::new())),
+        list => list
+            .split(',')
+            .map(|u| {
+                u.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("{u:?} is not a uid (owner, any, or uids)"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(LocalUsers::Owner),
+    }
 }
 
 /// Parses a size with an optional K/M/G/T suffix (powers of 1024).

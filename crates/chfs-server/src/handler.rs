@@ -194,6 +194,14 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 list_version: sh.placement().ring.list().version,
                 since: sh.placement().since(),
                 lost: sh.counters.lost.load(std::sync::atomic::Ordering::Relaxed),
+                refused: sh
+                    .counters
+                    .refused
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                denied: sh
+                    .counters
+                    .denied
+                    .load(std::sync::atomic::Ordering::Relaxed),
                 backend: cache
                     .map(|c| c.backend.path().display().to_string())
                     .unwrap_or_default(),

@@ -30,6 +30,7 @@ pub(crate) struct Incoming {
     pub stream: UnixStream,
     pub peer: String,
     pub cma: Option<libc::pid_t>,
+    pub access: crate::server::Access,
 }
 
 /// The lanes started so far, by CPU.
@@ -126,7 +127,9 @@ fn start(sh: Arc<Shared>, cpu: u32) -> io::Result<mpsc::UnboundedSender<Incoming
 
 async fn serve(sh: Arc<Shared>, inc: Incoming) {
     match crate::local_io::split_std(inc.stream) {
-        Ok((rd, wr)) => crate::server::serve_conn(sh, rd, wr, inc.peer, inc.cma, None).await,
+        Ok((rd, wr)) => {
+            crate::server::serve_conn(sh, rd, wr, inc.peer, inc.cma, None, inc.access).await
+        }
         Err(e) => warn!(peer = %inc.peer, "closing connection: {e}"),
     }
 }

@@ -25,6 +25,9 @@ pub const SHM_WRITES: &str = "chfsd.shm_writes";
 /// with an earlier incarnation of this server's store.
 pub const LOST: &str = "chfsd.lost_chunks";
 
+/// Requests refused because the connection's role may not make them.
+pub const DENIED: &str = "chfsd.denied_requests";
+
 /// The server's counters.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -44,6 +47,8 @@ pub struct Counters {
     pub shm_writes: AtomicU64,
     /// [`LOST`]
     pub lost: AtomicU64,
+    /// [`DENIED`]
+    pub denied: AtomicU64,
 }
 
 impl Counters {
@@ -63,6 +68,7 @@ impl Counters {
             (CMA_WRITES, self.cma_writes.load(Ordering::Relaxed)),
             (SHM_WRITES, self.shm_writes.load(Ordering::Relaxed)),
             (LOST, self.lost.load(Ordering::Relaxed)),
+            (DENIED, self.denied.load(Ordering::Relaxed)),
         ]
     }
 }

@@ -4,8 +4,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use chfs_proto::frame::{Header, HEADER_LEN};
-use chfs_proto::handshake::{Hello, HelloReply};
-use chfs_proto::ProtoError;
+use chfs_proto::handshake::{
+    self, Accept, Auth, Connector, Credential, Hello, HelloReply, Keys, Role, Verdict,
+};
+use chfs_proto::{ErrorReply, ProtoError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Errors of one connection.
@@ -86,63 +88,121 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     w.write_all(payload).await
 }
 
-/// Server side of the handshake: returns Ok if the client may proceed.
+/// Server side of the handshake ([`chfs_proto::handshake`]): the role the
+/// connector proved, None for a pool without a secret (every request
+/// allowed), or why it was refused (the connector was told). `refuse`: a
+/// reason to refuse whatever the hello says (a local peer of a user not
+/// allowed in), sent once the hello is read.
 pub async fn accept_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
-    secret: &[u8],
-) -> Result<(), NetError> {
-    let mut fixed = [0u8; Hello::FIXED_LEN];
-    s.read_exact(&mut fixed).await?;
-    let (version, n) = Hello::decode_fixed(&fixed)?;
-    let mut their = vec![0u8; n];
-    s.read_exact(&mut their).await?;
-    let refuse = if version != chfs_proto::PROTOCOL_VERSION {
-        Some((
-            libc::EPROTO,
-            format!(
-                "protocol version {version} not supported (server speaks {})",
-                chfs_proto::PROTOCOL_VERSION
-            ),
-        ))
-    } else if !chfs_proto::handshake::secrets_match(&their, secret) {
-        Some((
-            libc::EACCES,
-            "authentication failed: wrong or missing secret (set CHFS_SECRET or CHFS_SECRET_FILE)"
-                .to_string(),
-        ))
-    } else {
-        None
-    };
-    let reply = HelloReply {
-        version: chfs_proto::PROTOCOL_VERSION,
-        status: refuse.as_ref().map_or(0, |r| r.0),
-        message: refuse.as_ref().map_or(String::new(), |r| r.1.clone()),
-    };
-    s.write_all(&reply.encode()).await?;
-    s.flush().await?;
-    match refuse {
-        Some((errno, message)) => Err(NetError::Refused { errno, message }),
-        None => Ok(()),
+    keys: Option<&Keys>,
+    refuse: Option<ErrorReply>,
+) -> Result<Option<Role>, NetError> {
+    let mut head = [0u8; Hello::HEAD_LEN];
+    s.read_exact(&mut head).await?;
+    let version = Hello::decode_head(&head)?;
+    if version != chfs_proto::PROTOCOL_VERSION {
+        if version < chfs_proto::PROTOCOL_VERSION {
+            // Older hellos: a length and the secret itself; read them so
+            // the client gets to read the answer.
+            let mut n = [0u8; 2];
+            s.read_exact(&mut n).await?;
+            let n = u16::from_le_bytes(n) as usize;
+            if n <= 1024 {
+                let mut skip = vec![0u8; n];
+                s.read_exact(&mut skip).await?;
+            }
+        }
+        return refuse_with(s, handshake::version_refusal(version)).await;
+    }
+    let mut rest = [0u8; Hello::LEN];
+    rest[..Hello::HEAD_LEN].copy_from_slice(&head);
+    s.read_exact(&mut rest[Hello::HEAD_LEN..]).await?;
+    let hello = Hello::decode(&rest)?;
+    if let Some(e) = refuse {
+        return refuse_with(s, HelloReply::refusal(e.errno, e.message)).await;
+    }
+    match handshake::accept(&hello, keys) {
+        Accept::Refuse(r) => refuse_with(s, r).await,
+        Accept::Open(r) => {
+            s.write_all(&r.encode()).await?;
+            s.flush().await?;
+            Ok(None)
+        }
+        Accept::Challenge(r, pending) => {
+            s.write_all(&r.encode()).await?;
+            s.flush().await?;
+            let mut proof = [0u8; 32];
+            s.read_exact(&mut proof).await?;
+            match pending.check(&proof) {
+                Ok(role) => {
+                    s.write_all(&handshake::accepted().encode()).await?;
+                    s.flush().await?;
+                    Ok(Some(role))
+                }
+                Err((verdict, e)) => {
+                    s.write_all(&verdict.encode()).await?;
+                    s.flush().await?;
+                    Err(NetError::Refused {
+                        errno: e.errno,
+                        message: e.message,
+                    })
+                }
+            }
+        }
     }
 }
 
-/// Client side of the handshake.
+async fn refuse_with<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    r: HelloReply,
+) -> Result<Option<Role>, NetError> {
+    s.write_all(&r.encode()).await?;
+    s.flush().await?;
+    Err(NetError::Refused {
+        errno: r.status,
+        message: r.message,
+    })
+}
+
+/// Connecting side of the handshake (a server calling another).
 pub async fn connect_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
-    secret: &[u8],
+    role: Role,
+    cred: &Credential,
 ) -> Result<(), NetError> {
-    s.write_all(&Hello::new(secret).encode()).await?;
+    let refused = |e: ErrorReply| NetError::Refused {
+        errno: e.errno,
+        message: e.message,
+    };
+    let (c, hello) = Connector::start(role, cred).map_err(refused)?;
+    s.write_all(&hello).await?;
     s.flush().await?;
     let mut fixed = [0u8; HelloReply::FIXED_LEN];
     s.read_exact(&mut fixed).await?;
-    let (_, status, n) = HelloReply::decode_fixed(&fixed)?;
+    let (version, status, n) = HelloReply::decode_fixed(&fixed)?;
     let mut msg = vec![0u8; n];
     s.read_exact(&mut msg).await?;
-    if status != 0 {
-        return Err(NetError::Refused {
-            errno: status,
-            message: String::from_utf8_lossy(&msg).into_owned(),
-        });
+    let mut auth = Auth::Open;
+    if status == 0 {
+        let mut a = [0u8; HelloReply::AUTH_LEN];
+        s.read_exact(&mut a).await?;
+        if HelloReply::decode_auth(a[0])? {
+            let mut ch = [0u8; HelloReply::CHALLENGE_LEN];
+            s.read_exact(&mut ch).await?;
+            auth = HelloReply::decode_challenge(&ch);
+        }
+    }
+    let msg = String::from_utf8_lossy(&msg);
+    if let Some(proof) = c.on_reply(version, status, &msg, &auth).map_err(refused)? {
+        s.write_all(&proof).await?;
+        s.flush().await?;
+        let mut fixed = [0u8; Verdict::FIXED_LEN];
+        s.read_exact(&mut fixed).await?;
+        let (status, n) = Verdict::decode_fixed(&fixed)?;
+        let mut msg = vec![0u8; n];
+        s.read_exact(&mut msg).await?;
+        Connector::on_verdict(status, &String::from_utf8_lossy(&msg)).map_err(refused)?;
     }
     Ok(())
 }

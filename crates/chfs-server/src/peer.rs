@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_ERROR;
+use chfs_proto::handshake::{Credential, Role};
 use chfs_proto::msg::decode_error;
 use chfs_proto::{ErrorReply, Request, Response};
 use tokio::io::{AsyncWriteExt, BufWriter};
@@ -30,7 +31,7 @@ struct Conn {
 pub struct Peers {
     conns: tokio::sync::Mutex<HashMap<String, Arc<Conn>>>,
     next_id: AtomicU64,
-    secret: Vec<u8>,
+    cred: Credential,
     timeout: Duration,
 }
 
@@ -45,12 +46,13 @@ fn fail_all(pending: &Pending, errno: i32, why: &str) {
 }
 
 impl Peers {
-    /// A peer set using `secret` and a per-request `timeout`.
-    pub fn new(secret: Vec<u8>, timeout: Duration) -> Self {
+    /// A peer set authenticating as a server with `cred` (the pool
+    /// secret), with a per-request `timeout`.
+    pub fn new(cred: Credential, timeout: Duration) -> Self {
         Self {
             conns: Default::default(),
             next_id: AtomicU64::new(1),
-            secret,
+            cred,
             timeout,
         }
     }
@@ -79,14 +81,22 @@ impl Peers {
     /// host (see [`chfs_proto::local_socket_name`]), else TCP.
     async fn connect(&self, addr: &str) -> Result<Conn, NetError> {
         if let Some(mut s) = local_stream(addr) {
-            net::timeout(self.timeout, net::connect_handshake(&mut s, &self.secret)).await?;
+            net::timeout(
+                self.timeout,
+                net::connect_handshake(&mut s, Role::Server, &self.cred),
+            )
+            .await?;
             let (rd, wr) = crate::local_io::split(s)?;
             return Ok(start_io(rd, wr, addr));
         }
         let mut s =
             net::timeout(self.timeout, async { Ok(TcpStream::connect(addr).await?) }).await?;
         s.set_nodelay(true)?;
-        net::timeout(self.timeout, net::connect_handshake(&mut s, &self.secret)).await?;
+        net::timeout(
+            self.timeout,
+            net::connect_handshake(&mut s, Role::Server, &self.cred),
+        )
+        .await?;
         let (rd, wr) = s.into_split();
         Ok(start_io(rd, wr, addr))
     }

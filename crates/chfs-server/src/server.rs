@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_proto::frame::{Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED};
+use chfs_proto::handshake::{Credential, Keys, Role};
 use chfs_proto::msg::{encode_error, op};
 use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Request, Response};
@@ -115,7 +116,10 @@ pub(crate) struct Shared {
     pub rebalancer: crate::rebalance::Rebalancer,
     /// Threads serving local connections on their clients' CPUs.
     pub lanes: crate::lanes::Lanes,
-    secret: Vec<u8>,
+    /// The keys of the pool's roles (None: no secret, the pool is open).
+    keys: Option<Keys>,
+    /// Who may connect through the local socket.
+    local_users: crate::config::LocalUsers,
 }
 
 impl Shared {
@@ -276,6 +280,19 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
     let secret = cfg
         .load_secret()
         .map_err(|e| ServerError::Config(format!("cannot read secret: {e}")))?;
+    let cred =
+        Credential::parse(&secret).map_err(|e| ServerError::Config(format!("secret: {e}")))?;
+    let keys = match &cred {
+        Credential::Secret(s) => Some(Keys::from_secret(s)),
+        Credential::ClientKey(_) => return Err(ServerError::Config(
+            "the secret given (CHFS_SECRET_FILE) is a client key: a server needs the pool secret"
+                .into(),
+        )),
+        Credential::None => {
+            warn!("no secret (CHFS_SECRET_FILE): this server serves every process that can reach its port, local or remote, and lets any of them read, write, stop or join the pool");
+            None
+        }
+    };
     let (store, fresh) = open_store(&cfg)?;
     let cache = open_cache(&cfg, &*store)?;
     let want = cfg.listen_addr();
@@ -296,10 +313,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
             me: None,
         })),
         me: me.clone(),
-        peers: Peers::new(
-            secret.clone(),
-            Duration::from_millis(cfg.rpc_timeout_msec.max(1)),
-        ),
+        peers: Peers::new(cred, Duration::from_millis(cfg.rpc_timeout_msec.max(1))),
         counters: Counters::default(),
         join_lock: Default::default(),
         shutdown,
@@ -307,7 +321,8 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         store_path: cfg.path.clone(),
         rebalancer: Default::default(),
         lanes: Default::default(),
-        secret,
+        keys,
+        local_users: cfg.local_users.clone(),
     });
     if let Some(c) = &shared.cache {
         tokio::spawn(
@@ -479,34 +494,73 @@ async fn write_all_vectored(
     Ok(())
 }
 
-/// The handshake of a new connection; false if refused.
-async fn admitted<S>(shared: &Shared, stream: &mut S, peer: &str) -> bool
+/// The handshake of a new connection: what it may do ([`Access`]), or
+/// None if refused (`refuse`: refused whatever it says).
+async fn admitted<S>(
+    shared: &Shared,
+    stream: &mut S,
+    peer: &str,
+    refuse: Option<ErrorReply>,
+) -> Option<Access>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     match net::timeout(
         Duration::from_secs(10),
-        net::accept_handshake(stream, &shared.secret),
+        net::accept_handshake(stream, shared.keys.as_ref(), refuse),
     )
     .await
     {
-        Ok(_) => {
-            debug!(%peer, "connection accepted");
-            true
+        Ok(role) => {
+            debug!(%peer, ?role, "connection accepted");
+            Some(Access(role))
         }
         Err(e) => {
             Counters::inc(&shared.counters.refused);
             warn!(%peer, "connection refused: {e}");
-            false
+            None
         }
+    }
+}
+
+/// What a connection may do: the role it proved (None: the pool has no
+/// secret, everything). See [`Access::refusal`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Access(pub Option<Role>);
+
+impl Access {
+    /// Why a request with opcode `op` (forwarded or not) is not for this
+    /// connection; None when it may go ahead. Membership and chunk moves
+    /// between servers, and forwarded requests, are for servers; stopping
+    /// and rebalancing the pool for servers and the administrator;
+    /// everything else for every role.
+    pub fn refusal(self, op: u16, forwarded: bool) -> Option<ErrorReply> {
+        let role = match self.0 {
+            None | Some(Role::Server) => return None,
+            Some(r) => r,
+        };
+        let only = match op {
+            _ if forwarded => "servers of the pool (forwarded requests)",
+            op::JOIN | op::UPDATE_SERVERS | op::ADOPT_CHUNK | op::PUT_CHUNK => {
+                "servers of the pool"
+            }
+            op::SHUTDOWN | op::REBALANCE if role == Role::Client => {
+                "the pool's administrator (chfsctl, with the pool secret)"
+            }
+            _ => return None,
+        };
+        Some(ErrorReply::new(
+            libc::EPERM,
+            format!("request {op} refused: a connection authenticated as {role} may not make it; it is for {only}"),
+        ))
     }
 }
 
 async fn serve_tcp(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
     let _ = stream.set_nodelay(true);
-    if admitted(&shared, &mut stream, &peer).await {
+    if let Some(access) = admitted(&shared, &mut stream, &peer, None).await {
         let (rd, wr) = stream.into_split();
-        serve_conn(shared, rd, wr, peer, None, None).await;
+        serve_conn(shared, rd, wr, peer, None, None, access).await;
     }
 }
 
@@ -532,16 +586,28 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
             len,
         )
     };
-    let (peer, cma) = match stream.peer_cred() {
+    let (peer, cma, uid) = match stream.peer_cred() {
         Ok(c) => (
-            format!("local pid {}", c.pid().unwrap_or(0)),
+            format!("local pid {} uid {}", c.pid().unwrap_or(0), c.uid()),
             crate::cma::peer_pid(&c),
+            Some(c.uid()),
         ),
-        Err(_) => ("local".to_string(), None),
+        Err(_) => ("local".to_string(), None, None),
     };
-    if !admitted(&shared, &mut stream, &peer).await {
+    let refuse = match uid {
+        Some(u) if shared.local_users.allows(u) => None,
+        Some(u) => Some(ErrorReply::new(
+            libc::EACCES,
+            format!("user {u} may not use this server's local socket (chfsd --local-users)"),
+        )),
+        None => Some(ErrorReply::new(
+            libc::EACCES,
+            "the local peer's credentials are unknown",
+        )),
+    };
+    let Some(access) = admitted(&shared, &mut stream, &peer, refuse).await else {
         return;
-    }
+    };
     // The first request may ask for a CPU lane (read on its own: nothing
     // after it is buffered here).
     let (h, payload) = match net::read_frame(&mut stream).await {
@@ -553,7 +619,7 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         }
     };
     if h.op != op::LANE || h.flags != 0 {
-        return serve_local(shared, stream, peer, cma, Some((h, payload))).await;
+        return serve_local(shared, stream, peer, cma, Some((h, payload)), access).await;
     }
     let n = crate::lanes::cpus();
     let lane = match Request::decode(op::LANE, payload) {
@@ -585,13 +651,14 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
     }
     let Ok(lane) = lane else {
         // Refused: the connection goes on without a lane.
-        return serve_local(shared, stream, peer, cma, None).await;
+        return serve_local(shared, stream, peer, cma, None, access).await;
     };
     let handed = stream.into_std().and_then(|stream| {
         lane.hand_over(crate::lanes::Incoming {
             stream,
             peer: peer.clone(),
             cma,
+            access,
         })
     });
     if let Err(e) = handed {
@@ -606,15 +673,17 @@ async fn serve_local(
     peer: String,
     cma: Option<libc::pid_t>,
     first: Option<(Header, Bytes)>,
+    access: Access,
 ) {
     match crate::local_io::split(stream) {
-        Ok((rd, wr)) => serve_conn(shared, rd, wr, peer, cma, first).await,
+        Ok((rd, wr)) => serve_conn(shared, rd, wr, peer, cma, first, access).await,
         Err(e) => warn!(%peer, "closing connection: {e}"),
     }
 }
 
 /// Serves the requests of one connection; `cma`: the pid whose memory
-/// `FLAG_CMA` requests may name (local peers of the server's user).
+/// `FLAG_CMA` requests may name (local peers of the server's user);
+/// `access`: what the connection authenticated as.
 pub(crate) async fn serve_conn<R, W>(
     shared: Arc<Shared>,
     rd: R,
@@ -622,6 +691,7 @@ pub(crate) async fn serve_conn<R, W>(
     peer: String,
     cma: Option<libc::pid_t>,
     first: Option<(Header, Bytes)>,
+    access: Access,
 ) where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -663,6 +733,14 @@ pub(crate) async fn serve_conn<R, W>(
             Some(f) => Ok(Some(f)),
             None => net::read_frame(&mut rd).await,
         };
+        if let Ok(Some((h, _))) = &frame {
+            if let Some(e) = access.refusal(h.op, h.flags & FLAG_FORWARDED != 0) {
+                Counters::inc(&shared.counters.denied);
+                warn!(%peer, op = h.op, "{}", e.message);
+                let _ = tx.send(response_frame(h.id, h.op, Err(e)));
+                continue;
+            }
+        }
         match frame {
             Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
                 let (sh, tx, w) = (shared.clone(), tx.clone(), window.clone());

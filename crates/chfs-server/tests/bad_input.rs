@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chfs_localpool::{LocalPool, PoolOptions};
 use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN, MAX_PAYLOAD};
-use chfs_proto::handshake::{Hello, HelloReply};
+use chfs_proto::handshake::{Auth, Connector, Credential, HelloReply, Role, Verdict};
 use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Meta, Request, Response};
 
@@ -28,12 +28,45 @@ fn raw(addr: &str) -> TcpStream {
     s
 }
 
-/// Performs the handshake on `s`; returns the reply status and message.
+/// Performs the handshake on `s` as a client with `secret` (a pool secret,
+/// a client key file's text, or nothing); returns the status and message.
 fn handshake(s: &mut (impl Read + Write), secret: &[u8]) -> (i32, String) {
-    s.write_all(&Hello::new(secret).encode()).unwrap();
+    handshake_as(s, Role::Client, secret)
+}
+
+/// [`handshake`] as `role`.
+fn handshake_as(s: &mut (impl Read + Write), role: Role, secret: &[u8]) -> (i32, String) {
+    let cred = Credential::parse(secret).unwrap();
+    let (c, hello) = match Connector::start(role, &cred) {
+        Ok(x) => x,
+        Err(e) => return (e.errno, e.message),
+    };
+    s.write_all(&hello).unwrap();
     let mut fixed = [0u8; HelloReply::FIXED_LEN];
     s.read_exact(&mut fixed).unwrap();
-    let (_, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
+    let (version, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
+    let mut msg = vec![0u8; n];
+    s.read_exact(&mut msg).unwrap();
+    let msg = String::from_utf8_lossy(&msg).into_owned();
+    let mut auth = Auth::Open;
+    if status == 0 {
+        let mut a = [0u8; 1];
+        s.read_exact(&mut a).unwrap();
+        if HelloReply::decode_auth(a[0]).unwrap() {
+            let mut ch = [0u8; HelloReply::CHALLENGE_LEN];
+            s.read_exact(&mut ch).unwrap();
+            auth = HelloReply::decode_challenge(&ch);
+        }
+    }
+    let proof = match c.on_reply(version, status, &msg, &auth) {
+        Ok(Some(p)) => p,
+        Ok(None) => return (0, msg),
+        Err(e) => return (e.errno, e.message),
+    };
+    s.write_all(&proof).unwrap();
+    let mut fixed = [0u8; Verdict::FIXED_LEN];
+    s.read_exact(&mut fixed).unwrap();
+    let (status, n) = Verdict::decode_fixed(&fixed).unwrap();
     let mut msg = vec![0u8; n];
     s.read_exact(&mut msg).unwrap();
     (status, String::from_utf8_lossy(&msg).into_owned())
@@ -128,7 +161,8 @@ fn truncated_handshake_and_frames() {
     let p = pool(1, None);
     let addr = &p.addrs()[0];
     let mut s = raw(addr);
-    s.write_all(&Hello::new(b"").encode()[..5]).unwrap();
+    s.write_all(&Connector::start(Role::Client, &Credential::None).unwrap().1[..5])
+        .unwrap();
     drop(s);
     let (mut s, _, _) = hello(addr, b"");
     s.write_all(
@@ -191,12 +225,33 @@ fn unknown_opcode_and_garbage_payload() {
 fn wrong_secret_is_refused_and_logged() {
     let p = pool(1, Some("s3cret"));
     let addr = &p.addrs()[0];
-    let (mut s, status, msg) = hello(addr, b"guess");
+    // A client with another secret finds the server's proof wrong and
+    // goes no further.
+    let (s, status, msg) = hello(addr, b"guess");
     assert_eq!(status, libc::EACCES);
     assert!(msg.contains("secret"), "{msg}");
-    assert!(closed(&mut s));
-    let (_, status, _) = hello(addr, b"");
+    drop(s);
+    // Without any: refused by the server, which says what to set.
+    let (mut s, status, msg) = hello(addr, b"");
     assert_eq!(status, libc::EACCES);
+    assert!(msg.contains("CHFS_SECRET_FILE"), "{msg}");
+    assert!(closed(&mut s));
+    // A proof that is not the key's: refused by the server.
+    let mut s = raw(addr);
+    let (_, hello_bytes) =
+        Connector::start(Role::Client, &Credential::parse(b"any").unwrap()).unwrap();
+    s.write_all(&hello_bytes).unwrap();
+    let mut reply = [0u8; HelloReply::FIXED_LEN + 1 + HelloReply::CHALLENGE_LEN];
+    s.read_exact(&mut reply).unwrap();
+    s.write_all(&[0u8; 32]).unwrap();
+    let mut v = [0u8; Verdict::FIXED_LEN];
+    s.read_exact(&mut v).unwrap();
+    let (status, n) = Verdict::decode_fixed(&v).unwrap();
+    assert_eq!(status, libc::EACCES);
+    let mut msg = vec![0u8; n];
+    s.read_exact(&mut msg).unwrap();
+    assert!(String::from_utf8_lossy(&msg).contains("failed"));
+    assert!(closed(&mut s));
     let (mut s, status, _) = hello(addr, b"s3cret");
     assert_eq!(status, 0);
     assert_eq!(call(&mut s, 1, &Request::Ping), Ok(Response::Ok));
@@ -205,6 +260,77 @@ fn wrong_secret_is_refused_and_logged() {
         log.contains("connection refused"),
         "refusal is logged: {log}"
     );
+}
+
+/// An application holding the client key (what chfsctl hands out) may not
+/// stop the pool or change its membership; a server or the administrator
+/// (the pool secret) may. Forwarded requests are for servers.
+#[test]
+fn roles_limit_what_a_connection_may_ask() {
+    let p = pool(2, Some("pool-secret"));
+    let addr = &p.addrs()[0];
+    let key = Credential::client_key_file(b"pool-secret");
+    let mut s = raw(addr);
+    assert_eq!(handshake_as(&mut s, Role::Client, key.as_bytes()).0, 0);
+    let list = match call(&mut s, 1, &Request::GetServers) {
+        Ok(Response::Servers(l)) => l,
+        other => panic!("{other:?}"),
+    };
+    let refused = [
+        Request::Shutdown,
+        Request::Join {
+            addr: "10.9.9.9:1".into(),
+            fresh: false,
+        },
+        Request::UpdateServers { list: list.clone() },
+        Request::Rebalance { start: true },
+        Request::AdoptChunk {
+            path: "/x".into(),
+            idx: 1,
+            meta: Meta::default(),
+            data: Bytes::new(),
+        },
+        Request::PutChunk {
+            path: "/x".into(),
+            idx: 1,
+            meta: Meta::default(),
+            data: Bytes::new(),
+        },
+    ];
+    for (i, req) in refused.iter().enumerate() {
+        let r = call(&mut s, 10 + i as u64, req);
+        assert_eq!(r.unwrap_err().0, libc::EPERM, "{req:?}");
+    }
+    // Forwarded flag: for servers only.
+    let mut payload = Vec::new();
+    Request::Stat { path: "/".into() }.encode(&mut payload);
+    send_flags(
+        &mut s,
+        30,
+        op::STAT,
+        chfs_proto::frame::FLAG_FORWARDED,
+        &payload,
+    );
+    assert_eq!(reply(&mut s, 30).unwrap_err().0, libc::EPERM);
+    // File operations are the client's.
+    assert!(call(&mut s, 31, &Request::Stat { path: "/".into() }).is_ok());
+    // The client key cannot pretend to be a server or the administrator.
+    let mut s2 = raw(addr);
+    assert_eq!(
+        handshake_as(&mut s2, Role::Server, key.as_bytes()).0,
+        libc::EPERM
+    );
+    // The administrator may rebalance (and stop); the pool still serves.
+    let mut a = raw(addr);
+    assert_eq!(handshake_as(&mut a, Role::Admin, b"pool-secret").0, 0);
+    assert!(call(&mut a, 1, &Request::Rebalance { start: false }).is_ok());
+    assert!(call(&mut a, 2, &Request::UpdateServers { list }).is_err());
+    let status = match call(&mut a, 3, &Request::Status) {
+        Ok(Response::Status(st)) => st,
+        other => panic!("{other:?}"),
+    };
+    assert!(status.denied >= 8, "{status:?}");
+    assert_eq!(call(&mut a, 4, &Request::Shutdown), Ok(Response::Ok));
 }
 
 #[test]
