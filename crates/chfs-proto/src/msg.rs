@@ -203,6 +203,15 @@ pub struct ServerStatus {
     pub refused: u64,
     /// Requests refused because the connection's role may not make them.
     pub denied: u64,
+    /// Connections refused because their host (or local user) had too
+    /// many (`--max-conns-per-peer`).
+    pub over_limit: u64,
+    /// Connections closed after `--idle-timeout` without requests (or
+    /// stalled half way through one).
+    pub idle_closed: u64,
+    /// Requests that waited because their connection had `--max-inflight`
+    /// requests or `--conn-memory` bytes in the server (back-pressure).
+    pub throttled: u64,
     /// Backend directory in cache mode (empty otherwise).
     pub backend: String,
     /// Write-back state.
@@ -1040,6 +1049,9 @@ impl Response {
                 out.put_u64(s.lost);
                 out.put_u64(s.refused);
                 out.put_u64(s.denied);
+                out.put_u64(s.over_limit);
+                out.put_u64(s.idle_closed);
+                out.put_u64(s.throttled);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1118,6 +1130,9 @@ impl Response {
                 lost: r.u64()?,
                 refused: r.u64()?,
                 denied: r.u64()?,
+                over_limit: r.u64()?,
+                idle_closed: r.u64()?,
+                throttled: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             }),
@@ -1335,6 +1350,9 @@ mod tests {
                 lost: 6,
                 refused: 7,
                 denied: 8,
+                over_limit: 9,
+                idle_closed: 10,
+                throttled: 11,
                 ..Default::default()
             }),
             Response::Count(7),

@@ -65,6 +65,41 @@ pub struct Config {
     #[arg(short = 'T', long = "threads", default_value_t = 0)]
     pub threads: usize,
 
+    /// Requests of one connection in the server at once (being served, or
+    /// answered but not yet sent because the client does not read): a
+    /// connection with this many is not read until one is sent
+    /// (back-pressure).
+    #[arg(long = "max-inflight", env = "CHFS_MAX_INFLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_inflight: u32,
+
+    /// Bytes one connection may hold in the server at once: the data of
+    /// its requests being served and of their replies not yet sent
+    /// (suffixes K, M, G); beyond, its requests wait (back-pressure). A
+    /// single larger request is served alone.
+    #[arg(long = "conn-memory", env = "CHFS_CONN_MEMORY", default_value = "256M", value_parser = parse_size)]
+    pub conn_memory: u64,
+
+    /// Connections at once from one client host (TCP: its address) or, on
+    /// the local socket, one user; more are refused (EAGAIN). 0 = no limit.
+    #[arg(
+        long = "max-conns-per-peer",
+        env = "CHFS_MAX_CONNS_PER_PEER",
+        default_value_t = 4096
+    )]
+    pub max_conns_per_peer: u32,
+
+    /// A connection with no request for this many seconds is closed
+    /// (clients reconnect at their next request), and one that stops half
+    /// way through a request for as long is abandoned; TCP connections
+    /// whose peer vanished are found by keepalive probes within about
+    /// 90 s. 0 = never.
+    #[arg(
+        long = "idle-timeout",
+        env = "CHFS_IDLE_TIMEOUT",
+        default_value_t = 3600
+    )]
+    pub idle_timeout: u64,
+
     /// Timeout of server-to-server requests, in milliseconds.
     #[arg(
         short = 't',

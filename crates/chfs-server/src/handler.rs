@@ -103,7 +103,7 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
             if !forwarded && p.me != Some(owner) && !p.ring.is_empty() {
                 Counters::inc(&sh.counters.forwarded);
                 let addr = p.ring.list().servers[owner].clone();
-                return sh.peers.call(&addr, &req, FLAG_FORWARDED).await;
+                return Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED)).await;
             }
         }
         serve(sh, req).await
@@ -149,7 +149,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             Ok(Response::Ok)
         }
         Request::GetServers => Ok(Response::Servers(sh.placement().ring.list().clone())),
-        Request::Join { addr, fresh } => join(sh, addr, fresh).await,
+        // Rare requests with large futures are boxed: every request's task
+        // would otherwise be as large as the largest (spawning copies it).
+        Request::Join { addr, fresh } => Box::pin(join(sh, addr, fresh)).await,
         Request::UpdateServers { list } => {
             let cur = sh.placement();
             if list.version > cur.ring.list().version {
@@ -160,7 +162,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 );
                 let old = cur.ring.list().clone();
                 sh.set_list(list.clone());
-                mark_damaged(sh, &old, &list).await;
+                Box::pin(mark_damaged(sh, &old, &list)).await;
             }
             Ok(Response::Ok)
         }
@@ -201,6 +203,18 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 denied: sh
                     .counters
                     .denied
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                over_limit: sh
+                    .counters
+                    .over_limit
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                idle_closed: sh
+                    .counters
+                    .idle_closed
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                throttled: sh
+                    .counters
+                    .throttled
                     .load(std::sync::atomic::Ordering::Relaxed),
                 backend: cache
                     .map(|c| c.backend.path().display().to_string())
@@ -604,7 +618,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             }
             Ok(Response::Bool(any))
         }
-        Request::RenameMove { old, new, is_dir } => rename_move(sh, &old, &new, is_dir).await,
+        Request::RenameMove { old, new, is_dir } => {
+            Box::pin(rename_move(sh, &old, &new, is_dir)).await
+        }
         Request::PutChunk {
             path,
             idx,

@@ -31,6 +31,8 @@ pub(crate) struct Incoming {
     pub peer: String,
     pub cma: Option<libc::pid_t>,
     pub access: crate::server::Access,
+    /// Counts the connection against its user's limit while it lives.
+    pub _peer_guard: Option<crate::limits::PeerGuard>,
 }
 
 /// The lanes started so far, by CPU.
@@ -126,9 +128,10 @@ fn start(sh: Arc<Shared>, cpu: u32) -> io::Result<mpsc::UnboundedSender<Incoming
 }
 
 async fn serve(sh: Arc<Shared>, inc: Incoming) {
+    let fd = crate::server::dup_fd(&inc.stream);
     match crate::local_io::split_std(inc.stream) {
         Ok((rd, wr)) => {
-            crate::server::serve_conn(sh, rd, wr, inc.peer, inc.cma, None, inc.access).await
+            crate::server::serve_conn(sh, rd, wr, inc.peer, inc.cma, None, inc.access, fd).await
         }
         Err(e) => warn!(peer = %inc.peer, "closing connection: {e}"),
     }

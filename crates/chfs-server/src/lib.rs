@@ -11,6 +11,7 @@ pub(crate) mod cma;
 pub mod config;
 mod handler;
 mod lanes;
+mod limits;
 mod local_io;
 pub mod metrics;
 pub mod net;

@@ -28,6 +28,13 @@ pub const LOST: &str = "chfsd.lost_chunks";
 /// Requests refused because the connection's role may not make them.
 pub const DENIED: &str = "chfsd.denied_requests";
 
+/// Connections refused: too many from one host or local user.
+pub const OVER_LIMIT: &str = "chfsd.connections_over_limit";
+/// Connections closed for idleness (or a request stalled half way).
+pub const IDLE_CLOSED: &str = "chfsd.idle_connections_closed";
+/// Requests that waited for their connection's in-flight or memory budget.
+pub const THROTTLED: &str = "chfsd.throttled_requests";
+
 /// The server's counters.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -49,6 +56,12 @@ pub struct Counters {
     pub lost: AtomicU64,
     /// [`DENIED`]
     pub denied: AtomicU64,
+    /// [`OVER_LIMIT`]
+    pub over_limit: AtomicU64,
+    /// [`IDLE_CLOSED`]
+    pub idle_closed: AtomicU64,
+    /// [`THROTTLED`]
+    pub throttled: AtomicU64,
 }
 
 impl Counters {
@@ -69,6 +82,9 @@ impl Counters {
             (SHM_WRITES, self.shm_writes.load(Ordering::Relaxed)),
             (LOST, self.lost.load(Ordering::Relaxed)),
             (DENIED, self.denied.load(Ordering::Relaxed)),
+            (OVER_LIMIT, self.over_limit.load(Ordering::Relaxed)),
+            (IDLE_CLOSED, self.idle_closed.load(Ordering::Relaxed)),
+            (THROTTLED, self.throttled.load(Ordering::Relaxed)),
         ]
     }
 }

@@ -120,6 +120,12 @@ pub(crate) struct Shared {
     keys: Option<Keys>,
     /// Who may connect through the local socket.
     local_users: crate::config::LocalUsers,
+    /// Limits against misbehaving clients.
+    pub limits: crate::limits::Limits,
+    /// Connections open per client host or local user.
+    peers_open: Arc<crate::limits::PeerCounts>,
+    /// Closes idle connections.
+    watchdogs: Arc<crate::limits::Watchdogs>,
 }
 
 impl Shared {
@@ -323,6 +329,9 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         lanes: Default::default(),
         keys,
         local_users: cfg.local_users.clone(),
+        limits: crate::limits::Limits::from_config(&cfg),
+        peers_open: Default::default(),
+        watchdogs: Default::default(),
     });
     if let Some(c) = &shared.cache {
         tokio::spawn(
@@ -442,8 +451,9 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, local: Option<U
     }
 }
 
-/// One outgoing response: header, head bytes and a data tail.
-type Out = (Header, Vec<u8>, Bytes);
+/// One outgoing response: header, head bytes, a data tail, and the
+/// request's share of the connection's budget (given back once sent).
+type Out = (Header, Vec<u8>, Bytes, Option<crate::limits::Permits>);
 
 fn response_frame(id: u64, op: u16, r: Result<Response, ErrorReply>) -> Out {
     let mut head = Vec::with_capacity(80);
@@ -470,7 +480,20 @@ fn response_frame(id: u64, op: u16, r: Result<Response, ErrorReply>) -> Out {
         },
         head,
         tail,
+        None,
     )
+}
+
+/// [`response_frame`] holding `permits` until it is sent.
+fn response_with(
+    id: u64,
+    op: u16,
+    r: Result<Response, ErrorReply>,
+    permits: crate::limits::Permits,
+) -> Out {
+    let mut out = response_frame(id, op, r);
+    out.3 = Some(permits);
+    out
 }
 
 /// Data tails at least this large are not copied into the reply buffer.
@@ -557,10 +580,46 @@ impl Access {
 }
 
 async fn serve_tcp(shared: Arc<Shared>, mut stream: TcpStream, peer: String) {
+    use std::os::fd::AsRawFd;
     let _ = stream.set_nodelay(true);
-    if let Some(access) = admitted(&shared, &mut stream, &peer, None).await {
+    crate::limits::keepalive(stream.as_raw_fd());
+    let host = stream
+        .peer_addr()
+        .map_or_else(|_| peer.clone(), |a| a.ip().to_string());
+    let (guard, refuse) = enter_peer(&shared, host);
+    if let Some(access) = admitted(&shared, &mut stream, &peer, refuse).await {
+        let fd = dup_fd(&stream);
         let (rd, wr) = stream.into_split();
-        serve_conn(shared, rd, wr, peer, None, None, access).await;
+        serve_conn(shared, rd, wr, peer, None, None, access, fd).await;
+    }
+    drop(guard);
+}
+
+/// A duplicate of a socket's descriptor (None if the process is out of
+/// them: the connection then has no idle watchdog).
+pub(crate) fn dup_fd(s: &impl std::os::fd::AsFd) -> Option<std::os::fd::OwnedFd> {
+    s.as_fd().try_clone_to_owned().ok()
+}
+
+/// Counts a connection of client host or local user `key`; past
+/// `--max-conns-per-peer`, the refusal its handshake gets.
+fn enter_peer(
+    shared: &Shared,
+    key: String,
+) -> (Option<crate::limits::PeerGuard>, Option<ErrorReply>) {
+    let max = shared.limits.max_conns_per_peer;
+    match shared.peers_open.enter(key.clone(), max) {
+        Some(g) => (Some(g), None),
+        None => {
+            Counters::inc(&shared.counters.over_limit);
+            (
+                None,
+                Some(ErrorReply::new(
+                    libc::EAGAIN,
+                    format!("{key} has {max} connections to this server already (chfsd --max-conns-per-peer)"),
+                )),
+            )
+        }
     }
 }
 
@@ -594,7 +653,9 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         ),
         Err(_) => ("local".to_string(), None, None),
     };
+    let (guard, over) = enter_peer(&shared, format!("local user {}", uid.unwrap_or(u32::MAX)));
     let refuse = match uid {
+        _ if over.is_some() => over,
         Some(u) if shared.local_users.allows(u) => None,
         Some(u) => Some(ErrorReply::new(
             libc::EACCES,
@@ -608,6 +669,8 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
     let Some(access) = admitted(&shared, &mut stream, &peer, refuse).await else {
         return;
     };
+    // Counted while the connection lives (a lane's included).
+    let peer_guard = guard;
     // The first request may ask for a CPU lane (read on its own: nothing
     // after it is buffered here).
     let (h, payload) = match net::read_frame(&mut stream).await {
@@ -619,7 +682,9 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         }
     };
     if h.op != op::LANE || h.flags != 0 {
-        return serve_local(shared, stream, peer, cma, Some((h, payload)), access).await;
+        serve_local(shared, stream, peer, cma, Some((h, payload)), access).await;
+        drop(peer_guard);
+        return;
     }
     let n = crate::lanes::cpus();
     let lane = match Request::decode(op::LANE, payload) {
@@ -644,14 +709,16 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
         Err(e) => Err(e.clone()),
     };
     // Neither answer carries a data tail.
-    let (rh, head, _) = response_frame(h.id, h.op, reply);
+    let (rh, head, _, _) = response_frame(h.id, h.op, reply);
     if let Err(e) = write_all_vectored(&mut stream, &rh.encode(), &head).await {
         warn!(%peer, "closing connection: {e}");
         return;
     }
     let Ok(lane) = lane else {
         // Refused: the connection goes on without a lane.
-        return serve_local(shared, stream, peer, cma, None, access).await;
+        serve_local(shared, stream, peer, cma, None, access).await;
+        drop(peer_guard);
+        return;
     };
     let handed = stream.into_std().and_then(|stream| {
         lane.hand_over(crate::lanes::Incoming {
@@ -659,6 +726,7 @@ async fn serve_unix(shared: Arc<Shared>, mut stream: UnixStream) {
             peer: peer.clone(),
             cma,
             access,
+            _peer_guard: peer_guard,
         })
     });
     if let Err(e) = handed {
@@ -675,15 +743,18 @@ async fn serve_local(
     first: Option<(Header, Bytes)>,
     access: Access,
 ) {
+    let fd = dup_fd(&stream);
     match crate::local_io::split(stream) {
-        Ok((rd, wr)) => serve_conn(shared, rd, wr, peer, cma, first, access).await,
+        Ok((rd, wr)) => serve_conn(shared, rd, wr, peer, cma, first, access, fd).await,
         Err(e) => warn!(%peer, "closing connection: {e}"),
     }
 }
 
 /// Serves the requests of one connection; `cma`: the pid whose memory
 /// `FLAG_CMA` requests may name (local peers of the server's user);
-/// `access`: what the connection authenticated as.
+/// `access`: what the connection authenticated as; `fd`: a duplicate of
+/// its socket, for the idle watchdog ([`crate::limits::Watchdogs`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_conn<R, W>(
     shared: Arc<Shared>,
     rd: R,
@@ -692,6 +763,7 @@ pub(crate) async fn serve_conn<R, W>(
     cma: Option<libc::pid_t>,
     first: Option<(Header, Bytes)>,
     access: Access,
+    fd: Option<std::os::fd::OwnedFd>,
 ) where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -704,18 +776,24 @@ pub(crate) async fn serve_conn<R, W>(
         // one vectored write (no copy into the buffer).
         let mut wr = wr;
         let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
-        while let Some((h, head, tail)) = rx.recv().await {
+        // Budget shares of replies gathered in `buf`, given back once it
+        // is written.
+        let mut held: Vec<crate::limits::Permits> = Vec::new();
+        while let Some((h, head, tail, permits)) = rx.recv().await {
+            held.extend(permits);
             buf.extend_from_slice(&h.encode());
             buf.extend_from_slice(&head);
             let r = if tail.len() >= BIG_TAIL {
                 let r = write_all_vectored(&mut wr, &buf, &tail).await;
                 buf.clear();
+                held.clear();
                 r
             } else {
                 buf.extend_from_slice(&tail);
                 if rx.is_empty() || buf.len() >= 256 << 10 {
                     let r = wr.write_all(&buf).await;
                     buf.clear();
+                    held.clear();
                     r
                 } else {
                     Ok(())
@@ -728,11 +806,22 @@ pub(crate) async fn serve_conn<R, W>(
     });
     let mut first = first;
     let mut window: Option<Arc<crate::shm::Window>> = None;
+    let budget = crate::limits::Budget::new(&shared.limits);
+    let watchdog = fd.and_then(|fd| {
+        let (sh, p) = (shared.clone(), peer.clone());
+        shared.watchdogs.watch(fd, &budget, move || {
+            Counters::inc(&sh.counters.idle_closed);
+            debug!(peer = %p, "closing an idle or stalled connection");
+        })
+    });
     loop {
         let frame = match first.take() {
             Some(f) => Ok(Some(f)),
             None => net::read_frame(&mut rd).await,
         };
+        if let Some(w) = &watchdog {
+            w.touch();
+        }
         if let Ok(Some((h, _))) = &frame {
             if let Some(e) = access.refusal(h.op, h.flags & FLAG_FORWARDED != 0) {
                 Counters::inc(&shared.counters.denied);
@@ -743,10 +832,13 @@ pub(crate) async fn serve_conn<R, W>(
         }
         match frame {
             Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
+                let permits = budget
+                    .admit(crate::limits::cost(&h, &payload, None), &shared.counters)
+                    .await;
                 let (sh, tx, w) = (shared.clone(), tx.clone(), window.clone());
                 tokio::spawn(async move {
                     let r = crate::cma::serve(&sh, cma, w.as_deref(), h, payload).await;
-                    let _ = tx.send(response_frame(h.id, h.op, r));
+                    let _ = tx.send(response_with(h.id, h.op, r, permits));
                 });
             }
             // Answered here, in order: the connection's later writes see
@@ -761,13 +853,20 @@ pub(crate) async fn serve_conn<R, W>(
                 }
                 let _ = tx.send(response_frame(h.id, h.op, r));
             }
-            Ok(Some((h, payload))) => match Request::decode(h.op, payload) {
+            Ok(Some((h, payload))) => match Request::decode(h.op, payload.clone()) {
                 Ok(req) => {
+                    let permits = budget
+                        .admit(
+                            crate::limits::cost(&h, &payload, Some(&req)),
+                            &shared.counters,
+                        )
+                        .await;
+                    drop(payload);
                     let (sh, tx) = (shared.clone(), tx.clone());
                     tokio::spawn(async move {
                         let forwarded = h.flags & FLAG_FORWARDED != 0;
                         let r = crate::handler::handle(&sh, req, forwarded).await;
-                        let _ = tx.send(response_frame(h.id, h.op, r));
+                        let _ = tx.send(response_with(h.id, h.op, r, permits));
                     });
                 }
                 Err(e) => {

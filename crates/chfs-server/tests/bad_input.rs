@@ -878,3 +878,152 @@ fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_ser
     assert_eq!(tcp.unwrap_err().0, libc::EPERM);
     assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
 }
+
+/// A pool of one server with extra chfsd options.
+fn pool_args(args: &[&str]) -> LocalPool {
+    LocalPool::start_with(PoolOptions {
+        servers: 1,
+        args: args.iter().map(|a| a.to_string()).collect(),
+        chfsd: Some(env!("CARGO_BIN_EXE_chfsd").into()),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn status(addr: &str) -> chfs_proto::msg::ServerStatus {
+    let (mut s, _, _) = hello(addr, b"");
+    match call(&mut s, 1, &Request::Status) {
+        Ok(Response::Status(st)) => st,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// VmRSS of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    st.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A client that sends requests and never reads the replies is not read
+/// further once it has --max-inflight of them in the server (or
+/// --conn-memory bytes): the server's memory stays bounded, other clients
+/// are served, and every request is answered once the client reads.
+#[test]
+fn a_client_that_does_not_read_its_replies_is_held_back_not_buffered() {
+    // (the posix engine reads into a new buffer per reply; the DRAM one
+    // would hand out slices of one chunk)
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 1,
+        args: ["--max-inflight", "16", "--conn-memory", "4M"]
+            .map(String::from)
+            .to_vec(),
+        store: Some("posix".into()),
+        store_size: "64M".into(),
+        chfsd: Some(env!("CARGO_BIN_EXE_chfsd").into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let addr = &p.addrs()[0];
+    // A file of one 1 MiB chunk.
+    let (mut s, _, _) = hello(addr, b"");
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 1 << 20,
+        fileid: 7,
+        ..Default::default()
+    };
+    let r = call(
+        &mut s,
+        1,
+        &Request::Create {
+            path: "/big".into(),
+            meta,
+            excl: true,
+            data: Bytes::from(vec![5u8; 1 << 20]),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let before = rss_kib(p.pid(0).unwrap());
+    // 2,000 reads of the whole chunk (2 GiB of replies), none read yet.
+    let writer = {
+        let mut w = s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut req = Vec::new();
+            let mut p = whole_chunk0("/big", 1 << 20);
+            if let Request::Read { fileid, .. } = &mut p {
+                *fileid = 7;
+            }
+            p.encode(&mut req);
+            for id in 0..2000u64 {
+                // The server stops reading: this blocks once the socket's
+                // buffers are full.
+                send(&mut w, 100 + id, op::READ, &req);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    still_serves(addr);
+    let grown = rss_kib(p.pid(0).unwrap()).saturating_sub(before);
+    assert!(grown < 64 << 10, "server grew by {grown} KiB");
+    assert!(status(addr).throttled > 0);
+    // Now the client reads: every request is answered (in any order).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..2000u64 {
+        let (h, payload) = recv(&mut s).expect("reply");
+        assert_eq!(payload.len(), 1 + (1 << 20), "request {}", h.id);
+        seen.insert(h.id);
+    }
+    assert_eq!(seen, (100..2100).collect());
+    writer.join().unwrap();
+}
+
+#[test]
+fn connections_per_host_are_limited() {
+    let p = pool_args(&["--max-conns-per-peer", "3"]);
+    let addr = &p.addrs()[0];
+    let keep: Vec<TcpStream> = (0..3).map(|_| hello(addr, b"").0).collect();
+    let (_, status4, msg) = hello(addr, b"");
+    assert_eq!(status4, libc::EAGAIN, "{msg}");
+    assert!(msg.contains("max-conns-per-peer"), "{msg}");
+    drop(keep);
+    std::thread::sleep(Duration::from_millis(100));
+    let (mut s, st, _) = hello(addr, b"");
+    assert_eq!(st, 0);
+    match call(&mut s, 1, &Request::Status) {
+        Ok(Response::Status(st)) => assert_eq!(st.over_limit, 1),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn idle_and_stalled_connections_are_closed() {
+    let p = pool_args(&["--idle-timeout", "1"]);
+    let addr = &p.addrs()[0];
+    let (mut idle, _, _) = hello(addr, b"");
+    let (mut half, _, _) = hello(addr, b"");
+    half.write_all(
+        &Header {
+            len: 1000,
+            id: 1,
+            op: op::WRITE,
+            flags: 0,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let t = std::time::Instant::now();
+    assert!(closed(&mut idle));
+    assert!(closed(&mut half));
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(status(addr).idle_closed >= 2);
+    // A connection busy with a slow request is not idle: a client that
+    // keeps asking stays connected.
+    let (mut busy, _, _) = hello(addr, b"");
+    for i in 0..4 {
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(call(&mut busy, i, &Request::Ping), Ok(Response::Ok));
+    }
+}
