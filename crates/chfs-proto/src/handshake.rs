@@ -259,14 +259,22 @@ pub fn new_secret() -> String {
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn proof(key: &Key, label: &[u8], version: u16, role: Role, nc: &[u8], ns: &[u8]) -> [u8; 32] {
+/// The MAC of a proof: a label, the version, the role and both nonces.
+fn mac(key: &Key, label: &[u8], version: u16, role: Role, nc: &[u8], ns: &[u8]) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
     m.update(label);
     m.update(&version.to_le_bytes());
     m.update(&[role.code()]);
     m.update(nc);
     m.update(ns);
-    m.finalize().into_bytes().into()
+    m
+}
+
+fn proof(key: &Key, label: &[u8], version: u16, role: Role, nc: &[u8], ns: &[u8]) -> [u8; 32] {
+    mac(key, label, version, role, nc, ns)
+        .finalize()
+        .into_bytes()
+        .into()
 }
 
 /// Checks a proof in constant time.
@@ -279,13 +287,9 @@ fn proof_ok(
     ns: &[u8],
     got: &[u8],
 ) -> bool {
-    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-    m.update(label);
-    m.update(&version.to_le_bytes());
-    m.update(&[role.code()]);
-    m.update(nc);
-    m.update(ns);
-    m.verify_slice(got).is_ok()
+    mac(key, label, version, role, nc, ns)
+        .verify_slice(got)
+        .is_ok()
 }
 
 const SERVER_PROOF: &[u8] = b"chfs-rs server proof";

@@ -175,47 +175,24 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             } else {
                 s.capacity
             };
+            let c = &sh.counters;
             Ok(Response::Status(ServerStatus {
                 addr: sh.me.clone(),
                 store: st.name().to_string(),
                 entries: s.entries,
                 bytes: s.bytes,
                 capacity,
-                requests: sh
-                    .counters
-                    .requests
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                cma_writes: sh
-                    .counters
-                    .cma_writes
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                shm_writes: sh
-                    .counters
-                    .shm_writes
-                    .load(std::sync::atomic::Ordering::Relaxed),
+                requests: Counters::get(&c.requests),
+                cma_writes: Counters::get(&c.cma_writes),
+                shm_writes: Counters::get(&c.shm_writes),
                 list_version: sh.placement().ring.list().version,
                 since: sh.placement().since(),
-                lost: sh.counters.lost.load(std::sync::atomic::Ordering::Relaxed),
-                refused: sh
-                    .counters
-                    .refused
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                denied: sh
-                    .counters
-                    .denied
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                over_limit: sh
-                    .counters
-                    .over_limit
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                idle_closed: sh
-                    .counters
-                    .idle_closed
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                throttled: sh
-                    .counters
-                    .throttled
-                    .load(std::sync::atomic::Ordering::Relaxed),
+                lost: Counters::get(&c.lost),
+                refused: Counters::get(&c.refused),
+                denied: Counters::get(&c.denied),
+                over_limit: Counters::get(&c.over_limit),
+                idle_closed: Counters::get(&c.idle_closed),
+                throttled: Counters::get(&c.throttled),
                 backend: cache
                     .map(|c| c.backend.path().display().to_string())
                     .unwrap_or_default(),

@@ -70,6 +70,11 @@ impl Counters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Reads a counter.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
     /// All counters with their names.
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
         vec![
