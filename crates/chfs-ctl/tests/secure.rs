@@ -137,6 +137,30 @@ fn default_start_admits_only_the_jobs_processes() {
             text(&out.stderr)
         );
     }
+    // Nor a mount (chfuse) without the key.
+    if Path::new("/dev/fuse").exists() {
+        let mnt = sc.dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let out = run(&sibling("chfuse"), &[mnt.to_str().unwrap()], open);
+        let mounted = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == mnt.to_str());
+        if mounted {
+            let _ = Command::new("fusermount3")
+                .args(["-uz", mnt.to_str().unwrap()])
+                .output();
+        }
+        assert!(!mounted, "chfuse mounted the pool without the key");
+        assert_ne!(out.status.code(), Some(0));
+        assert!(
+            text(&out.stderr).contains("EACCES"),
+            "{}",
+            text(&out.stderr)
+        );
+    } else {
+        eprintln!("SKIPPED the chfuse part: /dev/fuse is missing");
+    }
     let e = connect(open).err().expect("refused without the key");
     assert_eq!(e.errno(), libc::EACCES, "{e}");
     assert!(e.to_string().contains("CHFS_SECRET_FILE"), "{e}");
