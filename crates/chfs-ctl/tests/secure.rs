@@ -330,7 +330,9 @@ fn adding_servers_takes_the_pool_secret() {
     let chfsd = chfsd();
     let ctl = bin("chfsctl");
     let d = chfsd.to_str().unwrap();
-    let out = run(&ctl, &["-c", &s1, "--chfsd", d, "start"], &[]);
+    // --secret, which asked for a secret before it was the default, is
+    // still accepted.
+    let out = run(&ctl, &["-c", &s1, "--chfsd", d, "--secret", "start"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = eval_env(&text(&out.stdout));
     let e = envs(&env);
