@@ -547,9 +547,13 @@ done
                 Err(e) => errs.push(e),
             }
         }
-        if errs.is_empty() && self.launcher.kind != LauncherKind::Local {
-            // This host, unless it is one of the hosts. Growing a pool
-            // writes the same secret again, whoever runs there.
+        // This host, unless it is one of the hosts. Growing a pool writes
+        // the same secret again, whoever runs there, and never removes
+        // the pool's (an open pool has none here).
+        if errs.is_empty()
+            && self.launcher.kind != LauncherKind::Local
+            && !(self.add && secret.is_none())
+        {
             let local = Launcher {
                 kind: LauncherKind::Local,
                 ..self.launcher.clone()
