@@ -59,6 +59,10 @@ fn main() {
     };
     let key = pool.client_key_file();
     if a.command.is_empty() {
+        // Ctrl-C / SIGTERM are caught from before the variables are
+        // printed: whoever reads them may stop the pool at once.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = ctrlc_wait(tx);
         println!("CHFS_SERVER={}; export CHFS_SERVER;", pool.server_string());
         match &key {
             Some(k) => println!("CHFS_SECRET_FILE={}; export CHFS_SECRET_FILE;", k.display()),
@@ -68,8 +72,6 @@ fn main() {
             "chfs-localpool: {} servers running; Ctrl-C stops them",
             pool.addrs().len()
         );
-        let (tx, rx) = std::sync::mpsc::channel();
-        let _ = ctrlc_wait(tx);
         let _ = rx.recv();
         pool.stop();
         return;
