@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use chfs_bench::leader::{self, Launcher, LocalLauncher, RunOptions};
 use chfs_bench::report::{self, RunResult};
-use chfs_bench::worker::{Params, TargetSpec};
+use chfs_bench::worker::{Params, PoolCredential, TargetSpec};
 use chfs_bench::{sweep, BenchError, Result};
 use chfs_client::Client;
 use chfs_localpool::{LocalPool, PoolOptions};
@@ -52,6 +52,12 @@ struct Target {
     /// the data written).
     #[arg(long, value_name = "SIZE", default_value = "1G")]
     store_size: String,
+    /// Start the local pool (--servers) without a secret: it is then open
+    /// to every local and remote process that can reach its servers (a
+    /// warning says so). By default a local pool gets a new secret and the
+    /// ranks its client key.
+    #[arg(long = "no-secret", requires = "servers")]
+    no_secret: bool,
 }
 
 /// A chfsd storage engine (`chfsd --store`).
@@ -135,6 +141,10 @@ struct SweepArgs {
     /// Start a local pool of N chfsd servers (default: CHFS_SERVER).
     #[arg(long, value_name = "N")]
     servers: Option<usize>,
+    /// Start the local pool (--servers) without a secret (see io500
+    /// --no-secret).
+    #[arg(long = "no-secret", requires = "servers")]
+    no_secret: bool,
     /// Chunk sizes in bytes, separated by commas.
     #[arg(
         long,
@@ -162,18 +172,26 @@ struct SweepArgs {
     json: Option<PathBuf>,
 }
 
+/// The warning of a local pool started without a secret.
+const OPEN_POOL_WARNING: &str = "chfs-bench: warning: --no-secret: the local pool has no secret, so it is open to every local and remote process that can reach its servers: any of them can read, write and delete its files, and stop it";
+
 /// The pool to use: a fresh local one (with `store`: its servers' engine
-/// and the size of each store), or CHFS_SERVER.
+/// and the size of each store; a new secret unless `no_secret`), or
+/// CHFS_SERVER (with the environment's CHFS_SECRET_FILE / CHFS_SECRET).
 fn pool(
     servers: Option<usize>,
     store: Option<(Engine, &str)>,
-) -> Result<(Option<LocalPool>, String)> {
+    no_secret: bool,
+) -> Result<(Option<LocalPool>, String, PoolCredential)> {
     match servers {
         Some(n) => {
             let mut opts = PoolOptions {
                 servers: n,
                 ..Default::default()
             };
+            if !no_secret {
+                opts = opts.with_new_secret();
+            }
             if let Some((engine, size)) = store {
                 opts.store = Some(engine.name().to_string());
                 opts.store_size = size.to_string();
@@ -181,10 +199,14 @@ fn pool(
             let p = LocalPool::start_with(opts)
                 .map_err(|e| BenchError::io("start local pool", "chfsd", e))?;
             let s = p.server_string();
-            Ok((Some(p), s))
+            let cred = match p.client_key_file() {
+                Some(k) => PoolCredential::File(k),
+                None => PoolCredential::None,
+            };
+            Ok((Some(p), s, cred))
         }
         None => match std::env::var("CHFS_SERVER") {
-            Ok(s) if !s.trim().is_empty() => Ok((None, s)),
+            Ok(s) if !s.trim().is_empty() => Ok((None, s, PoolCredential::Env)),
             _ => Err(BenchError::Config(
                 "no target: set CHFS_SERVER, or use --servers N (local pool) or --posix DIR".into(),
             )),
@@ -194,8 +216,8 @@ fn pool(
 
 /// What the servers of a pool say they are: how many, and their storage
 /// engines (as reported by each server's status, not as requested).
-fn describe_pool(servers: &str) -> Result<String> {
-    let cfg = chfs_bench::worker::chfs_config(servers)?;
+fn describe_pool(servers: &str, credential: &PoolCredential) -> Result<String> {
+    let cfg = chfs_bench::worker::chfs_config(servers, credential)?;
     let client = Client::connect(cfg).map_err(|e| BenchError::chfs("connect", servers, e))?;
     let mut engines = std::collections::BTreeSet::new();
     let status = client.server_status();
@@ -254,8 +276,21 @@ fn io500(
         Some(dir) => (None, TargetSpec::Posix { dir: dir.clone() }),
         None => {
             let t = &a.target;
-            let (p, s) = pool(t.servers, t.store.map(|e| (e, t.store_size.as_str())))?;
-            (p, TargetSpec::Chfs { servers: s })
+            if t.no_secret {
+                eprintln!("{OPEN_POOL_WARNING}");
+            }
+            let (p, servers, credential) = pool(
+                t.servers,
+                t.store.map(|e| (e, t.store_size.as_str())),
+                t.no_secret,
+            )?;
+            (
+                p,
+                TargetSpec::Chfs {
+                    servers,
+                    credential,
+                },
+            )
         }
     };
     let params = Params {
@@ -277,13 +312,27 @@ fn io500(
     }
     let mut _reference_pool = None;
     if let Some(engine) = a.reference_store {
-        let (p, s) = pool(a.target.servers, Some((engine, &a.target.store_size)))?;
+        let (p, servers, credential) = pool(
+            a.target.servers,
+            Some((engine, &a.target.store_size)),
+            a.target.no_secret,
+        )?;
         _reference_pool = p;
-        targets.push(("reference", TargetSpec::Chfs { servers: s }));
+        targets.push((
+            "reference",
+            TargetSpec::Chfs {
+                servers,
+                credential,
+            },
+        ));
     }
     for (label, spec) in &targets {
-        if let TargetSpec::Chfs { servers } = spec {
-            println!("{label}: {}", describe_pool(servers)?);
+        if let TargetSpec::Chfs {
+            servers,
+            credential,
+        } = spec
+        {
+            println!("{label}: {}", describe_pool(servers, credential)?);
         }
     }
     let mut results = leader::run_targets(&targets, &params, &opts, launcher)?.into_iter();
@@ -329,9 +378,13 @@ fn io500(
 }
 
 fn run_sweep(a: SweepArgs) -> Result<()> {
-    let (_pool, servers) = pool(a.servers, None)?;
+    if a.no_secret {
+        eprintln!("{OPEN_POOL_WARNING}");
+    }
+    let (_pool, servers, credential) = pool(a.servers, None, a.no_secret)?;
     let pts = sweep::sweep(
         &servers,
+        &credential,
         &a.chunk_sizes,
         &a.request_sizes,
         a.file_mib << 20,

@@ -8,7 +8,7 @@ use chfs_client::{flags, Client};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{BenchError, Result};
-use crate::worker::chfs_config;
+use crate::worker::{chfs_config, PoolCredential};
 
 /// One point of the sweep.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -100,16 +100,18 @@ pub fn medians(v: &[(f64, f64)]) -> (f64, f64) {
     )
 }
 
-/// Runs the sweep against the pool at `servers`: every point `reps`
+/// Runs the sweep against the pool at `servers` (let in with
+/// `credential`): every point `reps`
 /// times, alternating which mode runs first, reporting medians.
 pub fn sweep(
     servers: &str,
+    credential: &PoolCredential,
     chunk_sizes: &[u32],
     request_sizes: &[usize],
     file_bytes: u64,
     reps: usize,
 ) -> Result<Vec<SweepPoint>> {
-    let mut cfg = chfs_config(servers)?;
+    let mut cfg = chfs_config(servers, credential)?;
     cfg.async_access = true;
     let piped =
         Client::connect(cfg.clone()).map_err(|e| BenchError::chfs("connect", servers, e))?;

@@ -12,6 +12,26 @@ use crate::error::{BenchError, Result};
 use crate::fs::{Backend, ChfsBackend, PosixBackend};
 use crate::pattern::{self, Phase, IOR_HARD_FILE, IOR_HARD_XFER, MD_HARD_SIZE};
 
+/// What a rank presents to a pool to be let in.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolCredential {
+    /// `CHFS_SECRET_FILE` / `CHFS_SECRET` of the environment (a pool the
+    /// benchmark did not start).
+    #[default]
+    Env,
+    /// This secret or client key file (a local pool's client key).
+    File(PathBuf),
+    /// None (a local pool started with `--no-secret`).
+    None,
+}
+
+impl PoolCredential {
+    fn is_env(&self) -> bool {
+        *self == PoolCredential::Env
+    }
+}
+
 /// Where a target lives.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "lowercase")]
@@ -20,6 +40,9 @@ pub enum TargetSpec {
     Chfs {
         /// Server addresses, comma separated.
         servers: String,
+        /// How its ranks are let in.
+        #[serde(default, skip_serializing_if = "PoolCredential::is_env")]
+        credential: PoolCredential,
     },
     /// A directory, through POSIX calls.
     Posix {
@@ -32,8 +55,11 @@ impl TargetSpec {
     /// Connects to the target; `name` is the benchmark's directory in it.
     pub fn backend(&self, name: &str) -> Result<Box<dyn Backend>> {
         match self {
-            TargetSpec::Chfs { servers } => {
-                let cfg = chfs_config(servers)?;
+            TargetSpec::Chfs {
+                servers,
+                credential,
+            } => {
+                let cfg = chfs_config(servers, credential)?;
                 let c =
                     Client::connect(cfg).map_err(|e| BenchError::chfs("connect", servers, e))?;
                 Ok(Box::new(ChfsBackend::new(c, &format!("/{name}"))))
@@ -45,21 +71,22 @@ impl TargetSpec {
     /// Short description.
     pub fn describe(&self) -> String {
         match self {
-            TargetSpec::Chfs { servers } => format!("chfs-rs pool {servers}"),
+            TargetSpec::Chfs { servers, .. } => format!("chfs-rs pool {servers}"),
             TargetSpec::Posix { dir } => format!("POSIX {}", dir.display()),
         }
     }
 }
 
 /// The client configuration from the environment, with `servers` as the
-/// contact list.
-pub fn chfs_config(servers: &str) -> Result<ClientConfig> {
-    ClientConfig::from_lookup(|k| {
-        if k == "CHFS_SERVER" {
-            Some(servers.to_string())
-        } else {
-            std::env::var(k).ok()
+/// contact list and `credential` as the secret or key.
+pub fn chfs_config(servers: &str, credential: &PoolCredential) -> Result<ClientConfig> {
+    ClientConfig::from_lookup(|k| match (k, credential) {
+        ("CHFS_SERVER", _) => Some(servers.to_string()),
+        ("CHFS_SECRET_FILE", PoolCredential::File(f)) => Some(f.display().to_string()),
+        ("CHFS_SECRET_FILE" | "CHFS_SECRET", PoolCredential::File(_) | PoolCredential::None) => {
+            None
         }
+        _ => std::env::var(k).ok(),
     })
     .map_err(|e| BenchError::chfs("config", servers, e))
 }

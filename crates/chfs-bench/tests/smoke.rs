@@ -127,10 +127,18 @@ fn pool_and_reference_smoke() {
         svg.to_str().unwrap(),
     ]);
     assert_eq!(run.params.nprocs, 3);
-    assert!(matches!(
-        run.system.target,
-        chfs_bench::worker::TargetSpec::Chfs { .. }
-    ));
+    // The local pool has a secret: its ranks got in with its client key.
+    assert!(
+        matches!(
+            &run.system.target,
+            chfs_bench::worker::TargetSpec::Chfs {
+                credential: chfs_bench::worker::PoolCredential::File(k),
+                ..
+            } if k.ends_with("chfs.client.key")
+        ),
+        "{:?}",
+        run.system.target
+    );
     check_target(&run.system, 3);
     let r = run.reference.as_ref().expect("reference");
     check_target(r, 3);
@@ -189,6 +197,60 @@ fn one_engine_against_another() {
     check_target(r, 2);
     assert_eq!(run.ratios.len(), 15);
     assert!(run.ratios.iter().all(|x| x.ratio > 0.0));
+}
+
+#[test]
+fn a_pool_with_a_secret_needs_its_key() {
+    let pool = LocalPool::start_with(
+        chfs_localpool::PoolOptions {
+            servers: 2,
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd (cargo build -p chfs-server)");
+    let key = pool.client_key_file().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("k.json");
+    let bench = |key: Option<&Path>| {
+        let mut c = Command::new(BIN);
+        c.args(["-n", "2", "--json", json.to_str().unwrap()])
+            .args(TINY)
+            .env("CHFS_SERVER", pool.server_string())
+            .env_remove("CHFS_SECRET")
+            .env_remove("CHFS_SECRET_FILE");
+        if let Some(k) = key {
+            c.env("CHFS_SECRET_FILE", k);
+        }
+        c.output().unwrap()
+    };
+    let o = bench(None);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("EACCES") && err.contains("CHFS_SECRET_FILE"),
+        "{err}"
+    );
+    let o = bench(Some(&key));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run: RunResult = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    check_target(&run.system, 2);
+
+    // A local pool without a secret: a warning, and the run goes on.
+    let o = Command::new(BIN)
+        .args(["sweep", "--servers", "1", "--no-secret"])
+        .args(["--chunk-sizes", "65536", "--request-sizes", "65536"])
+        .args(["--file-mib", "1", "--reps", "1"])
+        .env_remove("CHFS_SERVER")
+        .env("CHFS_SECRET_FILE", "/stale/key")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("warning") && err.contains("open to every local and remote process"),
+        "{err}"
+    );
 }
 
 #[test]

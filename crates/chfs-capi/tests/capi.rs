@@ -402,6 +402,75 @@ fn bad_environment_makes_init_fail_cleanly() {
 }
 
 #[test]
+fn init_needs_the_pools_key_from_the_environment() {
+    // A pool with a secret (as chfsctl starts by default): chfs_init gets
+    // in with the client key or the secret from CHFS_SECRET_FILE /
+    // CHFS_SECRET, and fails cleanly (EACCES, nothing printed) without.
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("env_test", tmp.path());
+    let pool = LocalPool::start_with(
+        PoolOptions {
+            servers: 2,
+            chfsd: Some(p.chfsd()),
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool from PREFIX/bin");
+    let srv = pool.server_string();
+    let key = pool.client_key_file().unwrap();
+    let key = key.to_str().unwrap();
+    let secret = pool.secret().unwrap();
+    let wrong = tmp.path().join("wrong.key");
+    std::fs::write(
+        &wrong,
+        chfs_proto::handshake::Credential::client_key_file(b"another pool"),
+    )
+    .unwrap();
+    // (environment, errno of chfs_init, text chfs_last_error() contains)
+    type Case<'a> = (&'a [(&'a str, &'a str)], i32, &'a str);
+    let cases: &[Case] = &[
+        (&[], libc::EACCES, "CHFS_SECRET_FILE"),
+        (&[("CHFS_SECRET_FILE", key)], 0, ""),
+        (&[("CHFS_SECRET", secret)], 0, ""),
+        // The file wins over the variable, as documented.
+        (
+            &[("CHFS_SECRET_FILE", key), ("CHFS_SECRET", "wrong")],
+            0,
+            "",
+        ),
+        (&[("CHFS_SECRET", "wrong")], libc::EACCES, "secret"),
+        (
+            &[("CHFS_SECRET_FILE", wrong.to_str().unwrap())],
+            libc::EACCES,
+            "secret",
+        ),
+        (
+            &[("CHFS_SECRET_FILE", "/nonexistent/chfs.client.key")],
+            libc::EACCES,
+            "/nonexistent/chfs.client.key",
+        ),
+    ];
+    for (env, errno, text) in cases {
+        let mut c = clean(&exe);
+        c.env("CHFS_SERVER", &srv)
+            .envs(env.iter().copied())
+            .arg(errno.to_string());
+        if !text.is_empty() {
+            c.arg(text);
+        }
+        let out = check(&mut c);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "env_test: ok\n",
+            "{env:?}"
+        );
+        assert!(out.stderr.is_empty(), "{env:?}");
+    }
+}
+
+#[test]
 fn stagein_from_the_servers_backend() {
     let p = Prefix::install();
     let tmp = tempfile::tempdir().unwrap();

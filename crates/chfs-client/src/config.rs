@@ -30,8 +30,8 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_LOCAL_SOCKET", default: "1", help: "reach servers on this host through their Unix socket instead of TCP (0 = always TCP)" },
     Setting { env: "CHFS_CMA", default: "1", help: "let servers on this host that run as the same user copy large writes (16 KiB and up) straight from this process's memory with process_vm_readv instead of through the socket, or from a shared-memory window the process set up (chfuse's ring buffers) with cache-bypassing stores (0 = always through the socket)" },
     Setting { env: "CHFS_CPU_LANES", default: "auto", help: "reach servers on this host over one connection per CPU of the calling thread, each served by a server thread pinned to that CPU, so a request and its reply stay on one CPU: auto = for threads pinned to one CPU (MPI ranks bound to cores), 1 = for every thread, 0 = never" },
-    Setting { env: "CHFS_SECRET", default: "(none)", help: "shared secret presented to the servers" },
-    Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the shared secret (takes precedence over CHFS_SECRET)" },
+    Setting { env: "CHFS_SECRET", default: "(none)", help: "the pool's client key (chfs-client-key:HEX) or secret, proving this process may use the pool (prefer CHFS_SECRET_FILE)" },
+    Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the pool's client key or secret, as chfsctl start exports it (takes precedence over CHFS_SECRET)" },
 ];
 
 /// Client configuration.

@@ -55,8 +55,10 @@ pub struct CtlOptions {
     pub cpus: Option<String>,
     /// Servers per host (`-n`).
     pub per_host: usize,
-    /// Generate a per-job secret (`--secret`).
-    pub gen_secret: bool,
+    /// Start the pool without a secret (`--no-secret`): open to every
+    /// process that reaches its servers. By default `start` generates a
+    /// pool secret.
+    pub no_secret: bool,
     /// Port of the servers (0 = any free port).
     pub port: u16,
     /// chfsd binary on the hosts.
@@ -102,8 +104,13 @@ const ALIVE_FN: &str = r#"alive() { [ "$(cat /proc/$1/comm 2>/dev/null)" = chfsd
 /// server starts (chfsctl passes its own choices as options and `-x`).
 const INHERITED_POOL_VARS: &str = "CHFS_SERVER_HOST CHFS_JOIN CHFS_SECRET CHFS_SECRET_FILE CHFS_STORE CHFS_STORE_PATH CHFS_BACKEND_PATH CHFS_SUBDIR_PATH";
 
-/// The name of the pool's secret file in the scratch directory.
+/// The name of the pool's secret file in the scratch directory: read by
+/// the servers and by chfsctl (the administrator).
 pub const SECRET_FILE: &str = "chfs.secret";
+
+/// The name of the client key file in the scratch directory: what `start`
+/// hands to applications (`CHFS_SECRET_FILE`) and to chfuse.
+pub const CLIENT_KEY_FILE: &str = "chfs.client.key";
 
 /// What `none_found` adds when `CHFS_SERVER` is not set either.
 const NO_SERVER_VAR: &str = ", and CHFS_SERVER is not set (give the -c and -h that start was given, or set CHFS_SERVER by evaluating the output of start)";
@@ -414,37 +421,157 @@ done
         (out, errs)
     }
 
-    fn secret_value(&self) -> Result<Option<(String, String)>, CtlError> {
-        let default_path = format!("{}/{SECRET_FILE}", self.scratch);
-        if self.gen_secret && !self.add {
-            let mut b = [0u8; 32];
-            let mut f = std::fs::File::open("/dev/urandom").map_err(|source| CtlError::Io {
-                context: "opening /dev/urandom".into(),
+    /// `SCRATCH/chfs.secret`.
+    fn secret_path(&self) -> String {
+        format!("{}/{SECRET_FILE}", self.scratch)
+    }
+
+    /// `SCRATCH/chfs.client.key`.
+    fn client_key_path(&self) -> String {
+        format!("{}/{CLIENT_KEY_FILE}", self.scratch)
+    }
+
+    /// The pool secret in the scratch directory (`-c`) of this host, if
+    /// there is one.
+    fn scratch_secret(&self) -> Result<Option<String>, CtlError> {
+        let p = self.secret_path();
+        match std::fs::read_to_string(&p) {
+            Ok(s) if !s.trim().is_empty() => Ok(Some(s.trim_end().to_string())),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(CtlError::Io {
+                context: format!("reading the pool secret {p}"),
                 source,
-            })?;
-            std::io::Read::read_exact(&mut f, &mut b).map_err(|source| CtlError::Io {
-                context: "reading /dev/urandom".into(),
-                source,
-            })?;
-            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            return Ok(Some((hex, default_path)));
+            }),
         }
-        if let Some(f) = &self.env_secret_file {
-            let s = std::fs::read_to_string(f).map_err(|source| CtlError::Io {
-                context: format!("reading CHFS_SECRET_FILE {f}"),
-                source,
-            })?;
-            return Ok(Some((s.trim_end().to_string(), f.clone())));
+    }
+
+    /// What chfsctl presents to a running pool (stop, status, rebalance):
+    /// the pool secret in the scratch directory (`-c`), with which it acts
+    /// as the administrator; without one there, the caller's
+    /// `CHFS_SECRET_FILE` / `CHFS_SECRET` (a client key stops nothing).
+    fn admin_secret(&self) -> Result<Option<String>, CtlError> {
+        match self.scratch_secret()? {
+            Some(s) => Ok(Some(s)),
+            None => self.caller_secret(),
         }
-        if let Some(s) = &self.env_secret {
-            return Ok(Some((s.clone(), default_path)));
+    }
+
+    /// The secret of the pool `start` creates (a new one unless
+    /// `--no-secret`) or grows (`-A`: the running pool's, which the new
+    /// servers need to join it); None for an open pool.
+    fn pool_secret(&self) -> Result<Option<String>, CtlError> {
+        use chfs_proto::handshake::{new_secret, Credential};
+        if self.no_secret {
+            return Ok(None);
         }
-        if self.gen_secret {
-            return Err(CtlError::Usage(
-                "-A --secret: the running pool's secret is needed: set CHFS_SECRET_FILE (eval the output of chfsctl start)".into(),
-            ));
+        if !self.add {
+            return Ok(Some(new_secret()));
         }
-        Ok(None)
+        let found = match self.scratch_secret()? {
+            Some(s) => Some(s),
+            None => self.caller_secret()?,
+        };
+        let parsed = found.as_deref().map(|s| Credential::parse(s.as_bytes()));
+        match parsed {
+            Some(Ok(Credential::Secret(_))) => Ok(found),
+            Some(Ok(Credential::ClientKey(_))) => Err(CtlError::Usage(format!(
+                "-A: the new servers need the pool secret to join, and CHFS_SECRET_FILE holds a client key (there is no {} on this host): give the -c of the pool's start, or set CHFS_SECRET_FILE to its {SECRET_FILE}",
+                self.secret_path()
+            ))),
+            Some(Err(e)) => Err(CtlError::Usage(format!("-A: the pool secret: {e}"))),
+            Some(Ok(Credential::None)) | None => Err(CtlError::Usage(format!(
+                "-A: the new servers need the pool secret to join, and there is no {} on this host nor CHFS_SECRET_FILE / CHFS_SECRET: give the -c of the pool's start (or --no-secret for a pool started with --no-secret)",
+                self.secret_path()
+            ))),
+        }
+    }
+
+    /// Puts the pool secret and its client key (each mode 0600) in the
+    /// scratch directory of every host, and of this one (chfsctl's own
+    /// stop, status and rebalance read the secret there); both are sent on
+    /// standard input, never on a command line. Without a secret, removes
+    /// those an earlier pool left there. A host where a server recorded in
+    /// this scratch directory runs is refused (its pool's files stay).
+    /// Returns the hosts written to ("" for this one); on failure, what was
+    /// written is removed again.
+    fn place_secret(&self, secret: Option<&str>) -> Result<Vec<String>, CtlError> {
+        let (sp, kp) = (quote(&self.secret_path()), quote(&self.client_key_path()));
+        let act = match secret {
+            Some(_) => format!(
+                r#"IFS= read -r s && IFS= read -r k || {{ echo "no secret on standard input" >&2; exit 1; }}
+t=.tmp.$(uname -n).$$
+printf '%s\n' "$s" > {sp}$t && printf '%s\n' "$k" > {kp}$t && mv -f {sp}$t {sp} && mv -f {kp}$t {kp}
+"#
+            ),
+            None => format!("rm -f {sp} {kp}\n"),
+        };
+        let input = secret
+            .map(|v| {
+                format!(
+                    "{v}\n{}",
+                    chfs_proto::handshake::Credential::client_key_file(v.as_bytes())
+                )
+            })
+            .unwrap_or_default()
+            .into_bytes();
+        let script = |guard: Option<&str>| {
+            let mut sc = format!("umask 077\nmkdir -p {} || exit 1\n", quote(&self.scratch));
+            if let Some(pat) = guard {
+                let _ = write!(
+                    sc,
+                    r#"{ALIVE_FN}
+for f in {pat}; do
+  [ -e "$f" ] || continue; p=$(cat "$f" 2>/dev/null)
+  if [ -n "$p" ] && alive "$p"; then echo "chfsd already runs with pid $p (recorded in $f): stop it first or choose another scratch directory (-c)" >&2; exit 3; fi
+done
+"#
+                );
+            }
+            sc.push_str(&act);
+            sc
+        };
+        let hosts = self.unique_hosts();
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                let pat = pat_quote(&format!("{}/chfsd@{h}@*.pid", self.scratch));
+                (h.clone(), script(Some(&pat)), input.clone())
+            })
+            .collect();
+        let mut written = Vec::new();
+        let mut errs = Vec::new();
+        for (h, r) in hosts.iter().zip(self.launcher.run_all(&jobs)) {
+            match r {
+                Ok(_) => written.push(h.clone()),
+                Err(e) => errs.push(e),
+            }
+        }
+        // This host, unless it is one of the hosts. Growing a pool writes
+        // the same secret again, whoever runs there, and never removes
+        // the pool's (an open pool has none here).
+        if errs.is_empty()
+            && self.launcher.kind != LauncherKind::Local
+            && !(self.add && secret.is_none())
+        {
+            let local = Launcher {
+                kind: LauncherKind::Local,
+                ..self.launcher.clone()
+            };
+            let pat = pat_quote(&format!("{}/chfsd@*.pid", self.scratch));
+            let guard = (!self.add).then_some(pat.as_str());
+            match local.run("localhost", &script(guard), &input) {
+                Ok(_) => written.push(String::new()),
+                Err(e) => errs.push(e),
+            }
+        }
+        if !errs.is_empty() {
+            if secret.is_some() {
+                self.forget_secret(&written);
+            }
+            one_or_many(errs)?;
+        }
+        Ok(written)
     }
 
     fn client(&self, contacts: Vec<String>, secret: Option<&str>) -> Result<Client, CtlError> {
@@ -471,6 +598,7 @@ done
         })
     }
 
+    /// The caller's `CHFS_SECRET_FILE` (its content) or `CHFS_SECRET`.
     fn caller_secret(&self) -> Result<Option<String>, CtlError> {
         Ok(match &self.env_secret_file {
             Some(f) => Some(
@@ -506,19 +634,31 @@ done
             .collect()
     }
 
-    /// Removes a secret this start generated (after a failed start).
-    fn forget_secret(&self, path: Option<&str>) {
-        let Some(p) = path.filter(|_| self.gen_secret && !self.add) else {
+    /// Removes the secret and client key this start put on `hosts` ("":
+    /// this host) after a failed start. Those of the pool a start with
+    /// `-A` grows stay.
+    fn forget_secret(&self, hosts: &[String]) {
+        if self.add || hosts.is_empty() {
             return;
+        }
+        let script = format!(
+            "rm -f {} {}",
+            quote(&self.secret_path()),
+            quote(&self.client_key_path())
+        );
+        let local = Launcher {
+            kind: LauncherKind::Local,
+            ..self.launcher.clone()
         };
-        let script = format!("rm -f {}", quote(p));
-        let jobs: Vec<_> = self
-            .unique_hosts()
-            .into_iter()
-            .map(|h| (h, script.clone(), Vec::new()))
+        let jobs: Vec<_> = hosts
+            .iter()
+            .filter(|h| !h.is_empty())
+            .map(|h| (h.clone(), script.clone(), Vec::new()))
             .collect();
         let _ = self.launcher.run_all(&jobs);
-        let _ = std::fs::remove_file(p);
+        if hosts.iter().any(String::is_empty) {
+            let _ = local.run("localhost", &script, b"");
+        }
     }
 
     fn unmount(&self, hosts: &[String], lazy: bool) -> Vec<CtlError> {
@@ -556,11 +696,13 @@ exit 0
             .collect()
     }
 
-    /// `chfsctl start`: starts the servers, waits until all have joined,
-    /// mounts chfuse if asked, and returns the shell lines to `eval`. On any
-    /// failure everything it started is stopped again.
+    /// `chfsctl start`: puts a new pool secret and its client key in the
+    /// scratch directory of every host (unless `no_secret`; with `add`, the
+    /// running pool's secret), starts the servers with the secret, waits
+    /// until all have joined, mounts chfuse (with the client key) if asked,
+    /// and returns the shell lines to `eval` (`CHFS_SECRET_FILE` names the
+    /// client key). On any failure everything it started is stopped again.
     pub fn start(&self) -> Result<String, CtlError> {
-        let secret = self.secret_value()?;
         let ids = self.servers();
         let join = if self.add {
             let env = self.env_server.as_deref().unwrap_or("");
@@ -576,44 +718,10 @@ exit 0
         } else {
             None
         };
-        // Hand the secret to every host (on standard input, never on a
-        // command line) and to this one.
-        let secret_file = match &secret {
-            Some((value, path)) => {
-                let dir = std::path::Path::new(path)
-                    .parent()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| ".".into());
-                let script = format!(
-                    "umask 077 && mkdir -p {d} && cat > {p}.tmp.$$ && mv -f {p}.tmp.$$ {p}",
-                    d = quote(&dir),
-                    p = quote(path)
-                );
-                let mut hosts = self.unique_hosts();
-                if self.launcher.kind != LauncherKind::Local {
-                    hosts.push(String::new());
-                }
-                let local = Launcher {
-                    kind: LauncherKind::Local,
-                    ..self.launcher.clone()
-                };
-                let mut errs = Vec::new();
-                for h in &hosts {
-                    let r = if h.is_empty() {
-                        local.run("localhost", &script, format!("{value}\n").as_bytes())
-                    } else {
-                        self.launcher
-                            .run(h, &script, format!("{value}\n").as_bytes())
-                    };
-                    if let Err(e) = r {
-                        errs.push(e);
-                    }
-                }
-                one_or_many(errs)?;
-                Some(path.clone())
-            }
-            None => None,
-        };
+        let secret = self.pool_secret()?;
+        let placed = self.place_secret(secret.as_deref())?;
+        let secret_file = secret.as_ref().map(|_| self.secret_path());
+        let client_key = secret.as_ref().map(|_| self.client_key_path());
         let sf = secret_file.as_deref();
         let mut started: Vec<(ServerId, String)> = Vec::new();
         let mut errs = Vec::new();
@@ -633,7 +741,7 @@ exit 0
                         a
                     }
                     Err(e) => {
-                        self.forget_secret(secret_file.as_deref());
+                        self.forget_secret(&placed);
                         return Err(e);
                     }
                 }
@@ -656,7 +764,7 @@ exit 0
             let ids: Vec<ServerId> = started.iter().map(|(i, _)| i.clone()).collect();
             let mut all = errs;
             all.extend(self.stop_ids(&ids));
-            self.forget_secret(secret_file.as_deref());
+            self.forget_secret(&placed);
             let n = ids.len();
             let mut e = match one_or_many(all) {
                 Err(e) => e,
@@ -676,7 +784,7 @@ exit 0
             return Err(rollback(errs, &started));
         }
         // Every server must be in the pool's list.
-        let secret_str = secret.as_ref().map(|(v, _)| v.as_str());
+        let secret_str = secret.as_deref();
         let deadline = Instant::now() + self.timeout;
         let list = loop {
             let r = self
@@ -716,10 +824,16 @@ exit 0
                 })?;
         }
         if let Some(m) = self.mount.as_deref().filter(|_| !self.no_mount) {
-            let mut env = format!("CHFS_SERVER={}", quote(&server_var));
-            if let Some(f) = sf {
-                let _ = write!(env, " CHFS_SECRET_FILE={}", quote(f));
+            // chfuse is an application: it gets the client key (and no
+            // credential of the caller's environment).
+            let mut env = String::from("-u CHFS_SECRET");
+            match &client_key {
+                Some(k) => {
+                    let _ = write!(env, " CHFS_SECRET_FILE={}", quote(k));
+                }
+                None => env.push_str(" -u CHFS_SECRET_FILE"),
             }
+            let _ = write!(env, " CHFS_SERVER={}", quote(&server_var));
             let script = |h: &str| {
                 format!(
                     "mkdir -p {m} {l} && env {env} {} --pid-file {pf} --log-file {lf} {m}",
@@ -768,18 +882,22 @@ exit 0
             }
         }
         let mut out = String::new();
-        let mut line = |k: &str, v: &str| {
+        let line = |out: &mut String, k: &str, v: &str| {
             let _ = writeln!(out, "{k}={}; export {k};", quote(v));
         };
-        line("CHFS_SERVER", &server_var);
-        if let Some(f) = sf {
-            line("CHFS_SECRET_FILE", f);
+        line(&mut out, "CHFS_SERVER", &server_var);
+        match &client_key {
+            // Applications get the client key, never the pool secret.
+            Some(k) => line(&mut out, "CHFS_SECRET_FILE", k),
+            // No credential of an earlier pool: a client holding one
+            // would refuse this pool's servers.
+            None => out.push_str("unset CHFS_SECRET_FILE CHFS_SECRET;\n"),
         }
         if let Some(b) = &self.backend {
-            line("CHFS_BACKEND_PATH", b);
+            line(&mut out, "CHFS_BACKEND_PATH", b);
         }
         if let Some(s) = &self.subdir {
-            line("CHFS_SUBDIR_PATH", s);
+            line(&mut out, "CHFS_SUBDIR_PATH", s);
         }
         Ok(out)
     }
@@ -793,7 +911,7 @@ exit 0
                 "rebalance: set CHFS_SERVER (eval the output of chfsctl start)".into(),
             ));
         };
-        let secret = self.caller_secret()?;
+        let secret = self.admin_secret()?;
         let c = self.client(chfs_client::config::parse_servers(env), secret.as_deref())?;
         self.rebalance_with(&c)
     }
@@ -854,7 +972,7 @@ exit 0
         let client = if contacts.is_empty() {
             None
         } else {
-            let secret = self.caller_secret()?;
+            let secret = self.admin_secret()?;
             match self.client(contacts, secret.as_deref()) {
                 Ok(c) => Some(c),
                 Err(e) if recs.is_empty() => {
@@ -906,6 +1024,7 @@ exit 0
                 .filter(|a| !recs.iter().any(|r| r.alive && r.addr == *a))
                 .collect();
             let watches: Vec<_> = unrecorded.iter().map(|a| (a, watch(a))).collect();
+            let mut refused = false;
             match c.shutdown_servers() {
                 Ok(()) => {
                     let _ = writeln!(report, "asked {n} server(s) to stop");
@@ -915,9 +1034,23 @@ exit 0
                         report,
                         "pool stop request failed ({e}); stopping by recorded PID"
                     );
+                    // Without the pool secret (a client key, or none for
+                    // this pool) the servers refuse: those not recorded
+                    // here keep running, no use waiting for them.
+                    if e.errno() == libc::EPERM && !unrecorded.is_empty() {
+                        refused = true;
+                        errs.push(CtlError::Client {
+                            context: format!(
+                                "{} server(s) not recorded in {} refused to stop (stopping a pool needs its secret: give the -c of start, whose {SECRET_FILE} chfsctl reads, or set CHFS_SECRET_FILE to that file)",
+                                unrecorded.len(),
+                                self.scratch
+                            ),
+                            source: e,
+                        });
+                    }
                 }
             }
-            if !watches.is_empty() {
+            if !watches.is_empty() && !refused {
                 let t = Instant::now();
                 let deadline = t + self.timeout;
                 let left: Vec<&String> = watches
@@ -1026,7 +1159,7 @@ exit 0
             one_or_many(host_errs)?;
             return Err(self.none_found(NO_SERVER_VAR));
         }
-        let secret = self.caller_secret()?;
+        let secret = self.admin_secret()?;
         let mut answered: Vec<(String, Result<chfs_proto::msg::ServerStatus, String>)> = Vec::new();
         let live: Vec<String> = addrs
             .iter()
@@ -1098,8 +1231,8 @@ exit 0
         Ok((out, all_ok))
     }
 
-    /// `chfsctl clean`: removes the servers' files and the secret from the
-    /// scratch directory of every host (refused while a server runs there).
+    /// `chfsctl clean`: removes the servers' files, the pool secret and the
+    /// client key from the scratch directory of every host (refused while a server runs there).
     /// Fails with "no server found" when there was nothing of chfsctl's to
     /// remove on any host.
     pub fn clean(&self) -> Result<String, CtlError> {
@@ -1140,16 +1273,17 @@ for f in {pat}; do
   if [ -n "$p" ] && alive "$p"; then echo "chfsd (pid $p, $f) still runs: stop it first" >&2; exit 4; fi
 done
 n=0
-for f in {all} {secret} {fuse}; do [ -e "$f" ] && n=$((n+1)); done
+for f in {all} {secret} {key} {fuse}; do [ -e "$f" ] && n=$((n+1)); done
 rm -rf {all}
-rm -f {secret} {fuse}
+rm -f {secret} {key} {fuse}
 rmdir {scratch} 2>/dev/null && n=$((n+1))
 echo "$n"
 exit 0
 "#,
                     pat = pat_quote(&format!("{}/chfsd@{h}@*.pid", self.scratch)),
                     all = pat_quote(&format!("{}/chfsd@{h}@*", self.scratch)),
-                    secret = quote(&format!("{}/{SECRET_FILE}", self.scratch)),
+                    secret = quote(&self.secret_path()),
+                    key = quote(&self.client_key_path()),
                     fuse = pat_quote(&format!("{}/chfuse@{h}.*", self.scratch)),
                     scratch = quote(&self.scratch),
                 );

@@ -292,7 +292,6 @@ fn job_cycle_stagein_run_sync_stop_clean() {
         m,
         "-n",
         "2",
-        "--secret",
         "--chfsd",
         chfsd.to_str().unwrap(),
         "--chfuse",

@@ -37,24 +37,33 @@ fn start_use_status_stop_clean() {
         v
     };
 
-    let out = run(
-        &ctl,
-        &args(&["-n", "3", "--secret", "-C", "0", "start"]),
-        &[],
-    );
+    // A secret is the default (no --secret).
+    let out = run(&ctl, &args(&["-n", "3", "-C", "0", "start"]), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = eval_env(&text(&out.stdout));
     let servers = var(&env, "CHFS_SERVER")
         .expect("CHFS_SERVER set")
         .to_string();
     assert_eq!(servers.split(',').count(), 3, "{servers}");
-    let secret_file = var(&env, "CHFS_SECRET_FILE").expect("secret file");
-    assert!(secret_file.starts_with(&s));
-    let meta = std::fs::metadata(secret_file).unwrap();
+    // The job gets the client key; the pool secret stays in the scratch
+    // directory for the servers and chfsctl. Both are the owner's only.
+    let secret_file = var(&env, "CHFS_SECRET_FILE").expect("client key file");
     assert_eq!(
-        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
-        0o600
+        std::path::Path::new(secret_file),
+        sc.scratch().join("chfs.client.key")
     );
+    let pool_secret = std::fs::read_to_string(sc.scratch().join("chfs.secret")).unwrap();
+    for f in [secret_file.into(), sc.scratch().join("chfs.secret")] {
+        let meta = std::fs::metadata(&f).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            0o600,
+            "{f:?}"
+        );
+    }
+    assert!(std::fs::read_to_string(secret_file)
+        .unwrap()
+        .starts_with("chfs-client-key:"));
 
     // Three daemons, recorded by PID, bound to CPU 0 (-C 0).
     let pids = recorded_pids(&sc.scratch());
@@ -135,17 +144,25 @@ fn start_use_status_stop_clean() {
     assert!(total >= payload.len() as u64, "{table}");
 
     // A second start on the same scratch directory is refused and harms
-    // nothing.
-    let out = run(&ctl, &args(&["start"]), &[]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("already runs"),
-        "{}",
-        text(&out.stderr)
-    );
-    assert!(text(&out.stderr).contains("host "), "names the host");
-    for p in &pids {
-        assert!(chfsd_alive(*p));
+    // nothing: the pool keeps its secret and client key.
+    let key = std::fs::read_to_string(secret_file).unwrap();
+    for extra in [&[][..], &["--no-secret"][..]] {
+        let out = run(&ctl, &args(&[extra, &["start"]].concat()), &[]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            text(&out.stderr).contains("already runs"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stderr).contains("host "), "names the host");
+        for p in &pids {
+            assert!(chfsd_alive(*p));
+        }
+        assert_eq!(
+            std::fs::read_to_string(sc.scratch().join("chfs.secret")).unwrap(),
+            pool_secret
+        );
+        assert_eq!(std::fs::read_to_string(secret_file).unwrap(), key);
     }
     let mut back = vec![0u8; payload.len()];
     let fd = c.open("/data", libc::O_RDONLY, 0).unwrap();
@@ -241,17 +258,18 @@ fn failed_start_leaves_nothing() {
             &s,
             "--chfsd",
             chfsd.to_str().unwrap(),
-            "--secret",
             "start",
         ],
         &[],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "nothing to eval on failure");
-    assert!(
-        !sc.scratch().join("chfs.secret").exists(),
-        "the generated secret is removed too"
-    );
+    for f in ["chfs.secret", "chfs.client.key"] {
+        assert!(
+            !sc.scratch().join(f).exists(),
+            "the generated {f} is removed too"
+        );
+    }
     let err = text(&out.stderr);
     assert!(err.contains("host 127.0.0.3"), "{err}");
     assert!(err.contains("cannot listen"), "{err}");
@@ -343,7 +361,7 @@ fn cache_mode_stop_writes_back_and_clean_removes_the_store() {
             db.display()
         );
     }
-    let c = client(&env, false).unwrap();
+    let c = client(&env, true).unwrap();
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
     let fd = c.create("/result.dat", libc::O_WRONLY, 0o644).unwrap();
     c.write(fd, &payload).unwrap();
@@ -400,7 +418,6 @@ fn mount_on_start_unmount_on_stop() {
         chfuse.to_str().unwrap(),
         "-n",
         "2",
-        "--secret",
     ];
     let mounted = || {
         std::fs::read_to_string("/proc/self/mounts")
@@ -422,6 +439,22 @@ fn mount_on_start_unmount_on_stop() {
     }
     let _guard = Unmount(m.to_string());
     assert!(mounted(), "chfuse mounted on {m}");
+    // chfuse is an application: it has the client key, not the secret.
+    let fuse_pid =
+        std::fs::read_to_string(sc.scratch().join(format!("chfuse@{}.pid", hostname()))).unwrap();
+    let environ = std::fs::read(format!("/proc/{}/environ", fuse_pid.trim())).unwrap();
+    let vars: Vec<String> = environ
+        .split(|&b| b == 0)
+        .map(text)
+        .filter(|v| v.starts_with("CHFS_SECRET"))
+        .collect();
+    assert_eq!(
+        vars,
+        [format!(
+            "CHFS_SECRET_FILE={}",
+            sc.scratch().join("chfs.client.key").display()
+        )]
+    );
     std::fs::create_dir(mnt.join("d")).unwrap();
     std::fs::write(mnt.join("d/f"), b"through the mount").unwrap();
     let c = client(&env, true).unwrap();
@@ -483,7 +516,7 @@ fn mpirun_launcher_on_this_host() {
     for p in &pids {
         assert!(chfsd_alive(*p));
     }
-    let c = client(&env, false).unwrap();
+    let c = client(&env, true).unwrap();
     assert_eq!(c.server_count(), 2);
     c.mkdir("/via-mpirun", 0o755).unwrap();
     drop(c);
@@ -590,7 +623,7 @@ fn pmem_store_defaults_to_one_gib_per_server() {
     let out = run(&ctl, &[&a[..], &["-s", "256M", "start"]].concat(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = eval_env(&text(&out.stdout));
-    let c = client(&env, false).unwrap();
+    let c = client(&env, true).unwrap();
     let fd = c.create("/kept", libc::O_WRONLY, 0o644).unwrap();
     c.write(fd, b"persistent").unwrap();
     c.close(fd).unwrap();
@@ -609,7 +642,7 @@ fn pmem_store_defaults_to_one_gib_per_server() {
             "capacity {c}"
         );
     }
-    let c = client(&env, false).unwrap();
+    let c = client(&env, true).unwrap();
     let fd = c.open("/kept", libc::O_RDONLY, 0).unwrap();
     let mut b = [0u8; 32];
     let n = c.read(fd, &mut b).unwrap();
@@ -660,10 +693,15 @@ fn nothing_to_act_on_is_an_error_and_stop_waits_for_unrecorded_servers() {
 
     // Only CHFS_SERVER (wrong -c): the servers are asked to stop and stop
     // returns once they have exited.
+    // The pool secret (what stops a pool) given as CHFS_SECRET_FILE.
+    let secret = sc.scratch().join("chfs.secret");
     let out = run(
         &ctl,
         &["-v", "-c", &wrong, "stop"],
-        &[("CHFS_SERVER", &servers)],
+        &[
+            ("CHFS_SERVER", &servers),
+            ("CHFS_SECRET_FILE", secret.to_str().unwrap()),
+        ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     for p in &pids {

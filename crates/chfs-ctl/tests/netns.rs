@@ -298,8 +298,8 @@ fn multi_host_pool_over_ssh() {
         )
     };
 
-    // start on two hosts with a per-job secret.
-    let out = ctl_run(&hf12, &["--secret", "-s", "256M", "start"], &[]);
+    // start on two hosts (with a per-pool secret, the default).
+    let out = ctl_run(&hf12, &["-s", "256M", "start"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = eval_env(&text(&out.stdout));
     let servers = var(&env, "CHFS_SERVER").unwrap().to_string();
@@ -314,6 +314,17 @@ fn multi_host_pool_over_ssh() {
         "{servers}"
     );
     assert!(var(&env, "CHFS_SECRET_FILE").is_some());
+    // Without the client key a process of a host is refused.
+    let out = net.on(
+        h2,
+        &[("CHFS_SERVER".to_string(), servers.clone())],
+        &bin("chlist").display().to_string(),
+    );
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("EACCES"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // Write on host 1, read on host 2 (client library and tools, through
     // ssh inside each namespace).
@@ -378,8 +389,9 @@ fn multi_host_pool_over_ssh() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("3 server(s)"));
 
-    // A host that cannot be reached: a clear error naming it, and the
-    // server already started on the reachable host is stopped again.
+    // A host that cannot be reached: a clear error naming it, found when
+    // the secret is handed out, before any server starts; the secret
+    // given to the reachable host is removed again.
     let sc2 = Scratch::new();
     let s2 = sc2.s();
     let dead = format!("{}.99", net.subnet);
@@ -405,12 +417,14 @@ fn multi_host_pool_over_ssh() {
     let err = text(&out.stderr);
     assert!(err.contains(&format!("host {dead}")), "{err}");
     assert!(err.contains("unreachable"), "{err}");
-    assert!(err.contains("nothing is left running"), "{err}");
     assert!(out.stdout.is_empty());
     assert!(
         recorded_pids(&sc2.scratch()).is_empty(),
         "no leftover server"
     );
+    for f in ["chfs.secret", "chfs.client.key"] {
+        assert!(!sc2.scratch().join(f).exists(), "{f} left behind");
+    }
 
     // stop: all three hosts, every recorded process gone.
     let pids = recorded_pids(&sc.scratch());

@@ -323,7 +323,7 @@ fn srun_launcher_in_an_allocation() {
     // No hostfile: a server on every node of the allocation (here 2 on
     // this one).
     let t = Instant::now();
-    let out = run(&ctl, &args(&["-n", "2", "--secret", "start"]), &job_env);
+    let out = run(&ctl, &args(&["-n", "2", "start"]), &job_env);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     eprintln!("chfsctl start through srun: {:?}", t.elapsed());
     let env = eval_env(&text(&out.stdout));

@@ -33,6 +33,12 @@ struct Args {
     /// Reference directory for the same workload through the kernel.
     #[arg(long, default_value = "/dev/shm")]
     reference: PathBuf,
+    /// Start the pool without a secret: it is then open to every local and
+    /// remote process that can reach its servers (a warning says so). By
+    /// default the pool gets a new secret and the demo connects with its
+    /// client key.
+    #[arg(long = "no-secret")]
+    no_secret: bool,
 }
 
 struct Row {
@@ -282,10 +288,15 @@ fn stat_round_trips(c: &Client) -> (u64, u64) {
 
 fn main() {
     let a = Args::parse();
-    let opts = PoolOptions {
+    let mut opts = PoolOptions {
         servers: a.servers,
         ..Default::default()
     };
+    if a.no_secret {
+        eprintln!("chfs-demo: warning: --no-secret: the pool has no secret, so it is open to every local and remote process that can reach its servers: any of them can read, write and delete its files, and stop it");
+    } else {
+        opts = opts.with_new_secret();
+    }
     let pool = match LocalPool::start_with(opts) {
         Ok(p) => p,
         Err(e) => {
@@ -298,8 +309,20 @@ fn main() {
         pool.addrs().len(),
         pool.server_string()
     );
-    // Other CHFS_* client variables apply (e.g. CHFS_LOCAL_SOCKET=0).
-    let base = match ClientConfig::from_env() {
+    if let Some(k) = pool.client_key_file() {
+        println!(
+            "pool secret on: the demo connects with the client key {}",
+            k.display()
+        );
+    }
+    // Other CHFS_* client variables apply (e.g. CHFS_LOCAL_SOCKET=0); the
+    // credential is the pool's client key (none for --no-secret).
+    let key = pool.client_key_file();
+    let base = match ClientConfig::from_lookup(|k| match k {
+        "CHFS_SECRET_FILE" => key.as_ref().map(|p| p.display().to_string()),
+        "CHFS_SECRET" => None,
+        _ => std::env::var(k).ok(),
+    }) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("chfs-demo: {e}");

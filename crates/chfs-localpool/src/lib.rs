@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 pub struct PoolOptions {
     /// Number of servers.
     pub servers: usize,
-    /// Shared secret handed to the servers (`CHFS_SECRET`).
+    /// The pool secret (None: an open pool, which serves every process
+    /// that reaches it). The servers read it from a file of mode 0600 in
+    /// the pool directory ([`LocalPool::secret_file`]); applications get
+    /// the client key file ([`LocalPool::client_key_file`]).
+    /// [`PoolOptions::with_new_secret`] generates one.
     pub secret: Option<String>,
     /// Extra `chfsd` arguments for every server.
     pub args: Vec<String>,
@@ -41,6 +45,36 @@ impl Default for PoolOptions {
             store_size: "256M".into(),
         }
     }
+}
+
+impl PoolOptions {
+    /// These options with a new random pool secret
+    /// (`chfs_proto::handshake::new_secret`).
+    pub fn with_new_secret(mut self) -> Self {
+        self.secret = Some(chfs_proto::handshake::new_secret());
+        self
+    }
+}
+
+/// The pool secret's file in the pool directory.
+const SECRET_FILE: &str = "chfs.secret";
+
+/// The client key's file in the pool directory.
+const CLIENT_KEY_FILE: &str = "chfs.client.key";
+
+/// Writes `text` to a new file `path` of mode 0600.
+fn write_private(path: &Path, text: &str) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A file left by an earlier pool of the same directory name is not
+    // reused (its mode may be another).
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())
 }
 
 /// A running local pool.
@@ -148,6 +182,13 @@ impl LocalPool {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir)?;
+        if let Some(secret) = &opts.secret {
+            write_private(&dir.join(SECRET_FILE), &format!("{secret}\n"))?;
+            write_private(
+                &dir.join(CLIENT_KEY_FILE),
+                &chfs_proto::handshake::Credential::client_key_file(secret.as_bytes()),
+            )?;
+        }
         if let Some(store) = test_store {
             let path = dir.join("store{i}").display().to_string();
             opts.args.extend([
@@ -201,8 +242,8 @@ impl LocalPool {
         );
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         cmd.env_remove("CHFS_SECRET").env_remove("CHFS_SECRET_FILE");
-        if let Some(s) = &self.opts.secret {
-            cmd.env("CHFS_SECRET", s);
+        if let Some(f) = self.secret_file() {
+            cmd.env("CHFS_SECRET_FILE", f);
         }
         let mut child = cmd.spawn()?;
         match wait_file(&info, &mut child, Duration::from_secs(20)) {
@@ -278,6 +319,29 @@ impl LocalPool {
     /// Directory holding the servers' logs.
     pub fn log_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The pool secret, if the pool has one.
+    pub fn secret(&self) -> Option<&str> {
+        self.opts.secret.as_deref()
+    }
+
+    /// The file (mode 0600) holding the pool secret, if the pool has one:
+    /// the servers' and the administrator's.
+    pub fn secret_file(&self) -> Option<PathBuf> {
+        self.opts
+            .secret
+            .as_ref()
+            .map(|_| self.dir.join(SECRET_FILE))
+    }
+
+    /// The file (mode 0600) holding the pool's client key, if the pool has
+    /// a secret: what applications get as `CHFS_SECRET_FILE`.
+    pub fn client_key_file(&self) -> Option<PathBuf> {
+        self.opts
+            .secret
+            .as_ref()
+            .map(|_| self.dir.join(CLIENT_KEY_FILE))
     }
 
     /// Process id of server `i`.

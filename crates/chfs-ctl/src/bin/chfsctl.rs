@@ -32,9 +32,15 @@ enum Action {
 ///
 /// Typical use in a batch job:
 ///   eval $(chfsctl -h $HOSTFILE -m /tmp/$USER/mnt start)
-///   ... run the job (CHFS_SERVER is set) ...
+///   ... run the job (CHFS_SERVER and CHFS_SECRET_FILE are set) ...
 ///   chfsctl -h $HOSTFILE -m /tmp/$USER/mnt stop
 ///   chfsctl -h $HOSTFILE clean
+///
+/// start generates a secret for the pool (SCRATCH/chfs.secret, for the
+/// servers and chfsctl) and a client key (SCRATCH/chfs.client.key), which
+/// CHFS_SECRET_FILE names: only processes holding it reach the pool, and
+/// they cannot stop it or change its membership. stop, status and
+/// rebalance use the secret in the scratch directory (-c).
 ///
 /// stop, status, kill and clean act on the servers recorded in the scratch
 /// directory (-c) of the hosts (-h), and stop and status also on the pool
@@ -132,8 +138,17 @@ struct Args {
     #[arg(short = 'n', long = "servers-per-host", default_value_t = 1)]
     per_host: usize,
 
-    /// Generate a per-job secret, hand it to the servers and (through
-    /// CHFS_SECRET_FILE in the scratch directory) to the job's clients.
+    /// Start the pool without a secret: it is then open to every local and
+    /// remote process that can reach its servers (a warning says so). By
+    /// default start generates a pool secret (SCRATCH/chfs.secret, mode
+    /// 0600, for the servers and chfsctl) and a client key
+    /// (SCRATCH/chfs.client.key, printed as CHFS_SECRET_FILE for the job's
+    /// processes).
+    #[arg(long = "no-secret", conflicts_with = "secret")]
+    no_secret: bool,
+
+    /// Accepted for compatibility: a secret is the default (see
+    /// --no-secret).
     #[arg(long = "secret")]
     secret: bool,
 
@@ -340,7 +355,7 @@ fn options(a: &Args) -> Result<CtlOptions, CtlError> {
         chfsd_opts: a.chfsd_opts.clone(),
         cpus: a.cpus.clone(),
         per_host: a.per_host,
-        gen_secret: a.secret,
+        no_secret: a.no_secret,
         port: a.port,
         chfsd: a.chfsd.clone().unwrap_or_else(|| sibling("chfsd")),
         chfuse: a.chfuse.clone().unwrap_or_else(|| sibling("chfuse")),
@@ -364,6 +379,9 @@ fn run(a: &Args) -> Result<i32, CtlError> {
     }
     match a.action {
         Action::Start => {
+            if o.no_secret {
+                eprintln!("chfsctl: warning: --no-secret: the pool has no secret, so it is open to every local and remote process that can reach its servers: any of them can read, write and delete its files, and stop it");
+            }
             print!("{}", o.start()?);
             Ok(0)
         }
