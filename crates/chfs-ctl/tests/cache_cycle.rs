@@ -255,7 +255,7 @@ fn input_tree() -> Tree {
 #[test]
 fn job_cycle_stagein_run_sync_stop_clean() {
     if let Some(why) = fuse_unusable() {
-        eprintln!("SKIPPED job_cycle_stagein_run_sync_stop_clean: {why}");
+        chfs_localpool::skip("fuse", "job_cycle_stagein_run_sync_stop_clean", &why);
         return;
     }
     let t0 = Instant::now();
@@ -450,7 +450,7 @@ fn read_all(c: &Client, path: &str) -> Vec<u8> {
 fn unwritable_backend_fails_sync_and_stop_and_loses_nothing() {
     const NAME: &str = "unwritable_backend_fails_sync_and_stop_and_loses_nothing";
     if let Some(why) = fuse_unusable() {
-        eprintln!("SKIPPED {NAME}: {why}");
+        chfs_localpool::skip("fuse", NAME, &why);
         return;
     }
     let (chfsd, chfuse) = (chfsd(), sibling("chfuse"));
@@ -469,11 +469,12 @@ fn unwritable_backend_fails_sync_and_stop_and_loses_nothing() {
     match sh(&["mount", "--bind", real.to_str().unwrap(), b]) {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            eprintln!("SKIPPED {NAME}: mount --bind: {}", text(&o.stderr).trim());
+            let why = format!("mount --bind: {}", text(&o.stderr).trim());
+            chfs_localpool::skip("root", NAME, &why);
             return;
         }
         Err(e) => {
-            eprintln!("SKIPPED {NAME}: mount: {e}");
+            chfs_localpool::skip("root", NAME, &format!("mount: {e}"));
             return;
         }
     }

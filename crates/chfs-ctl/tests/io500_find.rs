@@ -221,7 +221,11 @@ fn build_tree(root: &Path, before: SystemTime) {
 #[test]
 fn chfind_is_io500s_find_phase_inside_an_mpi_rank() {
     if let Some(why) = fuse_unusable() {
-        eprintln!("SKIPPED chfind_is_io500s_find_phase_inside_an_mpi_rank: {why}");
+        chfs_localpool::skip(
+            "fuse",
+            "chfind_is_io500s_find_phase_inside_an_mpi_rank",
+            &why,
+        );
         return;
     }
     let pool = LocalPool::start(3).expect("start chfsd pool");

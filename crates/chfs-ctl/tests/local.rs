@@ -394,11 +394,19 @@ fn cache_mode_stop_writes_back_and_clean_removes_the_store() {
 fn mount_on_start_unmount_on_stop() {
     let chfuse = bin("chfsctl").with_file_name("chfuse");
     if !chfuse.is_file() {
-        eprintln!("SKIPPED mount_on_start_unmount_on_stop: no chfuse binary next to chfsctl (cargo build -p chfs-fuse)");
+        chfs_localpool::skip(
+            "fuse",
+            "mount_on_start_unmount_on_stop",
+            "no chfuse binary next to chfsctl (cargo build -p chfs-fuse)",
+        );
         return;
     }
     if !std::path::Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED mount_on_start_unmount_on_stop: /dev/fuse is missing");
+        chfs_localpool::skip(
+            "fuse",
+            "mount_on_start_unmount_on_stop",
+            "/dev/fuse is missing",
+        );
         return;
     }
     let sc = Scratch::new();
@@ -480,7 +488,11 @@ fn mpirun_launcher_on_this_host() {
         .map(|o| !o.status.success())
         .unwrap_or(true)
     {
-        eprintln!("SKIPPED mpirun_launcher_on_this_host: no mpirun (apt-get install openmpi-bin)");
+        chfs_localpool::skip(
+            "mpi",
+            "mpirun_launcher_on_this_host",
+            "no mpirun (apt-get install openmpi-bin)",
+        );
         return;
     }
     let sc = Scratch::new();

@@ -247,7 +247,7 @@ fn remote_io_helper() {
 #[test]
 fn multi_host_pool_over_ssh() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIPPED multi_host_pool_over_ssh: {why}");
+        chfs_localpool::skip("netns", "multi_host_pool_over_ssh", &why);
         return;
     }
     let net = match Net::new(3) {

@@ -159,7 +159,7 @@ fn default_start_admits_only_the_jobs_processes() {
             text(&out.stderr)
         );
     } else {
-        eprintln!("SKIPPED the chfuse part: /dev/fuse is missing");
+        chfs_localpool::skip("fuse", "the chfuse part", "/dev/fuse is missing");
     }
     let e = connect(open).err().expect("refused without the key");
     assert_eq!(e.errno(), libc::EACCES, "{e}");

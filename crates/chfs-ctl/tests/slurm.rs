@@ -66,8 +66,10 @@ impl Slurm {
             match find_program(b) {
                 Some(p) => bins.push(p),
                 None => {
-                    eprintln!(
-                        "SKIPPED {test}: no {b} (apt-get install slurmd slurmctld slurm-client munge)"
+                    chfs_localpool::skip(
+                        "slurm",
+                        test,
+                        &format!("no {b} (apt-get install slurmd slurmctld slurm-client munge)"),
                     );
                     return None;
                 }
@@ -75,7 +77,7 @@ impl Slurm {
         }
         // SAFETY: getuid cannot fail.
         if unsafe { libc::getuid() } != 0 {
-            eprintln!("SKIPPED {test}: slurmd must run as root to launch job steps");
+            chfs_localpool::skip("slurm", test, "slurmd must run as root to launch job steps");
             return None;
         }
         let dir = tempfile::Builder::new()

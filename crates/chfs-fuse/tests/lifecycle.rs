@@ -199,10 +199,14 @@ fn bad_configuration_is_reported() {
 /// secret set.
 #[test]
 fn another_users_process_is_refused_on_the_local_socket() {
-    assert!(
-        is_root(),
-        "needs root to run chfuse as another user (uid 65534)"
-    );
+    if !is_root() {
+        chfs_localpool::skip(
+            "root",
+            "another_users_process_is_refused_on_the_local_socket",
+            "needs root to run chfuse as another user (uid 65534)",
+        );
+        return;
+    }
     let pool = pool(2);
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new("setpriv")
@@ -225,7 +229,11 @@ fn another_users_process_is_refused_on_the_local_socket() {
 #[test]
 fn ordinary_user_mounts_through_fusermount3() {
     if !is_root() {
-        eprintln!("SKIPPED: needs root to run chfuse as another user (uid 65534)");
+        chfs_localpool::skip(
+            "root",
+            "ordinary_user_mounts_through_fusermount3",
+            "needs root to run chfuse as another user (uid 65534)",
+        );
         return;
     }
     use std::os::unix::fs::PermissionsExt;
@@ -235,7 +243,11 @@ fn ordinary_user_mounts_through_fusermount3() {
     if dev_mode & 0o006 != 0o006 {
         // fusermount3 opens /dev/fuse with the user's rights: a mode of
         // 0600 (some containers) means no ordinary user can mount FUSE.
-        eprintln!("SKIPPED: /dev/fuse is mode {dev_mode:o}, ordinary users cannot mount FUSE here");
+        chfs_localpool::skip(
+            "fuse",
+            "ordinary_user_mounts_through_fusermount3",
+            &format!("/dev/fuse is mode {dev_mode:o}, ordinary users cannot mount FUSE here"),
+        );
         return;
     }
     // A pool shared with another user: its local socket must let that

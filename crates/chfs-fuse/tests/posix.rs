@@ -744,7 +744,11 @@ fn posix_suite_mount_vs_tmpfs() {
     let want = if kernel_offers_io_uring() {
         "io_uring"
     } else {
-        eprintln!("this kernel does not offer FUSE over io_uring: testing /dev/fuse only");
+        chfs_localpool::skip(
+            "uring",
+            "posix_suite_mount_vs_tmpfs over io_uring",
+            "this kernel does not offer FUSE over io_uring: testing /dev/fuse only",
+        );
         "/dev/fuse"
     };
     posix_suite(&[], want);

@@ -225,7 +225,11 @@ fn stat_fields_chmod_chown_utimens() {
 #[test]
 fn permission_denied_for_another_uid() {
     if !is_root() {
-        eprintln!("SKIPPED: permission test needs root (to run a command as uid 65534)");
+        chfs_localpool::skip(
+            "root",
+            "permission_denied_for_another_uid",
+            "needs root (to run a command as uid 65534)",
+        );
         return;
     }
     let pool = pool(2);

@@ -7,6 +7,27 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// Is capability `cap` required of this machine? `CHFS_TEST_REQUIRE` lists
+/// the capabilities the test suite must find (comma separated, or `all`):
+/// `root`, `fuse`, `uring` (FUSE over io_uring), `mpi`, `slurm`, `netns`,
+/// `ssh`. `scripts/test.sh` sets it to what the machine has, so a test
+/// never passes by skipping what it could have run.
+pub fn required(cap: &str) -> bool {
+    std::env::var("CHFS_TEST_REQUIRE")
+        .is_ok_and(|v| v.split(',').map(str::trim).any(|c| c == cap || c == "all"))
+}
+
+/// A test that cannot run here because capability `cap` is missing
+/// (`why`): fails when the suite requires `cap` ([`required`]), otherwise
+/// says it was skipped; the caller then returns.
+pub fn skip(cap: &str, test: &str, why: &str) {
+    assert!(
+        !required(cap),
+        "{test}: {why}, but CHFS_TEST_REQUIRE requires {cap:?} on this machine"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+}
+
 /// Options of a local pool.
 #[derive(Debug, Clone)]
 pub struct PoolOptions {

@@ -100,7 +100,11 @@ fn stagein_split_across_mpi_ranks() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_mpirun {
-        eprintln!("SKIPPED: mpirun not installed (apt install openmpi-bin)");
+        chfs_localpool::skip(
+            "mpi",
+            "stage-in under mpirun",
+            "mpirun not installed (apt install openmpi-bin)",
+        );
         return;
     }
     let backend = std::env::temp_dir().join(format!("chfs-tools-mpi-{}", std::process::id()));
@@ -347,7 +351,11 @@ fn local_directory_split_across_mpi_ranks() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_mpirun {
-        eprintln!("SKIPPED: mpirun not installed (apt install openmpi-bin)");
+        chfs_localpool::skip(
+            "mpi",
+            "stage-in under mpirun",
+            "mpirun not installed (apt install openmpi-bin)",
+        );
         return;
     }
     let t = TmpDir::new("local-mpi");
