@@ -7,144 +7,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_localpool::{LocalPool, PoolOptions};
-use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN, MAX_PAYLOAD};
-use chfs_proto::handshake::{Auth, Connector, Credential, HelloReply, Role, Verdict};
+use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, MAX_PAYLOAD};
+use chfs_proto::handshake::{Connector, Credential, HelloReply, Role, Verdict};
 use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Meta, Request, Response};
 
-fn pool(n: usize, secret: Option<&str>) -> LocalPool {
-    LocalPool::start_with(PoolOptions {
-        servers: n,
-        secret: secret.map(str::to_string),
-        chfsd: Some(env!("CARGO_BIN_EXE_chfsd").into()),
-        ..Default::default()
-    })
-    .unwrap()
-}
-
-fn raw(addr: &str) -> TcpStream {
-    let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-/// Performs the handshake on `s` as a client with `secret` (a pool secret,
-/// a client key file's text, or nothing); returns the status and message.
-fn handshake(s: &mut (impl Read + Write), secret: &[u8]) -> (i32, String) {
-    handshake_as(s, Role::Client, secret)
-}
-
-/// [`handshake`] as `role`.
-fn handshake_as(s: &mut (impl Read + Write), role: Role, secret: &[u8]) -> (i32, String) {
-    let cred = Credential::parse(secret).unwrap();
-    let (c, hello) = match Connector::start(role, &cred) {
-        Ok(x) => x,
-        Err(e) => return (e.errno, e.message),
-    };
-    s.write_all(&hello).unwrap();
-    let mut fixed = [0u8; HelloReply::FIXED_LEN];
-    s.read_exact(&mut fixed).unwrap();
-    let (version, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
-    let mut msg = vec![0u8; n];
-    s.read_exact(&mut msg).unwrap();
-    let msg = String::from_utf8_lossy(&msg).into_owned();
-    let mut auth = Auth::Open;
-    if status == 0 {
-        let mut a = [0u8; 1];
-        s.read_exact(&mut a).unwrap();
-        if HelloReply::decode_auth(a[0]).unwrap() {
-            let mut ch = [0u8; HelloReply::CHALLENGE_LEN];
-            s.read_exact(&mut ch).unwrap();
-            auth = HelloReply::decode_challenge(&ch);
-        }
-    }
-    let proof = match c.on_reply(version, status, &msg, &auth) {
-        Ok(Some(p)) => p,
-        Ok(None) => return (0, msg),
-        Err(e) => return (e.errno, e.message),
-    };
-    s.write_all(&proof).unwrap();
-    let mut fixed = [0u8; Verdict::FIXED_LEN];
-    s.read_exact(&mut fixed).unwrap();
-    let (status, n) = Verdict::decode_fixed(&fixed).unwrap();
-    let mut msg = vec![0u8; n];
-    s.read_exact(&mut msg).unwrap();
-    (status, String::from_utf8_lossy(&msg).into_owned())
-}
-
-/// Connects over TCP and completes the handshake; returns the reply status.
-fn hello(addr: &str, secret: &[u8]) -> (TcpStream, i32, String) {
-    let mut s = raw(addr);
-    let (status, msg) = handshake(&mut s, secret);
-    (s, status, msg)
-}
-
-fn send(s: &mut impl Write, id: u64, opcode: u16, payload: &[u8]) {
-    send_flags(s, id, opcode, 0, payload)
-}
-
-fn send_flags(s: &mut impl Write, id: u64, opcode: u16, flags: u16, payload: &[u8]) {
-    let h = Header {
-        len: payload.len() as u32,
-        id,
-        op: opcode,
-        flags,
-    };
-    s.write_all(&h.encode()).unwrap();
-    s.write_all(payload).unwrap();
-}
-
-fn recv(s: &mut impl Read) -> Option<(Header, Bytes)> {
-    let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb).ok()?;
-    let h = Header::decode(&hb).unwrap();
-    let mut p = vec![0u8; h.len as usize];
-    s.read_exact(&mut p).ok()?;
-    Some((h, Bytes::from(p)))
-}
-
-fn call(s: &mut (impl Read + Write), id: u64, req: &Request) -> Result<Response, (i32, String)> {
-    let mut p = Vec::new();
-    req.encode(&mut p);
-    send(s, id, req.op(), &p);
-    reply(s, id)
-}
-
-fn reply(s: &mut impl Read, id: u64) -> Result<Response, (i32, String)> {
-    let (h, payload) = recv(s).expect("reply");
-    assert_eq!(h.id, id);
-    if h.flags & FLAG_ERROR != 0 {
-        let e = decode_error(payload).unwrap();
-        Err((e.errno, e.message))
-    } else {
-        Ok(Response::decode(payload).unwrap())
-    }
-}
-
-/// A read of all of chunk 0 of `path` (fileid 0, chunk size `cs`).
-fn whole_chunk0(path: &str, cs: u32) -> Request {
-    Request::Read {
-        path: path.into(),
-        fileid: 0,
-        idx: 0,
-        off: 0,
-        len: cs,
-        chunk_size: cs,
-        flags: 0,
-        epoch: 0,
-    }
-}
-
-fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    matches!(s.read(&mut b), Ok(0) | Err(_))
-}
-
-fn still_serves(addr: &str) {
-    let (mut s, status, _) = hello(addr, b"");
-    assert_eq!(status, 0);
-    assert_eq!(call(&mut s, 1, &Request::Ping), Ok(Response::Ok));
-}
+mod common;
+use common::*;
 
 #[test]
 fn garbage_instead_of_handshake() {
@@ -494,17 +363,6 @@ fn a_stalled_client_does_not_block_others() {
     )
     .unwrap();
     still_serves(addr);
-}
-
-/// The local (Unix socket) connection a client on this host uses.
-fn local(addr: &str) -> std::os::unix::net::UnixStream {
-    use std::os::linux::net::SocketAddrExt;
-    let name = chfs_proto::local_socket_name(addr);
-    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let mut s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    assert_eq!(handshake(&mut s, b""), (0, String::new()));
-    s
 }
 
 #[test]
@@ -877,34 +735,6 @@ fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_ser
     let tcp = call(&mut t, 1, &attach(fd.as_raw_fd(), win, 1 << 20));
     assert_eq!(tcp.unwrap_err().0, libc::EPERM);
     assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
-}
-
-/// A pool of one server with extra chfsd options.
-fn pool_args(args: &[&str]) -> LocalPool {
-    LocalPool::start_with(PoolOptions {
-        servers: 1,
-        args: args.iter().map(|a| a.to_string()).collect(),
-        chfsd: Some(env!("CARGO_BIN_EXE_chfsd").into()),
-        ..Default::default()
-    })
-    .unwrap()
-}
-
-fn status(addr: &str) -> chfs_proto::msg::ServerStatus {
-    let (mut s, _, _) = hello(addr, b"");
-    match call(&mut s, 1, &Request::Status) {
-        Ok(Response::Status(st)) => st,
-        other => panic!("{other:?}"),
-    }
-}
-
-/// VmRSS of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    st.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 /// A client that sends requests and never reads the replies is not read
