@@ -19,6 +19,7 @@ pub type BStat = libc::stat;
 pub struct Backend {
     root: OwnedFd,
     path: PathBuf,
+    lookups: std::sync::atomic::AtomicU64,
 }
 
 fn cstr(s: &str) -> io::Result<CString> {
@@ -80,6 +81,7 @@ impl Backend {
         Ok(Backend {
             root,
             path: path.to_path_buf(),
+            lookups: Default::default(),
         })
     }
 
@@ -188,9 +190,10 @@ impl Backend {
         Ok(buf)
     }
 
-    /// Names and status of the entries of a backend directory (empty if it
-    /// does not exist).
-    pub fn list(&self, path: &str) -> io::Result<Vec<(String, BStat)>> {
+    /// The names of a backend directory's entries that `keep` accepts, in
+    /// no order (none if it does not exist). Reads the directory only: no
+    /// entry is looked up.
+    pub fn names(&self, path: &str, keep: impl Fn(&str) -> bool) -> io::Result<Vec<String>> {
         let fd = match self.open_at(path, libc::O_RDONLY | libc::O_DIRECTORY, 0) {
             Ok(fd) => fd,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
@@ -198,15 +201,34 @@ impl Backend {
             }
             Err(e) => return Err(e),
         };
-        let mut out = Vec::new();
+        let mut names = Vec::new();
         for e in std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))? {
-            let e = e?;
-            let Some(name) = e.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
+            if let Some(name) = e?.file_name().to_str() {
+                if keep(name) {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    /// The status of entries `names` of backend directory `path`; a name
+    /// that vanished meanwhile is left out.
+    pub fn lookup(&self, path: &str, names: Vec<String>) -> io::Result<Vec<(String, BStat)>> {
+        let fd = match self.open_at(path, libc::O_RDONLY | libc::O_DIRECTORY, 0) {
+            Ok(fd) => fd,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
             let c = cstr(&name)?;
             // SAFETY: plain data filled by fstatat on success.
             let mut st: BStat = unsafe { std::mem::zeroed() };
+            self.lookups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // SAFETY: fd is an open directory, c a valid name, st writable.
             if unsafe {
                 libc::fstatat(
@@ -221,6 +243,12 @@ impl Backend {
             }
         }
         Ok(out)
+    }
+
+    /// Entries looked up by [`Backend::lookup`] so far.
+    #[cfg(test)]
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Creates the missing directories above `path` (mode 0755).

@@ -584,13 +584,13 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let mut any = st.has_children(&path).map_err(|e| store_err(&path, e))?;
             if let Some(c) = cache {
                 if !any && sh.placement().owns(&path) {
-                    let list = blocking(|| c.backend.list(&path)).map_err(|e| {
+                    let names = blocking(|| c.backend.names(&path, |_| true)).map_err(|e| {
                         ErrorReply::new(
                             e.raw_os_error().unwrap_or(libc::EIO),
                             format!("backend listing of {path}: {e}"),
                         )
                     })?;
-                    any = !list.is_empty();
+                    any = !names.is_empty();
                 }
             }
             Ok(Response::Bool(any))
@@ -1028,7 +1028,11 @@ fn remove_cached(sh: &Arc<Shared>, c: &Cache, path: &str, kind: RemoveKind) -> R
 }
 
 /// A directory page merging the store's entries with the backend's (at the
-/// server owning the directory's entry).
+/// server owning the directory's entry): the first `max` names after
+/// `after` of both, an entry of the store hiding the backend's of the same
+/// name. The store's page bounds the backend's: when the store has more
+/// than `max` names after `after`, no backend name past its `max`-th can be
+/// on this page. Only the backend entries that make the page are looked up.
 fn list_with_backend(
     st: &dyn chfs_store::Store,
     c: &Cache,
@@ -1036,27 +1040,123 @@ fn list_with_backend(
     after: &str,
     max: usize,
 ) -> Result<(Vec<(String, Meta)>, bool), ErrorReply> {
-    let mut all: std::collections::BTreeMap<String, Meta> = std::collections::BTreeMap::new();
-    let (mine, _) = st
-        .list_dir(dir, after, usize::MAX >> 1)
+    let (mine, store_done) = st
+        .list_dir(dir, after, max)
         .map_err(|e| store_err(dir, e))?;
-    for (n, m) in mine {
-        all.insert(n, m);
-    }
-    let backend = c.backend.list(dir).map_err(|e| {
+    let upto = match (store_done, mine.last()) {
+        (false, Some((last, _))) => Some(last.as_str()),
+        _ => None,
+    };
+    let keep = |name: &str| {
+        name > after
+            && upto.is_none_or(|u| name <= u)
+            && mine
+                .binary_search_by(|(n, _)| n.as_str().cmp(name))
+                .is_err()
+    };
+    let backend_err = |e: std::io::Error| {
         ErrorReply::new(
             e.raw_os_error().unwrap_or(libc::EIO),
             format!("backend listing of {dir}: {e}"),
         )
-    })?;
-    for (name, bst) in backend {
-        if name.as_str() <= after || all.contains_key(&name) {
-            continue;
+    };
+    let mut names = c.backend.names(dir, keep).map_err(backend_err)?;
+    let more = names.len();
+    if names.len() > max {
+        names.select_nth_unstable(max);
+        names.truncate(max);
+    }
+    names.sort_unstable();
+    // How many of them make the page, merged with the store's names.
+    let (mut i, mut j) = (0, 0);
+    while i + j < max && j < names.len() {
+        if i < mine.len() && mine[i].0 < names[j] {
+            i += 1;
+        } else {
+            j += 1;
         }
+    }
+    names.truncate(j);
+    let backend = c.backend.lookup(dir, names).map_err(backend_err)?;
+    let done = store_done && mine.len() + more <= max;
+    let mut all: std::collections::BTreeMap<String, Meta> = mine.into_iter().collect();
+    for (name, bst) in backend {
         let mut m = crate::backend::meta_from_stat(&bst, c.cfg.chunk_size, 0);
         m.flags |= FLAG_BACKEND_ONLY;
         all.insert(name, m);
     }
-    let done = all.len() <= max;
     Ok((all.into_iter().take(max).collect(), done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CacheConfig;
+    use chfs_store::Store;
+
+    /// Paging through a cache-mode directory looks each backend entry up
+    /// once (it looked up the whole backend directory for every page), and
+    /// the pages together are the store's names and the backend's, each
+    /// once, in order.
+    #[test]
+    fn backend_directory_pages_look_up_each_entry_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let n = 1000;
+        for i in 0..n {
+            std::fs::write(dir.path().join(format!("d/b{i:04}")), b"x").unwrap();
+        }
+        let c = Cache::open(CacheConfig {
+            backend: dir.path().to_path_buf(),
+            policy: Policy::Keep,
+            flush_idle_ms: 0,
+            flush_threads: 1,
+            revalidate: false,
+            chunk_size: 4096,
+        })
+        .unwrap();
+        let st = chfs_store::MemStore::new(0);
+        let meta = Meta {
+            mode: libc::S_IFREG | 0o644,
+            chunk_size: 4096,
+            ..Default::default()
+        };
+        // Names of the store only, and names also in the backend.
+        let mut want = std::collections::BTreeSet::new();
+        for i in (0..n).step_by(7) {
+            st.create(&format!("/d/b{i:04}"), meta, b"", true).unwrap();
+        }
+        for i in 0..300 {
+            let name = format!("a{i:03}");
+            st.create(&format!("/d/{name}"), meta, b"", true).unwrap();
+            want.insert(name);
+        }
+        want.extend((0..n).map(|i| format!("b{i:04}")));
+        let mut got = Vec::new();
+        let mut after = String::new();
+        let mut pages = 0;
+        loop {
+            let (page, done) = list_with_backend(&st, &c, "/d", &after, 64).unwrap();
+            pages += 1;
+            assert!(page.len() <= 64);
+            for (name, m) in &page {
+                let only_backend = m.flags & FLAG_BACKEND_ONLY != 0;
+                let in_store =
+                    name.starts_with('a') || name[1..].parse::<usize>().unwrap() % 7 == 0;
+                assert_eq!(only_backend, !in_store, "{name}");
+            }
+            got.extend(page.into_iter().map(|(name, _)| name));
+            if done {
+                break;
+            }
+            after = got.last().unwrap().clone();
+        }
+        assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+        assert!(pages >= 20, "{pages} pages");
+        let backend_only = n as u64 - (0..n).step_by(7).count() as u64;
+        assert_eq!(c.backend.lookups(), backend_only);
+        // HasChildren's question costs no lookup.
+        assert_eq!(c.backend.names("/d", |_| true).unwrap().len(), n);
+        assert_eq!(c.backend.lookups(), backend_only);
+    }
 }
