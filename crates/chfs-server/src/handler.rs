@@ -745,24 +745,33 @@ async fn join(sh: &Arc<Shared>, addr: String, fresh: bool) -> Reply {
     }
     sh.set_list(new.clone());
     mark_damaged(sh, list, &new).await;
-    let pushes = new
-        .servers
-        .iter()
-        .filter(|s| **s != sh.me && **s != addr)
-        .map(|s| {
-            let (sh, s, l) = (sh.clone(), s.clone(), new.clone());
-            async move {
-                if let Err(e) = sh
-                    .peers
-                    .call(&s, &Request::UpdateServers { list: l }, 0)
-                    .await
-                {
-                    warn!(server = %s, "cannot push the server list: {e}");
-                }
+    // The list goes to every other member at once; the answer waits for
+    // those that take at most half the RPC timeout (so the joining server,
+    // waiting one RPC timeout, is answered even when members hang), the
+    // others are pushed to in the background.
+    let mut pushes = tokio::task::JoinSet::new();
+    for s in new.servers.iter().filter(|s| **s != sh.me && **s != addr) {
+        let (sh, s, l) = (sh.clone(), s.clone(), new.clone());
+        pushes.spawn(async move {
+            if let Err(e) = sh
+                .peers
+                .call(&s, &Request::UpdateServers { list: l }, 0)
+                .await
+            {
+                warn!(server = %s, "cannot push the server list: {e}");
             }
         });
-    for p in pushes.collect::<Vec<_>>() {
-        p.await;
+    }
+    let all = async { while pushes.join_next().await.is_some() {} };
+    if tokio::time::timeout(sh.peers.timeout() / 2, all)
+        .await
+        .is_err()
+    {
+        info!(
+            left = pushes.len(),
+            "answering the join before every member took the new server list"
+        );
+        pushes.detach_all();
     }
     Ok(Response::Servers(new))
 }

@@ -57,9 +57,17 @@ impl Peers {
         }
     }
 
+    /// The per-request timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The live connection to `addr`, or a new one. The table is not
+    /// locked while connecting, so a peer that does not answer delays only
+    /// the requests for it (two callers may then both connect: the first
+    /// connection stored is kept, the other dropped).
     async fn conn(&self, addr: &str) -> Result<Arc<Conn>, ErrorReply> {
-        let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(addr) {
+        if let Some(c) = self.conns.lock().await.get(addr) {
             if c.alive.load(Ordering::Acquire) {
                 return Ok(c.clone());
             }
@@ -73,6 +81,12 @@ impl Peers {
             };
             ErrorReply::new(errno, format!("cannot connect to server {addr}: {e}"))
         })?);
+        let mut conns = self.conns.lock().await;
+        if let Some(old) = conns.get(addr) {
+            if old.alive.load(Ordering::Acquire) {
+                return Ok(old.clone());
+            }
+        }
         conns.insert(addr.to_string(), c.clone());
         Ok(c)
     }
