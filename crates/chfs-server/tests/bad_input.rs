@@ -209,6 +209,22 @@ fn unnormalised_paths_and_bad_chunk_sizes_are_refused() {
     for bad in ["/a/../etc", "relative", "/a//b", "/a/", "/./a"] {
         let r = call(&mut s, 1, &Request::Stat { path: bad.into() });
         assert_eq!(r.unwrap_err().0, libc::EINVAL, "{bad}");
+        // Chunks moved between servers (an open pool lets anyone act as one).
+        let r = call(
+            &mut s,
+            1,
+            &Request::AdoptChunk {
+                path: bad.into(),
+                idx: 1,
+                meta: Meta {
+                    mode: libc::S_IFREG | 0o644,
+                    chunk_size: 4096,
+                    ..Default::default()
+                },
+                data: Bytes::from_static(b"x"),
+            },
+        );
+        assert_eq!(r.unwrap_err().0, libc::EINVAL, "adopt {bad}");
     }
     let meta = Meta {
         mode: libc::S_IFREG | 0o644,
