@@ -1,0 +1,124 @@
+//! The pool as a whole: its servers, their status and summed capacity
+//! (`statfs`), moving chunks to their owners after servers joined
+//! (`rebalance`), and stopping the servers.
+
+use chfs_proto::msg::RebalanceState;
+use chfs_proto::{Request, Response};
+
+use super::{errno_in, unexpected, Client};
+use crate::error::{fail, Result};
+use crate::types::StatFs;
+
+impl Client {
+    /// Number of servers in the pool.
+    pub fn server_count(&self) -> usize {
+        self.state().ring.len()
+    }
+
+    /// Server addresses, in placement order.
+    pub fn servers(&self) -> Vec<String> {
+        self.state().ring.list().servers.clone()
+    }
+
+    /// `statfs(2)`: capacity and use summed over all servers.
+    pub fn statfs(&self) -> Result<StatFs> {
+        let st = self.state();
+        let mut fs = StatFs {
+            servers: st.ring.len() as u32,
+            ..Default::default()
+        };
+        for r in self.broadcast(&st, &Request::Status) {
+            match r? {
+                Response::Status(s) => {
+                    fs.total += s.capacity.max(s.bytes);
+                    fs.used += s.bytes;
+                    fs.entries += s.entries;
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        fs.free = fs.total - fs.used;
+        Ok(fs)
+    }
+
+    /// Status of every server (address, engine, use, requests).
+    pub fn server_status(&self) -> Vec<(String, Result<chfs_proto::msg::ServerStatus>)> {
+        let st = self.state();
+        let servers = st.ring.list().servers.clone();
+        servers
+            .into_iter()
+            .zip(self.broadcast(&st, &Request::Status))
+            .map(|(a, r)| {
+                let r = r.and_then(|r| match r {
+                    Response::Status(s) => Ok(s),
+                    other => Err(unexpected(other)),
+                });
+                (a, r)
+            })
+            .collect()
+    }
+
+    /// Moves every chunk to the server that owns it by the pool's current
+    /// list (after servers joined, `chfsctl -A`) and waits until every
+    /// server is done. Returns the counts summed over the servers; fails
+    /// when chunks could not be moved (they stay where they were, readable
+    /// by nobody until a later rebalance succeeds). Run it while no job
+    /// does I/O: a chunk in flight is briefly on neither server.
+    pub fn rebalance(&self) -> Result<RebalanceState> {
+        let old = self.state();
+        self.inner.pool.refresh(&old)?;
+        let st = self.state();
+        let mut pause = std::time::Duration::from_millis(5);
+        let mut start = true;
+        loop {
+            let mut sum = RebalanceState {
+                version: st.ring.list().version,
+                ..Default::default()
+            };
+            let mut unreachable = None;
+            for r in self.broadcast(&st, &Request::Rebalance { start }) {
+                match r {
+                    // The others still finish their passes first.
+                    Err(e) => unreachable = unreachable.or(Some(e)),
+                    Ok(Response::Rebalance(b)) => {
+                        sum.running |= b.running;
+                        sum.moved += b.moved;
+                        sum.kept += b.kept;
+                        sum.failed += b.failed;
+                        if !b.last_error.is_empty() {
+                            sum.last_error = b.last_error;
+                        }
+                    }
+                    Ok(other) => return Err(unexpected(other)),
+                }
+            }
+            if !sum.running {
+                if let Some(e) = unreachable {
+                    return Err(e);
+                }
+                if sum.failed > 0 {
+                    return fail(
+                        errno_in(&sum.last_error),
+                        format!(
+                            "{} chunks could not be moved to their owners: {}",
+                            sum.failed, sum.last_error
+                        ),
+                    );
+                }
+                return Ok(sum);
+            }
+            start = false;
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Asks every server of the pool to stop.
+    pub fn shutdown_servers(&self) -> Result<()> {
+        let st = self.state();
+        for r in self.broadcast(&st, &Request::Shutdown) {
+            r?;
+        }
+        Ok(())
+    }
+}

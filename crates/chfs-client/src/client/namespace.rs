@@ -1,0 +1,452 @@
+//! The namespace: resolving a path to its entry (headers, symbolic links,
+//! parent directories), the negative lookup cache (`lookup`), and
+//! creating, removing and renaming entries (`mkdir`, `rmdir`, `unlink`,
+//! `symlink`, `readlink`, `mknod`, `rename`).
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use chfs_proto::meta::now_ns;
+use chfs_proto::msg::RemoveKind;
+use chfs_proto::path::{self, normalize};
+use chfs_proto::{Meta, Request, Response};
+
+use super::{expect_meta, ids, link_target, rw_flags, unexpected, Client, MAX_SYMLINKS};
+use crate::conn::lock;
+use crate::error::{fail, Error, Result};
+use crate::pool::{Op, PoolState};
+use crate::types::Stat;
+
+impl Client {
+    pub(super) fn stat_meta(&self, st: &PoolState, path: &str) -> Result<Meta> {
+        expect_meta(self.call_owner(
+            st,
+            path,
+            0,
+            &Request::Stat {
+                path: path.to_string(),
+            },
+        ))
+    }
+
+    /// Follows symbolic links in the last component.
+    pub(super) fn resolve(&self, st: &PoolState, mut path: String) -> Result<(String, Meta)> {
+        for _ in 0..MAX_SYMLINKS {
+            let m = self.stat_meta(st, &path)?;
+            if !m.is_symlink() {
+                return Ok((path, m));
+            }
+            let target = self.read_link_meta(st, &path, &m)?;
+            path = link_target(&path, &target)?;
+        }
+        fail(
+            libc::ELOOP,
+            format!("{path}: too many levels of symbolic links"),
+        )
+    }
+
+    /// Turns on the negative lookup cache used by [`Client::lookup`]: a
+    /// name is reported absent without asking its server when a listing of
+    /// its directory no older than `ttl` (plus this client's own changes
+    /// since) does not hold it. Zero turns it off. Meant for adapters whose
+    /// kernel caches entries for `ttl` anyway (the FUSE mount).
+    pub fn set_negative_ttl(&self, ttl: std::time::Duration) {
+        self.inner.names.set_ttl(ttl);
+    }
+
+    /// Like [`Client::lstat`], but may answer `ENOENT` from the negative
+    /// lookup cache (see [`Client::set_negative_ttl`]): an entry created by
+    /// another client can stay invisible here for up to the cache's ttl.
+    /// Entries this client created are always seen.
+    pub fn lookup(&self, path: &str) -> Result<Stat> {
+        use crate::names::Known;
+        let p = normalize(path)?;
+        let names = &self.inner.names;
+        match names.lookup(&p) {
+            Known::Absent => return fail(libc::ENOENT, format!("{p}: no such file or directory")),
+            Known::Present(m) => return Ok(self.to_stat(&p, m)),
+            Known::Ask => {}
+        }
+        let st = self.state();
+        let r = self.stat_meta(&st, &p);
+        let found = match &r {
+            Ok(_) => true,
+            Err(e) if e.errno() == libc::ENOENT => false,
+            Err(_) => return r.map(|m| self.to_stat(&p, m)),
+        };
+        if names.asked(&p, found) {
+            self.list_names(&st, path::parent(&p));
+        }
+        r.map(|m| self.to_stat(&p, m))
+    }
+
+    /// Lists `dir` into the lookup cache.
+    fn list_names(&self, st: &PoolState, dir: &str) {
+        let names = &self.inner.names;
+        if let Some(at) = names.begin_listing(dir) {
+            let list = self.list_metas(st, dir).ok().map(|all| {
+                all.into_iter()
+                    .map(|(name, (m, backend_only))| (name, (!backend_only).then_some(m)))
+                    .collect()
+            });
+            names.end_listing(dir, at, list);
+        }
+    }
+
+    /// Checks that the parent of `path` is a directory (cached for a while).
+    fn check_parent(&self, st: &PoolState, path: &str) -> Result<()> {
+        let dir = path::parent(path);
+        if dir == "/" || path == "/" {
+            return Ok(());
+        }
+        let ttl = self.inner.pool.cfg().dir_cache;
+        if let Some(t) = lock(&self.inner.dirs).get(dir) {
+            if t.elapsed() < ttl {
+                return Ok(());
+            }
+        }
+        match self.stat_meta(st, dir) {
+            Ok(m) if m.is_dir() => {
+                if !ttl.is_zero() {
+                    let mut d = lock(&self.inner.dirs);
+                    if d.len() > 65536 {
+                        d.clear();
+                    }
+                    d.insert(dir.to_string(), Instant::now());
+                }
+                Ok(())
+            }
+            Ok(m) if m.is_symlink() => fail(
+                libc::ENOTSUP,
+                format!("{dir}: symbolic links inside paths are not followed by the native client"),
+            ),
+            Ok(_) => fail(libc::ENOTDIR, format!("{dir}: not a directory")),
+            Err(e) if e.errno() == libc::ENOENT => {
+                // Error path only: a non-directory further up means ENOTDIR.
+                let mut up = path::parent(dir);
+                while up != "/" {
+                    match self.stat_meta(st, up) {
+                        Ok(m) if m.is_dir() => break,
+                        Ok(_) => return fail(libc::ENOTDIR, format!("{up}: not a directory")),
+                        Err(_) => up = path::parent(up),
+                    }
+                }
+                fail(libc::ENOENT, format!("{dir}: no such directory"))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn forget_dirs(&self, path: &str) {
+        lock(&self.inner.dirs).retain(|d, _| !path::is_within(d, path));
+    }
+
+    pub(super) fn create_entry(
+        &self,
+        st: &PoolState,
+        path: &str,
+        meta: Meta,
+        excl: bool,
+        data: &[u8],
+    ) -> Result<(Meta, bool)> {
+        if path == "/" {
+            return fail(libc::EEXIST, "/: exists");
+        }
+        self.check_parent(st, path)?;
+        let req = Request::Create {
+            path: path.to_string(),
+            meta,
+            excl,
+            data: bytes::Bytes::copy_from_slice(data),
+        };
+        let r = self.call_owner(st, path, 0, &req);
+        match &r {
+            Ok(_) => self.inner.names.added(path),
+            Err(e) if e.errno() == libc::EEXIST => self.inner.names.added(path),
+            Err(_) => {}
+        }
+        match r? {
+            Response::Created { meta, created } => Ok((meta, created)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub(super) fn new_meta(&self, mode: u32, chunk_size: u32) -> Meta {
+        let (uid, gid) = self.creds.unwrap_or_else(ids);
+        let now = now_ns();
+        Meta {
+            mode,
+            uid,
+            gid,
+            chunk_size,
+            mtime: now,
+            ctime: now,
+            atime: now,
+            fileid: self.new_fileid(),
+            ..Default::default()
+        }
+    }
+
+    /// `mkdir(2)`.
+    pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = self.new_meta(
+            libc::S_IFDIR | (mode & 0o7777),
+            self.inner.chunk_size.load(Ordering::Relaxed),
+        );
+        let sent = Instant::now();
+        self.create_entry(&st, &p, m, true, &[])?;
+        self.inner.names.new_dir(&p, sent);
+        Ok(())
+    }
+
+    /// `rmdir(2)`: fails with `ENOTEMPTY` if any server holds an entry in it.
+    pub fn rmdir(&self, path: &str) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        if p == "/" {
+            return fail(libc::EBUSY, "/: cannot remove the root directory");
+        }
+        let m = self.stat_meta(&st, &p)?;
+        if !m.is_dir() {
+            return fail(libc::ENOTDIR, format!("{p}: not a directory"));
+        }
+        self.check_empty(&st, &p)?;
+        self.call_owner(
+            &st,
+            &p,
+            0,
+            &Request::RemoveEntry {
+                path: p.clone(),
+                kind: RemoveKind::Dir,
+            },
+        )?;
+        self.forget_dirs(&p);
+        self.inner.names.removed(&p);
+        self.inner.names.forget_below(&p);
+        Ok(())
+    }
+
+    fn check_empty(&self, st: &PoolState, p: &str) -> Result<()> {
+        for r in self.broadcast(
+            st,
+            &Request::HasChildren {
+                path: p.to_string(),
+            },
+        ) {
+            match r? {
+                Response::Bool(false) => {}
+                Response::Bool(true) => {
+                    return fail(libc::ENOTEMPTY, format!("{p}: directory not empty"))
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(())
+    }
+
+    /// `unlink(2)`.
+    pub fn unlink(&self, path: &str) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = expect_meta(self.call_owner(
+            &st,
+            &p,
+            0,
+            &Request::RemoveEntry {
+                path: p.clone(),
+                kind: RemoveKind::NotDir,
+            },
+        ))?;
+        self.inner.names.removed(&p);
+        self.remove_data_chunks(&st, &p, &m, m.size.max(self.local_size(&p)))
+    }
+
+    /// Removes the data chunks (index >= 1) of a file of `size` bytes.
+    fn remove_data_chunks(&self, st: &PoolState, p: &str, m: &Meta, size: u64) -> Result<()> {
+        let cs = m.chunk_size.max(1) as u64;
+        let nchunks = size.div_ceil(cs);
+        if nchunks <= 1 {
+            return Ok(());
+        }
+        let mut servers: Vec<usize> = (1..nchunks.min(st.ring.len() as u64 + 1))
+            .map(|i| st.ring.owner(p, i))
+            .collect();
+        servers.sort_unstable();
+        servers.dedup();
+        let req = Request::RemoveChunks {
+            path: p.to_string(),
+            from_idx: 1,
+        };
+        let ops = servers.into_iter().map(|s| Op::req(s, &req)).collect();
+        for r in self.pipeline(st, ops) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// `symlink(2)`: creates `path` pointing at `target`.
+    pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        if target.is_empty() {
+            return fail(libc::ENOENT, "empty symlink target");
+        }
+        if target.len() > path::MAX_PATH {
+            return fail(libc::ENAMETOOLONG, "symlink target too long");
+        }
+        let mut m = self.new_meta(
+            libc::S_IFLNK | 0o777,
+            self.inner
+                .chunk_size
+                .load(Ordering::Relaxed)
+                .max(path::MAX_PATH as u32 + 1),
+        );
+        m.size = target.len() as u64;
+        self.create_entry(&st, &p, m, true, target.as_bytes())?;
+        Ok(())
+    }
+
+    pub(super) fn read_link_meta(&self, st: &PoolState, p: &str, m: &Meta) -> Result<String> {
+        let req = Request::Read {
+            path: p.to_string(),
+            fileid: m.fileid,
+            idx: 0,
+            off: 0,
+            len: m.size as u32,
+            chunk_size: m.chunk_size,
+            flags: rw_flags(m, false),
+            epoch: m.epoch(),
+        };
+        match self.call_owner(st, p, 0, &req)? {
+            Response::Data(d) => String::from_utf8(d.to_vec())
+                .map_err(|_| Error::new(libc::EILSEQ, "symlink target is not UTF-8")),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `readlink(2)`.
+    pub fn readlink(&self, path: &str) -> Result<String> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let m = self.stat_meta(&st, &p)?;
+        if !m.is_symlink() {
+            return fail(libc::EINVAL, format!("{p}: not a symbolic link"));
+        }
+        self.read_link_meta(&st, &p, &m)
+    }
+
+    /// `mknod(2)`: FIFOs, sockets and device files are stored as metadata;
+    /// a regular file is created empty.
+    pub fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<()> {
+        let st = self.state();
+        let p = normalize(path)?;
+        let ft = mode & libc::S_IFMT;
+        let ft = if ft == 0 { libc::S_IFREG } else { ft };
+        if ![
+            libc::S_IFREG,
+            libc::S_IFIFO,
+            libc::S_IFSOCK,
+            libc::S_IFCHR,
+            libc::S_IFBLK,
+        ]
+        .contains(&ft)
+        {
+            return fail(
+                libc::EINVAL,
+                format!("{p}: mknod of file type {ft:o} is not allowed"),
+            );
+        }
+        let mut m = self.new_meta(
+            ft | (mode & 0o7777),
+            self.inner.chunk_size.load(Ordering::Relaxed),
+        );
+        m.rdev = rdev as u32;
+        self.create_entry(&st, &p, m, true, &[])?;
+        Ok(())
+    }
+
+    /// `rename(2)`: files and directories; the destination is replaced
+    /// (an empty directory by a directory, a non-directory by a
+    /// non-directory). Chunks move to their new owners.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_flags(from, to, false)
+    }
+
+    /// `renameat2(2)` with optional `RENAME_NOREPLACE`.
+    pub fn rename_flags(&self, from: &str, to: &str, noreplace: bool) -> Result<()> {
+        let st = self.state();
+        let old = normalize(from)?;
+        let new = normalize(to)?;
+        if old == "/" || new == "/" {
+            return fail(libc::EBUSY, "cannot rename the root directory");
+        }
+        let src = self.stat_meta(&st, &old)?;
+        if old == new {
+            return Ok(());
+        }
+        if src.is_dir() && path::is_within(&new, &old) {
+            return fail(
+                libc::EINVAL,
+                format!("cannot move {old} into itself ({new})"),
+            );
+        }
+        self.check_parent(&st, &new)?;
+        match self.stat_meta(&st, &new) {
+            Ok(dst) => {
+                if noreplace {
+                    return fail(libc::EEXIST, format!("{new}: exists"));
+                }
+                if src.is_dir() {
+                    if !dst.is_dir() {
+                        return fail(libc::ENOTDIR, format!("{new}: not a directory"));
+                    }
+                    self.rmdir(&new)?;
+                } else {
+                    if dst.is_dir() {
+                        return fail(libc::EISDIR, format!("{new}: is a directory"));
+                    }
+                    self.unlink(&new)?;
+                }
+            }
+            Err(e) if e.errno() == libc::ENOENT => {}
+            Err(e) => return Err(e),
+        }
+        for f in self.open_files(&old) {
+            self.flush_file(&st, &f)?;
+        }
+        let req = Request::RenameMove {
+            old: old.clone(),
+            new: new.clone(),
+            is_dir: src.is_dir(),
+        };
+        // The owner of the source entry first: it may refuse (cache mode) or
+        // rename the backend copy; then every other server moves its chunks.
+        let owner = st.ring.owner(&old, 0);
+        self.count(1);
+        self.inner.pool.call(&st, owner, &req)?;
+        let names = &self.inner.names;
+        names.added(&new);
+        names.removed(&old);
+        if src.is_dir() {
+            names.forget_below(&old);
+            names.forget_below(&new);
+        }
+        let others = (0..st.ring.len())
+            .filter(|&i| i != owner)
+            .map(|i| Op::req(i, &req))
+            .collect();
+        let mut first_err = None;
+        for r in self.pipeline(&st, others) {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.forget_dirs(&old);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
