@@ -210,7 +210,7 @@ fn io_err(addr: &str, what: &str, e: std::io::Error) -> Error {
         // ECONNRESET: one errno for "the server went away" (and none that
         // callers of read(2) or write(2) take for a closed pipe).
         _ if e.raw_os_error() == Some(libc::EPIPE) => libc::ECONNRESET,
-        _ => e.raw_os_error().unwrap_or(libc::EIO),
+        _ => chfs_proto::error::io_errno(&e),
     };
     Error::new(errno, format!("server {addr}: {what}: {e}")).with_source(e)
 }

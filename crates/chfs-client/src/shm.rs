@@ -25,10 +25,7 @@ unsafe impl Sync for Window {}
 
 fn last_os(what: &str) -> Error {
     let e = std::io::Error::last_os_error();
-    Error::new(
-        e.raw_os_error().unwrap_or(libc::EIO),
-        format!("{what}: {e}"),
-    )
+    Error::new(chfs_proto::error::io_errno(&e), format!("{what}: {e}"))
 }
 
 impl Window {

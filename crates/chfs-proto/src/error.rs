@@ -23,6 +23,55 @@ impl ErrorReply {
     }
 }
 
+impl ErrorReply {
+    /// The reply for I/O error `e` while doing `what`: its errno
+    /// ([`io_errno`]) and "`what`: `e`".
+    pub fn io(what: impl fmt::Display, e: &std::io::Error) -> Self {
+        Self::new(io_errno(e), format!("{what}: {e}"))
+    }
+}
+
+/// The errno of an I/O error: the OS error it carries, else the one of its
+/// kind (a timeout is ETIMEDOUT, not EIO), else EIO. The one conversion
+/// from `std::io::Error` to an errno.
+pub fn io_errno(e: &std::io::Error) -> i32 {
+    use std::io::ErrorKind as K;
+    if let Some(n) = e.raw_os_error() {
+        return n;
+    }
+    match e.kind() {
+        K::NotFound => libc::ENOENT,
+        K::PermissionDenied => libc::EACCES,
+        K::ConnectionRefused => libc::ECONNREFUSED,
+        K::ConnectionReset => libc::ECONNRESET,
+        K::ConnectionAborted => libc::ECONNABORTED,
+        K::NotConnected => libc::ENOTCONN,
+        K::AddrInUse => libc::EADDRINUSE,
+        K::AddrNotAvailable => libc::EADDRNOTAVAIL,
+        K::BrokenPipe => libc::EPIPE,
+        K::AlreadyExists => libc::EEXIST,
+        K::WouldBlock => libc::EAGAIN,
+        K::InvalidInput => libc::EINVAL,
+        K::TimedOut => libc::ETIMEDOUT,
+        K::Interrupted => libc::EINTR,
+        K::Unsupported => libc::EOPNOTSUPP,
+        K::OutOfMemory => libc::ENOMEM,
+        K::StorageFull => libc::ENOSPC,
+        K::NotADirectory => libc::ENOTDIR,
+        K::IsADirectory => libc::EISDIR,
+        K::DirectoryNotEmpty => libc::ENOTEMPTY,
+        K::ReadOnlyFilesystem => libc::EROFS,
+        K::FileTooLarge => libc::EFBIG,
+        K::ResourceBusy => libc::EBUSY,
+        K::Deadlock => libc::EDEADLK,
+        K::CrossesDevices => libc::EXDEV,
+        K::TooManyLinks => libc::EMLINK,
+        K::InvalidFilename => libc::ENAMETOOLONG,
+        K::ArgumentListTooLong => libc::E2BIG,
+        _ => libc::EIO,
+    }
+}
+
 impl fmt::Display for ErrorReply {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.message, errno_name(self.errno))
@@ -112,4 +161,39 @@ pub fn errno_name(errno: i32) -> String {
         _ => return format!("errno {errno}"),
     };
     name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn io_errors_keep_their_errno_or_get_their_kinds() {
+        assert_eq!(
+            io_errno(&Error::from_raw_os_error(libc::ENOSPC)),
+            libc::ENOSPC
+        );
+        // Errors made by Rust code carry a kind, not an OS error.
+        assert_eq!(
+            io_errno(&Error::new(ErrorKind::TimedOut, "t")),
+            libc::ETIMEDOUT
+        );
+        assert_eq!(
+            io_errno(&Error::new(ErrorKind::NotFound, "n")),
+            libc::ENOENT
+        );
+        assert_eq!(io_errno(&Error::from(ErrorKind::UnexpectedEof)), libc::EIO);
+        assert_eq!(io_errno(&Error::other("o")), libc::EIO);
+        let r = ErrorReply::io(
+            "backend listing of /d",
+            &Error::from_raw_os_error(libc::EACCES),
+        );
+        assert_eq!(r.errno, libc::EACCES);
+        assert!(
+            r.message.starts_with("backend listing of /d: "),
+            "{}",
+            r.message
+        );
+    }
 }

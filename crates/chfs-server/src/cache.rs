@@ -98,7 +98,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn io_err(path: &str, what: &str, e: std::io::Error) -> StoreError {
     StoreError::refused(
-        e.raw_os_error().unwrap_or(libc::EIO),
+        chfs_proto::error::io_errno(&e),
         format!("backend {what} of {path}: {e}"),
     )
 }

@@ -58,10 +58,7 @@ fn fetch(
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     if n < 0 {
         let e = std::io::Error::last_os_error();
-        return Err(ErrorReply::new(
-            e.raw_os_error().unwrap_or(libc::EIO),
-            format!("cannot read the client's memory: {e}"),
-        ));
+        return Err(ErrorReply::io("cannot read the client's memory", &e));
     }
     if n as usize != len {
         return Err(ErrorReply::new(

@@ -585,10 +585,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             if let Some(c) = cache {
                 if !any && sh.placement().owns(&path) {
                     let names = blocking(|| c.backend.names(&path, |_| true)).map_err(|e| {
-                        ErrorReply::new(
-                            e.raw_os_error().unwrap_or(libc::EIO),
-                            format!("backend listing of {path}: {e}"),
-                        )
+                        ErrorReply::io(format_args!("backend listing of {path}"), &e)
                     })?;
                     any = !names.is_empty();
                 }
@@ -793,10 +790,7 @@ async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Re
                     }
                     Policy::Keep => {}
                     Policy::Mirror => blocking(|| c.backend.rename(old, new)).map_err(|e| {
-                        ErrorReply::new(
-                            e.raw_os_error().unwrap_or(libc::EIO),
-                            format!("backend rename of {old} to {new}: {e}"),
-                        )
+                        ErrorReply::io(format_args!("backend rename of {old} to {new}"), &e)
                     })?,
                 }
             }
@@ -992,12 +986,7 @@ fn remove_cached(sh: &Arc<Shared>, c: &Cache, path: &str, kind: RemoveKind) -> R
         }
         _ => {}
     }
-    let bk = |e: std::io::Error| {
-        ErrorReply::new(
-            e.raw_os_error().unwrap_or(libc::EIO),
-            format!("backend: removing {path}: {e}"),
-        )
-    };
+    let bk = |e: std::io::Error| ErrorReply::io(format_args!("backend: removing {path}"), &e);
     blocking(|| -> Result<(), ErrorReply> {
         match c.cfg.policy {
             Policy::Mirror => {
@@ -1063,12 +1052,8 @@ fn list_with_backend(
                 .binary_search_by(|(n, _)| n.as_str().cmp(name))
                 .is_err()
     };
-    let backend_err = |e: std::io::Error| {
-        ErrorReply::new(
-            e.raw_os_error().unwrap_or(libc::EIO),
-            format!("backend listing of {dir}: {e}"),
-        )
-    };
+    let backend_err =
+        |e: std::io::Error| ErrorReply::io(format_args!("backend listing of {dir}"), &e);
     let mut names = c.backend.names(dir, keep).map_err(backend_err)?;
     let more = names.len();
     if names.len() > max {

@@ -76,7 +76,7 @@ impl Peers {
             let errno = match &e {
                 NetError::Refused { errno, .. } => *errno,
                 NetError::Timeout => libc::ETIMEDOUT,
-                NetError::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
+                NetError::Io(io) => chfs_proto::error::io_errno(io),
                 _ => libc::EIO,
             };
             ErrorReply::new(errno, format!("cannot connect to server {addr}: {e}"))

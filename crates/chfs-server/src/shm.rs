@@ -47,10 +47,7 @@ unsafe impl Send for Window {}
 unsafe impl Sync for Window {}
 
 fn io_err(what: &str, e: std::io::Error) -> ErrorReply {
-    ErrorReply::new(
-        e.raw_os_error().unwrap_or(libc::EIO),
-        format!("{what}: {e}"),
-    )
+    ErrorReply::io(what, &e)
 }
 
 impl Window {

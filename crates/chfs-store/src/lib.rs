@@ -71,7 +71,7 @@ impl StoreError {
             StoreError::NoSpace { .. } => libc::ENOSPC,
             StoreError::Refused { errno, .. } => *errno,
             StoreError::Corrupt(_) => libc::EIO,
-            StoreError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            StoreError::Io(e) => chfs_proto::error::io_errno(e),
         }
     }
 

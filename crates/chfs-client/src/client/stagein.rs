@@ -37,7 +37,7 @@ pub enum StageSource {
 
 fn io_err(what: &Path, e: std::io::Error) -> Error {
     Error::new(
-        e.raw_os_error().unwrap_or(libc::EIO),
+        chfs_proto::error::io_errno(&e),
         format!("{}: {e}", what.display()),
     )
     .with_source(e)
