@@ -137,6 +137,12 @@ impl Reader {
 }
 
 impl Reader {
+    /// Number of bytes not read yet. Decoders bound what they reserve for
+    /// a counted list by it: a count is only a claim, the bytes are there.
+    pub fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Takes every remaining byte (a payload tail) without copying.
     pub fn rest(&mut self) -> Bytes {
         std::mem::take(&mut self.buf)

@@ -187,7 +187,9 @@ impl Credential {
         if let Some(h) = t.strip_prefix(CLIENT_KEY_PREFIX.as_bytes()) {
             let h = h.trim_ascii();
             let bad = || ProtoError::Malformed("a client key is 64 hexadecimal digits".into());
-            if h.len() != 64 {
+            // Hex digits only: `from_str_radix` alone also takes a sign
+            // ("+f").
+            if h.len() != 64 || !h.iter().all(u8::is_ascii_hexdigit) {
                 return Err(bad());
             }
             let mut k = [0u8; 32];

@@ -542,8 +542,11 @@ fn get_list(r: &mut Reader) -> Result<ServerList, ProtoError> {
     if n > 1 << 20 {
         return Err(ProtoError::Malformed(format!("{n} servers")));
     }
-    let mut servers = Vec::with_capacity(n.min(1024));
-    let mut since = Vec::with_capacity(n.min(1024));
+    // Reserve only for the servers the payload can hold (each at least a
+    // string length and a u64): the count is the peer's claim.
+    let fit = n.min(r.remaining() / (4 + 8));
+    let mut servers = Vec::with_capacity(fit);
+    let mut since = Vec::with_capacity(fit);
     for _ in 0..n {
         servers.push(r.string()?);
         since.push(r.u64()?);
@@ -1150,7 +1153,9 @@ impl Response {
             tag::ENTRIES => {
                 let done = r.bool()?;
                 let n = r.u32()? as usize;
-                let mut entries = Vec::with_capacity(n.min(4096));
+                // As many as the payload can hold (each at least a name
+                // length and a record), not what the count claims.
+                let mut entries = Vec::with_capacity(n.min(r.remaining() / (4 + META_LEN)));
                 for _ in 0..n {
                     entries.push(DirEntry {
                         name: r.string()?,

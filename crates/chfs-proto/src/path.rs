@@ -65,6 +65,13 @@ pub fn normalize(path: &str) -> Result<String, PathError> {
         out.push('/');
         out.push_str(p);
     }
+    // A relative path gains a leading '/': one byte more than was checked.
+    if out.len() > MAX_PATH {
+        return Err(err(
+            libc::ENAMETOOLONG,
+            format!("path of {} bytes is too long", out.len()),
+        ));
+    }
     Ok(out)
 }
 
