@@ -539,8 +539,11 @@ fn get_list(r: &mut Reader) -> Result<ServerList, ProtoError> {
     let hashing =
         Hashing::from_code(h).ok_or_else(|| ProtoError::Malformed(format!("hashing {h}")))?;
     let n = r.u32()? as usize;
-    if n > 1 << 20 {
-        return Err(ProtoError::Malformed(format!("{n} servers")));
+    if n > crate::ring::MAX_SERVERS {
+        return Err(ProtoError::Malformed(format!(
+            "{n} servers (at most {})",
+            crate::ring::MAX_SERVERS
+        )));
     }
     // Reserve only for the servers the payload can hold (each at least a
     // string length and a u64): the count is the peer's claim.

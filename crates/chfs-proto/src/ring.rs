@@ -85,6 +85,12 @@ impl ServerList {
 /// Virtual nodes per server for consistent hashing.
 const VNODES: u64 = 64;
 
+/// Most servers a list may have (a list received with more is malformed):
+/// well above the largest jobs (10,000 nodes), and it bounds what a
+/// consistent-hash ring built from a received list takes (64 points of 16
+/// bytes per server: 64 MiB at this limit, 1 GiB at the 2^20 it was).
+pub const MAX_SERVERS: usize = 1 << 16;
+
 /// Hash of a path (shared by placement and inode numbers).
 pub fn path_hash(path: &str) -> u64 {
     xxh3_64(path.as_bytes())

@@ -1875,7 +1875,7 @@ fn regression_server_count_reserves_only_what_fits() {
     let list: &[u8] = &[
         0, 0, 0, 0, 0, 0, 0, 0, // version
         1,                      // hashing
-        0x00, 0x00, 0x10, 0x00, // 2^20 servers
+        0x00, 0x00, 0x01, 0x00, // 2^16 servers (the most a list may have)
         0, 0, 0, 0,             // the first one's address: empty
     ];
     let input = Bytes::copy_from_slice(list);
@@ -1888,6 +1888,12 @@ fn regression_server_count_reserves_only_what_fits() {
     let (res, used) = metered(|| Response::decode(input));
     assert!(matches!(res, Err(ProtoError::Truncated { .. })), "{res:?}");
     assert!(used <= budget(resp.len()), "allocated {used} bytes");
+    // One more is refused before anything is read: a ring built from it
+    // would be as large as the count says.
+    let mut more = list.to_vec();
+    more[9..13].copy_from_slice(&(chfs_proto::ring::MAX_SERVERS as u32 + 1).to_le_bytes());
+    let res = Request::decode(op::UPDATE_SERVERS, Bytes::from(more));
+    assert!(matches!(res, Err(ProtoError::Malformed(_))), "{res:?}");
 }
 
 /// A client key with a sign among its digits was read as a key
