@@ -270,11 +270,13 @@ impl Client {
     }
 }
 
-/// The errno named in a flush error message ("... (os error 13)").
-fn errno_in(msg: &str) -> i32 {
-    msg.rsplit_once("os error ")
-        .and_then(|(_, r)| r.trim_end_matches(')').parse().ok())
-        .unwrap_or(libc::EIO)
+/// An errno a server reported, EIO for none.
+fn nonzero(errno: i32) -> i32 {
+    if errno > 0 {
+        errno
+    } else {
+        libc::EIO
+    }
 }
 
 /// Read/write flags for chunks of a file with entry `m`: read-through from

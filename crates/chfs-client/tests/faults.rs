@@ -320,6 +320,52 @@ fn a_write_that_runs_out_of_space_stores_a_prefix_and_says_so() {
     }
 }
 
+/// A write that fails at its first chunk (whose server is full) may still
+/// store later chunks on servers with room: past the file's size. Removing
+/// the file frees them too (they were left behind: the file's size said it
+/// had no data chunks, so no server was asked for them).
+#[test]
+fn chunks_stored_past_a_failed_write_are_freed_by_the_unlink() {
+    let (_p, c) = small_pool();
+    let before = free(&c);
+    // Single-chunk files until one server is full.
+    let chunk = pattern(64 << 10, 7);
+    let mut files = Vec::new();
+    for i in 0.. {
+        let name = format!("/fill{i}");
+        let fd = c.create(&name, O_WRONLY, 0o644).unwrap();
+        files.push(name);
+        let r = c.pwrite(fd, &chunk, 0);
+        c.close(fd).unwrap();
+        if let Err(e) = r {
+            assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+            break;
+        }
+        assert!(i < 64, "no server filled up");
+    }
+    // Writes of 4 chunks from offset 0: those whose chunk 0 is on the full
+    // server fail with nothing stored below the size, but their chunks on
+    // the other server are stored.
+    let data = pattern(256 << 10, 8);
+    let mut strays = 0;
+    for i in 0..16 {
+        let name = format!("/s{i}");
+        let fd = c.create(&name, O_WRONLY, 0o644).unwrap();
+        files.push(name.clone());
+        let free_before = free(&c);
+        let r = c.pwrite(fd, &data, 0);
+        c.close(fd).unwrap();
+        if r.is_err() && c.stat(&name).unwrap().size == 0 && free(&c) < free_before {
+            strays += 1;
+        }
+    }
+    assert!(strays > 0, "no write stored chunks past a failure");
+    for f in &files {
+        c.unlink(f).unwrap();
+    }
+    assert_eq!(free(&c), before, "all space back after removing every file");
+}
+
 #[test]
 fn writes_until_the_store_is_full_leave_an_honest_size() {
     let (_p, c) = small_pool();

@@ -25,8 +25,9 @@ pub use msg::{Request, Response};
 /// `ServerStatus::shm_writes`; 4: file epochs in `Read`/`Write`,
 /// `ServerList::since`, `Join::fresh`, `SetSize::if_size`,
 /// `ServerStatus::since`/`lost`; 5: challenge-response handshake with
-/// roles, `Response::Sized`).
-pub const PROTOCOL_VERSION: u16 = 5;
+/// roles, `Response::Sized`; 6: `SetSize::stray`, errnos in the flush and
+/// rebalance states, `ServerStatus::forwarded`/`reads`/`writes`).
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -50,6 +50,12 @@ pub const FLAG_MODIFIED: u16 = 32;
 /// it that no server holds reads as EIO, not as a hole, wherever renames
 /// or rebalancing move its chunks. Cleared when the file is cut to zero.
 pub const FLAG_DAMAGED: u16 = 64;
+/// A regular file some of whose data chunks may lie past its size: a write
+/// that failed part way (ENOSPC, a server down) stored chunks after the
+/// one that failed, and the size was not grown over them. Its removal
+/// asks every server for its data chunks, not only the owners of the
+/// chunks below the size, so their space comes back.
+pub const FLAG_STRAY: u16 = 128;
 
 /// File metadata as stored with a chunk and carried on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -104,6 +104,8 @@ pub struct FlushState {
     pub failing: u64,
     /// The most recent flush error, empty if none.
     pub last_error: String,
+    /// Its errno (0 if none).
+    pub last_errno: i32,
 }
 
 /// Progress of a server's [`Request::Rebalance`].
@@ -122,6 +124,8 @@ pub struct RebalanceState {
     pub failed: u64,
     /// The most recent error, empty if none.
     pub last_error: String,
+    /// Its errno (0 if none).
+    pub last_errno: i32,
 }
 
 /// How to change a timestamp in [`SetAttr`].
@@ -184,6 +188,12 @@ pub struct ServerStatus {
     pub capacity: u64,
     /// Requests served since start.
     pub requests: u64,
+    /// Of those, requests forwarded to the server owning their key.
+    pub forwarded: u64,
+    /// Chunk reads served.
+    pub reads: u64,
+    /// Chunk writes served.
+    pub writes: u64,
     /// Writes whose data the server copied from a local client's memory
     /// (cross-memory attach) since start.
     pub cma_writes: u64,
@@ -321,6 +331,9 @@ pub enum Request {
         /// Change the size only while it is exactly this (a client taking
         /// back the size it published with a write that then failed).
         if_size: Option<u64>,
+        /// Mark the file [`crate::meta::FLAG_STRAY`]: a write that failed
+        /// stored chunks past the size.
+        stray: bool,
     },
     /// chmod / chown / utimens.
     SetAttr {
@@ -638,6 +651,7 @@ fn put_flush(out: &mut Vec<u8>, f: &FlushState) {
     out.put_u64(f.bytes);
     out.put_u64(f.failing);
     out.put_str(&f.last_error);
+    out.put_u32(f.last_errno as u32);
 }
 
 fn get_flush(r: &mut Reader) -> Result<FlushState, ProtoError> {
@@ -646,6 +660,7 @@ fn get_flush(r: &mut Reader) -> Result<FlushState, ProtoError> {
         bytes: r.u64()?,
         failing: r.u64()?,
         last_error: r.string()?,
+        last_errno: r.u32()? as i32,
     })
 }
 
@@ -784,10 +799,12 @@ impl Request {
                 size,
                 grow_only,
                 if_size,
+                stray,
             } => {
                 out.put_str(path);
                 out.put_u64(*size);
                 out.put_u8(*grow_only as u8);
+                out.put_u8(*stray as u8);
                 match if_size {
                     None => out.put_u8(0),
                     Some(v) => {
@@ -938,6 +955,7 @@ impl Request {
                 path: r.string()?,
                 size: r.u64()?,
                 grow_only: r.bool()?,
+                stray: r.bool()?,
                 if_size: if r.bool()? { Some(r.u64()?) } else { None },
             },
             op::SET_ATTR => Request::SetAttr {
@@ -1048,6 +1066,9 @@ impl Response {
                 out.put_u64(s.bytes);
                 out.put_u64(s.capacity);
                 out.put_u64(s.requests);
+                out.put_u64(s.forwarded);
+                out.put_u64(s.reads);
+                out.put_u64(s.writes);
                 out.put_u64(s.cma_writes);
                 out.put_u64(s.shm_writes);
                 out.put_u64(s.list_version);
@@ -1112,6 +1133,7 @@ impl Response {
                 out.put_u64(b.kept);
                 out.put_u64(b.failed);
                 out.put_str(&b.last_error);
+                out.put_u32(b.last_errno as u32);
             }
         }
     }
@@ -1129,6 +1151,9 @@ impl Response {
                 bytes: r.u64()?,
                 capacity: r.u64()?,
                 requests: r.u64()?,
+                forwarded: r.u64()?,
+                reads: r.u64()?,
+                writes: r.u64()?,
                 cma_writes: r.u64()?,
                 shm_writes: r.u64()?,
                 list_version: r.u64()?,
@@ -1177,6 +1202,7 @@ impl Response {
                 kept: r.u64()?,
                 failed: r.u64()?,
                 last_error: r.string()?,
+                last_errno: r.u32()? as i32,
             }),
             t => return Err(ProtoError::Malformed(format!("response tag {t}"))),
         };
@@ -1265,12 +1291,13 @@ mod tests {
             flags: 0,
             epoch: 3,
         });
-        for if_size in [None, Some(9)] {
+        for (if_size, stray) in [(None, false), (Some(9), false), (None, true)] {
             rt(Request::SetSize {
                 path: "/a".into(),
                 size: 4,
                 grow_only: true,
                 if_size,
+                stray,
             });
         }
         rt(Request::SetAttr {
@@ -1370,6 +1397,7 @@ mod tests {
                 bytes: 2,
                 failing: 3,
                 last_error: "x".into(),
+                last_errno: libc::EACCES,
             }),
             Response::Rebalance(RebalanceState {
                 running: true,
@@ -1378,6 +1406,7 @@ mod tests {
                 kept: 5,
                 failed: 6,
                 last_error: "y".into(),
+                last_errno: libc::ETIMEDOUT,
             }),
         ] {
             let mut b = Vec::new();

@@ -290,13 +290,22 @@ fn any_time() -> BoxedStrategy<TimeSet> {
 }
 
 fn any_flush() -> BoxedStrategy<FlushState> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), text())
-        .prop_map(|(chunks, bytes, failing, last_error)| FlushState {
-            chunks,
-            bytes,
-            failing,
-            last_error,
-        })
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        text(),
+        any::<i32>(),
+    )
+        .prop_map(
+            |(chunks, bytes, failing, last_error, last_errno)| FlushState {
+                chunks,
+                bytes,
+                failing,
+                last_error,
+                last_errno,
+            },
+        )
         .boxed()
 }
 
@@ -420,12 +429,14 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
                 any::<u64>(),
                 any::<bool>(),
                 option::of(any::<u64>()),
+                any::<bool>(),
             )
-                .prop_map(|(path, size, grow_only, if_size)| Request::SetSize {
+                .prop_map(|(path, size, grow_only, if_size, stray)| Request::SetSize {
                     path,
                     size,
                     grow_only,
                     if_size,
+                    stray,
                 })
                 .boxed(),
         ),
@@ -551,7 +562,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 15), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 17), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(ServerStatus {
                         addr,
@@ -570,6 +581,9 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         over_limit: n[11],
                         idle_closed: n[12],
                         throttled: n[13],
+                        forwarded: n[14],
+                        reads: n[15],
+                        writes: n[16],
                         backend,
                         flush,
                     })
@@ -602,8 +616,8 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (10, any_flush().prop_map(Response::FlushState).boxed()),
         (
             11,
-            (any::<bool>(), vec(any::<u64>(), 4), text())
-                .prop_map(|(running, n, last_error)| {
+            (any::<bool>(), vec(any::<u64>(), 4), text(), any::<i32>())
+                .prop_map(|(running, n, last_error, last_errno)| {
                     Response::Rebalance(RebalanceState {
                         running,
                         version: n[0],
@@ -611,6 +625,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         kept: n[2],
                         failed: n[3],
                         last_error,
+                        last_errno,
                     })
                 })
                 .boxed(),

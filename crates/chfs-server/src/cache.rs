@@ -76,7 +76,8 @@ struct Dirty {
     bytes: u64,
     failures: u32,
     next_try: Option<Instant>,
-    last_error: Option<String>,
+    /// The last failure's errno and message.
+    last_error: Option<(i32, String)>,
 }
 
 /// Cache state of one server.
@@ -337,9 +338,10 @@ impl Cache {
             if is_within(p, prefix) {
                 s.chunks += 1;
                 s.bytes += e.bytes;
-                if let Some(err) = &e.last_error {
+                if let Some((errno, msg)) = &e.last_error {
                     s.failing += 1;
-                    s.last_error = err.clone();
+                    s.last_error = msg.clone();
+                    s.last_errno = *errno;
                 }
             }
         }
@@ -436,13 +438,13 @@ impl Cache {
                     let backoff = Duration::from_millis(250u64 << ent.failures.min(8));
                     ent.next_try = Some(Instant::now() + backoff);
                     let msg = e.to_string();
-                    if ent.last_error.as_deref() != Some(&msg) {
+                    if ent.last_error.as_ref().map(|(_, m)| m) != Some(&msg) {
                         warn!(
                             path,
                             idx, "flush failed (kept dirty, retrying in {backoff:?}): {msg}"
                         );
                     }
-                    ent.last_error = Some(msg);
+                    ent.last_error = Some((e.errno(), msg));
                 }
                 false
             }

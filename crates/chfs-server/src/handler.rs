@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
 use chfs_proto::meta::{
-    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_DAMAGED, FLAG_MODIFIED, FLAG_PARTIAL,
+    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_DAMAGED, FLAG_MODIFIED, FLAG_PARTIAL, FLAG_STRAY,
     FLAG_WHITEOUT,
 };
 use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
@@ -183,6 +183,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 bytes: s.bytes,
                 capacity,
                 requests: Counters::get(&c.requests),
+                forwarded: Counters::get(&c.forwarded),
+                reads: Counters::get(&c.reads),
+                writes: Counters::get(&c.writes),
                 cma_writes: Counters::get(&c.cma_writes),
                 shm_writes: Counters::get(&c.shm_writes),
                 list_version: sh.placement().ring.list().version,
@@ -413,6 +416,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             size,
             grow_only,
             if_size,
+            stray,
         } => {
             let version = sh.placement().ring.list().version;
             let mut before = 0;
@@ -421,6 +425,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     before = m.size;
                     if m.is_dir() {
                         return Err(refuse(libc::EISDIR, "is a directory"));
+                    }
+                    if stray {
+                        m.flags |= FLAG_STRAY;
                     }
                     if let Some(v) = if_size {
                         // Taking back a size published with a write that
@@ -442,6 +449,11 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                         // lost with a server replaced before now.
                         m.set_epoch(version);
                         m.flags &= !FLAG_DAMAGED;
+                    }
+                    if !grow_only && !stray {
+                        // A truncate: every server dropped the chunks past
+                        // the new size before (`TruncateChunks`).
+                        m.flags &= !FLAG_STRAY;
                     }
                     if m.flags & FLAG_CACHED != 0 {
                         m.flags |= FLAG_MODIFIED;

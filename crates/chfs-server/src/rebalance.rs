@@ -69,17 +69,17 @@ async fn pass(sh: &Arc<Shared>) {
     let st = sh.store.clone();
     let mut paths = match st.paths_below("/") {
         Ok(p) => p,
-        Err(e) => return finish(sh, 0, 0, 1, format!("listing the store: {e}")),
+        Err(e) => return finish(sh, 0, 0, 1, (e.errno(), format!("listing the store: {e}"))),
     };
     paths.sort();
     let (mut moved, mut kept, mut failed) = (0u64, 0u64, 0u64);
-    let mut last_error = String::new();
+    let mut last_error = (0, String::new());
     for p in paths {
         let idxs = match st.chunk_indices(&p) {
             Ok(i) => i,
             Err(e) => {
                 failed += 1;
-                last_error = format!("{p}: {e}");
+                last_error = (e.errno(), format!("{p}: {e}"));
                 continue;
             }
         };
@@ -110,7 +110,7 @@ async fn pass(sh: &Arc<Shared>) {
                         warn!(path = %p, idx, error = %b, "cannot put back a chunk that failed to move");
                     }
                     failed += 1;
-                    last_error = format!("{p} chunk {idx} to {addr}: {e}");
+                    last_error = (e.errno, format!("{p} chunk {idx} to {addr}: {e}"));
                 }
             }
             let mut s = lock(&sh.rebalancer.state);
@@ -120,7 +120,13 @@ async fn pass(sh: &Arc<Shared>) {
     finish(sh, moved, kept, failed, last_error);
 }
 
-fn finish(sh: &Shared, moved: u64, kept: u64, failed: u64, last_error: String) {
+fn finish(
+    sh: &Shared,
+    moved: u64,
+    kept: u64,
+    failed: u64,
+    (last_errno, last_error): (i32, String),
+) {
     let mut s = lock(&sh.rebalancer.state);
     info!(
         version = s.version,
@@ -136,5 +142,6 @@ fn finish(sh: &Shared, moved: u64, kept: u64, failed: u64, last_error: String) {
         kept,
         failed,
         last_error,
+        last_errno,
     };
 }

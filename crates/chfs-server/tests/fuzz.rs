@@ -218,6 +218,7 @@ fn corpus() -> Vec<Request> {
             size: 5000,
             grow_only: true,
             if_size: Some(100),
+            stray: true,
         },
         Request::SetAttr {
             path: p("/fuzz/a"),

@@ -5,7 +5,7 @@
 use chfs_proto::msg::RebalanceState;
 use chfs_proto::{Request, Response};
 
-use super::{errno_in, unexpected, Client};
+use super::{nonzero, unexpected, Client};
 use crate::error::{fail, Result};
 use crate::types::StatFs;
 
@@ -87,6 +87,7 @@ impl Client {
                         sum.failed += b.failed;
                         if !b.last_error.is_empty() {
                             sum.last_error = b.last_error;
+                            sum.last_errno = b.last_errno;
                         }
                     }
                     Ok(other) => return Err(unexpected(other)),
@@ -98,7 +99,7 @@ impl Client {
                 }
                 if sum.failed > 0 {
                     return fail(
-                        errno_in(&sum.last_error),
+                        nonzero(sum.last_errno),
                         format!(
                             "{} chunks could not be moved to their owners: {}",
                             sum.failed, sum.last_error

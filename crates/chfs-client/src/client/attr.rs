@@ -155,6 +155,7 @@ impl Client {
                 size: len,
                 grow_only: false,
                 if_size: None,
+                stray: false,
             },
         );
         self.inner.names.touched(p);

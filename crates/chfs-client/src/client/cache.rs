@@ -12,7 +12,7 @@ use chfs_proto::path::{self, normalize};
 use chfs_proto::ring::path_hash;
 use chfs_proto::{Meta, Request, Response};
 
-use super::{errno_in, rw_flags, unexpected, Client};
+use super::{nonzero, rw_flags, unexpected, Client};
 use crate::error::{fail, Result};
 use crate::pool::{Op, PoolState};
 
@@ -44,6 +44,7 @@ impl Client {
                     sum.failing += f.failing;
                     if !f.last_error.is_empty() {
                         sum.last_error = f.last_error;
+                        sum.last_errno = f.last_errno;
                     }
                 }
                 other => return Err(unexpected(other)),
@@ -91,9 +92,8 @@ impl Client {
                 );
             }
             if s.failing > 0 && since.elapsed() > std::time::Duration::from_secs(10) {
-                let errno = errno_in(&s.last_error);
                 return fail(
-                    errno,
+                    nonzero(s.last_errno),
                     format!(
                         "{prefix}: {} chunks cannot be written back: {}",
                         s.failing, s.last_error

@@ -237,6 +237,7 @@ impl Client {
                 size: s.written_end,
                 grow_only: true,
                 if_size: None,
+                stray: false,
             };
             let r = self.call_owner(st, &f.path, 0, &req);
             self.inner.names.touched(&f.path);
@@ -325,6 +326,7 @@ impl Client {
                     size: full_end,
                     grow_only: true,
                     if_size: None,
+                    stray: false,
                 },
             ));
         }
@@ -332,13 +334,18 @@ impl Client {
         let published = if publish { results.pop() } else { None };
         let mut stored = 0usize;
         let mut first_err = None;
+        // Chunks stored after one that failed: past the size published.
+        let mut stray = false;
         for (r, n) in results.into_iter().zip(lens) {
             let e = match r {
                 Ok(Response::Written(_)) if first_err.is_none() => {
                     stored += n;
                     continue;
                 }
-                Ok(Response::Written(_)) => continue,
+                Ok(Response::Written(_)) => {
+                    stray = true;
+                    continue;
+                }
                 Ok(other) => unexpected(other),
                 Err(e) => e,
             };
@@ -357,6 +364,7 @@ impl Client {
                         size: before.max(end),
                         grow_only: false,
                         if_size: Some(full_end),
+                        stray: false,
                     };
                     match expect_meta(self.call_owner(st, &f.path, 0, &req)) {
                         Ok(m) => s.published = m.size,
@@ -373,6 +381,18 @@ impl Client {
                 first_err.get_or_insert(e);
             }
             None => {}
+        }
+        if stray {
+            // So that removing the file frees them (best effort: if this
+            // fails too, their space stays used until the pool ends).
+            let req = Request::SetSize {
+                path: f.path.clone(),
+                size: 0,
+                grow_only: true,
+                if_size: None,
+                stray: true,
+            };
+            let _ = self.call_owner(st, &f.path, 0, &req);
         }
         if stored == 0 {
             return (0, first_err);

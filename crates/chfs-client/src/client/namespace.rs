@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use chfs_proto::meta::now_ns;
+use chfs_proto::meta::{now_ns, FLAG_STRAY};
 use chfs_proto::msg::RemoveKind;
 use chfs_proto::path::{self, normalize};
 use chfs_proto::{Meta, Request, Response};
@@ -263,16 +263,22 @@ impl Client {
         self.remove_data_chunks(&st, &p, &m, m.size.max(self.local_size(&p)))
     }
 
-    /// Removes the data chunks (index >= 1) of a file of `size` bytes.
+    /// Removes the data chunks (index >= 1) of a file of `size` bytes:
+    /// from the servers owning its chunks below the size, or from every
+    /// server when chunks may lie past it ([`FLAG_STRAY`]).
     fn remove_data_chunks(&self, st: &PoolState, p: &str, m: &Meta, size: u64) -> Result<()> {
         let cs = m.chunk_size.max(1) as u64;
         let nchunks = size.div_ceil(cs);
-        if nchunks <= 1 {
+        let mut servers: Vec<usize> = if m.flags & FLAG_STRAY != 0 || nchunks > st.ring.len() as u64
+        {
+            // (with consistent hashing the owners of the first n data
+            // chunks need not be all n servers)
+            (0..st.ring.len()).collect()
+        } else if nchunks <= 1 {
             return Ok(());
-        }
-        let mut servers: Vec<usize> = (1..nchunks.min(st.ring.len() as u64 + 1))
-            .map(|i| st.ring.owner(p, i))
-            .collect();
+        } else {
+            (1..nchunks).map(|i| st.ring.owner(p, i)).collect()
+        };
         servers.sort_unstable();
         servers.dedup();
         let req = Request::RemoveChunks {
