@@ -1,5 +1,5 @@
 //! The server's counters, in one place: each is reported by `Status`
-//! (`ServerStatus`) and shown by `chfsctl status` / `chfs status`.
+//! (`chfs_proto::msg::ServerStatus`, `Client::server_status`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
