@@ -10,10 +10,11 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use tracing::{debug, info, warn};
 
 use std::os::fd::AsFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::fs::{ChfsFs, Core, FsOptions};
+use crate::core::Core;
+use crate::fs::{ChfsFs, FsOptions};
 
 /// Errors of mounting and serving.
 #[derive(Debug, thiserror::Error)]
@@ -186,16 +187,21 @@ pub fn block_signals() -> libc::sigset_t {
 }
 
 /// Moves request traffic to FUSE over io_uring when the kernel granted it
-/// at INIT (`threads` serving threads spread over the per-CPU queues, at
-/// least one per queue); otherwise /dev/fuse stays the transport. Returns
-/// the transport's name.
-fn start_rings(core: &Arc<Core>, session: &Session<ChfsFs>, threads: usize) -> &'static str {
-    if !core.opts.cpu_lanes {
+/// at INIT (`granted`; `threads` serving threads spread over the per-CPU
+/// queues, at least one per queue); otherwise /dev/fuse stays the
+/// transport. Returns the transport's name.
+fn start_rings(
+    core: &Arc<Core>,
+    granted: &AtomicBool,
+    session: &Session<ChfsFs>,
+    threads: usize,
+) -> &'static str {
+    if !core.options().cpu_lanes {
         // Off for every thread, whatever CHFS_CPU_LANES says (its default
         // would still give the pinned ring threads lanes).
-        core.client.set_cpu_lanes(chfs_client::CpuLanes::Never);
+        core.client().set_cpu_lanes(chfs_client::CpuLanes::Never);
     }
-    if !core.uring_granted.load(Ordering::Relaxed) {
+    if !granted.load(Ordering::Relaxed) {
         return "/dev/fuse";
     }
     let fd = match session.as_fd().try_clone_to_owned() {
@@ -209,8 +215,8 @@ fn start_rings(core: &Arc<Core>, session: &Session<ChfsFs>, threads: usize) -> &
     match crate::ring::start(core.clone(), fd, threads.div_ceil(cpus).max(1)) {
         Ok(n) => {
             debug!(threads = n, "FUSE over io_uring");
-            if core.opts.cpu_lanes {
-                core.client.set_cpu_lanes(chfs_client::CpuLanes::Always);
+            if core.options().cpu_lanes {
+                core.client().set_cpu_lanes(chfs_client::CpuLanes::Always);
             }
             "io_uring"
         }
@@ -228,7 +234,8 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
     let mp = prepare_mountpoint(&cfg.mountpoint)?;
     let client = Client::connect(cfg.client.clone())?;
     let fs = ChfsFs::new(client, cfg.fs.clone());
-    let core = fs.0.clone();
+    let core = fs.core().clone();
+    let granted = fs.uring_granted();
     let mut opts = vec![
         MountOption::FSName("chfs".into()),
         MountOption::Subtype("chfs".into()),
@@ -257,7 +264,7 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
         what: "mount",
         source,
     })?;
-    let transport = start_rings(&core, &session, cfg.threads);
+    let transport = start_rings(&core, &granted, &session, cfg.threads);
     info!(mountpoint = %mp.display(), threads = cfg.threads, transport, "mounted");
     if cfg.read_ahead_kb > 0 {
         if let Err(e) = set_read_ahead(&mp, cfg.read_ahead_kb) {

@@ -25,14 +25,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use chfs_client::{SharedBuffer, TimeSet};
-use chfs_proto::msg::SetAttr;
-use fuser::{Errno, FileAttr, FileType, RenameFlags};
+use chfs_client::SharedBuffer;
 use tracing::{debug, warn};
 
-use crate::fs::{Caller, Core, MAX_IO};
+use crate::core::{Attr, Caller, Core, Error, Fh, Ino, Opened, Result, SetAttr, TimeSet};
+use crate::fs::MAX_IO;
 
 // io_uring ABI (include/uapi/linux/io_uring.h).
 const IORING_SETUP_SQE128: u32 = 1 << 10;
@@ -367,7 +366,10 @@ pub(crate) fn start(core: Arc<Core>, fuse: OwnedFd, per_queue: usize) -> io::Res
     // The payload buffers, in memory the local servers map too: the data
     // of a WRITE the kernel copied there reaches a chunk with one cheap
     // copy by the server.
-    let shared = match core.client.shared_buffer(queues * per_queue * PAYLOAD_SIZE) {
+    let shared = match core
+        .client()
+        .shared_buffer(queues * per_queue * PAYLOAD_SIZE)
+    {
         Ok(b) => Some(b),
         Err(e) => {
             debug!("ring buffers in private memory: {e}");
@@ -596,6 +598,10 @@ const CREATE: u32 = 35;
 const DESTROY: u32 = 38;
 const RENAME2: u32 = 45;
 
+// fuse_open_out.open_flags bits.
+const FOPEN_DIRECT_IO: u32 = 1 << 0;
+const FOPEN_NOFLUSH: u32 = 1 << 5;
+
 // fuse_setattr_in.valid bits.
 const FATTR_MODE: u32 = 1 << 0;
 const FATTR_UID: u32 = 1 << 1;
@@ -631,37 +637,27 @@ fn names(p: &[u8]) -> impl Iterator<Item = &OsStr> {
     p.split(|&c| c == 0).map(OsStr::from_bytes)
 }
 
-fn secs_nsecs(t: SystemTime) -> (u64, u32) {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (d.as_secs(), d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            if d.subsec_nanos() == 0 {
-                ((-(d.as_secs() as i64)) as u64, 0)
-            } else {
-                (
-                    (-(d.as_secs() as i64) - 1) as u64,
-                    1_000_000_000 - d.subsec_nanos(),
-                )
-            }
-        }
-    }
+/// A time in ns since the epoch as `fuse_attr` seconds and nanoseconds
+/// (before the epoch: negative seconds, nanoseconds counted forward).
+fn secs_nsecs(ns: i64) -> (u64, u32) {
+    const NS: i64 = 1_000_000_000;
+    (ns.div_euclid(NS) as u64, ns.rem_euclid(NS) as u32)
 }
 
-fn type_bits(k: FileType) -> u32 {
-    match k {
-        FileType::NamedPipe => libc::S_IFIFO,
-        FileType::CharDevice => libc::S_IFCHR,
-        FileType::BlockDevice => libc::S_IFBLK,
-        FileType::Directory => libc::S_IFDIR,
-        FileType::RegularFile => libc::S_IFREG,
-        FileType::Symlink => libc::S_IFLNK,
-        FileType::Socket => libc::S_IFSOCK,
+/// `fuse_open_out.open_flags` of an open.
+fn fopen_bits(o: &Opened) -> u32 {
+    let mut f = 0;
+    if o.direct_io {
+        f |= FOPEN_DIRECT_IO;
     }
+    if o.noflush {
+        f |= FOPEN_NOFLUSH;
+    }
+    f
 }
 
 /// `struct fuse_attr`.
-fn put_attr(b: &mut [u8], a: &FileAttr) {
+fn put_attr(b: &mut [u8], a: &Attr) {
     let (at, atn) = secs_nsecs(a.atime);
     let (mt, mtn) = secs_nsecs(a.mtime);
     let (ct, ctn) = secs_nsecs(a.ctime);
@@ -674,17 +670,17 @@ fn put_attr(b: &mut [u8], a: &FileAttr) {
     put32(b, 48, atn);
     put32(b, 52, mtn);
     put32(b, 56, ctn);
-    put32(b, 60, type_bits(a.kind) | u32::from(a.perm));
+    put32(b, 60, a.mode());
     put32(b, 64, a.nlink);
     put32(b, 68, a.uid);
     put32(b, 72, a.gid);
     put32(b, 76, a.rdev);
     put32(b, 80, a.blksize);
-    put32(b, 84, a.flags);
+    put32(b, 84, 0);
 }
 
 /// `struct fuse_entry_out`.
-fn put_entry(b: &mut [u8], a: &FileAttr, entry_ttl: Duration, attr_ttl: Duration) -> usize {
+fn put_entry(b: &mut [u8], a: &Attr, entry_ttl: Duration, attr_ttl: Duration) -> usize {
     put64(b, 0, a.ino.0);
     put64(b, 8, 0);
     put64(b, 16, entry_ttl.as_secs());
@@ -696,7 +692,7 @@ fn put_entry(b: &mut [u8], a: &FileAttr, entry_ttl: Duration, attr_ttl: Duration
 }
 
 /// `struct fuse_attr_out`.
-fn put_attr_out(b: &mut [u8], a: &FileAttr, ttl: Duration) -> usize {
+fn put_attr_out(b: &mut [u8], a: &Attr, ttl: Duration) -> usize {
     put64(b, 0, ttl.as_secs());
     put32(b, 8, ttl.subsec_nanos());
     put32(b, 12, 0);
@@ -722,8 +718,6 @@ fn time_set(now: bool, set: bool, secs: u64, nsecs: u32) -> TimeSet {
     }
 }
 
-type R<T> = Result<T, Errno>;
-
 /// Serves the request in `ent`: (unique, reply payload length, errno).
 fn handle(core: &Core, ent: &mut Entry) -> (u64, usize, i32) {
     let mut h = [0u8; HEADER_SIZE];
@@ -734,6 +728,7 @@ fn handle(core: &Core, ent: &mut Entry) -> (u64, usize, i32) {
     let who = Caller {
         uid: u32_at(&h, 24),
         gid: u32_at(&h, 28),
+        pid: u32_at(&h, 32),
     };
     let in_len = (u32_at(&h, ENT_IN_OUT + 16) as usize).min(PAYLOAD_SIZE);
     let op = &h[OP_IN..OP_IN + 128];
@@ -743,7 +738,7 @@ fn handle(core: &Core, ent: &mut Entry) -> (u64, usize, i32) {
     }));
     match r {
         Ok(Ok(n)) => (unique, n, 0),
-        Ok(Err(e)) => (unique, 0, i32::from(e)),
+        Ok(Err(e)) => (unique, 0, e.errno()),
         Err(_) => {
             warn!(opcode, "request handler panicked");
             (unique, 0, libc::EIO)
@@ -752,8 +747,8 @@ fn handle(core: &Core, ent: &mut Entry) -> (u64, usize, i32) {
 }
 
 /// The first NUL-terminated name of the request payload.
-fn first_name(p: &[u8], in_len: usize) -> R<&OsStr> {
-    names(&p[..in_len]).next().ok_or(Errno::EINVAL)
+fn first_name(p: &[u8], in_len: usize) -> Result<&OsStr> {
+    names(&p[..in_len]).next().ok_or(Error::EINVAL)
 }
 
 /// Decodes one request, calls [`Core`], encodes the reply into `p`.
@@ -765,24 +760,26 @@ fn dispatch(
     op: &[u8],
     p: &mut [u8],
     in_len: usize,
-) -> R<usize> {
-    let o = &core.opts;
-    let entry = |p: &mut [u8], a: R<FileAttr>| -> R<usize> {
+) -> Result<usize> {
+    let o = core.options();
+    let ino = Ino(nodeid);
+    let entry = |p: &mut [u8], a: Result<Attr>| -> Result<usize> {
         Ok(put_entry(p, &a?, o.entry_timeout, o.attr_timeout))
     };
     match opcode {
         LOOKUP => {
-            let a = core.lookup(nodeid, first_name(p, in_len)?);
+            let a = core.lookup(ino, first_name(p, in_len)?);
             entry(p, a)
         }
         GETATTR => {
-            let (ttl, a) = core.getattr(nodeid)?;
+            let (ttl, a) = core.getattr(ino)?;
             Ok(put_attr_out(p, &a, ttl))
         }
         SETATTR => {
             let valid = u32_at(op, 0);
             let has = |bit: u32| valid & bit != 0;
             let a = SetAttr {
+                size: has(FATTR_SIZE).then(|| u64_at(op, 16)),
                 mode: has(FATTR_MODE).then(|| u32_at(op, 68)),
                 uid: has(FATTR_UID).then(|| u32_at(op, 76)),
                 gid: has(FATTR_GID).then(|| u32_at(op, 80)),
@@ -798,17 +795,16 @@ fn dispatch(
                     u64_at(op, 40),
                     u32_at(op, 60),
                 ),
+                fh: has(FATTR_FH).then(|| Fh(u64_at(op, 8))),
             };
-            let size = has(FATTR_SIZE).then(|| u64_at(op, 16));
-            let fh = has(FATTR_FH).then(|| u64_at(op, 8));
-            let a = core.setattr(nodeid, size, a, fh)?;
+            let a = core.setattr(ino, a)?;
             Ok(put_attr_out(p, &a, o.attr_timeout))
         }
         READLINK => {
-            let t = core.readlink(nodeid)?;
+            let t = core.readlink(ino)?;
             let t = t.as_bytes();
             if t.len() > p.len() {
-                return Err(Errno::from_i32(libc::ENAMETOOLONG));
+                return Err(Error::ENAMETOOLONG);
             }
             p[..t.len()].copy_from_slice(t);
             Ok(t.len())
@@ -817,49 +813,52 @@ fn dispatch(
             let a = {
                 let mut n = names(&p[..in_len]);
                 let (Some(link), Some(target)) = (n.next(), n.next()) else {
-                    return Err(Errno::EINVAL);
+                    return Err(Error::EINVAL);
                 };
-                core.symlink(who, nodeid, link, target)
+                core.symlink(who, ino, link, target)
             };
             entry(p, a)
         }
         MKNOD => {
             let n = first_name(p, in_len)?;
-            let a = core.mknod(who, nodeid, n, u32_at(op, 0), u32_at(op, 4));
+            let a = core.mknod(who, ino, n, u32_at(op, 0), u32_at(op, 4));
             entry(p, a)
         }
         MKDIR => {
             let n = first_name(p, in_len)?;
-            let a = core.mkdir(who, nodeid, n, u32_at(op, 0));
+            let a = core.mkdir(who, ino, n, u32_at(op, 0));
             entry(p, a)
         }
-        UNLINK => core.unlink(nodeid, first_name(p, in_len)?).map(|()| 0),
-        RMDIR => core.rmdir(nodeid, first_name(p, in_len)?).map(|()| 0),
+        UNLINK => core.unlink(ino, first_name(p, in_len)?).map(|()| 0),
+        RMDIR => core.rmdir(ino, first_name(p, in_len)?).map(|()| 0),
         RENAME | RENAME2 => {
             let newdir = u64_at(op, 0);
             let flags = if opcode == RENAME2 { u32_at(op, 8) } else { 0 };
             let mut n = names(&p[..in_len]);
             let (Some(old), Some(new)) = (n.next(), n.next()) else {
-                return Err(Errno::EINVAL);
+                return Err(Error::EINVAL);
             };
-            let flags = RenameFlags::from_bits_retain(flags);
-            core.rename(nodeid, old, newdir, new, flags).map(|()| 0)
+            core.rename(ino, old, Ino(newdir), new, flags).map(|()| 0)
         }
-        LINK => Err(Errno::EPERM),
+        LINK => {
+            // fuse_link_in: the inode linked; the new name follows.
+            let a = core.link(Ino(u64_at(op, 0)), ino, first_name(p, in_len)?);
+            entry(p, a)
+        }
         OPEN => {
-            let (fh, fl) = core.open(nodeid, u32_at(op, 0) as i32)?;
-            Ok(put_open(p, fh, fl.bits()))
+            let o = core.open(ino, u32_at(op, 0) as i32)?;
+            Ok(put_open(p, o.fh.0, fopen_bits(&o)))
         }
         READ => {
             let (fh, off, size) = (u64_at(op, 0), u64_at(op, 8), u32_at(op, 16) as usize);
-            core.read(fh, off, &mut p[..size.min(PAYLOAD_SIZE)])
+            core.read(Fh(fh), off, &mut p[..size.min(PAYLOAD_SIZE)])
         }
         WRITE => {
             let (fh, off, size) = (u64_at(op, 0), u64_at(op, 8), u32_at(op, 16) as usize);
             if size > in_len {
-                return Err(Errno::EINVAL);
+                return Err(Error::EINVAL);
             }
-            let n = core.write(fh, off, &p[..size])?;
+            let n = core.write(Fh(fh), off, &p[..size])?;
             put32(p, 0, n as u32);
             put32(p, 4, 0);
             Ok(8)
@@ -878,16 +877,16 @@ fn dispatch(
             put32(p, 48, s.bsize);
             Ok(80)
         }
-        RELEASE => core.release(u64_at(op, 0)).map(|()| 0),
-        FSYNC => core.fsync(u64_at(op, 0)).map(|()| 0),
-        FLUSH => core.flush(u64_at(op, 0)).map(|()| 0),
-        SETXATTR | GETXATTR | LISTXATTR | REMOVEXATTR => Err(Errno::from_i32(libc::EOPNOTSUPP)),
-        OPENDIR => Ok(put_open(p, core.opendir(), 0)),
+        RELEASE => core.release(Fh(u64_at(op, 0))).map(|()| 0),
+        FSYNC => core.fsync(Fh(u64_at(op, 0))).map(|()| 0),
+        FLUSH => core.flush(Fh(u64_at(op, 0))).map(|()| 0),
+        SETXATTR | GETXATTR | LISTXATTR | REMOVEXATTR => Err(Error::EOPNOTSUPP),
+        OPENDIR => Ok(put_open(p, core.opendir().0, 0)),
         READDIR => {
             let (fh, off, size) = (u64_at(op, 0), u64_at(op, 8), u32_at(op, 16) as usize);
             let size = size.min(PAYLOAD_SIZE);
             let mut used = 0;
-            core.readdir(nodeid, fh, off, |ino, next, kind, name| {
+            core.readdir(ino, Fh(fh), off, |eino, next, kind, name| {
                 // struct fuse_dirent, padded to 8 bytes.
                 let len = 24 + name.len();
                 let padded = (len + 7) & !7;
@@ -895,10 +894,10 @@ fn dispatch(
                     return true;
                 }
                 let d = &mut p[used..used + padded];
-                put64(d, 0, ino);
+                put64(d, 0, eino.0);
                 put64(d, 8, next);
                 put32(d, 16, name.len() as u32);
-                put32(d, 20, type_bits(kind) >> 12);
+                put32(d, 20, kind.mode_bits() >> 12);
                 d[24..len].copy_from_slice(name.as_bytes());
                 d[len..].fill(0);
                 used += padded;
@@ -907,23 +906,23 @@ fn dispatch(
             Ok(used)
         }
         RELEASEDIR => {
-            core.releasedir(u64_at(op, 0));
+            core.releasedir(Fh(u64_at(op, 0)));
             Ok(0)
         }
         FSYNCDIR => Ok(0),
-        ACCESS => core.access(who, nodeid, u32_at(op, 0) as i32).map(|()| 0),
+        ACCESS => core.access(who, ino, u32_at(op, 0) as i32).map(|()| 0),
         CREATE => {
             let (flags, mode) = (u32_at(op, 0) as i32, u32_at(op, 4));
             let n = first_name(p, in_len)?;
-            let (a, fh, fl) = core.create(who, nodeid, n, mode, flags)?;
+            let (a, opened) = core.create(who, ino, n, mode, flags)?;
             let len = put_entry(p, &a, o.entry_timeout, o.attr_timeout);
-            Ok(len + put_open(&mut p[len..], fh, fl.bits()))
+            Ok(len + put_open(&mut p[len..], opened.fh.0, fopen_bits(&opened)))
         }
         DESTROY => {
             core.destroy();
             Ok(0)
         }
-        _ => Err(Errno::ENOSYS),
+        _ => Err(Error::ENOSYS),
     }
 }
 
@@ -945,8 +944,19 @@ mod tests {
 
     #[test]
     fn times_before_the_epoch_borrow_a_second() {
-        let t = UNIX_EPOCH - Duration::from_millis(1500);
-        assert_eq!(secs_nsecs(t), ((-2i64) as u64, 500_000_000));
-        assert_eq!(secs_nsecs(UNIX_EPOCH + Duration::new(3, 7)), (3, 7));
+        assert_eq!(secs_nsecs(-1_500_000_000), ((-2i64) as u64, 500_000_000));
+        assert_eq!(secs_nsecs(-2_000_000_000), ((-2i64) as u64, 0));
+        assert_eq!(secs_nsecs(3_000_000_007), (3, 7));
+        assert_eq!(secs_nsecs(0), (0, 0));
+    }
+
+    #[test]
+    fn open_flags_are_the_kernel_bits() {
+        let o = Opened {
+            fh: Fh(1),
+            direct_io: true,
+            noflush: true,
+        };
+        assert_eq!(fopen_bits(&o), 1 | 1 << 5);
     }
 }

@@ -489,7 +489,7 @@ fn page_cache_and_writeback_modes() {
 #[test]
 fn one_mib_requests_reach_the_file_system() {
     let pool = pool(2);
-    let m = Mount::new_env(&pool, &[], &[("CHFUSE_LOG", "chfs_fuse::fs=debug")]);
+    let m = Mount::new_env(&pool, &[], &[("CHFUSE_LOG", "chfs_fuse::core=debug")]);
     sh(&format!(
         "dd if=/dev/zero of={f} bs=1M count=4 status=none && dd if={f} of=/dev/null bs=1M status=none",
         f = q(&m.p("big"))
