@@ -66,7 +66,7 @@ fn out_of_space_through_the_mount_gives_short_writes_and_honest_sizes() {
         "the file is what dd wrote"
     );
     std::fs::remove_file(m.p("dd")).unwrap();
-    assert_eq!(statvfs_free(&m.mp), free, "df after the file is removed");
+    free_comes_back(&m.mp, free, "df after the file is removed");
 
     // One 4 MiB write(2): a short count for what was stored, or ENOSPC
     // with nothing stored; the size says the same.
@@ -84,5 +84,24 @@ fn out_of_space_through_the_mount_gives_short_writes_and_honest_sizes() {
     assert_eq!(std::fs::metadata(m.p("one")).unwrap().len(), n as u64);
     assert!(std::fs::read(m.p("one")).unwrap() == data[..n]);
     std::fs::remove_file(m.p("one")).unwrap();
-    assert_eq!(statvfs_free(&m.mp), free);
+    free_comes_back(&m.mp, free, "df after the short write's file is removed");
+}
+
+/// Waits (at most 10 s) for the free space of `mp` to be `free` again: the
+/// kernel sends a file's RELEASE after close(2) has returned, and a file
+/// removed while still open (to chfuse) keeps its data under a hidden name
+/// until then.
+fn free_comes_back(mp: &std::path::Path, free: u64, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = statvfs_free(mp);
+        if now == free {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {now} free, {free} before"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
