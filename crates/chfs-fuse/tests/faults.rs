@@ -37,6 +37,13 @@ fn a_restarted_server_makes_cat_and_md5sum_fail_instead_of_reading_zeros() {
         let (ok, out) = sh_status(&format!("md5sum {}", q(&f)));
         assert!(!ok, "md5sum succeeded: {out}");
     }
+    // chfuse's log says which file and which server.
+    let log = std::fs::read_to_string(&m.log).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("read failed") && l.contains("/f") && l.contains(&pool.addrs()[1])),
+        "{log}"
+    );
     // New files work as before.
     std::fs::write(m.p("after"), pattern(1 << 20, 42)).unwrap();
     assert_eq!(std::fs::read(m.p("after")).unwrap(), pattern(1 << 20, 42));

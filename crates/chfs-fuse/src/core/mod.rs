@@ -422,7 +422,9 @@ impl Core {
     pub fn read(&self, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
         debug!(fh = fh.0, offset, size = buf.len(), "read");
         let fd = self.fd(fh)?;
-        Ok(self.client.pread(fd, buf, offset)?)
+        self.client
+            .pread(fd, buf, offset)
+            .map_err(|e| data_error("read", e))
     }
 
     /// Writes `data` at `offset` (at the end for an `O_APPEND` handle
@@ -435,7 +437,8 @@ impl Core {
             self.client.write(fd, data)
         } else {
             self.client.pwrite(fd, data, offset)
-        }?;
+        }
+        .map_err(|e| data_error("write", e))?;
         if f.sync {
             self.client.fsync(fd)?;
         }
@@ -568,6 +571,17 @@ impl Core {
             warn!(error = %e, "flushing open files at unmount");
         }
     }
+}
+
+/// The errno of a failed read or write. An EIO (data lost with a server
+/// that restarted empty, a server that failed) is logged with the client's
+/// message, which names the file and the server: the application only
+/// sees "Input/output error".
+fn data_error(what: &str, e: chfs_client::Error) -> Error {
+    if e.errno() == libc::EIO {
+        warn!(error = %e, "{what} failed");
+    }
+    Error::from(e)
 }
 
 #[cfg(test)]
