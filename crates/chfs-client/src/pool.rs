@@ -249,6 +249,7 @@ impl Pool {
     /// the connection broke under it and sending it again is safe
     /// ([`retry_safe`]).
     pub fn call(&self, st: &PoolState, i: usize, req: &Request) -> Result<Response> {
+        let _rpc = tracing::debug_span!("rpc", op = req.op(), server = i).entered();
         match self.conn(st, i)?.call(req) {
             Err(e) if retry_safe(&e, req.op()) => self.conn(st, i)?.call(req),
             r => r,
@@ -258,6 +259,7 @@ impl Pool {
     /// Runs a batch with at most `window` requests in flight; results are in
     /// the order of `ops`.
     pub fn pipeline(&self, st: &PoolState, ops: Vec<Op<'_>>) -> Vec<Result<Response>> {
+        let _rpcs = tracing::debug_span!("rpcs", n = ops.len()).entered();
         let window = if self.cfg.async_access {
             self.cfg.window.max(1)
         } else {

@@ -495,14 +495,16 @@ fn one_mib_requests_reach_the_file_system() {
         f = q(&m.p("big"))
     ));
     let log = std::fs::read_to_string(&m.log).unwrap();
+    // Each in the span of its operation.
     let count = |what: &str| {
+        let span = format!("fuse{{op=\"{what}\"}}");
         log.lines()
-            .filter(|l| l.contains(what) && l.contains("size=1048576"))
+            .filter(|l| l.contains(&span) && l.contains("size=1048576"))
             .count()
     };
-    assert_eq!(count(" write"), 4, "1 MiB write requests in:\n{log}");
+    assert_eq!(count("write"), 4, "1 MiB write requests in:\n{log}");
     // Four reads of data and dd's final read that finds the end.
-    assert_eq!(count(" read"), 5, "1 MiB read requests in:\n{log}");
+    assert_eq!(count("read"), 5, "1 MiB read requests in:\n{log}");
 }
 
 /// Waits until `cond` holds, up to `limit`; returns how long it took.

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use chfs_client::{Client, Stat};
 use chfs_proto::path::join;
-use tracing::{debug, warn};
+use tracing::{debug, debug_span, warn};
 
 use handles::{DirEnt, DirH, FileH, Handle};
 use inodes::Table;
@@ -263,6 +263,7 @@ impl Core {
 impl Core {
     /// The entry `name` in directory `parent` (LOOKUP).
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
+        let _op = debug_span!("fuse", op = "lookup").entered();
         let p = self.child(parent, name)?;
         let s = self.client.lookup(&p)?;
         let ino = lock(&self.table).intern(&p, s.ino);
@@ -272,11 +273,13 @@ impl Core {
     /// The kernel dropped `nlookup` references to `ino` (FORGET); at none
     /// left its number is free again.
     pub fn forget(&self, ino: Ino, nlookup: u64) {
+        let _op = debug_span!("fuse", op = "forget").entered();
         lock(&self.table).forget(ino.0, nlookup);
     }
 
     /// Attributes and how long the kernel may keep them.
     pub fn getattr(&self, ino: Ino) -> Result<(Duration, Attr)> {
+        let _op = debug_span!("fuse", op = "getattr").entered();
         let ttl = self.opts.attr_timeout;
         if let Some((t, s)) = lock(&self.dir_attrs).get(&ino.0) {
             if t.elapsed() < ttl {
@@ -298,6 +301,7 @@ impl Core {
 
     /// Changes attributes (truncate, chmod, chown, utimens): the new ones.
     pub fn setattr(&self, ino: Ino, a: SetAttr) -> Result<Attr> {
+        let _op = debug_span!("fuse", op = "setattr").entered();
         lock(&self.dir_attrs).remove(&ino.0);
         let path = self.path(ino)?;
         if let Some(size) = a.size {
@@ -323,6 +327,7 @@ impl Core {
 
     /// The target of symbolic link `ino`.
     pub fn readlink(&self, ino: Ino) -> Result<String> {
+        let _op = debug_span!("fuse", op = "readlink").entered();
         let p = self.path(ino)?;
         Ok(self.client.readlink(&p)?)
     }
@@ -336,6 +341,7 @@ impl Core {
         mode: u32,
         rdev: u32,
     ) -> Result<Attr> {
+        let _op = debug_span!("fuse", op = "mknod").entered();
         let p = self.child(parent, name)?;
         self.user(who).mknod(&p, mode, rdev as u64)?;
         self.entry(&p)
@@ -343,6 +349,7 @@ impl Core {
 
     /// Makes a directory owned by `who`.
     pub fn mkdir(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
+        let _op = debug_span!("fuse", op = "mkdir").entered();
         let p = self.child(parent, name)?;
         self.user(who).mkdir(&p, mode & 0o7777)?;
         self.entry(&p)
@@ -351,12 +358,14 @@ impl Core {
     /// Removes a file; one open through this core stays readable and
     /// writable through its handles until its last [`Core::release`].
     pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        let _op = debug_span!("fuse", op = "unlink").entered();
         let p = self.child(parent, name)?;
         self.do_unlink(&p)
     }
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        let _op = debug_span!("fuse", op = "rmdir").entered();
         let p = self.child(parent, name)?;
         self.client.rmdir(&p)?;
         lock(&self.dir_attrs).clear();
@@ -372,6 +381,7 @@ impl Core {
         link_name: &OsStr,
         target: &OsStr,
     ) -> Result<Attr> {
+        let _op = debug_span!("fuse", op = "symlink").entered();
         let p = self.child(parent, link_name)?;
         let t = name_str(target)?;
         self.user(who).symlink(t, &p)?;
@@ -389,6 +399,7 @@ impl Core {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        let _op = debug_span!("fuse", op = "rename").entered();
         // RENAME_EXCHANGE / RENAME_WHITEOUT: not supported (EINVAL, as
         // renameat2(2) documents for flags a file system lacks).
         if flags & !libc::RENAME_NOREPLACE != 0 {
@@ -408,11 +419,13 @@ impl Core {
 
     /// Hard links are not supported (entries are keyed by path): EPERM.
     pub fn link(&self, _ino: Ino, _newparent: Ino, _newname: &OsStr) -> Result<Attr> {
+        let _op = debug_span!("fuse", op = "link").entered();
         Err(Error::EPERM)
     }
 
     /// Opens file `ino` with open(2) `flags`.
     pub fn open(&self, ino: Ino, flags: i32) -> Result<Opened> {
+        let _op = debug_span!("fuse", op = "open").entered();
         let p = self.path(ino)?;
         let fd = self.client.open(&p, self.open_flags(flags), 0)?;
         Ok(self.new_file(ino, fd, flags))
@@ -420,6 +433,7 @@ impl Core {
 
     /// Reads into `buf`; the number of bytes read.
     pub fn read(&self, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let _op = debug_span!("fuse", op = "read").entered();
         debug!(fh = fh.0, offset, size = buf.len(), "read");
         let fd = self.fd(fh)?;
         self.client
@@ -430,6 +444,7 @@ impl Core {
     /// Writes `data` at `offset` (at the end for an `O_APPEND` handle
     /// without the write-back cache); the number of bytes written.
     pub fn write(&self, fh: Fh, offset: u64, data: &[u8]) -> Result<usize> {
+        let _op = debug_span!("fuse", op = "write").entered();
         debug!(fh = fh.0, offset, size = data.len(), "write");
         let f = self.file(fh)?;
         let fd = *lock(&f.fd);
@@ -447,6 +462,7 @@ impl Core {
 
     /// close(2): publish size and buffered data so other nodes see them.
     pub fn flush(&self, fh: Fh) -> Result<()> {
+        let _op = debug_span!("fuse", op = "flush").entered();
         let fd = self.fd(fh)?;
         Ok(self.client.flush(fd)?)
     }
@@ -454,6 +470,7 @@ impl Core {
     /// The last close of handle `fh`: its descriptor is closed, and a file
     /// unlinked while open is removed once no handle has it open.
     pub fn release(&self, fh: Fh) -> Result<()> {
+        let _op = debug_span!("fuse", op = "release").entered();
         let h = lock(&self.handles).remove(&fh.0);
         let Some(Handle::File(f)) = h else {
             return Err(Error::EBADF);
@@ -473,12 +490,14 @@ impl Core {
 
     /// fsync(2) of an open file.
     pub fn fsync(&self, fh: Fh) -> Result<()> {
+        let _op = debug_span!("fuse", op = "fsync").entered();
         let fd = self.fd(fh)?;
         Ok(self.client.fsync(fd)?)
     }
 
     /// Opens a directory for [`Core::readdir`].
     pub fn opendir(&self) -> Fh {
+        let _op = debug_span!("fuse", op = "opendir").entered();
         self.add_handle(Handle::Dir(Arc::new(DirH {
             entries: Mutex::new(None),
         })))
@@ -495,6 +514,7 @@ impl Core {
         offset: u64,
         mut add: impl FnMut(Ino, u64, FileKind, &str) -> bool,
     ) -> Result<()> {
+        let _op = debug_span!("fuse", op = "readdir").entered();
         let d = match lock(&self.handles).get(&fh.0) {
             Some(Handle::Dir(d)) => d.clone(),
             _ => return Err(Error::EBADF),
@@ -514,11 +534,13 @@ impl Core {
 
     /// Closes directory handle `fh`.
     pub fn releasedir(&self, fh: Fh) {
+        let _op = debug_span!("fuse", op = "releasedir").entered();
         lock(&self.handles).remove(&fh.0);
     }
 
     /// Capacity and use of the pool.
     pub fn statfs(&self) -> Result<FsStat> {
+        let _op = debug_span!("fuse", op = "statfs").entered();
         const BS: u64 = 4096;
         let s = self.client.statfs()?;
         let free = s.free / BS;
@@ -533,6 +555,7 @@ impl Core {
 
     /// access(2): may `who` access `ino` as `mask` (`R_OK`, ...) asks?
     pub fn access(&self, who: Caller, ino: Ino, mask: i32) -> Result<()> {
+        let _op = debug_span!("fuse", op = "access").entered();
         let p = self.path(ino)?;
         Ok(self.user(who).access(&p, mask)?)
     }
@@ -547,6 +570,7 @@ impl Core {
         mode: u32,
         flags: i32,
     ) -> Result<(Attr, Opened)> {
+        let _op = debug_span!("fuse", op = "create").entered();
         let p = self.child(parent, name)?;
         let fl = self.open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
         let fd = self.user(who).open(&p, fl, mode & 0o7777)?;
