@@ -77,6 +77,63 @@ fn namespace_operations() {
 }
 
 #[test]
+fn mkdir_all_is_mkdir_p() {
+    let (p, c) = pool(3);
+    let mode = |path: &str| c.stat(path).unwrap().mode;
+    // Every missing level, the last with the mode asked, the ones above
+    // it with u+wx added (so the next could be made in them).
+    c.mkdir_all("/a/b/c/d", 0o500).unwrap();
+    assert_eq!(mode("/a/b/c/d"), libc::S_IFDIR | 0o500);
+    for d in ["/a", "/a/b", "/a/b/c"] {
+        assert_eq!(mode(d), libc::S_IFDIR | 0o700, "{d}");
+    }
+    // Existing directories are fine, whole or in part; so is the root,
+    // a path given unnormalised, and a symbolic link to a directory.
+    c.mkdir_all("/a/b/c/d", 0o755).unwrap();
+    assert_eq!(mode("/a/b/c/d"), libc::S_IFDIR | 0o500, "left as it was");
+    c.mkdir_all("/a/b/x/y", 0o755).unwrap();
+    assert!(c.stat("/a/b/x/y").unwrap().is_dir());
+    c.mkdir_all("/", 0o755).unwrap();
+    c.mkdir_all("//a/./b/../b/z/", 0o755).unwrap();
+    assert!(c.stat("/a/b/z").unwrap().is_dir());
+    c.symlink("/a/b", "/link").unwrap();
+    c.mkdir_all("/link", 0o755).unwrap();
+    // A file in the way: EEXIST as the directory itself, ENOTDIR above it;
+    // nothing is made below it. A dangling link is EEXIST too.
+    let fd = c.create("/a/file", O_WRONLY, 0o644).unwrap();
+    c.close(fd).unwrap();
+    assert_eq!(
+        c.mkdir_all("/a/file", 0o755).unwrap_err().errno(),
+        libc::EEXIST
+    );
+    assert_eq!(
+        c.mkdir_all("/a/file/x/y", 0o755).unwrap_err().errno(),
+        libc::ENOTDIR
+    );
+    assert!(c.stat("/a/file").unwrap().is_file());
+    c.symlink("/nowhere", "/dangling").unwrap();
+    assert_eq!(
+        c.mkdir_all("/dangling", 0o755).unwrap_err().errno(),
+        libc::EEXIST
+    );
+    // Several clients making overlapping trees at once all succeed.
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let c = client(&p, |_| {});
+            s.spawn(move || {
+                for i in 0..5 {
+                    c.mkdir_all(&format!("/race/{i}/t{t}"), 0o755).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(c.readdir("/race").unwrap().len(), 5);
+    for i in 0..5 {
+        assert_eq!(c.readdir(&format!("/race/{i}")).unwrap().len(), 4);
+    }
+}
+
+#[test]
 fn excl_trunc_append_seek() {
     let (_p, c) = pool(2);
     let fd = c.create("/a", O_WRONLY | O_EXCL, 0o644).unwrap();

@@ -120,6 +120,34 @@ const NO_SERVER_VAR: &str = ", and CHFS_SERVER is not set (give the -c and -h th
 /// keeps the size it was created with.
 pub const DEFAULT_PMEM_SIZE: &str = "1G";
 
+/// What `chfsctl start` has set up so far: handed from each of its phases
+/// to the next, and what [`CtlOptions::undo_start`] undoes after a failure.
+struct Starting {
+    /// The pool secret; None for an open pool.
+    secret: Option<String>,
+    /// Where the servers read it (`SCRATCH/chfs.secret`), if there is one.
+    secret_file: Option<String>,
+    /// The client key file handed to chfuse and to applications
+    /// (`SCRATCH/chfs.client.key`), if there is a secret.
+    client_key: Option<String>,
+    /// The hosts the secret was put on ("" for this one).
+    placed: Vec<String>,
+    /// The servers started, each with the address it printed.
+    started: Vec<(ServerId, String)>,
+}
+
+impl Starting {
+    /// The hosts of the servers started, each once, in the order started.
+    fn hosts(&self) -> Vec<String> {
+        let mut seen = BTreeSet::new();
+        self.started
+            .iter()
+            .map(|(i, _)| i.host.clone())
+            .filter(|h| seen.insert(h.clone()))
+            .collect()
+    }
+}
+
 impl CtlOptions {
     fn stem(&self, id: &ServerId) -> String {
         format!("{}/chfsd@{}@{}", self.scratch, id.host, id.index)
@@ -702,30 +730,77 @@ exit 0
     /// until all have joined, mounts chfuse (with the client key) if asked,
     /// and returns the shell lines to `eval` (`CHFS_SECRET_FILE` names the
     /// client key). On any failure everything it started is stopped again.
+    ///
+    /// The phases, in order, each a method: `start_join` (the pool to
+    /// join, with `add`), `start_secret` (check the scratch directories'
+    /// records, place the secret), `start_servers` (launch), `start_wait`
+    /// (until every server is in the pool's list), `start_rebalance`
+    /// (`add` only), `start_mount` (chfuse), `start_environment` (the
+    /// lines to `eval`); a failure after launching calls `undo_start`.
     pub fn start(&self) -> Result<String, CtlError> {
         let ids = self.servers();
-        let join = if self.add {
-            let env = self.env_server.as_deref().unwrap_or("");
-            let c = chfs_client::config::parse_servers(env);
-            match c.first() {
-                Some(a) => Some(a.clone()),
-                None => {
-                    return Err(CtlError::Usage(
-                        "-A adds servers to a running pool: set CHFS_SERVER (eval the output of chfsctl start)".into(),
-                    ))
-                }
-            }
-        } else {
-            None
-        };
+        let join = self.start_join()?;
+        let mut st = self.start_secret()?;
+        let join_addr = self.start_servers(&ids, join, &mut st)?;
+        let list = self.start_wait(&join_addr, &st)?;
+        let server_var = list.join(",");
+        if self.add {
+            self.start_rebalance(list, &st)?;
+        }
+        self.start_mount(&server_var, &st)?;
+        Ok(self.start_environment(&server_var, &st))
+    }
+
+    /// Phase 1 of `start`: the address the new servers join. With `add`,
+    /// the first server of the running pool named by `CHFS_SERVER` (a
+    /// usage error without one); otherwise none (the first server started
+    /// founds the pool).
+    fn start_join(&self) -> Result<Option<String>, CtlError> {
+        if !self.add {
+            return Ok(None);
+        }
+        let env = self.env_server.as_deref().unwrap_or("");
+        match chfs_client::config::parse_servers(env).first() {
+            Some(a) => Ok(Some(a.clone())),
+            None => Err(CtlError::Usage(
+                "-A adds servers to a running pool: set CHFS_SERVER (eval the output of chfsctl start)".into(),
+            )),
+        }
+    }
+
+    /// Phase 2 of `start`: the pool's secret ([`pool_secret`](Self::pool_secret):
+    /// a new one, the running pool's with `add`, none with `no_secret`),
+    /// put with its client key in the scratch directory of every host and
+    /// of this one ([`place_secret`](Self::place_secret), which first
+    /// checks the scratch directories' records: a host where a recorded
+    /// server still runs is refused, and nothing is started).
+    fn start_secret(&self) -> Result<Starting, CtlError> {
         let secret = self.pool_secret()?;
         let placed = self.place_secret(secret.as_deref())?;
-        let secret_file = secret.as_ref().map(|_| self.secret_path());
-        let client_key = secret.as_ref().map(|_| self.client_key_path());
-        let sf = secret_file.as_deref();
-        let mut started: Vec<(ServerId, String)> = Vec::new();
-        let mut errs = Vec::new();
-        let mut rest: &[ServerId] = &ids;
+        Ok(Starting {
+            secret_file: secret.as_ref().map(|_| self.secret_path()),
+            client_key: secret.as_ref().map(|_| self.client_key_path()),
+            secret,
+            placed,
+            started: Vec::new(),
+        })
+    }
+
+    /// Phase 3 of `start`: launches the servers `ids` with the secret,
+    /// adding each that printed its address to `st.started`. Without
+    /// `join`, the first server is launched alone and founds the pool
+    /// (if it fails, the secret is removed again and its error returned);
+    /// then the others, in parallel, join it (or `join`). Returns the
+    /// address joined. If any of the others fails, everything is undone
+    /// ([`undo_start`](Self::undo_start)).
+    fn start_servers(
+        &self,
+        ids: &[ServerId],
+        join: Option<String>,
+        st: &mut Starting,
+    ) -> Result<String, CtlError> {
+        let sf = st.secret_file.as_deref();
+        let mut rest: &[ServerId] = ids;
         let join_addr = match join {
             Some(j) => j,
             None => {
@@ -736,23 +811,26 @@ exit 0
                 {
                     Ok(out) => {
                         let a = out.trim().to_string();
-                        started.push((first.clone(), a.clone()));
+                        st.started.push((first.clone(), a.clone()));
                         rest = &ids[1..];
                         a
                     }
                     Err(e) => {
-                        self.forget_secret(&placed);
+                        self.forget_secret(&st.placed);
                         return Err(e);
                     }
                 }
             }
         };
+        let mut errs = Vec::new();
         for (id, r) in rest
             .iter()
             .zip(self.launch_servers(rest, Some(&join_addr), sf))
         {
             match r {
-                Ok(out) if !out.trim().is_empty() => started.push((id.clone(), out.trim().into())),
+                Ok(out) if !out.trim().is_empty() => {
+                    st.started.push((id.clone(), out.trim().into()))
+                }
                 Ok(_) => errs.push(CtlError::Host {
                     host: id.host.clone(),
                     message: format!("server {} printed no address", id.index),
@@ -760,40 +838,28 @@ exit 0
                 Err(e) => errs.push(e),
             }
         }
-        let rollback = |errs: Vec<CtlError>, started: &[(ServerId, String)]| -> CtlError {
-            let ids: Vec<ServerId> = started.iter().map(|(i, _)| i.clone()).collect();
-            let mut all = errs;
-            all.extend(self.stop_ids(&ids));
-            self.forget_secret(&placed);
-            let n = ids.len();
-            let mut e = match one_or_many(all) {
-                Err(e) => e,
-                Ok(()) => CtlError::Usage("start failed".into()),
-            };
-            if n > 0 {
-                e = CtlError::Many(vec![
-                    e,
-                    CtlError::Usage(format!(
-                        "stopped the {n} server(s) this start had launched; nothing is left running"
-                    )),
-                ]);
-            }
-            e
-        };
         if !errs.is_empty() {
-            return Err(rollback(errs, &started));
+            return Err(self.undo_start(errs, st));
         }
-        // Every server must be in the pool's list.
-        let secret_str = secret.as_deref();
+        Ok(join_addr)
+    }
+
+    /// Phase 4 of `start`: waits (up to `timeout`) until every server
+    /// started is in the pool's list, as the server at `join_addr` gives
+    /// it, and returns that list. At the deadline, everything is undone,
+    /// naming the servers that did not join (or the error of the last
+    /// try).
+    fn start_wait(&self, join_addr: &str, st: &Starting) -> Result<Vec<String>, CtlError> {
         let deadline = Instant::now() + self.timeout;
-        let list = loop {
+        loop {
             let r = self
-                .client(vec![join_addr.clone()], secret_str)
+                .client(vec![join_addr.to_string()], st.secret.as_deref())
                 .map(|c| c.servers());
             match r {
-                Ok(list) if started.iter().all(|(_, a)| list.contains(a)) => break list,
+                Ok(list) if st.started.iter().all(|(_, a)| list.contains(a)) => return Ok(list),
                 Ok(list) if Instant::now() >= deadline => {
-                    let missing: Vec<_> = started
+                    let missing: Vec<_> = st
+                        .started
                         .iter()
                         .filter(|(_, a)| !list.contains(a))
                         .map(|(id, a)| CtlError::Host {
@@ -801,92 +867,105 @@ exit 0
                             message: format!("server {a} did not join the pool"),
                         })
                         .collect();
-                    return Err(rollback(missing, &started));
+                    return Err(self.undo_start(missing, st));
                 }
-                Err(e) if Instant::now() >= deadline => return Err(rollback(vec![e], &started)),
+                Err(e) if Instant::now() >= deadline => return Err(self.undo_start(vec![e], st)),
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
-        };
+        }
+    }
+
+    /// Phase 5 of `start`, with `add` only: moves the files written before
+    /// the new servers joined to their new owners. On failure the new
+    /// servers stay in the pool (their addresses are in every server's
+    /// list now), and the error says to run `chfsctl rebalance`.
+    fn start_rebalance(&self, list: Vec<String>, st: &Starting) -> Result<(), CtlError> {
         let server_var = list.join(",");
-        if self.add {
-            // Files written before the servers joined go to their new
-            // owners. The new servers stay in the pool either way (their
-            // addresses are in every server's list now).
-            self.client(list.clone(), secret_str)
-                .and_then(|c| self.rebalance_with(&c))
-                .map_err(|e| {
-                    CtlError::Many(vec![
-                        e,
-                        CtlError::Usage(format!(
-                            "the servers were added (CHFS_SERVER={server_var}) but files written before may not be found until `chfsctl rebalance` succeeds"
-                        )),
-                    ])
-                })?;
-        }
-        if let Some(m) = self.mount.as_deref().filter(|_| !self.no_mount) {
-            // chfuse is an application: it gets the client key (and no
-            // credential of the caller's environment).
-            let mut env = String::from("-u CHFS_SECRET");
-            match &client_key {
-                Some(k) => {
-                    let _ = write!(env, " CHFS_SECRET_FILE={}", quote(k));
-                }
-                None => env.push_str(" -u CHFS_SECRET_FILE"),
+        self.client(list, st.secret.as_deref())
+            .and_then(|c| self.rebalance_with(&c))
+            .map(|_| ())
+            .map_err(|e| {
+                CtlError::Many(vec![
+                    e,
+                    CtlError::Usage(format!(
+                        "the servers were added (CHFS_SERVER={server_var}) but files written before may not be found until `chfsctl rebalance` succeeds"
+                    )),
+                ])
+            })
+    }
+
+    /// Phase 6 of `start`, if a mount directory is given and `no_mount` is
+    /// not: mounts chfuse on every host of the servers started, each
+    /// kept running as a daemon, with the client key (and no credential of
+    /// the caller's environment) and `CHFS_SERVER=server_var`. If a mount
+    /// fails, the others are unmounted and everything is undone.
+    fn start_mount(&self, server_var: &str, st: &Starting) -> Result<(), CtlError> {
+        let Some(m) = self.mount.as_deref().filter(|_| !self.no_mount) else {
+            return Ok(());
+        };
+        // chfuse is an application: it gets the client key (and no
+        // credential of the caller's environment).
+        let mut env = String::from("-u CHFS_SECRET");
+        match &st.client_key {
+            Some(k) => {
+                let _ = write!(env, " CHFS_SECRET_FILE={}", quote(k));
             }
-            let _ = write!(env, " CHFS_SERVER={}", quote(&server_var));
-            let script = |h: &str| {
-                format!(
-                    "mkdir -p {m} {l} && env {env} {} --pid-file {pf} --log-file {lf} {m}",
-                    quote(&self.chfuse),
-                    m = quote(m),
-                    l = quote(self.log_dir()),
-                    pf = quote(&format!("{}/chfuse@{h}.pid", self.scratch)),
-                    lf = quote(&format!("{}/chfuse@{h}.log", self.log_dir())),
+            None => env.push_str(" -u CHFS_SECRET_FILE"),
+        }
+        let _ = write!(env, " CHFS_SERVER={}", quote(server_var));
+        let script = |h: &str| {
+            format!(
+                "mkdir -p {m} {l} && env {env} {} --pid-file {pf} --log-file {lf} {m}",
+                quote(&self.chfuse),
+                m = quote(m),
+                l = quote(self.log_dir()),
+                pf = quote(&format!("{}/chfuse@{h}.pid", self.scratch)),
+                lf = quote(&format!("{}/chfuse@{h}.log", self.log_dir())),
+            )
+        };
+        let hosts = st.hosts();
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                (
+                    h.clone(),
+                    script(h),
+                    format!("{}/chfuse@{h}.pid", self.scratch),
+                    "chfuse",
+                    format!("chfuse@{h}"),
                 )
-            };
-            let hosts: Vec<String> = {
-                let mut seen = BTreeSet::new();
-                started
-                    .iter()
-                    .map(|(i, _)| i.host.clone())
-                    .filter(|h| seen.insert(h.clone()))
-                    .collect()
-            };
-            let jobs: Vec<_> = hosts
-                .iter()
-                .map(|h| {
-                    (
-                        h.clone(),
-                        script(h),
-                        format!("{}/chfuse@{h}.pid", self.scratch),
-                        "chfuse",
-                        format!("chfuse@{h}"),
-                    )
-                })
-                .collect();
-            let mut mounted = Vec::new();
-            let mut errs = Vec::new();
-            for (h, r) in hosts.iter().zip(self.run_daemons(&jobs)) {
-                match r {
-                    Ok(_) => mounted.push(h.clone()),
-                    Err(CtlError::Host { host, message }) => errs.push(CtlError::Host {
-                        host,
-                        message: format!("cannot mount chfuse on {m}: {message}"),
-                    }),
-                    Err(e) => errs.push(e),
-                }
-            }
-            if !errs.is_empty() {
-                errs.extend(self.unmount(&mounted, true));
-                return Err(rollback(errs, &started));
+            })
+            .collect();
+        let mut mounted = Vec::new();
+        let mut errs = Vec::new();
+        for (h, r) in hosts.iter().zip(self.run_daemons(&jobs)) {
+            match r {
+                Ok(_) => mounted.push(h.clone()),
+                Err(CtlError::Host { host, message }) => errs.push(CtlError::Host {
+                    host,
+                    message: format!("cannot mount chfuse on {m}: {message}"),
+                }),
+                Err(e) => errs.push(e),
             }
         }
+        if !errs.is_empty() {
+            errs.extend(self.unmount(&mounted, true));
+            return Err(self.undo_start(errs, st));
+        }
+        Ok(())
+    }
+
+    /// Phase 7 of `start`: the shell lines to `eval`: `CHFS_SERVER`, the
+    /// client key as `CHFS_SECRET_FILE` (or, for an open pool, unsetting
+    /// any earlier credential), `CHFS_BACKEND_PATH` and `CHFS_SUBDIR_PATH`
+    /// when set.
+    fn start_environment(&self, server_var: &str, st: &Starting) -> String {
         let mut out = String::new();
         let line = |out: &mut String, k: &str, v: &str| {
             let _ = writeln!(out, "{k}={}; export {k};", quote(v));
         };
-        line(&mut out, "CHFS_SERVER", &server_var);
-        match &client_key {
+        line(&mut out, "CHFS_SERVER", server_var);
+        match &st.client_key {
             // Applications get the client key, never the pool secret.
             Some(k) => line(&mut out, "CHFS_SECRET_FILE", k),
             // No credential of an earlier pool: a client holding one
@@ -899,7 +978,32 @@ exit 0
         if let Some(s) = &self.subdir {
             line(&mut out, "CHFS_SUBDIR_PATH", s);
         }
-        Ok(out)
+        out
+    }
+
+    /// Undoes a failed `start`: stops the servers it started (by recorded
+    /// PID), removes the secret it placed, and returns `errs` (with the
+    /// errors of stopping) as one error, saying how many servers were
+    /// stopped.
+    fn undo_start(&self, errs: Vec<CtlError>, st: &Starting) -> CtlError {
+        let ids: Vec<ServerId> = st.started.iter().map(|(i, _)| i.clone()).collect();
+        let mut all = errs;
+        all.extend(self.stop_ids(&ids));
+        self.forget_secret(&st.placed);
+        let n = ids.len();
+        let mut e = match one_or_many(all) {
+            Err(e) => e,
+            Ok(()) => CtlError::Usage("start failed".into()),
+        };
+        if n > 0 {
+            e = CtlError::Many(vec![
+                e,
+                CtlError::Usage(format!(
+                    "stopped the {n} server(s) this start had launched; nothing is left running"
+                )),
+            ]);
+        }
+        e
     }
 
     /// `chfsctl rebalance`: moves every chunk of the pool named by

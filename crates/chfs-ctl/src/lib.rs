@@ -1,9 +1,13 @@
-//! chfsctl and the chfs-rs command-line tools.
+//! chfsctl and the chfs-rs command-line tools (`chfsctl`, `chlist`,
+//! `chmkdir`, `chrmdir`, `chfind`, `chstagein`, `chfs`).
 //!
 //! - [`ctl`]: `chfsctl start|stop|status|kill|clean|rebalance` — create a pool on the
 //!   hosts of a job through ssh (or `mpirun` / `srun`), print the shell
 //!   lines that point clients at it, and tear it down.
 //! - [`find`]: the parallel find behind `chfind`.
+//! - [`stage`]: the parallel stage-in behind `chstagein` and `chfs stagein`.
+//! - [`rank`]: which rank of an `mpirun` / `srun` job a tool is (one rule
+//!   for all of them).
 //! - [`launch`]: hostfiles, shell quoting and the launchers.
 //!
 //! Libraries here never print or exit; the binaries in `src/bin` do.
@@ -12,6 +16,8 @@ pub mod ctl;
 mod error;
 pub mod find;
 pub mod launch;
+pub mod rank;
+pub mod stage;
 
 pub use error::CtlError;
 

@@ -3,8 +3,8 @@
 //! I/O through the chfuse mount, `chfs sync`, `chfsctl stop` and `clean` —
 //! and what happens when the backend becomes unwritable in the middle.
 //!
-//! Needs chfsd, chfuse, chstagein and chfs next to chfsctl:
-//! `cargo build -p chfs-server -p chfs-fuse -p chfs-tools -p chfs-ctl`.
+//! Needs chfsd and chfuse next to chfsctl (chstagein and chfs are this
+//! crate's): `cargo build -p chfs-server -p chfs-fuse -p chfs-ctl`.
 
 mod common;
 
@@ -22,7 +22,7 @@ fn sibling(name: &str) -> PathBuf {
     let p = bin("chfsctl").with_file_name(name);
     assert!(
         p.is_file(),
-        "{} missing: cargo build -p chfs-server -p chfs-fuse -p chfs-tools",
+        "{} missing: cargo build -p chfs-server -p chfs-fuse",
         p.display()
     );
     p
@@ -260,7 +260,7 @@ fn job_cycle_stagein_run_sync_stop_clean() {
     }
     let t0 = Instant::now();
     let (chfsd, chfuse) = (chfsd(), sibling("chfuse"));
-    let (chstagein, chfs, ctl) = (sibling("chstagein"), sibling("chfs"), bin("chfsctl"));
+    let (chstagein, chfs, ctl) = (bin("chstagein"), bin("chfs"), bin("chfsctl"));
     let sc = Scratch::new();
     let s = sc.s();
     let backend = sc.dir.path().join("backend");
@@ -454,7 +454,7 @@ fn unwritable_backend_fails_sync_and_stop_and_loses_nothing() {
         return;
     }
     let (chfsd, chfuse) = (chfsd(), sibling("chfuse"));
-    let (chfs, ctl) = (sibling("chfs"), bin("chfsctl"));
+    let (chfs, ctl) = (bin("chfs"), bin("chfsctl"));
     let sc = Scratch::new();
     let s = sc.s();
     let real = sc.dir.path().join("backend");

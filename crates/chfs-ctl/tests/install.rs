@@ -13,7 +13,7 @@ use common::*;
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
 /// Every command with a manual page, with its section.
-const PAGES: [(&str, u8); 10] = [
+const PAGES: [(&str, u8); 11] = [
     ("chfsd", 8),
     ("chfuse", 1),
     ("chfsctl", 1),
@@ -24,6 +24,7 @@ const PAGES: [(&str, u8); 10] = [
     ("chstagein", 1),
     ("chfs", 1),
     ("chfs-bench", 1),
+    ("chfs-cache-bench", 1),
 ];
 
 /// A directory of the built programs, as `install.sh --from` takes it:
@@ -36,7 +37,9 @@ fn built() -> (tempfile::TempDir, Vec<&'static str>, Vec<&'static str>) {
     let mut lacking = Vec::new();
     for (name, _) in PAGES {
         let p: PathBuf = match name {
-            "chfsctl" | "chlist" | "chmkdir" | "chrmdir" | "chfind" => bin(name),
+            "chfsctl" | "chlist" | "chmkdir" | "chrmdir" | "chfind" | "chstagein" | "chfs" => {
+                bin(name)
+            }
             "chfsd" => chfsd(),
             _ => target.join(name),
         };

@@ -310,7 +310,14 @@ fn usage_errors() {
         "{}",
         text(&out.stdout)
     );
-    for t in ["chlist", "chmkdir", "chrmdir", "chfind"] {
+    for t in [
+        "chlist",
+        "chmkdir",
+        "chrmdir",
+        "chfind",
+        "chstagein",
+        "chfs",
+    ] {
         let out = run(&bin(t), &["--help"], &[]);
         assert_eq!(out.status.code(), Some(0), "{t}");
         assert!(text(&out.stdout).contains(t));

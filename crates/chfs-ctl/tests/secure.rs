@@ -17,7 +17,7 @@ fn sibling(name: &str) -> PathBuf {
     let p = bin("chfsctl").with_file_name(name);
     assert!(
         p.is_file(),
-        "{} not built (cargo build -p chfs-tools -p chfs-fuse)",
+        "{} not built (cargo build -p chfs-fuse)",
         p.display()
     );
     p
@@ -74,7 +74,7 @@ fn default_start_admits_only_the_jobs_processes() {
     let s = sc.s();
     let chfsd = chfsd();
     let ctl = bin("chfsctl");
-    let (chstagein, chfs) = (sibling("chstagein"), sibling("chfs"));
+    let (chstagein, chfs) = (bin("chstagein"), bin("chfs"));
     let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap(), "-n", "2"];
 
     let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);

@@ -46,7 +46,14 @@ struct Slurm {
     cgroup: bool,
     /// munged, slurmctld, slurmd (stopped in reverse order).
     daemons: Vec<(&'static str, Child)>,
+    /// One cluster at a time in this test binary: with proctrack/cgroup,
+    /// the tasks of a step of one cluster were killed while another
+    /// cluster (same node name, same cgroup hierarchy) ran its steps.
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+/// Held by the running cluster (see `Slurm::_one_at_a_time`).
+static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Slurm {
     /// Brings the cluster up; None (with the reason printed) when Slurm is
@@ -80,6 +87,7 @@ impl Slurm {
             chfs_localpool::skip("slurm", test, "slurmd must run as root to launch job steps");
             return None;
         }
+        let one_at_a_time = CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::Builder::new()
             .prefix("chfs-slurm-")
             .tempdir()
@@ -93,6 +101,7 @@ impl Slurm {
             job: String::new(),
             cgroup: Path::new("/sys/fs/cgroup/freezer/tasks").exists(),
             daemons: Vec::new(),
+            _one_at_a_time: one_at_a_time,
         };
         let d = s.dir.path().to_path_buf();
         for sub in ["state", "spool", "munge"] {
@@ -453,4 +462,143 @@ fn srun_launcher_in_an_allocation() {
 
 fn envs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// The launcher-rank rule (`chfs_ctl::rank`) under a real Slurm, through
+/// chstagein's per-rank reports: the tasks of `srun -n 2` share the files;
+/// a batch script of a 2-task job, and a shell a task runs, are one
+/// process staging everything (unless `CHFS_MPI=1`).
+#[test]
+fn stagein_ranks_are_srun_tasks_not_batch_scripts() {
+    let Some(slurm) = Slurm::start("stagein_ranks_are_srun_tasks_not_batch_scripts") else {
+        return;
+    };
+    let sc = Scratch::new();
+    let pool = chfs_localpool::LocalPool::start(2).unwrap();
+    let server = pool.server_string();
+    let chstagein = bin("chstagein");
+    let st = chstagein.to_str().unwrap();
+    // A local tree of 1 directory and 12 files.
+    let tree = |name: &str| {
+        let d = sc.dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for i in 0..12 {
+            std::fs::write(d.join(format!("f{i:02}")), vec![i as u8; 1000 + i]).unwrap();
+        }
+        d.to_str().unwrap().to_string()
+    };
+    let total: u64 = (0..12u64).map(|i| 1000 + i).sum();
+    // Per report line ("chstagein[r/n]: P paths, B bytes ..."): who, P, B.
+    let reports = |err: &str| -> Vec<(String, usize, u64)> {
+        let mut v: Vec<_> = err
+            .lines()
+            .filter(|l| l.starts_with("chstagein"))
+            .filter_map(|l| {
+                let (who, rest) = l.split_once(": ")?;
+                let w: Vec<&str> = rest.split_whitespace().collect();
+                Some((
+                    who.to_string(),
+                    w.first()?.parse().ok()?,
+                    w.get(2)?.parse().ok()?,
+                ))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let srun = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(find_program("srun").unwrap());
+        c.args(["--overlap", "-O", "-N", "1", "-w", &slurm.host])
+            .args(args)
+            .env("CHFS_SERVER", &server)
+            .env_remove("CHFS_MPI")
+            .env_remove("CHFIND_MPI");
+        for (k, v) in slurm.job_env().into_iter().chain(env.iter().copied()) {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let err = text(&out.stderr);
+        eprintln!("srun {args:?}: {:?}\n{err}", out.status.code());
+        assert!(out.status.success(), "{err}");
+        reports(&err)
+    };
+
+    // The two tasks of an srun step: 13 items (the directory and its
+    // files), shared out, every byte once.
+    let d = tree("step");
+    let r = srun(&["-n", "2", st, "-v", &d], &[]);
+    let who: Vec<&str> = r.iter().map(|(w, ..)| w.as_str()).collect();
+    assert_eq!(who, ["chstagein[0/2]", "chstagein[1/2]"], "{r:?}");
+    assert_eq!(r.iter().map(|x| x.1).sum::<usize>(), 13, "{r:?}");
+    assert_eq!(r.iter().map(|x| x.2).sum::<u64>(), total, "{r:?}");
+
+    // A shell each task runs carries the task's variables: the chstagein
+    // it starts is one process (each stages everything) ...
+    let d = tree("shell");
+    let cmd = format!("{st} -v {d}");
+    let r = srun(&["-n", "2", "sh", "-c", &cmd], &[]);
+    assert_eq!(r.len(), 2, "{r:?}");
+    for x in &r {
+        assert_eq!(x.0, "chstagein", "{r:?}");
+        assert_eq!(x.2, total, "{r:?}");
+    }
+    // ... unless asked to be a rank.
+    let d = tree("asked");
+    let cmd = format!("{st} -v {d}");
+    let r = srun(&["-n", "2", "sh", "-c", &cmd], &[("CHFS_MPI", "1")]);
+    let who: Vec<&str> = r.iter().map(|(w, ..)| w.as_str()).collect();
+    assert_eq!(who, ["chstagein[0/2]", "chstagein[1/2]"], "{r:?}");
+    assert_eq!(r.iter().map(|x| x.2).sum::<u64>(), total, "{r:?}");
+
+    // A batch script of a 2-task job (SLURM_PROCID=0, SLURM_NTASKS=2):
+    // one process. Waits at most 90 s for the node (the test's own
+    // allocation holds one CPU of it).
+    let d = tree("batch");
+    let out_file = sc.dir.path().join("batch.out");
+    let script = format!("env | grep '^SLURM_' | sort; {st} -v {d}");
+    let mut child = slurm
+        .cmd("sbatch")
+        .args(["--wait", "-O", "-n", "2", "-N", "1", "-w", &slurm.host])
+        .args(["-J", "chstagein-batch", "-o", out_file.to_str().unwrap()])
+        .args(["--wrap", &script])
+        .env("CHFS_SERVER", &server)
+        .env_remove("CHFS_MPI")
+        .env_remove("CHFIND_MPI")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t.elapsed() > Duration::from_secs(90) {
+            let _ = slurm
+                .cmd("scancel")
+                .args(["-n", "chstagein-batch"])
+                .output();
+            // SAFETY: kill(2) on the PID of our own unreaped child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let Some(status) = status else {
+        chfs_localpool::skip(
+            "slurm",
+            "the batch script part",
+            "the batch job did not start within 90 s (no free CPU next to the allocation)",
+        );
+        return;
+    };
+    let out = std::fs::read_to_string(&out_file).unwrap_or_default();
+    eprintln!("sbatch: {status:?}\n{out}");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("SLURM_NTASKS=2"), "{out}");
+    let r = reports(&out);
+    assert_eq!(r.len(), 1, "{out}");
+    assert_eq!(r[0].0, "chstagein", "{out}");
+    assert_eq!((r[0].1, r[0].2), (1, total), "{out}");
 }

@@ -1,7 +1,7 @@
 //! The namespace: resolving a path to its entry (headers, symbolic links,
 //! parent directories), the negative lookup cache (`lookup`), and
-//! creating, removing and renaming entries (`mkdir`, `rmdir`, `unlink`,
-//! `symlink`, `readlink`, `mknod`, `rename`).
+//! creating, removing and renaming entries (`mkdir`, `mkdir_all`, `rmdir`,
+//! `unlink`, `symlink`, `readlink`, `mknod`, `rename`).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -198,6 +198,52 @@ impl Client {
         let sent = Instant::now();
         self.create_entry(&st, &p, m, true, &[])?;
         self.inner.names.new_dir(&p, sent);
+        Ok(())
+    }
+
+    /// `mkdir -p`: creates directory `path` with permission bits `mode`,
+    /// and first every missing directory above it (with `mode` plus `u+wx`,
+    /// so that the next one can be made in it, as `mkdir -p` makes them).
+    /// A directory that exists already, or that another client creates
+    /// meanwhile, is fine, and so is a symbolic link to one as `path`
+    /// (followed, as `mkdir -p` does). An existing entry that is not a
+    /// directory is `EEXIST` when it is `path` itself and `ENOTDIR` when
+    /// it is above it. When the parent exists this is one `mkdir`.
+    pub fn mkdir_all(&self, path: &str, mode: u32) -> Result<()> {
+        let p = normalize(path)?;
+        // Still to make: `path`, then each missing parent after the
+        // directory that waits for it; the last is tried next. `made`: the
+        // directory made (or found) last, the parent of the next one tried.
+        let mut todo = vec![p.clone()];
+        let mut made: Option<String> = None;
+        while let Some(d) = todo.last() {
+            let m = if *d == p { mode } else { mode | 0o300 };
+            match self.mkdir(d, m) {
+                Ok(()) => {}
+                Err(e) if e.errno() == libc::EEXIST => match self.stat(d) {
+                    Ok(st) if st.is_dir() => {}
+                    Ok(_) => {
+                        let errno = if *d == p { libc::EEXIST } else { libc::ENOTDIR };
+                        return fail(errno, format!("{d}: exists and is not a directory"));
+                    }
+                    // A dangling symbolic link (or removed meanwhile).
+                    Err(s) if s.errno() == libc::ENOENT => return Err(e),
+                    Err(s) => return Err(s),
+                },
+                // The parent is missing, unless it was just made (and
+                // removed again by someone else): make it first.
+                Err(e) if e.errno() == libc::ENOENT && *d != "/" => {
+                    let up = path::parent(d).to_string();
+                    if made.as_deref() == Some(up.as_str()) {
+                        return Err(e);
+                    }
+                    todo.push(up);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            made = todo.pop();
+        }
         Ok(())
     }
 

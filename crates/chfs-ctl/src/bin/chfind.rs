@@ -5,7 +5,8 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use chfs_ctl::find::{find_ranked, launcher_split, Filter, SizeTest, TypeTest};
+use chfs_ctl::find::{find_ranked, Filter, SizeTest, TypeTest};
+use chfs_ctl::rank::launcher_split;
 use chfs_ctl::CtlError;
 
 const HELP: &str = "\
@@ -31,14 +32,15 @@ Options:
   --help          this text
   --version       the version
 
-Under mpirun (chfind built with --features mpi), rank r of n examines the
-entries of the servers whose index i has i % n == r and reads only the
-directories of the others; rank 0 prints the matches of every rank (at the
-end) or, with -q, the total. Built without it, chfind under mpirun fails.
-chfind is a rank only when the launcher started it: one started by an MPI
-program (IO500's find phase runs it through popen) inherits the launcher's
-variables from its parent and runs as one process. CHFIND_MPI=0 forces one
-process, CHFIND_MPI=1 a rank (for mpirun -n N sh -c 'chfind ...').
+Under mpirun or srun (chfind built with --features mpi), rank r of n
+examines the entries of the servers whose index i has i % n == r and reads
+only the directories of the others; rank 0 prints the matches of every rank
+(at the end) or, with -q, the total. Built without it, chfind under mpirun
+or srun fails. chfind is a rank only when the launcher started it: one
+started by an MPI program (IO500's find phase runs it through popen) or a
+batch script inherits the launcher's variables from its parent and runs as
+one process. CHFS_MPI=0 (or CHFIND_MPI=0) forces one process, CHFS_MPI=1 a
+rank (for mpirun -n N sh -c 'chfind ...').
 
 Exit status: 0 success, 1 some directory could not be read (each error
 names the server and directory), 2 bad usage or the pool cannot be reached.
@@ -228,7 +230,7 @@ fn run() -> Result<i32, CtlError> {
     if split.ranks > 1 {
         if split.rank == 0 {
             eprintln!(
-                "chfind: under mpirun ({} ranks), chfind must be built with `cargo build --features mpi` \
+                "chfind: under mpirun or srun ({} ranks), chfind must be built with `cargo build --features mpi` \
                  (rank 0 sums the counts and prints the matches of every rank); without it, run one \
                  chfind (its threads cover every server)",
                 split.ranks

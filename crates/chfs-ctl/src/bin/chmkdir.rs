@@ -20,28 +20,6 @@ struct Args {
     dirs: Vec<String>,
 }
 
-fn mkdir_p(c: &chfs_client::Client, dir: &str, mode: u32) -> chfs_client::Result<()> {
-    let norm = chfs_proto::path::normalize(dir)?;
-    let mut cur = String::new();
-    for comp in norm.split('/').filter(|s| !s.is_empty()) {
-        cur.push('/');
-        cur.push_str(comp);
-        match c.mkdir(&cur, mode) {
-            Ok(()) => {}
-            Err(e) if e.errno() == libc::EEXIST => {
-                if !c.stat(&cur)?.is_dir() {
-                    return Err(chfs_client::Error::new(
-                        libc::ENOTDIR,
-                        format!("{cur}: exists and is not a directory"),
-                    ));
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 fn main() {
     let a = Args::parse();
     let Ok(mode) = u32::from_str_radix(&a.mode, 8).map(|m| m & 0o7777) else {
@@ -58,7 +36,7 @@ fn main() {
     let mut code = 0;
     for d in &a.dirs {
         let r = if a.parents {
-            mkdir_p(&c, d, mode)
+            c.mkdir_all(d, mode)
         } else {
             c.mkdir(d, mode)
         };

@@ -14,6 +14,8 @@ pub fn bin(name: &str) -> PathBuf {
         "chmkdir" => env!("CARGO_BIN_EXE_chmkdir").into(),
         "chrmdir" => env!("CARGO_BIN_EXE_chrmdir").into(),
         "chfind" => env!("CARGO_BIN_EXE_chfind").into(),
+        "chstagein" => env!("CARGO_BIN_EXE_chstagein").into(),
+        "chfs" => env!("CARGO_BIN_EXE_chfs").into(),
         other => panic!("no binary {other}"),
     }
 }

@@ -12,7 +12,9 @@ use clap::Parser;
 /// arguments, or from standard input (one a line) when there are none or
 /// one is "-", e.g. `find /data -name '*.h5' | chstagein`. Started by
 /// `mpirun` or `srun`, every rank reads the same list and stages its share
-/// of the files (directories are expanded first).
+/// of the files (directories are expanded first); started by a rank (a
+/// shell or program the launcher ran), chstagein is one process staging
+/// everything, unless CHFS_MPI=1 (CHFS_MPI=0: one process always).
 #[derive(Parser)]
 #[command(name = "chstagein", version)]
 struct Args {
@@ -31,9 +33,19 @@ struct Args {
     paths: Vec<String>,
 }
 
+use chfs_ctl::stage;
+
 fn main() {
     let a = Args::parse();
-    let client = chfs_tools::connect_or_exit("chstagein");
+    // Under mpirun/srun every rank reads the same list and stages its share.
+    let split = chfs_ctl::rank::launcher_split().unwrap_or_else(|e| {
+        eprintln!("chstagein: {e}");
+        std::process::exit(e.exit_code());
+    });
+    let client = chfs_ctl::client_from_env().unwrap_or_else(|e| {
+        eprintln!("chstagein: {e}");
+        std::process::exit(1);
+    });
     let paths = match &a.from {
         Some(f) => match std::fs::read_to_string(f) {
             Ok(text) => text
@@ -48,19 +60,17 @@ fn main() {
                 std::process::exit(1);
             }
         },
-        None => chfs_tools::collect_paths(&a.paths),
+        None => stage::collect_paths(&a.paths),
     };
     let start = std::time::Instant::now();
-    // Under mpirun/srun every rank reads the same list and stages its share.
-    let (rank, ranks) = chfs_tools::launcher_rank();
-    let (r, who) = if ranks > 1 {
-        let (share, failures) = chfs_tools::rank_share(&client, &paths, rank, ranks);
-        let mut r = chfs_tools::stage_items(&client, &share, a.threads);
+    let (r, who) = if split.ranks > 1 {
+        let (share, failures) = stage::rank_share(&client, &paths, split);
+        let mut r = stage::stage_items(&client, &share, a.threads);
         r.failures.extend(failures);
-        (r, format!("chstagein[{rank}/{ranks}]"))
+        (r, format!("chstagein[{}/{}]", split.rank, split.ranks))
     } else {
         (
-            chfs_tools::stagein(&client, &paths, a.threads),
+            stage::stagein(&client, &paths, a.threads),
             "chstagein".to_string(),
         )
     };

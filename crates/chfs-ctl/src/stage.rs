@@ -1,11 +1,15 @@
-//! Shared code of the tools: parallel stage-in with progress (the rule of
-//! what a path stands for is [`Client::stagein`]'s).
+//! The stage-in behind `chstagein` and `chfs stagein`: paths from the
+//! arguments or standard input, shared out among the ranks of a launcher
+//! ([`crate::rank`]) and staged by parallel threads with a progress bar
+//! (the rule of what a path stands for is [`Client::stagein`]'s).
 
 use std::io::{BufRead, IsTerminal};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use chfs_client::{Client, StageSource};
+
+use crate::rank::RankSplit;
 
 /// Outcome of a stage-in.
 #[derive(Debug, Default)]
@@ -37,47 +41,21 @@ pub fn collect_paths(args: &[String]) -> Vec<String> {
     out
 }
 
-/// This process's rank and the number of ranks when started by a launcher
-/// (`mpirun` of Open MPI or MPICH, `srun`); (0, 1) otherwise.
-pub fn launcher_rank() -> (usize, usize) {
-    launcher_rank_in(|k| std::env::var(k).ok())
-}
-
-/// [`launcher_rank`] from the variables `var` gives. Under Slurm the size
-/// is the job step's (`SLURM_STEP_NUM_TASKS`, set by srun), not the job's
-/// `SLURM_NTASKS`: a batch script of `-n 4` runs as task 0 of a job of 4
-/// tasks, and a chstagein there must stage everything, not a quarter.
-fn launcher_rank_in(var: impl Fn(&str) -> Option<String>) -> (usize, usize) {
-    let get = |k: &str| var(k).and_then(|v| v.parse::<usize>().ok());
-    for (r, n) in [
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("PMI_RANK", "PMI_SIZE"),
-        ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
-    ] {
-        if let (Some(r), Some(n)) = (get(r), get(n)) {
-            if n > 0 && r < n {
-                return (r, n);
-            }
-        }
-    }
-    (0, 1)
-}
-
 /// One item of a stage-in: the path as given (or found below a given
 /// directory), and where [`Client::stagein`]'s rule takes it from.
 pub type StageItem = (String, StageSource);
 
-/// The share of rank `rank` of `ranks` of a stage-in of `paths`: each path
-/// is resolved by [`Client::stagein`]'s rule, directories are expanded
-/// (every rank lists them the same way: pool directories as the pool lists
-/// them, local ones sorted by name) and rank r takes every `ranks`-th item
-/// from the r-th. A local directory is an item of its own (created alone,
-/// with its mode) besides the items below it.
+/// The share of one rank of a stage-in of `paths`: each path is resolved
+/// by [`Client::stagein`]'s rule, directories are expanded (every rank
+/// lists them the same way: pool directories as the pool lists them, local
+/// ones sorted by name) and rank r of n takes every n-th item from the
+/// r-th ([`RankSplit::share`]), and so every n-th failure. A local
+/// directory is an item of its own (created alone, with its mode) besides
+/// the items below it.
 pub fn rank_share(
     client: &Client,
     paths: &[String],
-    rank: usize,
-    ranks: usize,
+    split: RankSplit,
 ) -> (Vec<StageItem>, Vec<(String, chfs_client::Error)>) {
     let mut items = Vec::new();
     let mut failures = Vec::new();
@@ -130,11 +108,7 @@ pub fn rank_share(
             },
         }
     }
-    // Every ranks-th item from the rank-th.
-    fn mine<T>(v: Vec<T>, rank: usize, ranks: usize) -> Vec<T> {
-        v.into_iter().skip(rank).step_by(ranks.max(1)).collect()
-    }
-    (mine(items, rank, ranks), mine(failures, rank, ranks))
+    (split.share(items), split.share(failures))
 }
 
 /// The names in a local directory, sorted (`None`: not a directory).
@@ -260,43 +234,8 @@ pub fn stage_items(client: &Client, items: &[StageItem], threads: usize) -> Stag
     }
 }
 
-/// Connects from the environment or exits with a message (tools only).
-pub fn connect_or_exit(tool: &str) -> Client {
-    match Client::from_env() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{tool}: cannot connect: {e}");
-            std::process::exit(1);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::launcher_rank_in;
-
-    #[test]
-    fn launcher_rank_comes_from_the_launcher_not_the_batch_job() {
-        fn env<'a>(kv: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 'a {
-            move |k| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
-        }
-        assert_eq!(launcher_rank_in(env(&[])), (0, 1));
-        let ompi = [("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3")];
-        assert_eq!(launcher_rank_in(env(&ompi)), (2, 3));
-        // A batch script (or salloc shell) of a 4-task job: one process.
-        let batch = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")];
-        assert_eq!(launcher_rank_in(env(&batch)), (0, 1));
-        // Task 1 of an srun step of 4 tasks.
-        let step = [
-            ("SLURM_PROCID", "1"),
-            ("SLURM_NTASKS", "4"),
-            ("SLURM_STEP_NUM_TASKS", "4"),
-        ];
-        assert_eq!(launcher_rank_in(env(&step)), (1, 4));
-        let bad = [("PMI_RANK", "5"), ("PMI_SIZE", "2")];
-        assert_eq!(launcher_rank_in(env(&bad)), (0, 1));
-    }
-
     use super::without_covered;
 
     #[test]

@@ -129,7 +129,7 @@ fn main() {
     let (p, c) = pool(&a, &backend, "1000");
     let paths: Vec<String> = (0..a.files).map(|i| format!("/input/f{i:04}")).collect();
     let s = Instant::now();
-    let r = chfs_tools::stagein(&c, &paths, 8);
+    let r = chfs_ctl::stage::stagein(&c, &paths, 8);
     let t_stage = s.elapsed().as_secs_f64();
     assert!(
         r.failures.is_empty(),

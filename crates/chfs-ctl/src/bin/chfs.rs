@@ -44,7 +44,10 @@ enum Cmd {
 
 fn main() {
     let a = Args::parse();
-    let c = chfs_tools::connect_or_exit("chfs");
+    let c = chfs_ctl::client_from_env().unwrap_or_else(|e| {
+        eprintln!("chfs: {e}");
+        std::process::exit(1);
+    });
     let r = match a.cmd {
         Cmd::FlushStatus { path } => c.flush_status(&path).map(|s| {
             println!(
@@ -65,8 +68,8 @@ fn main() {
         }
         Cmd::Sync => c.sync(),
         Cmd::Stagein { paths } => {
-            let paths = chfs_tools::collect_paths(&paths);
-            let r = chfs_tools::stagein(&c, &paths, 8);
+            let paths = chfs_ctl::stage::collect_paths(&paths);
+            let r = chfs_ctl::stage::stagein(&c, &paths, 8);
             for (p, e) in &r.failures {
                 eprintln!("chfs: {p}: {e}");
             }

@@ -1,4 +1,5 @@
-//! The cache tools against a real pool with a backend directory.
+//! The cache tools (chstagein, chfs) against a real pool with a backend
+//! directory.
 
 use std::fs;
 use std::io::Write;
@@ -8,7 +9,7 @@ use chfs_localpool::{LocalPool, PoolOptions};
 
 #[test]
 fn stagein_from_stdin_then_flush_status_and_wait() {
-    let backend = std::env::temp_dir().join(format!("chfs-tools-{}", std::process::id()));
+    let backend = std::env::temp_dir().join(format!("chfs-ctl-tools-{}", std::process::id()));
     let _ = fs::remove_dir_all(&backend);
     fs::create_dir_all(backend.join("data")).unwrap();
     for i in 0..20 {
@@ -107,7 +108,7 @@ fn stagein_split_across_mpi_ranks() {
         );
         return;
     }
-    let backend = std::env::temp_dir().join(format!("chfs-tools-mpi-{}", std::process::id()));
+    let backend = std::env::temp_dir().join(format!("chfs-ctl-tools-mpi-{}", std::process::id()));
     let _ = fs::remove_dir_all(&backend);
     let mut total = 0u64;
     for d in 0..3 {
@@ -183,7 +184,7 @@ struct TmpDir(std::path::PathBuf);
 
 impl TmpDir {
     fn new(tag: &str) -> TmpDir {
-        let p = std::env::temp_dir().join(format!("chfs-tools-{tag}-{}", std::process::id()));
+        let p = std::env::temp_dir().join(format!("chfs-ctl-tools-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&p);
         fs::create_dir_all(&p).unwrap();
         TmpDir(p.canonicalize().unwrap())
