@@ -1,7 +1,7 @@
 //! Client configuration: one table defines every setting, its environment
 //! variable, its default and its meaning. [`ClientConfig::from_env`] reads
-//! them; [`SETTINGS`] documents them (`chfs-client` README and `--help`
-//! texts are generated from it).
+//! them; [`SETTINGS`] documents them: [`env_help`] renders it for the
+//! tools' `--help`, and a test checks that README.md lists every one.
 
 use std::time::Duration;
 
@@ -33,6 +33,16 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_SECRET", default: "(none)", help: "the pool's client key (chfs-client-key:HEX) or secret, proving this process may use the pool (prefer CHFS_SECRET_FILE)" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the pool's client key or secret, as chfsctl start exports it (takes precedence over CHFS_SECRET)" },
 ];
+
+/// The settings as a help section ("Environment:" and one entry per
+/// variable with its default), for programs' `--help`.
+pub fn env_help() -> String {
+    let mut s = String::from("Environment (client settings):\n");
+    for x in SETTINGS {
+        s.push_str(&format!("  {} [default: {}]\n      {}\n", x.env, x.default, x.help));
+    }
+    s
+}
 
 /// Client configuration.
 #[derive(Debug, Clone)]

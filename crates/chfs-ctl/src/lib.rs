@@ -21,6 +21,15 @@ pub mod stage;
 
 pub use error::CtlError;
 
+/// Parses a tool's command line; its `--help` ends with the client
+/// settings read from the environment ([`chfs_client::config::env_help`]).
+pub fn parse_args<T: clap::Parser>() -> T {
+    let m = T::command()
+        .after_help(chfs_client::config::env_help())
+        .get_matches();
+    T::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+}
+
 /// Connects a client from the environment (`CHFS_SERVER`, ...), naming the
 /// servers in the error.
 pub fn client_from_env() -> Result<chfs_client::Client, CtlError> {

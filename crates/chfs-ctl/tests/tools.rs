@@ -452,3 +452,35 @@ fn local_paths_inside_the_backend_are_fetched_not_copied() {
     assert_eq!(before, (mtime("in/big"), mtime("in/sub/small")));
     drop(pool);
 }
+
+/// The client settings table is the one source of their documentation:
+/// every setting is in the tools' `--help` and in README.md's table.
+#[test]
+fn every_client_setting_is_in_the_tools_help_and_the_readme() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    for bin in [
+        env!("CARGO_BIN_EXE_chfs"),
+        env!("CARGO_BIN_EXE_chlist"),
+        env!("CARGO_BIN_EXE_chmkdir"),
+        env!("CARGO_BIN_EXE_chrmdir"),
+        env!("CARGO_BIN_EXE_chstagein"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{bin} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        for s in chfs_client::config::SETTINGS {
+            assert!(help.contains(s.env), "{bin} --help lacks {}", s.env);
+        }
+    }
+    for s in chfs_client::config::SETTINGS {
+        assert!(
+            readme.contains(&format!("`{}`", s.env)),
+            "README.md lacks {}",
+            s.env
+        );
+    }
+}

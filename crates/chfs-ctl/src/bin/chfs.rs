@@ -43,7 +43,7 @@ enum Cmd {
 }
 
 fn main() {
-    let a = Args::parse();
+    let a: Args = chfs_ctl::parse_args();
     let c = chfs_ctl::client_from_env().unwrap_or_else(|e| {
         eprintln!("chfs: {e}");
         std::process::exit(1);

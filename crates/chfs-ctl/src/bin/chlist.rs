@@ -18,7 +18,7 @@ struct Args {
 }
 
 fn main() {
-    let a = Args::parse();
+    let a: Args = chfs_ctl::parse_args();
     let c = match chfs_ctl::client_from_env() {
         Ok(c) => c,
         Err(e) => {

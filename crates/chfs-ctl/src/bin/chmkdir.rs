@@ -21,7 +21,7 @@ struct Args {
 }
 
 fn main() {
-    let a = Args::parse();
+    let a: Args = chfs_ctl::parse_args();
     let Ok(mode) = u32::from_str_radix(&a.mode, 8).map(|m| m & 0o7777) else {
         eprintln!("chmkdir: invalid mode {:?} (octal digits)", a.mode);
         std::process::exit(2);

@@ -36,7 +36,7 @@ struct Args {
 use chfs_ctl::stage;
 
 fn main() {
-    let a = Args::parse();
+    let a: Args = chfs_ctl::parse_args();
     // Under mpirun/srun every rank reads the same list and stages its share.
     let split = chfs_ctl::rank::launcher_split().unwrap_or_else(|e| {
         eprintln!("chstagein: {e}");
