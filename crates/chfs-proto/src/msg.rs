@@ -328,12 +328,12 @@ pub enum Request {
         size: u64,
         /// Only grow (publishing written data), never shrink.
         grow_only: bool,
-        /// Change the size only while it is exactly this (a client taking
-        /// back the size it published with a write that then failed).
-        if_size: Option<u64>,
         /// Mark the file [`crate::meta::FLAG_STRAY`]: a write that failed
         /// stored chunks past the size.
         stray: bool,
+        /// Change the size only while it is exactly this (a client taking
+        /// back the size it published with a write that then failed).
+        if_size: Option<u64>,
     },
     /// chmod / chown / utimens.
     SetAttr {
@@ -798,8 +798,8 @@ impl Request {
                 path,
                 size,
                 grow_only,
-                if_size,
                 stray,
+                if_size,
             } => {
                 out.put_str(path);
                 out.put_u64(*size);
