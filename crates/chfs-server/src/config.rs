@@ -50,7 +50,7 @@ pub struct Config {
     /// --size when it is created) or posix (one file per chunk under the
     /// directory --path). pmem and posix survive restarts.
     #[arg(long, env = "CHFS_STORE", default_value = "mem")]
-    pub store: String,
+    pub store: StoreKind,
 
     /// Where a persistent store lives: for pmem a file or device (a
     /// directory gets `chfs.pmem` inside), for posix a directory.
@@ -243,6 +243,49 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// A storage engine ([`Config::store`]), parsed once from `--store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// `mem`: DRAM ([`chfs_store::MemStore`]).
+    Mem,
+    /// `pmem`: a memory-mapped persistent region
+    /// ([`chfs_store::PmemStore`]).
+    Pmem,
+    /// `posix`: one file per chunk under a directory
+    /// ([`chfs_store::PosixStore`]).
+    Posix,
+}
+
+impl StoreKind {
+    /// Every engine, in the order `--help` and errors name them.
+    pub const ALL: [StoreKind; 3] = [StoreKind::Mem, StoreKind::Pmem, StoreKind::Posix];
+
+    /// The name `--store` takes (and the engine reports in status).
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Mem => "mem",
+            StoreKind::Pmem => "pmem",
+            StoreKind::Posix => "posix",
+        }
+    }
+}
+
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for StoreKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        StoreKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown store {s:?} (available: mem, pmem, posix)"))
+    }
+}
+
 /// Who may connect through the local socket ([`Config::local_users`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LocalUsers {
@@ -306,6 +349,25 @@ mod tests {
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
         assert_eq!(parse_size("17").unwrap(), 17);
         assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn store_kinds() {
+        for k in StoreKind::ALL {
+            assert_eq!(k.to_string().parse::<StoreKind>(), Ok(k));
+        }
+        assert_eq!(
+            "nvme".parse::<StoreKind>(),
+            Err(r#"unknown store "nvme" (available: mem, pmem, posix)"#.to_string())
+        );
+        let c = Config::try_parse_from(["chfsd", "--store", "posix"]).unwrap();
+        assert_eq!(c.store, StoreKind::Posix);
+        let e = Config::try_parse_from(["chfsd", "--store", "MEM"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(r#"unknown store "MEM" (available: mem, pmem, posix)"#),
+            "{e}"
+        );
     }
 
     #[test]

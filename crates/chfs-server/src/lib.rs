@@ -4,21 +4,38 @@
 //! it, keeps them in a [`chfs_store::Store`], serves clients over the wire
 //! protocol, forwards requests for keys it does not own to their owner, and
 //! takes part in pool membership (join, list distribution).
+//!
+//! Modules form layers; each uses only the layers below it (no cycle):
+//!
+//! 1. foundations, which know nothing of a running server: `metrics`,
+//!    `net`, `local_io`, `shm`, `backend` ← `cache` ← `config` ← `limits`;
+//!    `peer` (server-to-server calls; `net`, `local_io`);
+//! 2. `state`: what every connection and request shares (`Shared`:
+//!    store, placement, peers, counters, limits, cache mode);
+//! 3. `handler`: serving one request (`common` ← `namespace`, `pool`,
+//!    `rebalance` ← `handle`);
+//! 4. `connection`: serving one admitted connection (reader loop, reply
+//!    writer, access checks; `cma` for data in a local client's memory);
+//! 5. `listener`: accepting TCP and local connections, handshakes,
+//!    per-peer limits, CPU `lanes`;
+//! 6. `server`: opening the store, starting, running, stopping.
+//!
+//! `tests/layers.rs` checks this order.
 
 mod backend;
 pub mod cache;
-pub(crate) mod cma;
 pub mod config;
+mod connection;
 mod handler;
-mod lanes;
 mod limits;
+mod listener;
 mod local_io;
 pub mod metrics;
 pub mod net;
 mod peer;
-mod rebalance;
 mod server;
 mod shm;
+mod state;
 
-pub use config::Config;
+pub use config::{Config, StoreKind};
 pub use server::{run, run_with_ready, start, RunningServer, ServerError};

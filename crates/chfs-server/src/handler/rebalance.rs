@@ -23,13 +23,7 @@ use chfs_proto::{ErrorReply, Request, Response};
 use chfs_store::Chunk;
 use tracing::{info, warn};
 
-use crate::server::Shared;
-
-/// Progress of this server's passes.
-#[derive(Default)]
-pub(crate) struct Rebalancer {
-    state: Mutex<RebalanceState>,
-}
+use crate::state::Shared;
 
 fn lock(m: &Mutex<RebalanceState>) -> std::sync::MutexGuard<'_, RebalanceState> {
     m.lock().unwrap_or_else(|p| p.into_inner())

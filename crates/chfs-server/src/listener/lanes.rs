@@ -23,14 +23,14 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 /// A local connection handed to a lane after its handshake.
 pub(crate) struct Incoming {
     pub stream: UnixStream,
     pub peer: String,
     pub cma: Option<libc::pid_t>,
-    pub access: crate::server::Access,
+    pub access: crate::connection::Access,
     /// Counts the connection against its user's limit while it lives.
     pub _peer_guard: Option<crate::limits::PeerGuard>,
 }
@@ -128,10 +128,10 @@ fn start(sh: Arc<Shared>, cpu: u32) -> io::Result<mpsc::UnboundedSender<Incoming
 }
 
 async fn serve(sh: Arc<Shared>, inc: Incoming) {
-    let fd = crate::server::dup_fd(&inc.stream);
+    let fd = crate::connection::dup_fd(&inc.stream);
     match crate::local_io::split_std(inc.stream) {
         Ok((rd, wr)) => {
-            crate::server::serve_conn(sh, rd, wr, inc.peer, inc.cma, None, inc.access, fd).await
+            crate::connection::serve_conn(sh, rd, wr, inc.peer, inc.cma, None, inc.access, fd).await
         }
         Err(e) => warn!(peer = %inc.peer, "closing connection: {e}"),
     }

@@ -12,8 +12,8 @@ use chfs_proto::msg::op;
 use chfs_proto::{ErrorReply, Request, Response};
 
 use crate::metrics::Counters;
-use crate::server::Shared;
 use crate::shm::Window;
+use crate::state::Shared;
 
 /// The peer a connection may read from, if any: its pid when it runs as
 /// this server's effective user.

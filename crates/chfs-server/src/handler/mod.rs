@@ -1,4 +1,19 @@
-//! Request handling: one function per request kind.
+//! Request handling: [`handle`] serves one request, forwarding it to the
+//! owner of its key; `serve` has one match arm per request kind. The
+//! helpers are grouped by concern, each module using only those above it
+//! in this list:
+//!
+//! - `common`: replies and errors, blocking backend I/O, checks;
+//! - `namespace`: entries in cache mode (lookup, removal, directory pages
+//!   merged with the backend's), attributes, renames;
+//! - `pool`: membership (join, server list changes), the medium's free
+//!   space;
+//! - `rebalance`: moving chunks to their owners after the list grew.
+
+mod common;
+mod namespace;
+mod pool;
+mod rebalance;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,90 +21,23 @@ use std::time::Duration;
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
 use chfs_proto::meta::{
-    now_ns, FLAG_BACKEND_ONLY, FLAG_CACHED, FLAG_DAMAGED, FLAG_MODIFIED, FLAG_PARTIAL, FLAG_STRAY,
-    FLAG_WHITEOUT,
+    now_ns, FLAG_CACHED, FLAG_DAMAGED, FLAG_MODIFIED, FLAG_PARTIAL, FLAG_STRAY, FLAG_WHITEOUT,
 };
-use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus, SetAttr, TimeSet};
+use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus};
 use chfs_proto::path::validate;
-use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
-use chfs_store::{Chunk, StoreError};
-use tracing::{debug_span, info, warn, Instrument};
+use chfs_store::Chunk;
+use tracing::{debug_span, info, Instrument};
 
-use crate::cache::{Cache, Policy};
 use crate::metrics::Counters;
-use crate::server::Shared;
+use crate::state::Shared;
 
-type Reply = Result<Response, ErrorReply>;
-
-fn store_err(path: &str, e: StoreError) -> ErrorReply {
-    ErrorReply::new(e.errno(), format!("{path}: {e}"))
-}
-
-fn refuse(errno: i32, msg: impl Into<String>) -> StoreError {
-    StoreError::refused(errno, msg)
-}
-
-/// Metadata of the root directory before anyone changed it: owned by the
-/// server's user, with the time the server started as its times.
-fn default_root() -> Meta {
-    static STARTED: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    let t = *STARTED.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as i64)
-            .unwrap_or(0)
-    });
-    // SAFETY: getuid/getgid cannot fail and touch no memory.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    Meta {
-        mode: libc::S_IFDIR | 0o755,
-        uid,
-        gid,
-        chunk_size: chfs_proto::DEFAULT_CHUNK_SIZE,
-        mtime: t,
-        ctime: t,
-        atime: t,
-        ..Default::default()
-    }
-}
-
-/// Bytes the medium of an unbounded store can still take: free memory for
-/// the DRAM engine, free space of the directory's file system otherwise.
-fn medium_available(store: &str, path: Option<&std::path::Path>) -> u64 {
-    if store == "mem" || path.is_none() {
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        return meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024);
-    }
-    let Some(path) = path else { return 0 };
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return 0;
-    };
-    // SAFETY: c is a valid NUL-terminated string and vfs a zeroed statvfs
-    // that statvfs fills.
-    unsafe {
-        let mut vfs: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut vfs) != 0 {
-            return 0;
-        }
-        vfs.f_bavail as u64 * vfs.f_frsize as u64
-    }
-}
-
-/// Runs blocking backend I/O from a handler: with `block_in_place` on the
-/// shared multi-thread runtime; in place on a CPU lane (a current-thread
-/// runtime, where `block_in_place` is not allowed; the lane's other
-/// connections wait meanwhile).
-fn blocking<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
+use common::{blocking, check_chunk_size, lost, refuse, store_err, Reply};
+use namespace::{
+    apply_attr, default_root, dirty_entry, list_with_backend, lookup, modified_entry,
+    remove_cached, rename_move,
+};
+use pool::{join, mark_damaged, medium_available};
 
 /// Serves one request.
 pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> Reply {
@@ -171,7 +119,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             // An unbounded store reports what its medium can still take,
             // so `df` shows real free space rather than 100% used.
             let capacity = if s.capacity == 0 {
-                s.bytes + medium_available(st.name(), sh.store_path.as_deref())
+                s.bytes + medium_available(sh.store_kind, sh.store_path.as_deref())
             } else {
                 s.capacity
             };
@@ -621,7 +569,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 .map_err(|e| store_err(&path, e))?;
             Ok(Response::Ok)
         }
-        Request::Rebalance { start } => Ok(crate::rebalance::request(sh, start)),
+        Request::Rebalance { start } => Ok(rebalance::request(sh, start)),
         Request::AdoptChunk {
             path,
             idx,
@@ -633,7 +581,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 meta,
                 data: data.to_vec(),
             };
-            crate::rebalance::adopt(sh, &path, idx, chunk).map(Response::Bool)
+            rebalance::adopt(sh, &path, idx, chunk).map(Response::Bool)
         }
         Request::FlushStatus { prefix } => {
             validate(&prefix).map_err(|e| ErrorReply::new(e.errno, e.message))?;
@@ -669,500 +617,5 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             modified_entry(sh, &path)?;
             Ok(Response::Count(at))
         }
-    }
-}
-
-fn check_chunk_size(cs: u32) -> Result<(), ErrorReply> {
-    if cs == 0 || cs > MAX_CHUNK_SIZE {
-        return Err(ErrorReply::new(
-            libc::EINVAL,
-            format!("chunk size {cs} out of range (1..={MAX_CHUNK_SIZE})"),
-        ));
-    }
-    Ok(())
-}
-
-fn apply_attr(m: &mut Meta, a: &SetAttr) -> Result<(), StoreError> {
-    let now = now_ns();
-    if let Some(mode) = a.mode {
-        m.mode = (m.mode & libc::S_IFMT) | (mode & 0o7777);
-    }
-    if let Some(uid) = a.uid {
-        m.uid = uid;
-    }
-    if let Some(gid) = a.gid {
-        m.gid = gid;
-    }
-    match a.atime {
-        TimeSet::Omit => {}
-        TimeSet::Now => m.atime = now,
-        TimeSet::At(t) => m.atime = t,
-    }
-    match a.mtime {
-        TimeSet::Omit => {}
-        TimeSet::Now => m.mtime = now,
-        TimeSet::At(t) => m.mtime = t,
-    }
-    m.ctime = now;
-    Ok(())
-}
-
-/// Adds a server to the pool, or records that a member restarted with a
-/// new, empty store (`fresh`): then its lost data must not read as holes,
-/// so the list gets a new version, which becomes that member's
-/// [`ServerList::since`]. A member restarting with its store intact gets
-/// the list as is. Only the leader (the first server other than the one
-/// joining) changes the list, so changes are serialised; others forward.
-///
-/// [`ServerList::since`]: chfs_proto::ring::ServerList::since
-async fn join(sh: &Arc<Shared>, addr: String, fresh: bool) -> Reply {
-    let _g = sh.join_lock.lock().await;
-    let p = sh.placement();
-    let list = p.ring.list();
-    let member = list.servers.iter().position(|s| *s == addr);
-    if member.is_some() && !fresh {
-        info!(%addr, "server rejoined with its store");
-        return Ok(Response::Servers(list.clone()));
-    }
-    let leader = list
-        .servers
-        .iter()
-        .find(|s| **s != addr)
-        .cloned()
-        .unwrap_or_default();
-    if leader != sh.me {
-        return sh
-            .peers
-            .call(&leader, &Request::Join { addr, fresh }, 0)
-            .await;
-    }
-    let mut new = list.clone();
-    new.version += 1;
-    match member {
-        Some(i) => {
-            new.set_since(i, new.version);
-            warn!(%addr, version = new.version,
-                  "server restarted with an empty store: what it held is lost (reads of it fail with EIO)");
-        }
-        None => {
-            new.servers.push(addr.clone());
-            if !new.since.is_empty() {
-                new.since.push(0);
-            }
-            info!(%addr, version = new.version, servers = new.servers.len(), "server joined");
-        }
-    }
-    sh.set_list(new.clone());
-    mark_damaged(sh, list, &new).await;
-    // The list goes to every other member at once; the answer waits for
-    // those that take at most half the RPC timeout (so the joining server,
-    // waiting one RPC timeout, is answered even when members hang), the
-    // others are pushed to in the background.
-    let mut pushes = tokio::task::JoinSet::new();
-    for s in new.servers.iter().filter(|s| **s != sh.me && **s != addr) {
-        let (sh, s, l) = (sh.clone(), s.clone(), new.clone());
-        pushes.spawn(async move {
-            if let Err(e) = sh
-                .peers
-                .call(&s, &Request::UpdateServers { list: l }, 0)
-                .await
-            {
-                warn!(server = %s, "cannot push the server list: {e}");
-            }
-        });
-    }
-    let all = async { while pushes.join_next().await.is_some() {} };
-    if tokio::time::timeout(sh.peers.timeout() / 2, all)
-        .await
-        .is_err()
-    {
-        info!(
-            left = pushes.len(),
-            "answering the join before every member took the new server list"
-        );
-        pushes.detach_all();
-    }
-    Ok(Response::Servers(new))
-}
-
-/// Moves this server's chunks of `old` (and its subtree) to `new`.
-async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: bool) -> Reply {
-    for p in [old, new] {
-        validate(p).map_err(|e| ErrorReply::new(e.errno, e.message))?;
-    }
-    let st = &sh.store;
-    let cache = sh.cache.as_deref();
-    if let Some(c) = cache {
-        if sh.placement().owns(old) {
-            if let Some(m) = st.meta(old, 0).map_err(|e| store_err(old, e))? {
-                let from_backend = m.flags & FLAG_CACHED != 0;
-                match c.cfg.policy {
-                    Policy::Keep if from_backend => {
-                        return Err(ErrorReply::new(libc::EXDEV, format!("{old}: a backend entry cannot be renamed with --backend-policy keep (copy it)")));
-                    }
-                    Policy::Keep => {}
-                    Policy::Mirror => blocking(|| c.backend.rename(old, new)).map_err(|e| {
-                        ErrorReply::io(format_args!("backend rename of {old} to {new}"), &e)
-                    })?,
-                }
-            }
-        }
-    }
-    let mut paths = vec![old.to_string()];
-    if is_dir {
-        paths.extend(st.paths_below(old).map_err(|e| store_err(old, e))?);
-    }
-    let place = sh.placement();
-    let mut moved = 0u64;
-    for p in paths {
-        let target = format!("{new}{}", &p[old.len()..]);
-        for idx in st.chunk_indices(&p).map_err(|e| store_err(&p, e))? {
-            let Some(chunk) = st.take(&p, idx).map_err(|e| store_err(&p, e))? else {
-                continue;
-            };
-            if let Some(c) = cache {
-                c.forget_one(&p, idx);
-            }
-            let owner = place.ring.owner(&target, idx);
-            let r = if place.me == Some(owner) {
-                sh.put_chunk(&target, idx, chunk.clone())
-                    .map_err(|e| store_err(&target, e))
-            } else {
-                let addr = &place.ring.list().servers[owner];
-                let req = Request::PutChunk {
-                    path: target.clone(),
-                    idx,
-                    meta: chunk.meta,
-                    data: Bytes::from(chunk.data.clone()),
-                };
-                sh.peers.call(addr, &req, FLAG_FORWARDED).await.map(|_| ())
-            };
-            if let Err(e) = r {
-                // Put the chunk back (dirty if it was) so nothing is lost,
-                // and report.
-                let _ = sh.put_chunk(&p, idx, chunk);
-                return Err(e);
-            }
-            moved += 1;
-        }
-    }
-    Ok(Response::Count(moved))
-}
-
-/// Cache mode lookup of an entry: the store, else the backend (imported),
-/// skipping whiteouts; revalidates when asked to.
-fn lookup(sh: &Arc<Shared>, c: &Cache, path: &str) -> Result<Option<Meta>, ErrorReply> {
-    let st = &*sh.store;
-    let epoch = sh.placement().ring.list().version;
-    blocking(|| match st.meta(path, 0)? {
-        Some(m) if m.flags & FLAG_WHITEOUT != 0 => Ok(None),
-        Some(m) => c.revalidate(st, path, m, epoch).map(Some),
-        None if path == "/" => Ok(None),
-        None => c.import(st, path, epoch),
-    })
-    .map_err(|e| store_err(path, e))
-}
-
-/// The EIO of a read or write of a chunk this server may have lost.
-fn lost(sh: &Shared, path: &str, idx: u64, why: &str) -> ErrorReply {
-    Counters::inc(&sh.counters.lost);
-    warn!(path, idx, "{why}");
-    ErrorReply::new(
-        libc::EIO,
-        format!("chunk {idx} of {path} on server {}: {why}", sh.me),
-    )
-}
-
-/// After `new` recorded servers that restarted with an empty store (their
-/// [`ServerList::since`] grew), marks the entries held here of the regular
-/// files that may have had chunks on them ([`FLAG_DAMAGED`]: created
-/// before, with data, some chunk index placed there), so that their lost
-/// chunks read as EIO wherever a rename or a rebalance moves the rest.
-/// Done before the list change is answered.
-///
-/// [`ServerList::since`]: chfs_proto::ring::ServerList::since
-async fn mark_damaged(sh: &Arc<Shared>, old: &ServerList, new: &ServerList) {
-    let replaced: Vec<(usize, u64)> = new
-        .servers
-        .iter()
-        .enumerate()
-        .filter(|(i, addr)| {
-            let before = old
-                .servers
-                .iter()
-                .position(|a| a == *addr)
-                .map_or(0, |j| old.since(j));
-            new.since(*i) > before && **addr != sh.me
-        })
-        .map(|(i, _)| (i, new.since(i)))
-        .collect();
-    if replaced.is_empty() {
-        return;
-    }
-    let (sh2, ring) = (sh.clone(), Ring::new(new.clone()));
-    let r = tokio::task::spawn_blocking(move || -> Result<u64, StoreError> {
-        let st = &*sh2.store;
-        let mut marked = 0;
-        for path in st.paths_below("/")? {
-            let Some(m) = st.meta(&path, 0)? else {
-                continue;
-            };
-            let cs = m.chunk_size.max(1) as u64;
-            let chunks = m.size.div_ceil(cs);
-            let hit = |&(s, since): &(usize, u64)| {
-                since > m.epoch() as u64
-                    && (chunks > ring.len() as u64
-                        || (1..chunks).any(|idx| ring.owner(&path, idx) == s))
-            };
-            if !m.is_reg()
-                || m.size == 0
-                || m.flags & FLAG_DAMAGED != 0
-                || !replaced.iter().any(hit)
-            {
-                continue;
-            }
-            let r = st.update_meta(&path, 0, &mut |m| {
-                m.flags |= FLAG_DAMAGED;
-                Ok(())
-            });
-            match r {
-                Ok(_) => marked += 1,
-                Err(StoreError::NotFound) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(marked)
-    })
-    .await;
-    match r {
-        Ok(Ok(n)) => {
-            if n > 0 {
-                warn!(
-                    files = n,
-                    "files that may have lost chunks with a restarted server are marked damaged"
-                );
-            }
-        }
-        Ok(Err(e)) => warn!("cannot mark the files that lost chunks: {e}"),
-        Err(e) => warn!("cannot mark the files that lost chunks: {e}"),
-    }
-}
-
-/// Marks a cached backend file as written in the cache ([`FLAG_MODIFIED`]).
-fn modified_entry(sh: &Arc<Shared>, path: &str) -> Result<(), ErrorReply> {
-    if sh.cache.is_some() {
-        let r = sh.store.update_meta(path, 0, &mut |m| {
-            if m.flags & FLAG_CACHED != 0 {
-                m.flags |= FLAG_MODIFIED;
-            }
-            Ok(())
-        });
-        match r {
-            Ok(_) | Err(StoreError::NotFound) => {}
-            Err(e) => return Err(store_err(path, e)),
-        }
-    }
-    Ok(())
-}
-
-/// Marks an entry dirty after a metadata change (cache mode).
-fn dirty_entry(sh: &Arc<Shared>, path: &str) -> Result<(), ErrorReply> {
-    if let Some(c) = sh.cache.as_deref() {
-        c.mark_dirty(&*sh.store, path, 0)
-            .map_err(|e| store_err(path, e))?;
-    }
-    Ok(())
-}
-
-/// unlink/rmdir in cache mode.
-fn remove_cached(sh: &Arc<Shared>, c: &Cache, path: &str, kind: RemoveKind) -> Reply {
-    let st = &*sh.store;
-    let Some(m) = lookup(sh, c, path)? else {
-        return Err(ErrorReply::new(
-            libc::ENOENT,
-            format!("{path}: no such file or directory"),
-        ));
-    };
-    match kind {
-        RemoveKind::NotDir if m.is_dir() => {
-            return Err(ErrorReply::new(
-                libc::EISDIR,
-                format!("{path}: is a directory"),
-            ))
-        }
-        RemoveKind::Dir if !m.is_dir() => {
-            return Err(ErrorReply::new(
-                libc::ENOTDIR,
-                format!("{path}: not a directory"),
-            ))
-        }
-        _ => {}
-    }
-    let bk = |e: std::io::Error| ErrorReply::io(format_args!("backend: removing {path}"), &e);
-    blocking(|| -> Result<(), ErrorReply> {
-        match c.cfg.policy {
-            Policy::Mirror => {
-                if m.is_dir() {
-                    c.backend.rmdir(path).map_err(bk)?;
-                } else {
-                    c.backend.unlink(path).map_err(bk)?;
-                }
-                st.remove(path, 0, &mut |_| Ok(()))
-                    .map_err(|e| store_err(path, e))?;
-            }
-            Policy::Keep => {
-                st.remove(path, 0, &mut |_| Ok(()))
-                    .map_err(|e| store_err(path, e))?;
-                if c.backend.lstat(path).map_err(bk)?.is_some() {
-                    let w = Meta {
-                        flags: FLAG_WHITEOUT,
-                        chunk_size: 1,
-                        ..Default::default()
-                    };
-                    st.put(
-                        path,
-                        0,
-                        Chunk {
-                            meta: w,
-                            data: Vec::new(),
-                        },
-                    )
-                    .map_err(|e| store_err(path, e))?;
-                }
-            }
-        }
-        Ok(())
-    })?;
-    c.forget(path, 0);
-    Ok(Response::Meta(m))
-}
-
-/// A directory page merging the store's entries with the backend's (at the
-/// server owning the directory's entry): the first `max` names after
-/// `after` of both, an entry of the store hiding the backend's of the same
-/// name. The store's page bounds the backend's: when the store has more
-/// than `max` names after `after`, no backend name past its `max`-th can be
-/// on this page. Only the backend entries that make the page are looked up.
-fn list_with_backend(
-    st: &dyn chfs_store::Store,
-    c: &Cache,
-    dir: &str,
-    after: &str,
-    max: usize,
-) -> Result<(Vec<(String, Meta)>, bool), ErrorReply> {
-    let (mine, store_done) = st
-        .list_dir(dir, after, max)
-        .map_err(|e| store_err(dir, e))?;
-    let upto = match (store_done, mine.last()) {
-        (false, Some((last, _))) => Some(last.as_str()),
-        _ => None,
-    };
-    let keep = |name: &str| {
-        name > after
-            && upto.is_none_or(|u| name <= u)
-            && mine
-                .binary_search_by(|(n, _)| n.as_str().cmp(name))
-                .is_err()
-    };
-    let backend_err =
-        |e: std::io::Error| ErrorReply::io(format_args!("backend listing of {dir}"), &e);
-    let mut names = c.backend.names(dir, keep).map_err(backend_err)?;
-    let more = names.len();
-    if names.len() > max {
-        names.select_nth_unstable(max);
-        names.truncate(max);
-    }
-    names.sort_unstable();
-    // How many of them make the page, merged with the store's names.
-    let (mut i, mut j) = (0, 0);
-    while i + j < max && j < names.len() {
-        if i < mine.len() && mine[i].0 < names[j] {
-            i += 1;
-        } else {
-            j += 1;
-        }
-    }
-    names.truncate(j);
-    let backend = c.backend.lookup(dir, names).map_err(backend_err)?;
-    let done = store_done && mine.len() + more <= max;
-    let mut all: std::collections::BTreeMap<String, Meta> = mine.into_iter().collect();
-    for (name, bst) in backend {
-        let mut m = crate::backend::meta_from_stat(&bst, c.cfg.chunk_size, 0);
-        m.flags |= FLAG_BACKEND_ONLY;
-        all.insert(name, m);
-    }
-    Ok((all.into_iter().take(max).collect(), done))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cache::CacheConfig;
-    use chfs_store::Store;
-
-    /// Paging through a cache-mode directory looks each backend entry up
-    /// once (it looked up the whole backend directory for every page), and
-    /// the pages together are the store's names and the backend's, each
-    /// once, in order.
-    #[test]
-    fn backend_directory_pages_look_up_each_entry_once() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("d")).unwrap();
-        let n = 1000;
-        for i in 0..n {
-            std::fs::write(dir.path().join(format!("d/b{i:04}")), b"x").unwrap();
-        }
-        let c = Cache::open(CacheConfig {
-            backend: dir.path().to_path_buf(),
-            policy: Policy::Keep,
-            flush_idle_ms: 0,
-            flush_threads: 1,
-            revalidate: false,
-            chunk_size: 4096,
-        })
-        .unwrap();
-        let st = chfs_store::MemStore::new(0);
-        let meta = Meta {
-            mode: libc::S_IFREG | 0o644,
-            chunk_size: 4096,
-            ..Default::default()
-        };
-        // Names of the store only, and names also in the backend.
-        let mut want = std::collections::BTreeSet::new();
-        for i in (0..n).step_by(7) {
-            st.create(&format!("/d/b{i:04}"), meta, b"", true).unwrap();
-        }
-        for i in 0..300 {
-            let name = format!("a{i:03}");
-            st.create(&format!("/d/{name}"), meta, b"", true).unwrap();
-            want.insert(name);
-        }
-        want.extend((0..n).map(|i| format!("b{i:04}")));
-        let mut got = Vec::new();
-        let mut after = String::new();
-        let mut pages = 0;
-        loop {
-            let (page, done) = list_with_backend(&st, &c, "/d", &after, 64).unwrap();
-            pages += 1;
-            assert!(page.len() <= 64);
-            for (name, m) in &page {
-                let only_backend = m.flags & FLAG_BACKEND_ONLY != 0;
-                let in_store =
-                    name.starts_with('a') || name[1..].parse::<usize>().unwrap() % 7 == 0;
-                assert_eq!(only_backend, !in_store, "{name}");
-            }
-            got.extend(page.into_iter().map(|(name, _)| name));
-            if done {
-                break;
-            }
-            after = got.last().unwrap().clone();
-        }
-        assert_eq!(got, want.into_iter().collect::<Vec<_>>());
-        assert!(pages >= 20, "{pages} pages");
-        let backend_only = n as u64 - (0..n).step_by(7).count() as u64;
-        assert_eq!(c.backend.lookups(), backend_only);
-        // HasChildren's question costs no lookup.
-        assert_eq!(c.backend.names("/d", |_| true).unwrap().len(), n);
-        assert_eq!(c.backend.lookups(), backend_only);
     }
 }

@@ -1,0 +1,303 @@
+//! Serving one connection after its handshake: the reader loop that
+//! decodes frames and spawns a task per request ([`serve_conn`]), the
+//! writer task that batches the replies, what the connection may ask
+//! ([`Access`]), and requests whose data lies in a local client's memory
+//! ([`cma`], shared-memory windows of [`crate::shm`]).
+
+pub(crate) mod cma;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chfs_proto::frame::{Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED};
+use chfs_proto::handshake::Role;
+use chfs_proto::msg::{encode_error, op};
+use chfs_proto::{ErrorReply, Request, Response};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::metrics::Counters;
+use crate::net;
+use crate::state::Shared;
+
+/// One outgoing response: header, head bytes, a data tail, and the
+/// request's share of the connection's budget (given back once sent).
+pub(crate) type Out = (Header, Vec<u8>, Bytes, Option<crate::limits::Permits>);
+
+pub(crate) fn response_frame(id: u64, op: u16, r: Result<Response, ErrorReply>) -> Out {
+    let mut head = Vec::with_capacity(80);
+    let (flags, tail) = match r {
+        Ok(Response::Data(d)) => {
+            Response::Data(Bytes::new()).encode(&mut head);
+            (0, d)
+        }
+        Ok(resp) => {
+            resp.encode(&mut head);
+            (0, Bytes::new())
+        }
+        Err(e) => {
+            encode_error(&mut head, &e);
+            (FLAG_ERROR, Bytes::new())
+        }
+    };
+    (
+        Header {
+            len: (head.len() + tail.len()) as u32,
+            id,
+            op,
+            flags,
+        },
+        head,
+        tail,
+        None,
+    )
+}
+
+/// [`response_frame`] holding `permits` until it is sent.
+fn response_with(
+    id: u64,
+    op: u16,
+    r: Result<Response, ErrorReply>,
+    permits: crate::limits::Permits,
+) -> Out {
+    let mut out = response_frame(id, op, r);
+    out.3 = Some(permits);
+    out
+}
+
+/// Data tails at least this large are not copied into the reply buffer.
+const BIG_TAIL: usize = 16 << 10;
+
+/// Writes `a` then `b` with vectored writes until both are sent.
+pub(crate) async fn write_all_vectored(
+    w: &mut (impl tokio::io::AsyncWrite + Unpin),
+    a: &[u8],
+    b: &[u8],
+) -> std::io::Result<()> {
+    let mut bufs = [std::io::IoSlice::new(a), std::io::IoSlice::new(b)];
+    let mut slices: &mut [std::io::IoSlice<'_>] = &mut bufs;
+    while !slices.is_empty() {
+        let n = w.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
+}
+
+/// What a connection may do: the role it proved (None: the pool has no
+/// secret, everything). See [`Access::refusal`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Access(pub Option<Role>);
+
+impl Access {
+    /// Why a request with opcode `op` (forwarded or not) is not for this
+    /// connection; None when it may go ahead. Membership and chunk moves
+    /// between servers, and forwarded requests, are for servers; stopping
+    /// and rebalancing the pool for servers and the administrator;
+    /// everything else for every role.
+    pub fn refusal(self, op: u16, forwarded: bool) -> Option<ErrorReply> {
+        let role = match self.0 {
+            None | Some(Role::Server) => return None,
+            Some(r) => r,
+        };
+        let only = match op {
+            _ if forwarded => "servers of the pool (forwarded requests)",
+            op::JOIN | op::UPDATE_SERVERS | op::ADOPT_CHUNK | op::PUT_CHUNK => {
+                "servers of the pool"
+            }
+            op::SHUTDOWN | op::REBALANCE if role == Role::Client => {
+                "the pool's administrator (chfsctl, with the pool secret)"
+            }
+            _ => return None,
+        };
+        Some(ErrorReply::new(
+            libc::EPERM,
+            format!("request {op} refused: a connection authenticated as {role} may not make it; it is for {only}"),
+        ))
+    }
+}
+
+/// A duplicate of a socket's descriptor (None if the process is out of
+/// them: the connection then has no idle watchdog).
+pub(crate) fn dup_fd(s: &impl std::os::fd::AsFd) -> Option<std::os::fd::OwnedFd> {
+    s.as_fd().try_clone_to_owned().ok()
+}
+
+/// Serves the requests of one connection; `cma`: the pid whose memory
+/// `FLAG_CMA` requests may name (local peers of the server's user);
+/// `access`: what the connection authenticated as; `fd`: a duplicate of
+/// its socket, for the idle watchdog ([`crate::limits::Watchdogs`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve_conn<R, W>(
+    shared: Arc<Shared>,
+    rd: R,
+    wr: W,
+    peer: String,
+    cma: Option<libc::pid_t>,
+    first: Option<(Header, Bytes)>,
+    access: Access,
+    fd: Option<std::os::fd::OwnedFd>,
+) where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
+    let writer = tokio::spawn(async move {
+        // Small replies are gathered while more are queued; a large data
+        // tail is written from where it lies, with what is gathered, in
+        // one vectored write (no copy into the buffer).
+        let mut wr = wr;
+        let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+        // Budget shares of replies gathered in `buf`, given back once it
+        // is written.
+        let mut held: Vec<crate::limits::Permits> = Vec::new();
+        while let Some((h, head, tail, permits)) = rx.recv().await {
+            held.extend(permits);
+            buf.extend_from_slice(&h.encode());
+            buf.extend_from_slice(&head);
+            let r = if tail.len() >= BIG_TAIL {
+                let r = write_all_vectored(&mut wr, &buf, &tail).await;
+                buf.clear();
+                held.clear();
+                r
+            } else {
+                buf.extend_from_slice(&tail);
+                if rx.is_empty() || buf.len() >= 256 << 10 {
+                    let r = wr.write_all(&buf).await;
+                    buf.clear();
+                    held.clear();
+                    r
+                } else {
+                    Ok(())
+                }
+            };
+            if r.is_err() {
+                break;
+            }
+        }
+    });
+    let mut first = first;
+    let mut window: Option<Arc<crate::shm::Window>> = None;
+    let budget = crate::limits::Budget::new(&shared.limits);
+    let watchdog = fd.and_then(|fd| {
+        let (sh, p) = (shared.clone(), peer.clone());
+        shared.watchdogs.watch(fd, &budget, move || {
+            Counters::inc(&sh.counters.idle_closed);
+            debug!(peer = %p, "closing an idle or stalled connection");
+        })
+    });
+    loop {
+        let frame = match first.take() {
+            Some(f) => Ok(Some(f)),
+            None => net::read_frame(&mut rd).await,
+        };
+        if let Some(w) = &watchdog {
+            w.touch();
+        }
+        if let Ok(Some((h, _))) = &frame {
+            if let Some(e) = access.refusal(h.op, h.flags & FLAG_FORWARDED != 0) {
+                Counters::inc(&shared.counters.denied);
+                warn!(%peer, op = h.op, "{}", e.message);
+                let _ = tx.send(response_frame(h.id, h.op, Err(e)));
+                continue;
+            }
+        }
+        match frame {
+            Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
+                let permits = budget
+                    .admit(crate::limits::cost(&h, &payload, None), &shared.counters)
+                    .await;
+                let (sh, tx, w) = (shared.clone(), tx.clone(), window.clone());
+                tokio::spawn(async move {
+                    let r = cma::serve(&sh, cma, w.as_deref(), h, payload).await;
+                    let _ = tx.send(response_with(h.id, h.op, r, permits));
+                });
+            }
+            // Answered here, in order: the connection's later writes see
+            // the window.
+            Ok(Some((h, payload))) if h.op == op::SHM_ATTACH && h.flags == 0 => {
+                let r = attach_window(cma, window.is_some(), payload).map(|w| {
+                    window = Some(Arc::new(w));
+                    Response::Ok
+                });
+                if let Err(e) = &r {
+                    debug!(%peer, "shared memory refused: {}", e.message);
+                }
+                let _ = tx.send(response_frame(h.id, h.op, r));
+            }
+            Ok(Some((h, payload))) => match Request::decode(h.op, payload.clone()) {
+                Ok(req) => {
+                    let permits = budget
+                        .admit(
+                            crate::limits::cost(&h, &payload, Some(&req)),
+                            &shared.counters,
+                        )
+                        .await;
+                    drop(payload);
+                    let (sh, tx) = (shared.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let forwarded = h.flags & FLAG_FORWARDED != 0;
+                        let r = crate::handler::handle(&sh, req, forwarded).await;
+                        let _ = tx.send(response_with(h.id, h.op, r, permits));
+                    });
+                }
+                Err(e) => {
+                    warn!(%peer, op = h.op, "malformed request, closing connection: {e}");
+                    let _ = tx.send(response_frame(
+                        h.id,
+                        h.op,
+                        Err(ErrorReply::new(
+                            e.errno(),
+                            format!("malformed request: {e}"),
+                        )),
+                    ));
+                    break;
+                }
+            },
+            Ok(None) => break,
+            Err(e) => {
+                warn!(%peer, "closing connection: {e}");
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+    debug!(%peer, "connection closed");
+}
+
+/// Maps the window a [`Request::ShmAttach`] names, for a peer allowed
+/// cross-memory attach (`pid`), once per connection.
+fn attach_window(
+    pid: Option<libc::pid_t>,
+    attached: bool,
+    payload: Bytes,
+) -> Result<crate::shm::Window, ErrorReply> {
+    let Some(pid) = pid else {
+        return Err(ErrorReply::new(
+            libc::EPERM,
+            "shared memory is only for local clients of the server's user",
+        ));
+    };
+    if attached {
+        return Err(ErrorReply::new(
+            libc::EBUSY,
+            "this connection already has a shared-memory window",
+        ));
+    }
+    match Request::decode(op::SHM_ATTACH, payload) {
+        Ok(Request::ShmAttach { fd, base, len }) => crate::shm::Window::attach(pid, fd, base, len),
+        Ok(other) => Err(ErrorReply::new(
+            libc::EPROTO,
+            format!("expected a shared-memory request, decoded {:?}", other.op()),
+        )),
+        Err(e) => Err(ErrorReply::new(
+            e.errno(),
+            format!("malformed request: {e}"),
+        )),
+    }
+}
