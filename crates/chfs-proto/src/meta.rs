@@ -57,6 +57,10 @@ pub const FLAG_DAMAGED: u16 = 64;
 /// chunks below the size, so their space comes back.
 pub const FLAG_STRAY: u16 = 128;
 
+/// The largest file size (`off_t`'s largest value): a request for a larger
+/// size is refused with EFBIG.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
 /// File metadata as stored with a chunk and carried on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Meta {

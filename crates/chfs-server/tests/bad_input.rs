@@ -873,3 +873,55 @@ fn idle_and_stalled_connections_are_closed() {
         assert_eq!(call(&mut busy, i, &Request::Ping), Ok(Response::Ok));
     }
 }
+
+/// Sizes past the largest file size are EFBIG, not an overflow (found by
+/// tests/fuzz.rs: two append reservations of 2^63 bytes overflowed the
+/// size, which panicked the request's task in a debug build and wrapped
+/// in a release build).
+#[test]
+fn sizes_past_the_largest_file_are_refused() {
+    let p = pool(1, None);
+    let (mut s, _, _) = hello(&p.addrs()[0], b"");
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 4096,
+        ..Default::default()
+    };
+    let r = call(
+        &mut s,
+        1,
+        &Request::Create {
+            path: "/f".into(),
+            meta,
+            excl: true,
+            data: Bytes::new(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let append = |s: &mut TcpStream, len| {
+        call(
+            s,
+            2,
+            &Request::AppendReserve {
+                path: "/f".into(),
+                len,
+            },
+        )
+    };
+    assert_eq!(append(&mut s, 1 << 62), Ok(Response::Count(0)));
+    assert_eq!(append(&mut s, 1 << 62).unwrap_err().0, libc::EFBIG);
+    assert_eq!(append(&mut s, u64::MAX).unwrap_err().0, libc::EFBIG);
+    let set = Request::SetSize {
+        path: "/f".into(),
+        size: u64::MAX,
+        grow_only: true,
+        stray: false,
+        if_size: None,
+    };
+    assert_eq!(call(&mut s, 3, &set).unwrap_err().0, libc::EFBIG);
+    match call(&mut s, 4, &Request::Stat { path: "/f".into() }) {
+        Ok(Response::Meta(m)) => assert_eq!(m.size, 1 << 62),
+        other => panic!("{other:?}"),
+    }
+    still_serves(&p.addrs()[0]);
+}

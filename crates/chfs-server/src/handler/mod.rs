@@ -22,6 +22,7 @@ use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
 use chfs_proto::meta::{
     now_ns, FLAG_CACHED, FLAG_DAMAGED, FLAG_MODIFIED, FLAG_PARTIAL, FLAG_STRAY, FLAG_WHITEOUT,
+    MAX_FILE_SIZE,
 };
 use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus};
 use chfs_proto::path::validate;
@@ -366,6 +367,12 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             if_size,
             stray,
         } => {
+            if size > MAX_FILE_SIZE {
+                return Err(ErrorReply::new(
+                    libc::EFBIG,
+                    format!("{path}: size {size} is larger than a file may be"),
+                ));
+            }
             let version = sh.placement().ring.list().version;
             let mut before = 0;
             let m = st
@@ -607,7 +614,11 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     return Err(refuse(libc::EISDIR, "is a directory"));
                 }
                 at = m.size;
-                m.size += len;
+                m.size = m
+                    .size
+                    .checked_add(len)
+                    .filter(|&s| s <= MAX_FILE_SIZE)
+                    .ok_or_else(|| refuse(libc::EFBIG, "appending past the largest file size"))?;
                 m.mtime = now_ns();
                 m.ctime = m.mtime;
                 Ok(())
