@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs chfs-rs the way HPC software installs:
 #   PREFIX/bin/        chfsd chfuse chfsctl chlist chmkdir chrmdir chfind
-#                      chstagein chfs (and, with --benches, chfs-bench
-#                      chfuse-bench chfs-cache-bench)
+#                      chstagein chfs (and, with --benches, chfs-bench,
+#                      whose subcommands are every benchmark: demo, fuse,
+#                      store, store-servers, store-rss, cache)
 #   PREFIX/share/man/  a manual page for each of them (man1, chfsd in man8)
 #   PREFIX/share/doc/chfs-rs/  the doc/ pages and io500-chfind.sh (IO500's
 #                      find phase, doc/io500.md)
@@ -22,7 +23,7 @@ usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 
 # The programs installed, each with its manual section.
 programs=(chfsd:8 chfuse:1 chfsctl:1 chlist:1 chmkdir:1 chrmdir:1 chfind:1 chstagein:1 chfs:1)
-benches=(chfs-bench:1 chfuse-bench:1 chfs-cache-bench:1)
+benches=(chfs-bench:1)
 
 from=""
 prefix=""

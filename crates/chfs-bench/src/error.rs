@@ -65,6 +65,20 @@ pub enum BenchError {
         /// Size expected.
         want: u64,
     },
+    /// A storage engine operation failed (`chfs-bench store`).
+    #[error("store {op} {path}: {source}")]
+    Store {
+        /// Operation.
+        op: &'static str,
+        /// Key path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: chfs_store::StoreError,
+    },
+    /// What was read back or measured is not what a check expects.
+    #[error("{0}")]
+    Check(String),
     /// A worker process failed or broke the protocol.
     #[error("worker {rank}: {msg}")]
     Worker {
@@ -88,6 +102,15 @@ impl BenchError {
     /// Wraps a chfs client error.
     pub fn chfs(op: &'static str, path: &str, source: chfs_client::Error) -> Self {
         BenchError::Chfs {
+            op,
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    /// Wraps a storage engine error.
+    pub fn store(op: &'static str, path: &str, source: chfs_store::StoreError) -> Self {
+        BenchError::Store {
             op,
             path: path.to_string(),
             source,

@@ -1,6 +1,9 @@
 //! The two kinds of target: a chfs-rs pool through the native client, and
-//! a directory through plain POSIX calls. Paths are relative to the
-//! benchmark's own directory inside the target.
+//! a directory through plain POSIX calls (a local directory, or a chfuse
+//! mount). Paths are relative to the benchmark's own directory inside the
+//! target. Every program of the package measures through these: the IO500
+//! phases, the demo, the mount against the native client, the storage
+//! engines through servers and cache mode.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -20,6 +23,10 @@ pub trait FileIo: Send {
     fn pwrite_all(&mut self, buf: &[u8], off: u64) -> Result<()>;
     /// Reads exactly `buf.len()` bytes at `off`.
     fn pread_exact(&mut self, buf: &mut [u8], off: u64) -> Result<()>;
+    /// One read call at `off`: the bytes read, 0 at the end of the file.
+    fn pread(&mut self, buf: &mut [u8], off: u64) -> Result<usize>;
+    /// Makes what was written durable (fsync).
+    fn fsync(&mut self) -> Result<()>;
     /// Closes the file (publishing what was written).
     fn close(self: Box<Self>) -> Result<()>;
 }
@@ -123,6 +130,18 @@ impl FileIo for ChfsFile {
             done += n;
         }
         Ok(())
+    }
+
+    fn pread(&mut self, buf: &mut [u8], off: u64) -> Result<usize> {
+        self.client
+            .pread(self.fd, buf, off)
+            .map_err(|e| BenchError::chfs("pread", &self.path, e))
+    }
+
+    fn fsync(&mut self) -> Result<()> {
+        self.client
+            .fsync(self.fd)
+            .map_err(|e| BenchError::chfs("fsync", &self.path, e))
     }
 
     fn close(self: Box<Self>) -> Result<()> {
@@ -329,6 +348,21 @@ impl FileIo for PosixFile {
             }
         }
         Ok(())
+    }
+
+    fn pread(&mut self, buf: &mut [u8], off: u64) -> Result<usize> {
+        loop {
+            match self.f.read_at(buf, off) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                r => return r.map_err(|e| BenchError::io("pread", &self.path, e)),
+            }
+        }
+    }
+
+    fn fsync(&mut self) -> Result<()> {
+        self.f
+            .sync_all()
+            .map_err(|e| BenchError::io("fsync", &self.path, e))
     }
 
     fn close(self: Box<Self>) -> Result<()> {

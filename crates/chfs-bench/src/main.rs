@@ -1,4 +1,6 @@
-//! `chfs-bench`: IO500-style benchmark of chfs-rs against a reference.
+//! `chfs-bench`: IO500-style benchmark of chfs-rs against a reference, and
+//! the package's other measurements as subcommands (demo, fuse, store,
+//! store-servers, store-rss, cache).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,7 +8,7 @@ use std::process::ExitCode;
 use chfs_bench::leader::{self, Launcher, LocalLauncher, RunOptions};
 use chfs_bench::report::{self, RunResult};
 use chfs_bench::worker::{Params, PoolCredential, TargetSpec};
-use chfs_bench::{sweep, BenchError, Result};
+use chfs_bench::{cache, demo, fuse, store, store_servers, sweep, BenchError, Result};
 use chfs_client::Client;
 use chfs_localpool::{LocalPool, PoolOptions};
 use clap::{Args, Parser, Subcommand};
@@ -15,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "chfs-bench",
     version,
-    about = "IO500-style benchmark of a chfs-rs pool or a directory, with a side-by-side reference",
+    about = "IO500-style benchmark of a chfs-rs pool or a directory, with a side-by-side reference; the demo, mount, storage-engine and cache-mode benchmarks as subcommands",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -25,6 +27,17 @@ struct Cli {
     io500: Io500Args,
 }
 
+impl Cli {
+    /// Whether the run handles SIGINT, SIGTERM and SIGHUP itself
+    /// ([`leader::install_signal_handlers`]): the IO500 phases and the
+    /// sweep. The other subcommands keep the default disposition, so that
+    /// a signal ends them at once (their servers and mounts, started in
+    /// the same process group, get the terminal's signals too).
+    fn handles_signals(&self) -> bool {
+        matches!(self.cmd, None | Some(Cmd::Io500(_)) | Some(Cmd::Sweep(_)))
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// The twelve IO500 phases (the default).
@@ -32,6 +45,24 @@ enum Cmd {
     /// Single-process bandwidth vs request size for several chunk sizes,
     /// pipelined chunk RPCs vs one at a time.
     Sweep(SweepArgs),
+    /// The demo (scripts/demo.sh): a local pool, a verified workload
+    /// through the native client and on a reference directory, side by
+    /// side.
+    Demo(demo::DemoArgs),
+    /// A chfuse mount against the native client and a reference
+    /// directory, on a local pool (needs chfuse and FUSE 3).
+    Fuse(fuse::FuseArgs),
+    /// The storage engines against the DRAM engine, at the store level
+    /// (no server).
+    Store(store::StoreArgs),
+    /// The storage engines against the DRAM engine, through one chfsd
+    /// each.
+    StoreServers(store_servers::ServersArgs),
+    /// The memory (RSS) of a POSIX-engine chfsd while GiBs pass through it.
+    StoreRss(store_servers::RssArgs),
+    /// Cache mode: stage-in and write-back against cp -r, and I/O-aware
+    /// flushing (doc/cache-mode.md).
+    Cache(cache::CacheArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -406,6 +437,12 @@ fn dispatch(cli: Cli, launcher: &dyn Launcher, mpi: Option<(usize, usize)>) -> R
     match cli.cmd {
         Some(Cmd::Io500(a)) => io500(a, launcher, size, shift),
         Some(Cmd::Sweep(a)) => run_sweep(a),
+        Some(Cmd::Demo(a)) => demo::run(&a),
+        Some(Cmd::Fuse(a)) => fuse::run(&a),
+        Some(Cmd::Store(a)) => store::run(&a),
+        Some(Cmd::StoreServers(a)) => store_servers::engines(&a),
+        Some(Cmd::StoreRss(a)) => store_servers::rss(&a),
+        Some(Cmd::Cache(a)) => cache::run(&a),
         None => io500(cli.io500, launcher, size, shift),
     }
 }
@@ -439,7 +476,9 @@ fn mpi_main() -> ExitCode {
             return ExitCode::from(e.exit_code() as u8);
         }
     };
-    leader::install_signal_handlers();
+    if cli.handles_signals() {
+        leader::install_signal_handlers();
+    }
     let size = s.size();
     let local = [
         "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -469,7 +508,9 @@ fn main() -> ExitCode {
         return mpi_main();
     }
     let cli = Cli::parse();
-    leader::install_signal_handlers();
+    if cli.handles_signals() {
+        leader::install_signal_handlers();
+    }
     finish(dispatch(cli, &LocalLauncher, None))
 }
 

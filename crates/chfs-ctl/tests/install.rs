@@ -13,7 +13,7 @@ use common::*;
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
 /// Every command with a manual page, with its section.
-const PAGES: [(&str, u8); 11] = [
+const PAGES: [(&str, u8); 10] = [
     ("chfsd", 8),
     ("chfuse", 1),
     ("chfsctl", 1),
@@ -24,7 +24,6 @@ const PAGES: [(&str, u8); 11] = [
     ("chstagein", 1),
     ("chfs", 1),
     ("chfs-bench", 1),
-    ("chfs-cache-bench", 1),
 ];
 
 /// A directory of the built programs, as `install.sh --from` takes it:
