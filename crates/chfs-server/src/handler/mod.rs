@@ -43,7 +43,10 @@ use pool::{join, mark_damaged, medium_available};
 /// Serves one request.
 pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> Reply {
     Counters::inc(&sh.counters.requests);
-    let span = debug_span!("req", op = req.op());
+    let span = debug_span!(
+        "req",
+        op = chfs_proto::msg::op::name(req.op()).unwrap_or("?")
+    );
     async move {
         if let Some((path, idx)) = req.key() {
             validate(path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
