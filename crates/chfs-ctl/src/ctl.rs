@@ -1247,7 +1247,7 @@ exit 0
 
     /// `chfsctl status`: one line per server with its state and use.
     /// Returns the table and whether every server answered.
-    pub fn status(&self) -> Result<(String, bool), CtlError> {
+    pub fn status(&self, counters: bool) -> Result<(String, bool), CtlError> {
         let (recs, host_errs) = self.records_partial();
         let mut addrs: Vec<String> = Vec::new();
         if let Some(s) = &self.env_server {
@@ -1332,6 +1332,18 @@ exit 0
             rows.push(row);
         }
         out.push_str(&render_status(&rows));
+        if counters {
+            for (a, r) in &answered {
+                if let Ok(s) = r {
+                    let _ = writeln!(
+                        out,
+                        "{a}: requests={} forwarded={} reads={} writes={} cma_writes={} shm_writes={} lost={} refused={} denied={} over_limit={} idle_closed={} throttled={}",
+                        s.requests, s.forwarded, s.reads, s.writes, s.cma_writes, s.shm_writes,
+                        s.lost, s.refused, s.denied, s.over_limit, s.idle_closed, s.throttled
+                    );
+                }
+            }
+        }
         Ok((out, all_ok))
     }
 

@@ -142,6 +142,24 @@ fn start_use_status_stop_clean() {
         .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
         .sum();
     assert!(total >= payload.len() as u64, "{table}");
+    // -v: every counter of every server too.
+    let out = run(
+        &ctl,
+        &args(&["-v", "status"]),
+        &[("CHFS_SECRET_FILE", secret_file)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let counters: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(": requests="))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(counters.len(), 3, "{}", text(&out.stdout));
+    for l in &counters {
+        for c in ["writes=", "refused=", "denied=", "throttled="] {
+            assert!(l.contains(c), "{l}");
+        }
+    }
 
     // A second start on the same scratch directory is refused and harms
     // nothing: the pool keeps its secret and client key.

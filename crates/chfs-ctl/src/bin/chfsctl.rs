@@ -181,7 +181,8 @@ struct Args {
     #[arg(long = "timeout", default_value_t = 30)]
     timeout: u64,
 
-    /// Report what is done on standard error.
+    /// Report what is done on standard error; with status, also every
+    /// counter of each server.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
 
@@ -393,7 +394,7 @@ fn run(a: &Args) -> Result<i32, CtlError> {
             Ok(0)
         }
         Action::Status => {
-            let (table, ok) = o.status()?;
+            let (table, ok) = o.status(a.verbose)?;
             print!("{table}");
             Ok(if ok { 0 } else { 1 })
         }
