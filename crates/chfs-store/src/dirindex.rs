@@ -52,9 +52,12 @@ pub(crate) struct DirIndex {
     dirs: Vec<Shard<HashMap<String, BTreeSet<String>>>>,
 }
 
+/// (parent, last component) of a path. Paths recovered from a damaged
+/// medium need not be normalised ("", "é", "a//b"): whatever they are, this
+/// must not panic.
 fn split(path: &str) -> (&str, &str) {
     let dir = parent(path);
-    let name = path[dir.len().max(1)..].trim_start_matches('/');
+    let name = path.rsplit('/').next().unwrap_or(path);
     (dir, name)
 }
 
@@ -74,6 +77,12 @@ impl DirIndex {
             return;
         }
         let (dir, name) = split(path);
+        if name.is_empty() {
+            // ("/d/", a damaged record's path): no name to list it by, and
+            // "" as a listing cursor means "from the start", so listing it
+            // would page forever.
+            return;
+        }
         self.shard(dir)
             .entry(dir.to_string())
             .or_default()

@@ -219,4 +219,8 @@ mod fault;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_fuzz;
+#[cfg(test)]
+mod tests_golden;
+#[cfg(test)]
 mod tests_persist;

@@ -48,7 +48,7 @@ use crate::chunkmap::ChunkMap;
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::{lock, shard_of, DirIndex};
 use crate::media::{Media, MmapMedia, PersistMode};
-use crate::record::{new_uuid, Slot, SLOT_LEN};
+use crate::record::{new_uuid, Slot, MAX_SEQ, SLOT_LEN};
 use crate::usage::Striped;
 use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
@@ -57,19 +57,19 @@ pub const PMEM_MAGIC: &[u8; 8] = b"CHFSPMEM";
 /// Format version.
 pub const PMEM_VERSION: u32 = 1;
 /// Allocation unit and alignment.
-const UNIT: u64 = 64;
+pub(crate) const UNIT: u64 = 64;
 /// Start of the extent area.
-const DATA_START: u64 = 4096;
-const SLOT0: u64 = 64;
-const PATH_OFF: u64 = 64 + 2 * SLOT_LEN as u64;
+pub(crate) const DATA_START: u64 = 4096;
+pub(crate) const SLOT0: u64 = 64;
+pub(crate) const PATH_OFF: u64 = 64 + 2 * SLOT_LEN as u64;
 /// Smallest store accepted.
 pub const PMEM_MIN_SIZE: u64 = 64 << 10;
 /// File name used when `--path` is a directory.
 pub const PMEM_FILE: &str = "chfs.pmem";
 
 const WORD_MAGIC: u64 = 0xC4F5;
-const FREE: u64 = 1;
-const USED: u64 = 2;
+pub(crate) const FREE: u64 = 1;
+pub(crate) const USED: u64 = 2;
 const LEN_MASK: u64 = (1 << 40) - 1;
 const SHARDS: usize = 64;
 /// Most free-space arenas (see [`PmemStore::arena_count`]).
@@ -85,11 +85,11 @@ fn thread_arena(n: usize) -> usize {
     crate::usage::thread_slot() % n
 }
 
-fn word(state: u64, len: u64) -> u64 {
+pub(crate) fn word(state: u64, len: u64) -> u64 {
     (WORD_MAGIC << 48) | (state << 40) | (len & LEN_MASK)
 }
 
-fn unword(w: u64) -> Option<(u64, u64)> {
+pub(crate) fn unword(w: u64) -> Option<(u64, u64)> {
     if w >> 48 != WORD_MAGIC {
         return None;
     }
@@ -234,7 +234,7 @@ pub struct Superblock {
     pub uuid: u64,
 }
 
-fn encode_super(sb: &Superblock) -> [u8; 64] {
+pub(crate) fn encode_super(sb: &Superblock) -> [u8; 64] {
     let mut b = [0u8; 64];
     b[0..8].copy_from_slice(PMEM_MAGIC);
     b[8..12].copy_from_slice(&sb.version.to_le_bytes());
@@ -247,7 +247,7 @@ fn encode_super(sb: &Superblock) -> [u8; 64] {
     b
 }
 
-fn decode_super(b: &[u8; 64]) -> Result<Superblock> {
+pub(crate) fn decode_super(b: &[u8; 64]) -> Result<Superblock> {
     if &b[0..8] != PMEM_MAGIC {
         return Err(StoreError::refused(
             libc::EINVAL,
@@ -273,9 +273,15 @@ fn decode_super(b: &[u8; 64]) -> Result<Superblock> {
     if u32_at(12) as u64 != UNIT || u64_at(32) != DATA_START {
         return Err(corrupt("superblock geometry mismatch"));
     }
+    let size = u64_at(16);
+    if size < PMEM_MIN_SIZE {
+        // No store is made this small; the extent area would not even
+        // start below it.
+        return Err(corrupt(format!("superblock size {size} out of range")));
+    }
     Ok(Superblock {
         version,
-        size: u64_at(16),
+        size,
         uuid: u64_at(24),
     })
 }
@@ -355,6 +361,14 @@ impl PmemStore {
     /// Builds a store on a medium, formatting it when `format`.
     pub(crate) fn with_media(media: Box<dyn Media>, format: bool) -> Result<Self> {
         let size = media.len();
+        if size < PMEM_MIN_SIZE {
+            // A store file cut short: not even its superblock and first
+            // extent word may be there.
+            return Err(StoreError::refused(
+                libc::EINVAL,
+                format!("{size} bytes is too small for a pmem store ({PMEM_MIN_SIZE} at least)"),
+            ));
+        }
         if format {
             let sb = Superblock {
                 version: PMEM_VERSION,
@@ -750,6 +764,7 @@ impl PmemStore {
 
     /// Publishes a changed header/length of `rec` through its other slot.
     fn flip(&self, rec: &mut Rec, path: &str, idx: u64) -> Result<()> {
+        check_seq(rec.seq, path, idx)?;
         let n = 1 - rec.slot;
         self.write_slot(rec, path, idx, n);
         self.media.persist(
@@ -776,6 +791,7 @@ impl PmemStore {
         if len > u32::MAX as u64 {
             return Err(StoreError::refused(libc::EFBIG, "chunk too large"));
         }
+        check_seq(prev_seq, path, idx)?;
         let rel = data_rel(path.len());
         let want = align(rel + cap.max(len).max(1));
         let (ext, ext_len) = self.alloc(want, thread_arena(self.free.len()))?;
@@ -919,6 +935,19 @@ impl PmemStore {
         self.media.read(r.data() + start, &mut v);
         v
     }
+}
+
+/// Refuses to write a slot after one with sequence number `seq` when the
+/// next one would be beyond [`MAX_SEQ`] (no slot reader would accept it, so
+/// the change would be lost at the next open). Only a damaged or forged
+/// slot gets there.
+fn check_seq(seq: u64, path: &str, idx: u64) -> Result<()> {
+    if seq >= MAX_SEQ {
+        return Err(corrupt(format!(
+            "{path} chunk {idx}: sequence number {seq} exhausted"
+        )));
+    }
+    Ok(())
 }
 
 /// Is the already indexed `old` version of a key better than `new`?

@@ -43,7 +43,7 @@ use chfs_proto::Meta;
 use crate::chunkmap::ChunkMap;
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::{lock, shard_of, DirIndex};
-use crate::record::{new_uuid, Slot, SLOT_LEN};
+use crate::record::{new_uuid, Slot, MAX_SEQ, SLOT_LEN};
 use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
 /// Superblock file name.
@@ -132,7 +132,24 @@ fn encode_super(uuid: u64) -> [u8; 64] {
 
 /// Reads the superblock of a POSIX store directory; returns its uuid.
 pub fn read_posix_super(root: &Path) -> Result<u64> {
-    let b = std::fs::read(root.join(POSIX_SUPER))?;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = root.join(POSIX_SUPER);
+    // Non-blocking: opening a FIFO in its place must not wait for a writer.
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)?;
+    if !f.metadata()?.is_file() {
+        return Err(StoreError::refused(
+            libc::EINVAL,
+            format!("{}: not a regular file", path.display()),
+        ));
+    }
+    // Only the first 64 bytes: whatever else the file has grown is not read
+    // (a damaged file may be huge).
+    let mut b = Vec::with_capacity(64);
+    f.take(64).read_to_end(&mut b)?;
     if b.len() < 64 || &b[0..8] != POSIX_MAGIC {
         return Err(StoreError::refused(
             libc::EINVAL,
@@ -397,7 +414,10 @@ impl PosixStore {
         report.records = entries;
         self.entries = AtomicU64::new(entries);
         self.usage = Usage::new(self.usage.capacity(), bytes);
-        self.next_id = AtomicU64::new(max_id + 1);
+        // Ids come from file names, and a foreign file may take the last
+        // one: ids then start again from 0 (creating a file never replaces
+        // one, so a taken id is an error, not a lost chunk).
+        self.next_id = AtomicU64::new(max_id.wrapping_add(1));
         self.seq = AtomicU64::new(max_seq + 1);
         self.report = report;
         Ok(())
@@ -429,6 +449,13 @@ impl PosixStore {
 
     fn write_slot(&self, f: &File, r: &mut PRec, path: &str, idx: u64, n: u8) -> Result<()> {
         r.seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        if r.seq > MAX_SEQ {
+            // Only after a damaged or forged slot: no reader would accept
+            // this one, so the change would be lost at the next open.
+            return Err(corrupt(format!(
+                "{path} chunk {idx}: sequence numbers exhausted"
+            )));
+        }
         let s = Slot {
             seq: r.seq,
             uuid: self.uuid,

@@ -25,6 +25,11 @@ use crate::crc::crc32c;
 /// Encoded size of a slot.
 pub const SLOT_LEN: usize = 128;
 
+/// Largest sequence number a slot may carry: a store would need 2^63
+/// updates to reach it, so a slot beyond it is damaged (or forged), and the
+/// engines can add to any valid one without overflow.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+
 /// A decoded slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
@@ -75,9 +80,10 @@ impl Slot {
         b
     }
 
-    /// Decodes; `None` when the checksum or the record version is wrong.
+    /// Decodes; `None` when the checksum or the record version is wrong,
+    /// or the sequence number is beyond [`MAX_SEQ`].
     pub fn decode(b: &[u8; SLOT_LEN]) -> Option<Self> {
-        if crc32c(&b[..124]) != u32_at(b, 124) {
+        if crc32c(&b[..124]) != u32_at(b, 124) || u64_at(b, 0) > MAX_SEQ {
             return None;
         }
         Some(Self {
