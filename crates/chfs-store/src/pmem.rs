@@ -5,7 +5,8 @@
 //! # Layout
 //!
 //! ```text
-//! 0      superblock (4 KiB): "CHFSPMEM", version, unit, size, uuid, crc
+//! 0      superblock (4 KiB): "CHFSPMEM", version, unit, size, uuid,
+//!        data start (4096), crc (of bytes 0..40)
 //! 4096   extents, back to back, each starting with an 8-byte word:
 //!        magic (16 bits) | state FREE/USED (8 bits) | length in bytes (40 bits)
 //! ```
@@ -384,7 +385,14 @@ impl PmemStore {
         let mut b = [0u8; 64];
         media.read(0, &mut b);
         if !format && b.iter().all(|&x| x == 0) {
-            // Formatting never completed (the superblock is written last).
+            // Formatting never completed (the superblock is written last),
+            // unless records follow: then the superblock was lost, and
+            // formatting would drop them.
+            if matches!(unword(media.load_word(DATA_START)), Some((USED, _))) {
+                return Err(corrupt(
+                    "the superblock is zeroed but records follow it: not formatting over them (remove the file to start an empty store)",
+                ));
+            }
             return Self::with_media(media, true);
         }
         let sb = decode_super(&b)?;

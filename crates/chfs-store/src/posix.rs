@@ -130,6 +130,22 @@ fn encode_super(uuid: u64) -> [u8; 64] {
     b
 }
 
+/// Does store directory `root` hold chunk files (in its two-hex-digit
+/// subdirectories)?
+fn holds_chunk_files(root: &Path) -> Result<bool> {
+    for d in std::fs::read_dir(root)? {
+        let d = d?;
+        let name = d.file_name();
+        let is_bucket = name
+            .to_str()
+            .is_some_and(|n| n.len() == 2 && u8::from_str_radix(n, 16).is_ok());
+        if is_bucket && d.file_type()?.is_dir() && std::fs::read_dir(d.path())?.next().is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Reads the superblock of a POSIX store directory; returns its uuid.
 pub fn read_posix_super(root: &Path) -> Result<u64> {
     use std::io::Read;
@@ -279,6 +295,17 @@ impl PosixStore {
         std::fs::create_dir_all(root)?;
         let sb = root.join(POSIX_SUPER);
         let created = !sb.exists();
+        if created && holds_chunk_files(root)? {
+            // The superblock was lost: a new store id would make every
+            // chunk file foreign, and recovery would delete them all.
+            return Err(StoreError::refused(
+                libc::EIO,
+                format!(
+                    "{}: chunk files but no {POSIX_SUPER}: not starting an empty store over them (remove the directory to start empty)",
+                    root.display()
+                ),
+            ));
+        }
         if created {
             let tmp = root.join(format!("{POSIX_SUPER}.tmp"));
             let f = File::create(&tmp)?;

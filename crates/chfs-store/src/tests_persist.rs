@@ -606,6 +606,44 @@ fn pmem_refuses_bad_files_and_sizes() {
     assert!(d.path().join(crate::pmem::PMEM_FILE).exists());
 }
 
+/// A store whose superblock was lost is refused, not formatted or emptied
+/// over its data (the pmem engine reformatted a file whose first 64 bytes
+/// were zero, dropping every record; the posix engine made a new store id,
+/// so recovery deleted every chunk file as foreign).
+#[test]
+fn a_lost_superblock_is_refused_not_formatted_over() {
+    let d = shm_dir();
+    let file = d.path().join("p.pmem");
+    {
+        let s = PmemStore::open(&file, 256 << 10).unwrap();
+        s.create("/f", meta(1), b"kept", true).unwrap();
+    }
+    let mut img = std::fs::read(&file).unwrap();
+    img[..64].fill(0);
+    std::fs::write(&file, &img).unwrap();
+    let e = PmemStore::open(&file, 0).err().expect("refused");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(e.to_string().contains("records follow"), "{e}");
+    // A zeroed file with no record (a format that never completed) is
+    // still formatted.
+    std::fs::write(&file, vec![0u8; 256 << 10]).unwrap();
+    assert!(PmemStore::open(&file, 0).unwrap().recovery().created);
+
+    let dir = d.path().join("posix");
+    {
+        let s = PosixStore::open(&dir, 0).unwrap();
+        s.create("/f", meta(1), b"kept", true).unwrap();
+    }
+    std::fs::remove_file(dir.join(crate::posix::POSIX_SUPER)).unwrap();
+    let e = PosixStore::open(&dir, 0).err().expect("refused");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert_eq!(chunk_files(&dir).len(), 1, "the chunk file is still there");
+    // An empty directory gets a new store.
+    let empty = d.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(PosixStore::open(&empty, 0).unwrap().recovery().created);
+}
+
 fn chunk_files(root: &Path) -> Vec<std::path::PathBuf> {
     let mut v = Vec::new();
     for d in std::fs::read_dir(root).unwrap() {

@@ -439,7 +439,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// CI-sized variant of the 10 GiB measurement (`server_bench rss`):
+/// CI-sized variant of the 10 GiB measurement (`chfs-bench store-rss`):
 /// 192 MiB pass through a POSIX-engine server in 1 MiB chunks (all written
 /// and kept, read back, then removed); its RSS may grow by at most 64 MiB,
 /// a third of the data held (the DRAM engine would grow by all of it).
