@@ -39,7 +39,10 @@ pub const SETTINGS: &[Setting] = &[
 pub fn env_help() -> String {
     let mut s = String::from("Environment (client settings):\n");
     for x in SETTINGS {
-        s.push_str(&format!("  {} [default: {}]\n      {}\n", x.env, x.default, x.help));
+        s.push_str(&format!(
+            "  {} [default: {}]\n      {}\n",
+            x.env, x.default, x.help
+        ));
     }
     s
 }
