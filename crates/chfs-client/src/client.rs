@@ -24,9 +24,9 @@ use chfs_proto::meta::FLAG_CACHED;
 use chfs_proto::path::{self, normalize};
 use chfs_proto::ring::path_hash;
 use chfs_proto::{Meta, Request, Response};
+use chfs_sys::lock;
 
 use crate::config::ClientConfig;
-use crate::conn::lock;
 use crate::error::{fail, Error, Result};
 use crate::pool::{Op, Pool, PoolState};
 

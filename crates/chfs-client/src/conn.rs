@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -25,6 +25,7 @@ use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN};
 use chfs_proto::handshake::{Auth, Connector, Credential, HelloReply, Verdict};
 use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Request, Response};
+use chfs_sys::lock;
 
 use crate::config::ClientConfig;
 use crate::error::{fail, ConnFault, Error, Result};
@@ -36,10 +37,6 @@ use crate::stream::Stream;
 const CMA_MIN: usize = 16 * 1024;
 
 type Reply = Result<Response>;
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Replies in flight, shared by the waiters of a connection.
 #[derive(Default)]

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use chfs_proto::path;
 use chfs_proto::Meta;
+use chfs_sys::lock;
 
 /// Lookups sent to the servers within one ttl before a directory is listed.
 pub const ASKS: u32 = 8;
@@ -76,10 +77,6 @@ pub struct NameCache {
     /// Nanoseconds; 0 = off.
     ttl: AtomicU64,
     dirs: Mutex<HashMap<String, Dir>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Default for NameCache {

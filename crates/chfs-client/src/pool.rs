@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use chfs_proto::ring::{Ring, ServerList};
 use chfs_proto::{Request, Response};
+use chfs_sys::lock;
 
 use crate::config::{ClientConfig, CpuLanes};
-use crate::conn::{lock, Conn, Ticket};
+use crate::conn::{Conn, Ticket};
 use crate::error::{fail, ConnFault, Error, Result};
 use crate::shm::Window;
 
@@ -79,15 +80,8 @@ fn thread_is_pinned() -> bool {
         static PINNED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     }
     PINNED.with(|p| {
-        *p.get().get_or_insert_with(|| {
-            // SAFETY: sched_getaffinity fills the zeroed set it is given,
-            // of the size passed.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
-                    && libc::CPU_COUNT(&set) == 1
-            }
-        })
+        *p.get()
+            .get_or_insert_with(|| chfs_sys::cpu::allowed_count().is_ok_and(|n| n == 1))
     })
 }
 
@@ -199,8 +193,7 @@ impl Pool {
     /// The lane of the calling thread's CPU to server `i`, opened on first
     /// use; None when the server refuses lanes.
     fn lane_conn(&self, st: &PoolState, i: usize) -> Option<Arc<Conn>> {
-        // SAFETY: sched_getcpu takes no arguments and touches no memory.
-        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).ok()?;
+        let cpu = chfs_sys::cpu::current()?;
         let mut g = lock(st.lanes.get(i)?);
         if g.refused {
             return None;

@@ -364,16 +364,7 @@ fn local_servers_copy_large_writes_from_the_clients_memory() {
 
 /// Pins the calling thread to `cpu`.
 fn pin(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data set up before the call, which only
-    // reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0
-        );
-    }
+    chfs_sys::cpu::pin_current_thread(cpu).unwrap();
 }
 
 #[test]

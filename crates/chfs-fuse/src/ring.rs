@@ -23,11 +23,12 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chfs_client::SharedBuffer;
+use chfs_sys::Mapping;
 use tracing::{debug, warn};
 
 use crate::core::{Attr, Caller, Core, Error, Fh, Ino, Opened, Result, SetAttr, TimeSet};
@@ -38,9 +39,9 @@ const IORING_SETUP_SQE128: u32 = 1 << 10;
 const IORING_SETUP_SINGLE_ISSUER: u32 = 1 << 12;
 const IORING_SETUP_DEFER_TASKRUN: u32 = 1 << 13;
 const IORING_FEAT_SINGLE_MMAP: u32 = 1;
-const IORING_OFF_SQ_RING: i64 = 0;
-const IORING_OFF_CQ_RING: i64 = 0x800_0000;
-const IORING_OFF_SQES: i64 = 0x1000_0000;
+const IORING_OFF_SQ_RING: u64 = 0;
+const IORING_OFF_CQ_RING: u64 = 0x800_0000;
+const IORING_OFF_SQES: u64 = 0x1000_0000;
 const IORING_ENTER_GETEVENTS: u32 = 1;
 const IORING_OP_URING_CMD: u8 = 46;
 const SQE_SIZE: usize = 128;
@@ -100,63 +101,12 @@ struct Params {
     cq_off: CqringOffsets,
 }
 
-/// An anonymous or ring mapping, unmapped on drop.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Map {
-    fn new(fd: RawFd, len: usize, offset: i64) -> io::Result<Map> {
-        let anon = fd < 0;
-        let flags = if anon {
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
-        } else {
-            libc::MAP_SHARED | libc::MAP_POPULATE
-        };
-        // SAFETY: a fresh mapping at an address the kernel picks; no
-        // existing memory is touched.
-        let p = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                offset,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Map { ptr: p.cast(), len })
-    }
-
-    /// The mapping as an atomic u32 at byte `off` (ring head/tail words the
-    /// kernel updates concurrently).
-    fn atomic(&self, off: u32) -> &AtomicU32 {
-        assert!(off as usize + 4 <= self.len && off.is_multiple_of(4));
-        // SAFETY: in bounds and 4-aligned (checked; mappings are page
-        // aligned); the kernel only accesses these words atomically.
-        unsafe { &*self.ptr.add(off as usize).cast::<AtomicU32>() }
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping created in `new`.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
-    }
-}
-
 /// A minimal io_uring with 128-byte submission entries, used by one thread.
 struct Ring {
     fd: OwnedFd,
-    sq: Map,
-    cq: Option<Map>,
-    sqes: Map,
+    sq: Mapping,
+    cq: Option<Mapping>,
+    sqes: Mapping,
     sq_mask: u32,
     sq_entries: u32,
     sq_tail: u32,
@@ -195,25 +145,28 @@ impl Ring {
             let sq_len = p.sq_off.array as usize + p.sq_entries as usize * 4;
             let cq_len = p.cq_off.cqes as usize + p.cq_entries as usize * CQE_SIZE;
             let single = p.features & IORING_FEAT_SINGLE_MMAP != 0;
-            let sq = Map::new(
-                fd.as_raw_fd(),
+            let sq = Mapping::shared_populated(
+                &fd,
                 if single { sq_len.max(cq_len) } else { sq_len },
                 IORING_OFF_SQ_RING,
             )?;
             let cq = if single {
                 None
             } else {
-                Some(Map::new(fd.as_raw_fd(), cq_len, IORING_OFF_CQ_RING)?)
+                Some(Mapping::shared_populated(&fd, cq_len, IORING_OFF_CQ_RING)?)
             };
-            let sqes = Map::new(
-                fd.as_raw_fd(),
-                p.sq_entries as usize * SQE_SIZE,
-                IORING_OFF_SQES,
-            )?;
+            let sqes =
+                Mapping::shared_populated(&fd, p.sq_entries as usize * SQE_SIZE, IORING_OFF_SQES)?;
             let cqm = cq.as_ref().unwrap_or(&sq);
-            let sq_mask = sq.atomic(p.sq_off.ring_mask).load(Ordering::Relaxed);
-            let cq_mask = cqm.atomic(p.cq_off.ring_mask).load(Ordering::Relaxed);
-            let sq_tail = sq.atomic(p.sq_off.tail).load(Ordering::Relaxed);
+            let sq_mask = sq
+                .atomic_u32(p.sq_off.ring_mask as usize)
+                .load(Ordering::Relaxed);
+            let cq_mask = cqm
+                .atomic_u32(p.cq_off.ring_mask as usize)
+                .load(Ordering::Relaxed);
+            let sq_tail = sq
+                .atomic_u32(p.sq_off.tail as usize)
+                .load(Ordering::Relaxed);
             return Ok(Ring {
                 fd,
                 sq,
@@ -234,36 +187,39 @@ impl Ring {
         }
     }
 
-    fn cq(&self) -> &Map {
+    fn cq(&self) -> &Mapping {
         self.cq.as_ref().unwrap_or(&self.sq)
     }
 
     /// Queues one 128-byte submission entry.
     fn push(&mut self, sqe: &[u8; SQE_SIZE]) -> io::Result<()> {
-        let head = self.sq.atomic(self.sq_head_off).load(Ordering::Acquire);
+        let head = self
+            .sq
+            .atomic_u32(self.sq_head_off as usize)
+            .load(Ordering::Acquire);
         if self.sq_tail.wrapping_sub(head) >= self.sq_entries {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
         let idx = self.sq_tail & self.sq_mask;
-        assert!((idx as usize + 1) * SQE_SIZE <= self.sqes.len);
-        assert!(self.sq_array as usize + (idx as usize + 1) * 4 <= self.sq.len);
+        assert!((idx as usize + 1) * SQE_SIZE <= self.sqes.len());
+        assert!(self.sq_array as usize + (idx as usize + 1) * 4 <= self.sq.len());
         // SAFETY: slot `idx` is in bounds (checked) and free (tail - head <
         // entries), so the kernel is not reading it.
         unsafe {
             ptr::copy_nonoverlapping(
                 sqe.as_ptr(),
-                self.sqes.ptr.add(idx as usize * SQE_SIZE),
+                self.sqes.as_ptr().add(idx as usize * SQE_SIZE),
                 SQE_SIZE,
             );
             self.sq
-                .ptr
+                .as_ptr()
                 .add(self.sq_array as usize + idx as usize * 4)
                 .cast::<u32>()
                 .write(idx);
         }
         self.sq_tail = self.sq_tail.wrapping_add(1);
         self.sq
-            .atomic(self.sq_tail_off)
+            .atomic_u32(self.sq_tail_off as usize)
             .store(self.sq_tail, Ordering::Release);
         self.unsubmitted += 1;
         Ok(())
@@ -310,17 +266,21 @@ impl Ring {
     /// Takes one completion, if any: its result.
     fn reap(&mut self) -> Option<i32> {
         let cq = self.cq();
-        let head = cq.atomic(self.cq_head_off).load(Ordering::Relaxed);
-        let tail = cq.atomic(self.cq_tail_off).load(Ordering::Acquire);
+        let head = cq
+            .atomic_u32(self.cq_head_off as usize)
+            .load(Ordering::Relaxed);
+        let tail = cq
+            .atomic_u32(self.cq_tail_off as usize)
+            .load(Ordering::Acquire);
         if head == tail {
             return None;
         }
         let off = self.cqes_off as usize + (head & self.cq_mask) as usize * CQE_SIZE;
-        assert!(off + CQE_SIZE <= cq.len);
+        assert!(off + CQE_SIZE <= cq.len());
         // SAFETY: in bounds (checked); the entry between head and tail is
         // written by the kernel and not reused until head moves past it.
-        let res = unsafe { cq.ptr.add(off + 8).cast::<i32>().read() };
-        cq.atomic(self.cq_head_off)
+        let res = unsafe { cq.as_ptr().add(off + 8).cast::<i32>().read() };
+        cq.atomic_u32(self.cq_head_off as usize)
             .store(head.wrapping_add(1), Ordering::Release);
         Some(res)
     }
@@ -343,15 +303,8 @@ fn possible_cpus() -> usize {
 }
 
 fn pin_to(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data, set up by CPU_ZERO/CPU_SET before
-    // the call, which only reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            debug!(cpu, "cannot pin a ring thread (CPU offline?)");
-        }
+    if chfs_sys::cpu::pin_current_thread(cpu).is_err() {
+        debug!(cpu, "cannot pin a ring thread (CPU offline?)");
     }
 }
 
@@ -416,7 +369,7 @@ enum Payload {
     /// servers map too (one slice per entry).
     Shared(SharedBuffer, usize),
     /// In a private mapping.
-    Own(Map),
+    Own(Mapping),
 }
 
 impl Payload {
@@ -427,7 +380,7 @@ impl Payload {
                 // SAFETY: in bounds (asserted).
                 unsafe { b.as_ptr().add(*off) }
             }
-            Payload::Own(m) => m.ptr,
+            Payload::Own(m) => m.as_ptr(),
         }
     }
 }
@@ -437,7 +390,7 @@ impl Entry {
         let mut header = vec![0u64; HEADER_SIZE / 8];
         let payload = match payload {
             Some(p) => p,
-            None => Payload::Own(Map::new(-1, PAYLOAD_SIZE, 0)?),
+            None => Payload::Own(Mapping::private_anonymous(PAYLOAD_SIZE)?),
         };
         let iov = [
             libc::iovec {

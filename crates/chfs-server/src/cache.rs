@@ -26,6 +26,7 @@ use chfs_proto::msg::FlushState;
 use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 use chfs_store::{Chunk, Store, StoreError};
+use chfs_sys::lock;
 use tracing::{debug, info, warn};
 
 use crate::backend::{meta_from_stat, Backend};
@@ -91,10 +92,6 @@ pub struct Cache {
     started: Instant,
     pub(crate) kick: tokio::sync::Notify,
     gen: AtomicI64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn io_err(path: &str, what: &str, e: std::io::Error) -> StoreError {

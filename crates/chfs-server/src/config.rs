@@ -232,15 +232,7 @@ fn trim(s: &[u8]) -> &[u8] {
 
 /// This host's name.
 pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates
-    // within that length or truncates.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    chfs_sys::hostname().unwrap_or_else(|_| "localhost".into())
 }
 
 /// A storage engine ([`Config::store`]), parsed once from `--store`.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use chfs_proto::frame::{CmaRef, Header, FLAG_CMA};
 use chfs_proto::Request;
+use chfs_sys::lock;
 
 use crate::config::Config;
 use crate::metrics::Counters;
@@ -171,10 +172,7 @@ impl Watchdogs {
             fd,
             on_close: Mutex::new(Some(Box::new(on_close))),
         });
-        self.conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(&w));
+        lock(&self.conns).push(Arc::downgrade(&w));
         let me = Arc::downgrade(self);
         self.started.get_or_init(|| {
             let _ = std::thread::Builder::new()
@@ -194,7 +192,7 @@ fn watchdog(dogs: std::sync::Weak<Watchdogs>, idle: Duration) {
         let Some(d) = dogs.upgrade() else { return };
         let now = Instant::now();
         {
-            let mut g = d.conns.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = lock(&d.conns);
             for w in g.drain(..) {
                 seen.push((w, u64::MAX, now));
             }
@@ -211,7 +209,7 @@ fn watchdog(dogs: std::sync::Weak<Watchdogs>, idle: Duration) {
             if now.duration_since(*since) < idle {
                 return true;
             }
-            if let Some(cb) = c.on_close.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(cb) = lock(&c.on_close).take() {
                 cb();
             }
             // SAFETY: shutdown(2) on the descriptor `c` owns.
@@ -251,7 +249,7 @@ pub(crate) struct PeerGuard {
 impl PeerCounts {
     /// Counts a connection from `key` unless `max` (0: no limit) are open.
     pub fn enter(self: &Arc<Self>, key: String, max: u32) -> Option<PeerGuard> {
-        let mut g = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.counts);
         let n = g.entry(key.clone()).or_insert(0);
         if max > 0 && *n >= max {
             return None;
@@ -266,7 +264,7 @@ impl PeerCounts {
 
 impl Drop for PeerGuard {
     fn drop(&mut self) {
-        let mut g = self.counts.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.counts.counts);
         if let Some(n) = g.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {

@@ -12,6 +12,7 @@ use chfs_proto::frame::FLAG_ERROR;
 use chfs_proto::handshake::{Credential, Role};
 use chfs_proto::msg::decode_error;
 use chfs_proto::{ErrorReply, Request, Response};
+use chfs_sys::lock;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -33,10 +34,6 @@ pub struct Peers {
     next_id: AtomicU64,
     cred: Credential,
     timeout: Duration,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn fail_all(pending: &Pending, errno: i32, why: &str) {

@@ -21,30 +21,23 @@
 //!
 //! [`Request::ShmAttach`]: chfs_proto::Request::ShmAttach
 
-use std::os::fd::AsRawFd;
-
 use bytes::{Bytes, BytesMut};
 use chfs_proto::ErrorReply;
+use chfs_sys::{memfd, Mapping};
 
 /// Largest window a client may attach (the mapping costs address space
 /// only, but a bound keeps a bad request from asking for the impossible).
 const MAX_WINDOW: u64 = 1 << 36;
 
-/// The server's read-only mapping of a client's window.
+/// The server's read-only mapping of a client's window, read through raw
+/// pointers only (the client writes it concurrently in any case), unmapped
+/// when the last owner goes.
 pub(crate) struct Window {
     /// Where the client maps the file.
     base: u64,
-    len: usize,
     /// Where the server maps it.
-    ptr: *const u8,
+    map: Mapping,
 }
-
-// SAFETY: the mapping is read-only here and read through raw pointers
-// only (the client writes it concurrently in any case); unmapped once, in
-// Drop, when the last owner goes.
-unsafe impl Send for Window {}
-// SAFETY: as above: shared readers only copy out of it.
-unsafe impl Sync for Window {}
 
 fn io_err(what: &str, e: std::io::Error) -> ErrorReply {
     ErrorReply::io(what, &e)
@@ -68,27 +61,17 @@ impl Window {
         }
         let path = format!("/proc/{pid}/fd/{fd}");
         let file = std::fs::File::open(&path).map_err(|e| io_err(&path, e))?;
-        let raw = file.as_raw_fd();
         // Only plain shared memory: a hugetlb file, say, may have no page
         // to give when the server reads a hole, and that is a SIGBUS.
-        // SAFETY: fstatfs fills the zeroed struct it is given.
-        let on_tmpfs = unsafe {
-            let mut fs: libc::statfs = std::mem::zeroed();
-            libc::fstatfs(raw, &mut fs) == 0 && fs.f_type == libc::TMPFS_MAGIC
-        };
-        if !on_tmpfs {
+        if !memfd::on_tmpfs(&file) {
             return Err(ErrorReply::new(
                 libc::EINVAL,
                 format!("{path} is not a memory file (memfd)"),
             ));
         }
-        // SAFETY: F_GET_SEALS on a descriptor we own; no memory involved.
-        let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
-        if seals < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(io_err(&format!("{path} is not a memory file"), e));
-        }
-        if seals & libc::F_SEAL_SHRINK == 0 {
+        let seals =
+            memfd::seals(&file).map_err(|e| io_err(&format!("{path} is not a memory file"), e))?;
+        if seals & memfd::F_SEAL_SHRINK == 0 {
             return Err(ErrorReply::new(
                 libc::EPERM,
                 format!("{path} is not sealed against shrinking"),
@@ -101,54 +84,27 @@ impl Window {
                 format!("{path} holds {size} bytes, not the {len} of the window"),
             ));
         }
-        let len = len as usize;
-        // SAFETY: a fresh shared read-only mapping of `len` bytes of the
-        // file, at an address the kernel picks; the file cannot shrink
-        // (sealed), so every mapped page stays backed.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                raw,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = std::io::Error::last_os_error();
-            return Err(io_err("cannot map the shared-memory window", e));
-        }
-        Ok(Window {
-            base,
-            len,
-            ptr: p.cast(),
-        })
+        // The file cannot shrink (sealed), so every mapped page stays
+        // backed.
+        let map = Mapping::shared_read_only(&file, len as usize)
+            .map_err(|e| io_err("cannot map the shared-memory window", e))?;
+        Ok(Window { base, map })
     }
 
     /// Copies the client's `[addr, addr + len)` when it lies in the window.
     pub(crate) fn copy(&self, addr: u64, len: usize) -> Option<Bytes> {
         let off = addr.checked_sub(self.base)? as usize;
-        if off.checked_add(len)? > self.len {
+        if off.checked_add(len)? > self.map.len() {
             return None;
         }
         let mut buf = BytesMut::with_capacity(len);
         // SAFETY: `off + len` lies in the mapping (checked) and `buf` has
         // `len` bytes of spare capacity; the two do not overlap.
         unsafe {
-            stream_copy(buf.as_mut_ptr(), self.ptr.add(off), len);
+            stream_copy(buf.as_mut_ptr(), self.map.as_ptr().add(off), len);
             buf.set_len(len);
         }
         Some(buf.freeze())
-    }
-}
-
-impl Drop for Window {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `attach`.
-        unsafe {
-            libc::munmap(self.ptr as *mut libc::c_void, self.len);
-        }
     }
 }
 

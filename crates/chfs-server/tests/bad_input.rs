@@ -599,30 +599,18 @@ fn a_local_connection_asking_for_a_cpu_lane_is_served_there() {
 
 /// A memory file of `len` bytes mapped here (sealed against shrinking when
 /// `sealed`); the descriptor stays open for the test's life.
-fn memfd(len: usize, sealed: bool) -> (std::os::fd::OwnedFd, &'static mut [u8]) {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // SAFETY: plain descriptor calls and a fresh shared mapping of the
-    // whole file, leaked for the test's life.
-    unsafe {
-        let fd = libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING);
-        assert!(fd >= 0);
-        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
-        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as i64), 0);
-        if sealed {
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
-        }
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        (fd, std::slice::from_raw_parts_mut(p.cast(), len))
+fn memfd(len: usize, sealed: bool) -> (std::fs::File, &'static mut [u8]) {
+    use chfs_sys::{memfd, Mapping};
+    let fd = memfd::create(c"t", memfd::MFD_ALLOW_SEALING).unwrap();
+    fd.set_len(len as u64).unwrap();
+    if sealed {
+        memfd::add_seals(&fd, memfd::F_SEAL_SHRINK | memfd::F_SEAL_GROW).unwrap();
     }
+    let map: &'static Mapping = Box::leak(Box::new(Mapping::shared_read_write(&fd, len).unwrap()));
+    // SAFETY: the mapping is leaked, so live for the test's life, and
+    // this slice is the only reference to it.
+    let win = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), len) };
+    (fd, win)
 }
 
 fn shm_writes(s: &mut (impl Read + Write), id: u64) -> u64 {
@@ -634,7 +622,7 @@ fn shm_writes(s: &mut (impl Read + Write), id: u64) -> u64 {
 
 #[test]
 fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_servers_mapping() {
-    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::fd::AsRawFd;
     let p = pool(1, None);
     let addr = &p.addrs()[0];
     let (fd, win) = memfd(1 << 20, true);
@@ -726,18 +714,10 @@ fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_ser
     ];
     // A hugetlb memory file (where the kernel has them), sealed: its holes
     // can fault, so it is refused too.
-    // SAFETY: descriptor calls only; the descriptor is owned below.
-    let huge = unsafe {
-        let flags = libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB;
-        let fd = libc::memfd_create(c"h".as_ptr(), flags);
-        (fd >= 0).then(|| std::os::fd::OwnedFd::from_raw_fd(fd))
-    };
+    use chfs_sys::memfd;
+    let huge = memfd::create(c"h", memfd::MFD_ALLOW_SEALING | memfd::MFD_HUGETLB).ok();
     if let Some(h) = &huge {
-        // SAFETY: as above.
-        let sized = unsafe {
-            libc::ftruncate(h.as_raw_fd(), 2 << 20) == 0
-                && libc::fcntl(h.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0
-        };
+        let sized = h.set_len(2 << 20).is_ok() && memfd::add_seals(h, memfd::F_SEAL_SHRINK).is_ok();
         if sized {
             cases.push((attach(h.as_raw_fd(), win, 2 << 20), libc::EINVAL));
         }

@@ -6,9 +6,9 @@ use chfs_proto::meta::FLAG_CACHED;
 use chfs_proto::msg::SetAttr;
 use chfs_proto::path::normalize;
 use chfs_proto::{Meta, Request};
+use chfs_sys::lock;
 
 use super::{expect_meta, ids, Client};
-use crate::conn::lock;
 use crate::error::{fail, Result};
 use crate::pool::PoolState;
 use crate::types::{Stat, TimeSet};

@@ -10,11 +10,11 @@ use chfs_proto::msg::{encode_write_head, op, WriteHead};
 use chfs_proto::path::normalize;
 use chfs_proto::ring::path_hash;
 use chfs_proto::{Request, Response};
+use chfs_sys::lock;
 
 use super::{
     expect_meta, link_target, rw_flags, unexpected, Client, FileState, OpenFile, MAX_SYMLINKS,
 };
-use crate::conn::lock;
 use crate::error::{fail, Error, Result};
 use crate::pool::{Op, PoolState};
 use crate::types::{Stat, Whence};

@@ -10,9 +10,9 @@ use chfs_proto::meta::{now_ns, FLAG_STRAY};
 use chfs_proto::msg::RemoveKind;
 use chfs_proto::path::{self, normalize};
 use chfs_proto::{Meta, Request, Response};
+use chfs_sys::lock;
 
 use super::{expect_meta, ids, link_target, rw_flags, unexpected, Client, MAX_SYMLINKS};
-use crate::conn::lock;
 use crate::error::{fail, Error, Result};
 use crate::pool::{Op, PoolState};
 use crate::types::Stat;

@@ -6,9 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use chfs_proto::path::{self, normalize};
+use chfs_sys::lock;
 
 use super::Client;
-use crate::conn::lock;
 use crate::error::{fail, Error, Result};
 
 /// Bytes read from a local file per write into the pool (the original's

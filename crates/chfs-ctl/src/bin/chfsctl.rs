@@ -229,14 +229,7 @@ fn user() -> String {
 }
 
 fn this_host() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates
-    // within that length or truncates.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    chfs_sys::hostname().unwrap_or_else(|_| "localhost".into())
 }
 
 /// The nodes of the current Slurm allocation (`scontrol show hostnames` of

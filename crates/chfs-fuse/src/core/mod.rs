@@ -20,11 +20,12 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chfs_client::{Client, Stat};
 use chfs_proto::path::join;
+use chfs_sys::lock;
 use tracing::{debug, debug_span, warn};
 
 use handles::{DirEnt, DirH, FileH, Handle};
@@ -50,10 +51,6 @@ pub struct Core {
     /// do) and must then re-check permissions: answering from here for
     /// `attr_timeout` gives the same freshness as the kernel's own cache.
     dir_attrs: Mutex<HashMap<u64, (Instant, Stat)>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A file name as UTF-8 (the client's paths are strings).

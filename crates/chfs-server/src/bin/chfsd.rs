@@ -128,15 +128,12 @@ fn main() {
     // process can exit.
     let notify = std::sync::Mutex::new(notify);
     let result = chfs_server::run_with_ready(cfg, |addr| {
-        if let Some(mut f) = notify.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(mut f) = chfs_sys::lock(&notify).take() {
             let _ = writeln!(f, "OK {addr}");
         }
     });
     if let Err(e) = result {
         tracing::error!("{e}");
-        fail(
-            notify.lock().unwrap_or_else(|p| p.into_inner()).take(),
-            e.to_string(),
-        );
+        fail(chfs_sys::lock(&notify).take(), e.to_string());
     }
 }

@@ -14,20 +14,17 @@
 //! While a pass runs, a chunk in flight may be briefly absent from both
 //! servers' listings: rebalance between job steps, not during I/O.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
 use chfs_proto::msg::RebalanceState;
 use chfs_proto::{ErrorReply, Request, Response};
 use chfs_store::Chunk;
+use chfs_sys::lock;
 use tracing::{info, warn};
 
 use crate::state::Shared;
-
-fn lock(m: &Mutex<RebalanceState>) -> std::sync::MutexGuard<'_, RebalanceState> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Handles [`Request::Rebalance`]: with `start`, starts a pass unless one
 /// is running (a pass over a balanced store only lists it); reports the

@@ -43,9 +43,7 @@ pub(crate) struct Lanes {
 
 /// CPUs a lane may be asked for: those configured on this machine.
 pub(crate) fn cpus() -> u32 {
-    // SAFETY: sysconf reads a system constant.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    n.clamp(1, libc::CPU_SETSIZE as libc::c_long) as u32
+    chfs_sys::cpu::configured() as u32
 }
 
 /// A running lane, to hand connections to.
@@ -57,7 +55,7 @@ pub(crate) struct Lane {
 impl Lanes {
     /// The lane of `cpu` (< [`cpus`]), started on first use.
     pub fn get(&self, sh: &Arc<Shared>, cpu: u32) -> io::Result<Lane> {
-        let mut g = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = chfs_sys::lock(&self.lanes);
         let tx = match g.get(&cpu) {
             Some(tx) if !tx.is_closed() => tx.clone(),
             _ => {
@@ -81,15 +79,7 @@ impl Lane {
 }
 
 fn pin(cpu: u32) {
-    // SAFETY: cpu_set_t is plain data, set up by CPU_ZERO/CPU_SET (cpu is
-    // below CPU_SETSIZE, see `cpus`) before the call, which only reads it.
-    let ok = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    };
-    if !ok {
+    if chfs_sys::cpu::pin_current_thread(cpu as usize).is_err() {
         debug!(
             cpu,
             "cannot pin a lane (CPU offline or not ours): it runs unpinned"
