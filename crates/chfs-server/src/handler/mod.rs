@@ -33,11 +33,8 @@ use tracing::{debug_span, info, Instrument};
 use crate::metrics::Counters;
 use crate::state::Shared;
 
-use common::{blocking, check_chunk_size, lost, refuse, store_err, Reply};
-use namespace::{
-    apply_attr, default_root, dirty_entry, list_with_backend, lookup, modified_entry,
-    remove_cached, rename_move,
-};
+use common::{check_chunk_size, lost, refuse, store_err, Reply};
+use namespace::{apply_attr, default_root, dirty_entry, modified_entry, rename_move, Ns};
 use pool::{join, mark_damaged, medium_available};
 
 /// Serves one request.
@@ -66,19 +63,8 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
 
 async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
     let st = &sh.store;
-    let cache = sh.cache.as_deref();
-    if let Some(c) = cache {
-        if !matches!(
-            req,
-            Request::Ping
-                | Request::Status
-                | Request::FlushStatus { .. }
-                | Request::Flush { .. }
-                | Request::GetServers
-        ) {
-            c.touch();
-        }
-    }
+    let ns = Ns::of(sh);
+    ns.touch(&req);
     match req {
         Request::Ping => Ok(Response::Ok),
         Request::Lane { .. } => Err(ErrorReply::new(
@@ -148,10 +134,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 over_limit: Counters::get(&c.over_limit),
                 idle_closed: Counters::get(&c.idle_closed),
                 throttled: Counters::get(&c.throttled),
-                backend: cache
-                    .map(|c| c.backend.path().display().to_string())
-                    .unwrap_or_default(),
-                flush: cache.map(|c| c.state("/")).unwrap_or_default(),
+                backend: ns.backend_path(),
+                flush: ns.flush_state("/", false),
             }))
         }
         Request::Shutdown => {
@@ -178,46 +162,24 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             check_chunk_size(meta.chunk_size)?;
             let mut meta = meta;
             meta.set_epoch(sh.placement().ring.list().version);
-            if let Some(c) = cache {
-                let existing = lookup(sh, c, &path)?;
-                if let Some(m) = existing {
-                    if excl {
-                        return Err(ErrorReply::new(libc::EEXIST, format!("{path}: exists")));
-                    }
-                    return Ok(Response::Created {
-                        meta: m,
-                        created: false,
-                    });
+            if let Some(m) = ns.before_create(sh, &path)? {
+                if excl {
+                    return Err(ErrorReply::new(libc::EEXIST, format!("{path}: exists")));
                 }
-                // A whiteout (removed backend entry) gives way to the new entry.
-                let _ = st.remove(&path, 0, &mut |m| {
-                    if m.flags & FLAG_WHITEOUT != 0 {
-                        Ok(())
-                    } else {
-                        Err(refuse(libc::EEXIST, "exists"))
-                    }
+                return Ok(Response::Created {
+                    meta: m,
+                    created: false,
                 });
             }
             let (meta, created) = st
                 .create(&path, meta, &data, excl)
                 .map_err(|e| store_err(&path, e))?;
             if created {
-                if let Some(c) = cache {
-                    c.mark_dirty(&**st, &path, 0)
-                        .map_err(|e| store_err(&path, e))?;
-                }
+                ns.changed(sh, &path, 0, false)?;
             }
             Ok(Response::Created { meta, created })
         }
-        Request::Stat { path } if cache.is_some() => match lookup(sh, cache.unwrap(), &path)? {
-            Some(m) => Ok(Response::Meta(m)),
-            None if path == "/" => Ok(Response::Meta(default_root())),
-            None => Err(ErrorReply::new(
-                libc::ENOENT,
-                format!("{path}: no such file or directory"),
-            )),
-        },
-        Request::Stat { path } => match st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
+        Request::Stat { path } => match ns.entry(sh, &path)? {
             Some(m) => Ok(Response::Meta(m)),
             None if path == "/" => Ok(Response::Meta(default_root())),
             None => Err(ErrorReply::new(
@@ -258,12 +220,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     }
                 }
             }
-            if let Some(c) = cache {
-                if idx == 0 || flags & rw::BACKEND != 0 {
-                    blocking(|| c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode))
-                        .map_err(|e| store_err(&path, e))?;
-                }
-            }
+            ns.fetch(sh, &path, idx, fileid, chunk_size, mode, flags)?;
             if idx == 0 {
                 match st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
                     None => {
@@ -300,13 +257,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let n = data.len() as u32;
             st.write_bytes(&path, idx, off, data, &t)
                 .map_err(|e| store_err(&path, e))?;
-            if let Some(c) = cache {
-                c.mark_dirty(&**st, &path, idx)
-                    .map_err(|e| store_err(&path, e))?;
-                if idx == 0 {
-                    modified_entry(sh, &path)?;
-                }
-            }
+            ns.changed(sh, &path, idx, true)?;
             Ok(Response::Written(n))
         }
         Request::Read {
@@ -321,7 +272,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         } => {
             Counters::inc(&sh.counters.reads);
             let loss = sh.placement().may_have_lost(epoch, flags);
-            if let (Some(why), Some(_)) = (&loss, cache) {
+            if let (Some(why), true) = (&loss, ns.is_cached()) {
                 // Fetching a chunk of a file changed in the cache again
                 // from the backend could bring back bytes it replaced.
                 if flags & rw::BACKEND != 0 && flags & rw::MODIFIED != 0 {
@@ -331,14 +282,15 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     }
                 }
             }
-            if let Some(c) = cache {
-                if idx == 0 || flags & rw::BACKEND != 0 {
-                    check_chunk_size(chunk_size)?;
-                    let mode = libc::S_IFREG | 0o644;
-                    blocking(|| c.ensure_chunk(&**st, &path, idx, fileid, chunk_size, mode))
-                        .map_err(|e| store_err(&path, e))?;
-                }
-            }
+            ns.fetch(
+                sh,
+                &path,
+                idx,
+                fileid,
+                chunk_size,
+                libc::S_IFREG | 0o644,
+                flags,
+            )?;
             if flags & rw::FETCH_ONLY != 0 {
                 return Ok(Response::Data(Bytes::new()));
             }
@@ -428,9 +380,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             if path == "/" {
                 let _ = st.create("/", default_root(), b"", false);
             }
-            if let Some(c) = cache {
-                lookup(sh, c, &path)?;
-            }
+            ns.import(sh, &path)?;
             let m = st
                 .update_meta(&path, 0, &mut |m| apply_attr(m, &attr))
                 .map_err(|e| store_err(&path, e))?;
@@ -444,8 +394,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     "/: cannot remove the root directory",
                 ));
             }
-            if let Some(c) = cache {
-                return remove_cached(sh, c, &path, kind);
+            if let Some(r) = ns.remove(sh, &path, kind) {
+                return r;
             }
             let m = st
                 .remove(&path, 0, &mut |m| match kind {
@@ -461,9 +411,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let n = st
                 .remove_chunks(&path, from_idx.max(1))
                 .map_err(|e| store_err(&path, e))?;
-            if let Some(c) = cache {
-                c.forget(&path, from_idx.max(1));
-            }
+            ns.forget(&path, from_idx.max(1));
             Ok(Response::Count(n))
         }
         Request::TruncateChunks {
@@ -478,9 +426,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let n = st
                 .remove_chunks(&path, from)
                 .map_err(|e| store_err(&path, e))?;
-            if let Some(c) = cache {
-                c.forget(&path, from);
-            }
+            ns.forget(&path, from);
             if size % cs != 0 || size == 0 {
                 st.truncate_chunk(&path, size / cs, (size % cs) as u32)
                     .map_err(|e| store_err(&path, e))?;
@@ -490,14 +436,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         Request::Readdir { path, after, max } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             let max = (max as usize).clamp(1, 65536);
-            let (entries, done) = match cache {
-                Some(c) if sh.placement().owns(&path) => {
-                    blocking(|| list_with_backend(&**st, c, &path, &after, max))?
-                }
-                _ => st
-                    .list_dir(&path, &after, max)
-                    .map_err(|e| store_err(&path, e))?,
-            };
+            let (entries, done) = ns.list_dir(sh, &path, &after, max)?;
             let entries: Vec<(String, Meta)> = entries
                 .into_iter()
                 .filter(|(_, m)| m.flags & FLAG_WHITEOUT == 0)
@@ -519,14 +458,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let mut out = Vec::new();
             let mut after = after;
             let done = loop {
-                let (entries, done) = match cache {
-                    Some(c) if sh.placement().owns(&path) => {
-                        blocking(|| list_with_backend(&**st, c, &path, &after, max))?
-                    }
-                    _ => st
-                        .list_dir(&path, &after, max)
-                        .map_err(|e| store_err(&path, e))?,
-                };
+                let (entries, done) = ns.list_dir(sh, &path, &after, max)?;
                 let last = entries.last().map(|(n, _)| n.clone());
                 let mut full = false;
                 for (name, meta) in entries {
@@ -551,16 +483,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::HasChildren { path } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
-            let mut any = st.has_children(&path).map_err(|e| store_err(&path, e))?;
-            if let Some(c) = cache {
-                if !any && sh.placement().owns(&path) {
-                    let names = blocking(|| c.backend.names(&path, |_| true)).map_err(|e| {
-                        ErrorReply::io(format_args!("backend listing of {path}"), &e)
-                    })?;
-                    any = !names.is_empty();
-                }
-            }
-            Ok(Response::Bool(any))
+            Ok(Response::Bool(ns.has_children(sh, &path)?))
         }
         Request::RenameMove { old, new, is_dir } => {
             Box::pin(rename_move(sh, &old, &new, is_dir)).await
@@ -595,20 +518,11 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::FlushStatus { prefix } => {
             validate(&prefix).map_err(|e| ErrorReply::new(e.errno, e.message))?;
-            // Without a backend nothing is ever dirty.
-            Ok(Response::FlushState(
-                cache.map(|c| c.state(&prefix)).unwrap_or_default(),
-            ))
+            Ok(Response::FlushState(ns.flush_state(&prefix, false)))
         }
         Request::Flush { prefix } => {
             validate(&prefix).map_err(|e| ErrorReply::new(e.errno, e.message))?;
-            Ok(Response::FlushState(match cache {
-                Some(c) => {
-                    c.force(&prefix);
-                    c.state(&prefix)
-                }
-                None => Default::default(),
-            }))
+            Ok(Response::FlushState(ns.flush_state(&prefix, true)))
         }
         Request::AppendReserve { path, len } => {
             let mut at = 0;

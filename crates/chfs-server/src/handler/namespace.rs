@@ -362,3 +362,207 @@ mod tests {
         assert_eq!(c.backend.lookups(), backend_only);
     }
 }
+
+/// The namespace a request works on: the store alone, or the store in
+/// front of a backend directory (cache mode). Every rule cache mode adds
+/// to a request is one method here, and does nothing for `Plain`, so the
+/// request handlers (`handler::serve`) have no cache-mode branches.
+#[derive(Clone, Copy)]
+pub(super) enum Ns<'a> {
+    /// No backend.
+    Plain,
+    /// Cache mode.
+    Cached(&'a Cache),
+}
+
+impl<'a> Ns<'a> {
+    /// The namespace of server `sh`.
+    pub(super) fn of(sh: &'a Shared) -> Ns<'a> {
+        match sh.cache.as_deref() {
+            Some(c) => Ns::Cached(c),
+            None => Ns::Plain,
+        }
+    }
+
+    /// A request from a client arrived: write-back waits for idleness
+    /// (reports and flush requests do not count).
+    pub(super) fn touch(self, req: &Request) {
+        if let Ns::Cached(c) = self {
+            if !matches!(
+                req,
+                Request::Ping
+                    | Request::Status
+                    | Request::FlushStatus { .. }
+                    | Request::Flush { .. }
+                    | Request::GetServers
+            ) {
+                c.touch();
+            }
+        }
+    }
+
+    /// Is there a backend?
+    pub(super) fn is_cached(self) -> bool {
+        matches!(self, Ns::Cached(_))
+    }
+
+    /// The backend directory ("" without one).
+    pub(super) fn backend_path(self) -> String {
+        match self {
+            Ns::Cached(c) => c.backend.path().display().to_string(),
+            Ns::Plain => String::new(),
+        }
+    }
+
+    /// Write-back state under `prefix` (nothing is ever dirty without a
+    /// backend); with `now`, flush it now.
+    pub(super) fn flush_state(self, prefix: &str, now: bool) -> chfs_proto::msg::FlushState {
+        match self {
+            Ns::Cached(c) => {
+                if now {
+                    c.force(prefix);
+                }
+                c.state(prefix)
+            }
+            Ns::Plain => Default::default(),
+        }
+    }
+
+    /// Before creating `path`: the entry already there, imported from the
+    /// backend if it is only there; a whiteout (a removed backend entry)
+    /// gives way to the new one.
+    pub(super) fn before_create(
+        self,
+        sh: &Arc<Shared>,
+        path: &str,
+    ) -> Result<Option<Meta>, ErrorReply> {
+        let Ns::Cached(c) = self else {
+            return Ok(None);
+        };
+        if let Some(m) = lookup(sh, c, path)? {
+            return Ok(Some(m));
+        }
+        let _ = sh.store.remove(path, 0, &mut |m| {
+            if m.flags & FLAG_WHITEOUT != 0 {
+                Ok(())
+            } else {
+                Err(StoreError::refused(libc::EEXIST, "exists"))
+            }
+        });
+        Ok(None)
+    }
+
+    /// Chunk `idx` of `path` was created or written here: to be written
+    /// back (and, for a write into the entry's chunk, the entry marked
+    /// changed in the cache when `written`).
+    pub(super) fn changed(
+        self,
+        sh: &Arc<Shared>,
+        path: &str,
+        idx: u64,
+        written: bool,
+    ) -> Result<(), ErrorReply> {
+        if let Ns::Cached(c) = self {
+            c.mark_dirty(&*sh.store, path, idx)
+                .map_err(|e| store_err(path, e))?;
+            if written && idx == 0 {
+                modified_entry(sh, path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// In cache mode, imports the entry of `path` from the backend if it
+    /// is only there (before changing its attributes).
+    pub(super) fn import(self, sh: &Arc<Shared>, path: &str) -> Result<(), ErrorReply> {
+        if let Ns::Cached(c) = self {
+            lookup(sh, c, path)?;
+        }
+        Ok(())
+    }
+
+    /// The entry of `path` (imported from the backend in cache mode).
+    pub(super) fn entry(self, sh: &Arc<Shared>, path: &str) -> Result<Option<Meta>, ErrorReply> {
+        match self {
+            Ns::Cached(c) => lookup(sh, c, path),
+            Ns::Plain => sh.store.meta(path, 0).map_err(|e| store_err(path, e)),
+        }
+    }
+
+    /// Before reading or writing chunk `idx` of `path`: its bytes fetched
+    /// from the backend when this is the entry's chunk or a cached backend
+    /// file's (`rw::BACKEND`) and they are not here yet.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fetch(
+        self,
+        sh: &Arc<Shared>,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        chunk_size: u32,
+        mode: u32,
+        flags: u16,
+    ) -> Result<(), ErrorReply> {
+        if let Ns::Cached(c) = self {
+            if idx == 0 || flags & chfs_proto::msg::rw::BACKEND != 0 {
+                super::common::check_chunk_size(chunk_size)?;
+                let st = &*sh.store;
+                blocking(|| c.ensure_chunk(st, path, idx, fileid, chunk_size, mode))
+                    .map_err(|e| store_err(path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes entry `path` in cache mode (the backend policy decides what
+    /// happens to the backend's copy); `None` without a backend.
+    pub(super) fn remove(self, sh: &Arc<Shared>, path: &str, kind: RemoveKind) -> Option<Reply> {
+        match self {
+            Ns::Cached(c) => Some(remove_cached(sh, c, path, kind)),
+            Ns::Plain => None,
+        }
+    }
+
+    /// Chunks `from` and after of `path` were removed.
+    pub(super) fn forget(self, path: &str, from: u64) {
+        if let Ns::Cached(c) = self {
+            c.forget(path, from);
+        }
+    }
+
+    /// A page of directory `dir` (merged with the backend's at the server
+    /// owning the directory's entry).
+    pub(super) fn list_dir(
+        self,
+        sh: &Arc<Shared>,
+        dir: &str,
+        after: &str,
+        max: usize,
+    ) -> Result<(Vec<(String, Meta)>, bool), ErrorReply> {
+        match self {
+            Ns::Cached(c) if sh.placement().owns(dir) => {
+                blocking(|| list_with_backend(&*sh.store, c, dir, after, max))
+            }
+            _ => sh
+                .store
+                .list_dir(dir, after, max)
+                .map_err(|e| store_err(dir, e)),
+        }
+    }
+
+    /// Does directory `dir` have an entry (here, or in the backend at the
+    /// server owning the directory's entry)?
+    pub(super) fn has_children(self, sh: &Arc<Shared>, dir: &str) -> Result<bool, ErrorReply> {
+        if sh.store.has_children(dir).map_err(|e| store_err(dir, e))? {
+            return Ok(true);
+        }
+        match self {
+            Ns::Cached(c) if sh.placement().owns(dir) => {
+                let names = blocking(|| c.backend.names(dir, |_| true))
+                    .map_err(|e| ErrorReply::io(format_args!("backend listing of {dir}"), &e))?;
+                Ok(!names.is_empty())
+            }
+            _ => Ok(false),
+        }
+    }
+}
