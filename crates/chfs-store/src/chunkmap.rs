@@ -100,10 +100,20 @@ impl<V> ChunkMap<V> {
         one.into_iter().chain(many.into_iter().flatten())
     }
 
+    /// The values in index order, taken.
+    pub fn into_values(self) -> impl Iterator<Item = V> {
+        let (one, many) = match self {
+            ChunkMap::One(_, v) => (Some(v), None),
+            ChunkMap::Many(m) => (None, Some(m.into_values())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
     pub fn keys(&self) -> impl Iterator<Item = &u64> {
         self.iter().map(|(k, _)| k)
     }
 
+    #[cfg(test)]
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.iter().map(|(_, v)| v)
     }

@@ -7,7 +7,8 @@ use std::sync::{Mutex, MutexGuard};
 use chfs_proto::path::parent;
 use xxhash_rust::xxh3::xxh3_64;
 
-const SHARDS: usize = 64;
+/// Shards of the sharded maps (path index, directory index).
+pub(crate) const SHARDS: usize = 64;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Engines never leave shared state half-changed across a panic point

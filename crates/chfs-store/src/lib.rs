@@ -14,6 +14,7 @@
 mod chunkmap;
 pub mod crc;
 mod dirindex;
+mod index;
 mod media;
 mod mem;
 pub mod pmem;
@@ -82,6 +83,11 @@ impl StoreError {
             message: message.into(),
         }
     }
+}
+
+/// A [`StoreError::Corrupt`].
+pub(crate) fn corrupt(msg: impl Into<String>) -> StoreError {
+    StoreError::Corrupt(msg.into())
 }
 
 /// Result of engine operations.

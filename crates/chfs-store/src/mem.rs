@@ -1,115 +1,42 @@
-//! DRAM engine: sharded hash maps plus a per-directory name index.
-
-use std::collections::HashMap;
-use std::sync::MutexGuard;
+//! DRAM engine: the shared index ([`crate::index`]) over records held in
+//! heap buffers.
 
 use bytes::Bytes;
-use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
-use crate::chunkmap::ChunkMap;
-use crate::dirindex::{lock, shard_of, DirIndex};
+use crate::index::{Indexed, Medium, Record, Src, Write};
 use crate::usage::Usage;
-use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
-
-const SHARDS: usize = 64;
-
-type Chunks = ChunkMap<Held>;
+use crate::Result;
 
 /// A chunk as held here: its bytes in a shared buffer, so that a read can
 /// hand out a slice (a write to a chunk someone still reads copies it
 /// first).
-struct Held {
+pub struct Held {
     meta: Meta,
     data: Bytes,
 }
 
-/// The DRAM engine. Data is lost when the server stops.
-pub struct MemStore {
-    files: Vec<crate::dirindex::Shard<HashMap<String, Chunks>>>,
-    dirs: DirIndex,
-    entries: crate::usage::Striped,
-    usage: Usage,
+impl Record for Held {
+    fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
 }
+
+/// The DRAM medium: records are heap buffers.
+pub struct Mem;
+
+/// The DRAM engine. Data is lost when the server stops.
+pub type MemStore = Indexed<Mem>;
 
 impl MemStore {
     /// A store holding at most `capacity` bytes of chunk data (0 = no limit
     /// but memory).
     pub fn new(capacity: u64) -> Self {
-        Self {
-            files: (0..SHARDS)
-                .map(|_| crate::dirindex::Shard::new(HashMap::new()))
-                .collect(),
-            dirs: DirIndex::new(),
-            entries: crate::usage::Striped::new(0),
-            usage: Usage::new(capacity, 0),
-        }
-    }
-
-    fn files(&self, path: &str) -> MutexGuard<'_, HashMap<String, Chunks>> {
-        lock(&self.files[shard_of(path, SHARDS)])
-    }
-
-    fn write_src(
-        &self,
-        path: &str,
-        idx: u64,
-        off: u32,
-        data: Src<'_>,
-        template: &Meta,
-    ) -> Result<()> {
-        let end = off as usize + data.len();
-        let mut files = self.files(path);
-        if idx == 0 {
-            let c = files
-                .get_mut(path)
-                .and_then(|c| c.get_mut(&0))
-                .ok_or(StoreError::NotFound)?;
-            let old = c.data.len();
-            if end > old {
-                self.usage.reserve((end - old) as u64)?;
-            }
-            data.put(&mut c.data, off as usize);
-            c.meta.size = c.meta.size.max(end as u64);
-            c.meta.mtime = template.mtime;
-            c.meta.ctime = template.mtime;
-            return Ok(());
-        }
-        let chunks = files.entry(path.to_string()).or_default();
-        match chunks.get_mut(&idx) {
-            Some(c) if c.meta.fileid == template.fileid => {
-                let old = c.data.len();
-                if end > old {
-                    self.usage.reserve((end - old) as u64)?;
-                }
-                data.put(&mut c.data, off as usize);
-            }
-            existing => {
-                let old = existing.as_ref().map_or(0, |c| c.data.len() as u64);
-                if end as u64 > old {
-                    self.usage.reserve(end as u64 - old)?;
-                } else {
-                    self.usage.release(old - end as u64);
-                }
-                let fresh = Held {
-                    meta: *template,
-                    data: data.fresh(off as usize),
-                };
-                match existing {
-                    Some(c) => *c = fresh,
-                    None => {
-                        chunks.insert(idx, fresh);
-                        self.entries.add(1);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn dropped(&self, chunk: &Held) {
-        self.usage.release(chunk.data.len() as u64);
-        self.entries.sub(1);
+        Indexed::over(Mem, Usage::new(capacity, 0))
     }
 }
 
@@ -119,280 +46,64 @@ impl Default for MemStore {
     }
 }
 
-impl Store for MemStore {
-    fn name(&self) -> &'static str {
-        "mem"
-    }
+impl Medium for Mem {
+    type Rec = Held;
+    type Data = Bytes;
+    const NAME: &'static str = "mem";
 
-    fn create(&self, path: &str, meta: Meta, data: &[u8], excl: bool) -> Result<(Meta, bool)> {
-        let mut files = self.files(path);
-        let chunks = files.entry(path.to_string()).or_default();
-        if let Some(c) = chunks.get(&0) {
-            return if excl {
-                Err(StoreError::Exists(c.meta))
-            } else {
-                Ok((c.meta, false))
-            };
-        }
-        self.usage.reserve(data.len() as u64)?;
-        chunks.insert(
-            0,
-            Held {
-                meta,
-                data: Bytes::copy_from_slice(data),
-            },
-        );
-        self.entries.add(1);
-        drop(files);
-        self.dirs.add(path);
-        Ok((meta, true))
-    }
-
-    fn meta(&self, path: &str, idx: u64) -> Result<Option<Meta>> {
-        Ok(self
-            .files(path)
-            .get(path)
-            .and_then(|c| c.get(&idx))
-            .map(|c| c.meta))
-    }
-
-    fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
-        self.write_src(path, idx, off, Src::Copy(data), template)
-    }
-
-    fn write_bytes(
-        &self,
-        path: &str,
-        idx: u64,
-        off: u32,
-        data: Bytes,
-        template: &Meta,
-    ) -> Result<()> {
-        self.write_src(path, idx, off, Src::Own(data), template)
-    }
-
-    fn read(
-        &self,
-        path: &str,
-        idx: u64,
-        fileid: u32,
-        off: u32,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>> {
-        Ok(self.read_bytes(path, idx, fileid, off, len)?.map(Vec::from))
-    }
-
-    fn read_bytes(
-        &self,
-        path: &str,
-        idx: u64,
-        fileid: u32,
-        off: u32,
-        len: u32,
-    ) -> Result<Option<Bytes>> {
-        let files = self.files(path);
-        let Some(c) = files.get(path).and_then(|c| c.get(&idx)) else {
-            return Ok(None);
-        };
-        if idx > 0 && c.meta.fileid != fileid {
-            return Ok(None);
-        }
-        let start = (off as usize).min(c.data.len());
-        let end = (off as usize + len as usize).min(c.data.len());
-        Ok(Some(c.data.slice(start..end)))
-    }
-
-    fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {
-        let mut files = self.files(path);
-        let c = files
-            .get_mut(path)
-            .and_then(|c| c.get_mut(&idx))
-            .ok_or(StoreError::NotFound)?;
-        let mut m = c.meta;
-        f(&mut m)?;
-        c.meta = m;
-        Ok(m)
-    }
-
-    fn remove(&self, path: &str, idx: u64, check: MetaFn<'_>) -> Result<Meta> {
-        let mut files = self.files(path);
-        let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
-        let c = chunks.get_mut(&idx).ok_or(StoreError::NotFound)?;
-        let mut m = c.meta;
-        check(&mut m)?;
-        let chunk = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        self.dropped(&chunk);
-        if idx == 0 {
-            self.dirs.remove(path);
-        }
-        Ok(chunk.meta)
-    }
-
-    fn remove_chunks(&self, path: &str, from_idx: u64) -> Result<u64> {
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(0);
-        };
-        let gone = chunks.split_off(&from_idx);
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        for c in gone.values() {
-            self.dropped(c);
-        }
-        if from_idx == 0 && gone.contains_key(&0) {
-            self.dirs.remove(path);
-        }
-        Ok(gone.len() as u64)
-    }
-
-    fn truncate_chunk(&self, path: &str, idx: u64, len: u32) -> Result<()> {
-        let mut files = self.files(path);
-        if let Some(c) = files.get_mut(path).and_then(|c| c.get_mut(&idx)) {
-            let len = len as usize;
-            if c.data.len() > len {
-                self.usage.release((c.data.len() - len) as u64);
-                c.data.truncate(len);
-            }
-        }
-        Ok(())
-    }
-
-    fn chunk_indices(&self, path: &str) -> Result<Vec<u64>> {
-        Ok(self
-            .files(path)
-            .get(path)
-            .map(|c| c.keys().copied().collect())
-            .unwrap_or_default())
-    }
-
-    fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
-        let names = self.dirs.names(dir, after, max);
-        let done = names.len() <= max;
-        let mut out = Vec::with_capacity(names.len().min(max));
-        for name in names.into_iter().take(max) {
-            let path = chfs_proto::path::join(dir, &name);
-            if let Some(m) = self.meta(&path, 0)? {
-                out.push((name, m));
-            }
-        }
-        Ok((out, done))
-    }
-
-    fn has_children(&self, dir: &str) -> Result<bool> {
-        Ok(self.dirs.has_children(dir))
-    }
-
-    fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
-        let mut out = Vec::new();
-        for s in &self.files {
-            for p in lock(s).keys() {
-                if p != dir && is_within(p, dir) {
-                    out.push(p.clone());
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    fn take(&self, path: &str, idx: u64) -> Result<Option<Chunk>> {
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(None);
-        };
-        let c = chunks.remove(&idx);
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        if let Some(c) = &c {
-            self.dropped(c);
-            if idx == 0 {
-                self.dirs.remove(path);
-            }
-        }
-        Ok(c.map(|c| Chunk {
-            meta: c.meta,
-            data: Vec::from(c.data),
-        }))
-    }
-
-    fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
-        let mut files = self.files(path);
-        let chunks = files.entry(path.to_string()).or_default();
-        let old = chunks.get(&idx).map_or(0, |c| c.data.len() as u64);
-        let new = chunk.data.len() as u64;
-        if new > old {
-            self.usage.reserve(new - old)?;
-        } else {
-            self.usage.release(old - new);
-        }
-        let held = Held {
-            meta: chunk.meta,
-            data: Bytes::from(chunk.data),
-        };
-        if chunks.insert(idx, held).is_none() {
-            self.entries.add(1);
-        }
-        drop(files);
-        if idx == 0 {
-            self.dirs.add(path);
-        }
-        Ok(())
-    }
-
-    fn stats(&self) -> StoreStats {
-        StoreStats {
-            entries: self.entries.get(),
-            bytes: self.usage.bytes(),
-            capacity: self.usage.capacity(),
-        }
-    }
-}
-
-/// Data of a write: borrowed (copied in) or a buffer to keep when it makes
-/// up a chunk's whole data.
-enum Src<'a> {
-    Copy(&'a [u8]),
-    Own(bytes::Bytes),
-}
-
-impl Src<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Src::Copy(d) => d.len(),
-            Src::Own(b) => b.len(),
-        }
-    }
-
-    /// Writes these bytes at `off` of `data` (see [`put`]), or replaces
-    /// `data` with the buffer when it covers all of it from offset 0. The
-    /// chunk's buffer is changed in place unless a reader still holds a
-    /// slice of it (then it is copied first).
-    fn put(self, data: &mut Bytes, off: usize) {
-        match self {
-            Src::Own(b) if off == 0 && b.len() >= data.len() => *data = b,
-            Src::Own(b) => put_shared(data, off, &b),
-            Src::Copy(d) => put_shared(data, off, d),
-        }
-    }
-
-    /// The data of a fresh chunk holding these bytes at `off`.
-    fn fresh(self, off: usize) -> Bytes {
-        match self {
+    fn fresh(&self, w: Write<'_>, _old: Option<&Held>) -> Result<Held> {
+        let Write {
+            off, data, meta, ..
+        } = w;
+        let data = match data {
             // The buffer itself, when it starts with the data.
             Src::Own(b) if off == 0 => b,
+            Src::Copy(d) if off == 0 => Bytes::copy_from_slice(d),
             s => {
                 let mut buf = Bytes::new();
-                s.put(&mut buf, off);
+                put_src(&mut buf, off as usize, s);
                 buf
             }
-        }
+        };
+        Ok(Held { meta, data })
+    }
+
+    fn write_into(&self, w: Write<'_>, rec: &mut Held) -> Result<Option<Held>> {
+        put_src(&mut rec.data, w.off as usize, w.data);
+        rec.meta = w.meta;
+        Ok(None)
+    }
+
+    fn set_meta(&self, _path: &str, _idx: u64, rec: &mut Held, meta: Meta) -> Result<()> {
+        rec.meta = meta;
+        Ok(())
+    }
+
+    fn truncate(&self, _path: &str, _idx: u64, rec: &mut Held, len: u64) -> Result<Option<Held>> {
+        rec.data.truncate(len as usize);
+        Ok(None)
+    }
+
+    fn read(&self, rec: &Held, off: u64, len: u64) -> Result<Bytes> {
+        let start = (off as usize).min(rec.data.len());
+        let end = (off as usize + len as usize).min(rec.data.len());
+        Ok(rec.data.slice(start..end))
+    }
+
+    fn free(&self, _rec: Held) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes `src` at `off` of `data` (see [`put`]), or replaces `data` with
+/// the buffer when it covers all of it from offset 0. The chunk's buffer is
+/// changed in place unless a reader still holds a slice of it (then it is
+/// copied first).
+fn put_src(data: &mut Bytes, off: usize, src: Src<'_>) {
+    match src {
+        Src::Own(b) if off == 0 && b.len() >= data.len() => *data = b,
+        Src::Own(b) => put_shared(data, off, &b),
+        Src::Copy(d) => put_shared(data, off, d),
     }
 }
 

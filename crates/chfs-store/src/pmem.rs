@@ -36,22 +36,20 @@
 //! (that would tear them): overwrites are copy-on-write. A record whose
 //! header is valid but whose data fails its checksum at open reads as EIO.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::MutexGuard;
 
-use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
-use crate::chunkmap::ChunkMap;
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
-use crate::dirindex::{lock, shard_of, DirIndex};
+use crate::dirindex::{lock, Shard};
+use crate::index::{parts_len, Found, Indexed, Medium, Part, Write};
 use crate::media::{Media, MmapMedia, PersistMode};
 use crate::record::{new_uuid, Slot, MAX_SEQ, SLOT_LEN};
-use crate::usage::Striped;
-use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
+use crate::usage::Usage;
+use crate::{corrupt, Result, StoreError};
 
 /// Superblock magic.
 pub const PMEM_MAGIC: &[u8; 8] = b"CHFSPMEM";
@@ -72,7 +70,6 @@ const WORD_MAGIC: u64 = 0xC4F5;
 pub(crate) const FREE: u64 = 1;
 pub(crate) const USED: u64 = 2;
 const LEN_MASK: u64 = (1 << 40) - 1;
-const SHARDS: usize = 64;
 /// Most free-space arenas (see [`PmemStore::arena_count`]).
 const MAX_ARENAS: u64 = 8;
 /// Smallest arena: stores below twice this size keep one arena, so that a
@@ -108,7 +105,7 @@ fn data_rel(path_len: usize) -> u64 {
 
 /// In-memory index entry of one record.
 #[derive(Debug, Clone, Copy)]
-struct Rec {
+pub struct Rec {
     /// Extent start and length.
     ext: u64,
     ext_len: u64,
@@ -141,7 +138,7 @@ impl Rec {
     }
 }
 
-type Chunks = ChunkMap<Rec>;
+crate::index::record_fields!(Rec);
 
 /// Free space of an arena: by start and by (length, start) for best fit,
 /// plus two *hot* extents kept out of the maps: the cursor, a large free
@@ -202,27 +199,23 @@ pub struct RecoveryReport {
     pub persist: String,
 }
 
-/// The persistent-memory engine. See the module documentation.
-pub struct PmemStore {
+/// The persistent-memory medium: records in extents of one mapped region.
+/// See the module documentation.
+pub struct Pmem {
     media: Box<dyn Media>,
     uuid: u64,
     end: u64,
-    files: Vec<crate::dirindex::Shard<HashMap<String, Chunks>>>,
-    dirs: DirIndex,
     /// Free space in arenas: arena k holds the free extents starting in the
     /// k-th slice of the data area, so threads allocating and freeing for
     /// different paths rarely wait for one another.
-    free: Vec<crate::dirindex::Shard<FreeSpace>>,
+    free: Vec<Shard<FreeSpace>>,
     /// Bytes of the data area the arenas' slices cover each.
     arena_len: u64,
-    entries: Striped,
-    bytes: Striped,
     report: RecoveryReport,
 }
 
-fn corrupt(msg: impl Into<String>) -> StoreError {
-    StoreError::Corrupt(msg.into())
-}
+/// The persistent-memory engine. See the module documentation.
+pub type PmemStore = Indexed<Pmem>;
 
 /// Superblock fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -403,20 +396,14 @@ impl PmemStore {
             )));
         }
         let end = DATA_START + (size - DATA_START) / UNIT * UNIT;
-        let arenas = Self::arena_count(end - DATA_START);
-        let mut s = Self {
+        let arenas = Pmem::arena_count(end - DATA_START);
+        let medium = Pmem {
             uuid: sb.uuid,
             end,
-            files: (0..SHARDS)
-                .map(|_| crate::dirindex::Shard::new(HashMap::new()))
-                .collect(),
-            dirs: DirIndex::new(),
             free: (0..arenas)
-                .map(|_| crate::dirindex::Shard::new(FreeSpace::default()))
+                .map(|_| Shard::new(FreeSpace::default()))
                 .collect(),
             arena_len: align((end - DATA_START).div_ceil(arenas)),
-            entries: Striped::new(0),
-            bytes: Striped::new(0),
             report: RecoveryReport {
                 created: format,
                 persist: media.mode().name().to_string(),
@@ -424,20 +411,41 @@ impl PmemStore {
             },
             media,
         };
+        let mut s = Indexed::over(medium, Usage::counted(end - DATA_START));
         s.recover()?;
         Ok(s)
     }
 
     /// What the last open found.
     pub fn recovery(&self) -> &RecoveryReport {
-        &self.report
+        &self.medium.report
     }
 
     /// How the medium persists.
     pub fn persist_mode(&self) -> PersistMode {
-        self.media.mode()
+        self.medium.media.mode()
     }
 
+    /// Free extents (start, length) of every arena: (the hot ones, the maps').
+    #[cfg(test)]
+    pub(crate) fn free_extents(&self) -> Vec<ArenaExtents> {
+        self.medium.free_extents()
+    }
+
+    /// Walks the region, indexing every record and freeing what no key
+    /// holds.
+    fn recover(&mut self) -> Result<()> {
+        self.walk_medium(Pmem::walk)?;
+        let (records, bad) = self.rebuilt();
+        let m = &mut self.medium;
+        m.report.records = records;
+        m.report.corrupt += bad;
+        m.report.free_bytes = m.free_bytes();
+        Ok(())
+    }
+}
+
+impl Pmem {
     /// Arenas for a data area of `len` bytes: one per [`MIN_ARENA`], at
     /// most [`MAX_ARENAS`].
     fn arena_count(len: u64) -> u64 {
@@ -474,10 +482,6 @@ impl PmemStore {
             .sum()
     }
 
-    fn files(&self, path: &str) -> MutexGuard<'_, HashMap<String, Chunks>> {
-        lock(&self.files[shard_of(path, SHARDS)])
-    }
-
     fn read_slot(&self, ext: u64, n: u8) -> Option<Slot> {
         let mut b = [0u8; SLOT_LEN];
         self.media
@@ -485,7 +489,10 @@ impl PmemStore {
         Slot::decode(&b).filter(|s| s.uuid == self.uuid)
     }
 
-    fn recover(&mut self) -> Result<()> {
+    /// Walks the extents at open, handing every record to `index` (which
+    /// returns the version of a key that lost to another) and freeing the
+    /// losers and what holds no record.
+    fn walk(&mut self, index: Found<'_, Rec>) -> Result<()> {
         let mut pos = DATA_START;
         let mut runs: Vec<(u64, u64, bool)> = Vec::new(); // (start, len, needs word)
         let mut losers = Vec::new();
@@ -506,22 +513,8 @@ impl PmemStore {
             if state == USED {
                 match self.recover_record(pos, len) {
                     Some((path, idx, rec)) => {
-                        let files = self.files.get_mut(shard_of(&path, SHARDS));
-                        let files = files.map(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()));
-                        if let Some(files) = files {
-                            let chunks = files.entry(path).or_default();
-                            match chunks.get(&idx) {
-                                Some(old) if better(old, &rec) => {
-                                    losers.push((pos, len));
-                                }
-                                Some(old) => {
-                                    losers.push((old.ext, old.ext_len));
-                                    chunks.insert(idx, rec);
-                                }
-                                None => {
-                                    chunks.insert(idx, rec);
-                                }
-                            }
+                        if let Some(loser) = index(path, idx, rec) {
+                            losers.push((loser.ext, loser.ext_len));
                         }
                     }
                     None => {
@@ -575,24 +568,6 @@ impl PmemStore {
         for (s, l) in losers {
             self.release(s, l)?;
         }
-        let (mut entries, mut bytes) = (0u64, 0u64);
-        for sh in &self.files {
-            let m = lock(sh);
-            for (path, chunks) in m.iter() {
-                for (idx, r) in chunks.iter() {
-                    entries += 1;
-                    bytes += r.len;
-                    report.corrupt += r.corrupt as u64;
-                    if *idx == 0 {
-                        self.dirs.add(path);
-                    }
-                }
-            }
-        }
-        self.entries = Striped::new(entries);
-        self.bytes = Striped::new(bytes);
-        report.records = entries;
-        report.free_bytes = self.free_bytes();
         self.report = report;
         Ok(())
     }
@@ -795,10 +770,7 @@ impl PmemStore {
         parts: &[Part<'_>],
         prev_seq: u64,
     ) -> Result<Rec> {
-        let len: u64 = parts.iter().map(Part::len).sum();
-        if len > u32::MAX as u64 {
-            return Err(StoreError::refused(libc::EFBIG, "chunk too large"));
-        }
+        let len = parts_len(parts)?;
         check_seq(prev_seq, path, idx)?;
         let rel = data_rel(path.len());
         let want = align(rel + cap.max(len).max(1));
@@ -851,47 +823,42 @@ impl PmemStore {
         }
         Ok(rec)
     }
+}
 
-    /// Installs `rec` for a key, freeing the version it replaces.
-    fn replace(&self, chunks: &mut Chunks, idx: u64, rec: Rec) -> Result<()> {
-        self.bytes.add(rec.len);
-        match chunks.insert(idx, rec) {
-            Some(old) => {
-                self.bytes.sub(old.len);
-                self.release(old.ext, old.ext_len)
-            }
-            None => {
-                self.entries.add(1);
-                Ok(())
-            }
+/// Refuses to write a slot after one with sequence number `seq` when the
+/// next one would be beyond [`MAX_SEQ`] (no slot reader would accept it, so
+/// the change would be lost at the next open). Only a damaged or forged
+/// slot gets there.
+fn check_seq(seq: u64, path: &str, idx: u64) -> Result<()> {
+    if seq >= MAX_SEQ {
+        return Err(corrupt(format!(
+            "{path} chunk {idx}: sequence number {seq} exhausted"
+        )));
+    }
+    Ok(())
+}
+
+impl Medium for Pmem {
+    type Rec = Rec;
+    type Data = Vec<u8>;
+    const NAME: &'static str = "pmem";
+
+    fn fresh(&self, w: Write<'_>, old: Option<&Rec>) -> Result<Rec> {
+        let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
+        let data = w.data.as_slice();
+        let prev = old.map_or(0, |o| o.seq);
+        let end = off + data.len() as u64;
+        if off == 0 {
+            return self.new_record(path, idx, meta, end, &[Part::Bytes(data)], prev);
         }
+        let parts = [Part::Zero(off), Part::Bytes(data)];
+        self.new_record(path, idx, meta, end, &parts, prev)
     }
 
-    fn drop_rec(&self, rec: &Rec) -> Result<()> {
-        self.bytes.sub(rec.len);
-        self.entries.sub(1);
-        self.release(rec.ext, rec.ext_len)
-    }
-
-    /// Writes `data` at `off` into an existing record (append in place or
-    /// copy-on-write), with `meta` as the new header.
-    fn write_into(
-        &self,
-        chunks: &mut Chunks,
-        path: &str,
-        idx: u64,
-        off: u64,
-        data: &[u8],
-        meta: Meta,
-    ) -> Result<()> {
-        let Some(rec) = chunks.get_mut(&idx) else {
-            return Err(StoreError::NotFound);
-        };
-        if rec.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
+    /// Appends in place into spare capacity, else copies on write.
+    fn write_into(&self, w: Write<'_>, rec: &mut Rec) -> Result<Option<Rec>> {
+        let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
+        let data = w.data.as_slice();
         let end = off + data.len() as u64;
         let max_cap = (meta.chunk_size as u64).max(end);
         if off >= rec.len && end <= rec.cap() {
@@ -907,9 +874,8 @@ impl PmemStore {
             next.len = end;
             next.meta = meta;
             self.flip(&mut next, path, idx)?;
-            self.bytes.add(end - rec.len);
             *rec = next;
-            return Ok(());
+            return Ok(None);
         }
         // Copy-on-write.
         let old = *rec;
@@ -931,56 +897,49 @@ impl PmemStore {
         if end < old.len {
             parts.push(Part::Copy(old.data() + end, old.len - end));
         }
-        let rec = self.new_record(path, idx, meta, cap, &parts, old.seq)?;
-        self.replace(chunks, idx, rec)
+        self.new_record(path, idx, meta, cap, &parts, old.seq)
+            .map(Some)
     }
 
-    /// Reads a record's data range.
-    fn read_rec(&self, r: &Rec, off: u64, len: u64) -> Vec<u8> {
+    fn set_meta(&self, path: &str, idx: u64, rec: &mut Rec, meta: Meta) -> Result<()> {
+        let mut next = *rec;
+        next.meta = meta;
+        self.flip(&mut next, path, idx)?;
+        *rec = next;
+        Ok(())
+    }
+
+    fn truncate(&self, path: &str, idx: u64, r: &mut Rec, len: u64) -> Result<Option<Rec>> {
+        if r.cap() > 4096 && len < r.cap() / 4 {
+            // Reclaim the space: move the short remainder to a small record.
+            let (meta, data, prev) = (r.meta, r.data(), r.seq);
+            let parts = [Part::Copy(data, len)];
+            return self
+                .new_record(path, idx, meta, len, &parts, prev)
+                .map(Some);
+        }
+        let mut next = *r;
+        next.len = len;
+        next.crc = self.media.crc(r.data(), len, 0);
+        self.flip(&mut next, path, idx)?;
+        *r = next;
+        Ok(None)
+    }
+
+    fn read(&self, r: &Rec, off: u64, len: u64) -> Result<Vec<u8>> {
         let start = off.min(r.len);
         let end = (off + len).min(r.len);
         let mut v = vec![0u8; (end - start) as usize];
         self.media.read(r.data() + start, &mut v);
-        v
+        Ok(v)
     }
-}
 
-/// Refuses to write a slot after one with sequence number `seq` when the
-/// next one would be beyond [`MAX_SEQ`] (no slot reader would accept it, so
-/// the change would be lost at the next open). Only a damaged or forged
-/// slot gets there.
-fn check_seq(seq: u64, path: &str, idx: u64) -> Result<()> {
-    if seq >= MAX_SEQ {
-        return Err(corrupt(format!(
-            "{path} chunk {idx}: sequence number {seq} exhausted"
-        )));
+    fn free(&self, rec: Rec) -> Result<()> {
+        self.release(rec.ext, rec.ext_len)
     }
-    Ok(())
-}
 
-/// Is the already indexed `old` version of a key better than `new`?
-/// Intact data beats a checksum failure; then the later version wins.
-fn better(old: &Rec, new: &Rec) -> bool {
-    match (old.corrupt, new.corrupt) {
-        (false, true) => true,
-        (true, false) => false,
-        _ => old.seq > new.seq,
-    }
-}
-
-/// Data of a record under construction.
-enum Part<'a> {
-    Bytes(&'a [u8]),
-    Zero(u64),
-    Copy(u64, u64),
-}
-
-impl Part<'_> {
-    fn len(&self) -> u64 {
-        match self {
-            Part::Bytes(b) => b.len() as u64,
-            Part::Zero(n) | Part::Copy(_, n) => *n,
-        }
+    fn sync(&self) -> Result<()> {
+        Ok(self.media.sync()?)
     }
 }
 
@@ -992,289 +951,6 @@ fn allocate(f: &File, size: u64) -> Result<()> {
         0 => Ok(()),
         libc::EOPNOTSUPP | libc::EINVAL => Ok(f.set_len(size)?),
         e => Err(io::Error::from_raw_os_error(e).into()),
-    }
-}
-
-impl Store for PmemStore {
-    fn name(&self) -> &'static str {
-        "pmem"
-    }
-
-    fn create(&self, path: &str, meta: Meta, data: &[u8], excl: bool) -> Result<(Meta, bool)> {
-        let mut files = self.files(path);
-        let chunks = files.entry(path.to_string()).or_default();
-        if let Some(r) = chunks.get(&0) {
-            return if excl {
-                Err(StoreError::Exists(r.meta))
-            } else {
-                Ok((r.meta, false))
-            };
-        }
-        let made = self.new_record(path, 0, meta, data.len() as u64, &[Part::Bytes(data)], 0);
-        let made = made.and_then(|rec| self.replace(chunks, 0, rec));
-        if made.is_err() && chunks.is_empty() {
-            files.remove(path);
-        }
-        made?;
-        drop(files);
-        self.dirs.add(path);
-        Ok((meta, true))
-    }
-
-    fn meta(&self, path: &str, idx: u64) -> Result<Option<Meta>> {
-        Ok(self
-            .files(path)
-            .get(path)
-            .and_then(|c| c.get(&idx))
-            .map(|r| r.meta))
-    }
-
-    fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
-        let off = off as u64;
-        let end = off + data.len() as u64;
-        let mut files = self.files(path);
-        if idx == 0 {
-            let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
-            let r = chunks.get(&0).ok_or(StoreError::NotFound)?;
-            let mut m = r.meta;
-            m.size = m.size.max(end);
-            m.mtime = template.mtime;
-            m.ctime = template.mtime;
-            return self.write_into(chunks, path, 0, off, data, m);
-        }
-        let chunks = files.entry(path.to_string()).or_default();
-        let r = match chunks.get(&idx) {
-            Some(r) if r.meta.fileid == template.fileid => {
-                let m = r.meta;
-                self.write_into(chunks, path, idx, off, data, m)
-            }
-            old => {
-                let prev = old.map_or(0, |o| o.seq);
-                let parts = [Part::Zero(off), Part::Bytes(data)];
-                match self.new_record(path, idx, *template, end, &parts, prev) {
-                    Ok(rec) => self.replace(chunks, idx, rec),
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        r
-    }
-
-    fn read(
-        &self,
-        path: &str,
-        idx: u64,
-        fileid: u32,
-        off: u32,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>> {
-        let files = self.files(path);
-        let Some(r) = files.get(path).and_then(|c| c.get(&idx)) else {
-            return Ok(None);
-        };
-        if idx > 0 && r.meta.fileid != fileid {
-            return Ok(None);
-        }
-        if r.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
-        Ok(Some(self.read_rec(r, off as u64, len as u64)))
-    }
-
-    fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {
-        let mut files = self.files(path);
-        let r = files
-            .get_mut(path)
-            .and_then(|c| c.get_mut(&idx))
-            .ok_or(StoreError::NotFound)?;
-        let mut m = r.meta;
-        f(&mut m)?;
-        if m != r.meta {
-            let mut next = *r;
-            next.meta = m;
-            self.flip(&mut next, path, idx)?;
-            *r = next;
-        }
-        Ok(m)
-    }
-
-    fn remove(&self, path: &str, idx: u64, check: MetaFn<'_>) -> Result<Meta> {
-        let mut files = self.files(path);
-        let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
-        let r = chunks.get(&idx).ok_or(StoreError::NotFound)?;
-        let mut m = r.meta;
-        check(&mut m)?;
-        let r = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        if idx == 0 {
-            self.dirs.remove(path);
-        }
-        self.drop_rec(&r)?;
-        Ok(r.meta)
-    }
-
-    fn remove_chunks(&self, path: &str, from_idx: u64) -> Result<u64> {
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(0);
-        };
-        let gone = chunks.split_off(&from_idx);
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        if gone.contains_key(&0) {
-            self.dirs.remove(path);
-        }
-        let mut first_err = None;
-        for r in gone.values() {
-            if let Err(e) = self.drop_rec(r) {
-                first_err.get_or_insert(e);
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(gone.len() as u64),
-        }
-    }
-
-    fn truncate_chunk(&self, path: &str, idx: u64, len: u32) -> Result<()> {
-        let len = len as u64;
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(());
-        };
-        let Some(r) = chunks.get_mut(&idx) else {
-            return Ok(());
-        };
-        if r.len <= len {
-            return Ok(());
-        }
-        if r.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
-        if r.cap() > 4096 && len < r.cap() / 4 {
-            // Reclaim the space: move the short remainder to a small record.
-            let (meta, data, prev) = (r.meta, r.data(), r.seq);
-            let rec = self.new_record(path, idx, meta, len, &[Part::Copy(data, len)], prev)?;
-            return self.replace(chunks, idx, rec);
-        }
-        let mut next = *r;
-        next.len = len;
-        next.crc = self.media.crc(r.data(), len, 0);
-        self.flip(&mut next, path, idx)?;
-        self.bytes.sub(r.len - len);
-        *r = next;
-        Ok(())
-    }
-
-    fn chunk_indices(&self, path: &str) -> Result<Vec<u64>> {
-        Ok(self
-            .files(path)
-            .get(path)
-            .map(|c| c.keys().copied().collect())
-            .unwrap_or_default())
-    }
-
-    fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
-        let names = self.dirs.names(dir, after, max);
-        let done = names.len() <= max;
-        let mut out = Vec::with_capacity(names.len().min(max));
-        for name in names.into_iter().take(max) {
-            let path = chfs_proto::path::join(dir, &name);
-            if let Some(m) = self.meta(&path, 0)? {
-                out.push((name, m));
-            }
-        }
-        Ok((out, done))
-    }
-
-    fn has_children(&self, dir: &str) -> Result<bool> {
-        Ok(self.dirs.has_children(dir))
-    }
-
-    fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
-        let mut out = Vec::new();
-        for s in &self.files {
-            for p in lock(s).keys() {
-                if p != dir && is_within(p, dir) {
-                    out.push(p.clone());
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    fn take(&self, path: &str, idx: u64) -> Result<Option<Chunk>> {
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(None);
-        };
-        let Some(r) = chunks.get(&idx) else {
-            return Ok(None);
-        };
-        if r.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
-        let data = self.read_rec(r, 0, r.len);
-        let r = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        if idx == 0 {
-            self.dirs.remove(path);
-        }
-        self.drop_rec(&r)?;
-        Ok(Some(Chunk { meta: r.meta, data }))
-    }
-
-    fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
-        let mut files = self.files(path);
-        let chunks = files.entry(path.to_string()).or_default();
-        let prev = chunks.get(&idx).map_or(0, |r| r.seq);
-        let made = self.new_record(
-            path,
-            idx,
-            chunk.meta,
-            chunk.data.len() as u64,
-            &[Part::Bytes(&chunk.data)],
-            prev,
-        );
-        let made = made.and_then(|rec| self.replace(chunks, idx, rec));
-        if made.is_err() && chunks.is_empty() {
-            files.remove(path);
-        }
-        made?;
-        drop(files);
-        if idx == 0 {
-            self.dirs.add(path);
-        }
-        Ok(())
-    }
-
-    fn stats(&self) -> StoreStats {
-        StoreStats {
-            entries: self.entries.get(),
-            bytes: self.bytes.get(),
-            capacity: self.end - DATA_START,
-        }
-    }
-
-    fn sync(&self) -> Result<()> {
-        Ok(self.media.sync()?)
     }
 }
 

@@ -24,27 +24,26 @@
 //! recomputation) use one fixed 1 MiB buffer per operation; the in-memory
 //! index holds about 150 bytes per chunk plus its path.
 //!
-//! Durability: [`Store::sync`] fsyncs every chunk file changed since the
+//! Durability: [`crate::Store::sync`] fsyncs every chunk file changed since the
 //! last sync and the directories whose entries changed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io;
 
-use crate::usage::Usage;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
-use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
-use crate::chunkmap::ChunkMap;
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
-use crate::dirindex::{lock, shard_of, DirIndex};
+use crate::dirindex::lock;
+use crate::index::{parts_len, Indexed, Medium, Part, Write};
 use crate::record::{new_uuid, Slot, MAX_SEQ, SLOT_LEN};
-use crate::{Chunk, MetaFn, Result, Store, StoreError, StoreStats};
+use crate::usage::Usage;
+use crate::{corrupt, Result, StoreError};
 
 /// Superblock file name.
 pub const POSIX_SUPER: &str = "chfs-posix.sb";
@@ -62,10 +61,10 @@ pub const PATH_OFF: u64 = 1024;
 pub const DATA_OFF: u64 = 8192;
 /// Size of the copy buffer.
 const BUF: usize = 1 << 20;
-const SHARDS: usize = 64;
 
+/// Index entry of one chunk file.
 #[derive(Debug, Clone, Copy)]
-struct PRec {
+pub struct PRec {
     id: u64,
     len: u64,
     crc: u32,
@@ -76,8 +75,6 @@ struct PRec {
     epoch: u64,
     corrupt: bool,
 }
-
-type Chunks = ChunkMap<PRec>;
 
 #[derive(Default)]
 struct Dirty {
@@ -101,24 +98,19 @@ pub struct PosixReport {
     pub created: bool,
 }
 
-/// The POSIX engine. See the module documentation.
-pub struct PosixStore {
+/// The POSIX medium: a chunk file per record. See the module documentation.
+pub struct Posix {
     root: PathBuf,
     uuid: u64,
-    files: Vec<crate::dirindex::Shard<HashMap<String, Chunks>>>,
-    dirs: DirIndex,
     next_id: AtomicU64,
     seq: AtomicU64,
     dirty: Mutex<Dirty>,
     synced: AtomicU64,
-    entries: AtomicU64,
-    usage: Usage,
     report: PosixReport,
 }
 
-fn corrupt(msg: impl Into<String>) -> StoreError {
-    StoreError::Corrupt(msg.into())
-}
+/// The POSIX engine. See the module documentation.
+pub type PosixStore = Indexed<Posix>;
 
 fn encode_super(uuid: u64) -> [u8; 64] {
     let mut b = [0u8; 64];
@@ -271,21 +263,7 @@ pub fn read_chunk_file(f: &File, uuid: u64) -> io::Result<ChunkFile> {
     Ok(out)
 }
 
-enum Part<'a> {
-    Bytes(&'a [u8]),
-    Zero(u64),
-    /// Copy from the old file: (offset within its data, length).
-    Copy(u64, u64),
-}
-
-impl Part<'_> {
-    fn len(&self) -> u64 {
-        match self {
-            Part::Bytes(b) => b.len() as u64,
-            Part::Zero(n) | Part::Copy(_, n) => *n,
-        }
-    }
-}
+crate::index::record_fields!(PRec);
 
 impl PosixStore {
     /// Opens (creating when needed) the store in directory `root`, holding
@@ -315,13 +293,9 @@ impl PosixStore {
             File::open(root)?.sync_all()?;
         }
         let uuid = read_posix_super(root)?;
-        let mut s = Self {
+        let medium = Posix {
             root: root.to_path_buf(),
             uuid,
-            files: (0..SHARDS)
-                .map(|_| crate::dirindex::Shard::new(HashMap::new()))
-                .collect(),
-            dirs: DirIndex::new(),
             next_id: AtomicU64::new(1),
             seq: AtomicU64::new(1),
             dirty: Mutex::new(Dirty {
@@ -329,28 +303,28 @@ impl PosixStore {
                 ..Default::default()
             }),
             synced: AtomicU64::new(1),
-            entries: AtomicU64::new(0),
-            usage: Usage::new(capacity, 0),
             report: PosixReport {
                 created,
                 ..Default::default()
             },
         };
+        let mut s = Indexed::over(medium, Usage::new(capacity, 0));
         s.recover()?;
         Ok(s)
     }
 
     /// What the last open found.
     pub fn recovery(&self) -> &PosixReport {
-        &self.report
+        &self.medium.report
     }
 
     fn recover(&mut self) -> Result<()> {
         let mut max_id = 0u64;
         let mut max_seq = 0u64;
-        let mut report = std::mem::take(&mut self.report);
+        let mut report = std::mem::take(&mut self.medium.report);
         let mut losers: Vec<u64> = Vec::new();
-        for d in std::fs::read_dir(&self.root)? {
+        let (root, uuid) = (self.medium.root.clone(), self.medium.uuid);
+        for d in std::fs::read_dir(&root)? {
             let d = d?;
             let name = d.file_name();
             let Some(name) = name.to_str() else { continue };
@@ -371,7 +345,7 @@ impl PosixStore {
                 };
                 max_id = max_id.max(id);
                 let f = OpenOptions::new().read(true).write(true).open(e.path())?;
-                let cf = read_chunk_file(&f, self.uuid)?;
+                let cf = read_chunk_file(&f, uuid)?;
                 let (Some(path), Some((_, top))) = (cf.path.clone(), cf.slots.first().copied())
                 else {
                     report.unreadable += 1;
@@ -405,55 +379,29 @@ impl PosixStore {
                     epoch: 0,
                     corrupt: bad,
                 };
-                let shard = self.files[shard_of(&path, SHARDS)]
-                    .get_mut()
-                    .unwrap_or_else(|p| p.into_inner());
-                let chunks = shard.entry(path).or_default();
-                match chunks.get(&s.idx) {
-                    Some(old) if better(old, &rec) => losers.push(id),
-                    Some(old) => {
-                        losers.push(old.id);
-                        chunks.insert(s.idx, rec);
-                    }
-                    None => {
-                        chunks.insert(s.idx, rec);
-                    }
+                if let Some(loser) = self.recovered(path, s.idx, rec) {
+                    losers.push(loser.id);
                 }
             }
         }
         report.superseded = losers.len() as u64;
         for id in losers {
-            std::fs::remove_file(chunk_file(&self.root, id))?;
+            std::fs::remove_file(chunk_file(&root, id))?;
         }
-        let (mut entries, mut bytes) = (0, 0);
-        for sh in &self.files {
-            for (path, chunks) in lock(sh).iter() {
-                for (idx, r) in chunks.iter() {
-                    entries += 1;
-                    bytes += r.len;
-                    report.corrupt += r.corrupt as u64;
-                    if *idx == 0 {
-                        self.dirs.add(path);
-                    }
-                }
-            }
-        }
-        report.records = entries;
-        self.entries = AtomicU64::new(entries);
-        self.usage = Usage::new(self.usage.capacity(), bytes);
+        let (records, bad) = self.rebuilt();
+        report.records = records;
+        report.corrupt += bad;
         // Ids come from file names, and a foreign file may take the last
         // one: ids then start again from 0 (creating a file never replaces
         // one, so a taken id is an error, not a lost chunk).
-        self.next_id = AtomicU64::new(max_id.wrapping_add(1));
-        self.seq = AtomicU64::new(max_seq + 1);
-        self.report = report;
+        self.medium.next_id = AtomicU64::new(max_id.wrapping_add(1));
+        self.medium.seq = AtomicU64::new(max_seq + 1);
+        self.medium.report = report;
         Ok(())
     }
+}
 
-    fn files(&self, path: &str) -> MutexGuard<'_, HashMap<String, Chunks>> {
-        lock(&self.files[shard_of(path, SHARDS)])
-    }
-
+impl Posix {
     fn mark(&self, id: u64, dir_changed: bool) -> u64 {
         let mut d = lock(&self.dirty);
         d.files.insert(id);
@@ -483,16 +431,7 @@ impl PosixStore {
                 "{path} chunk {idx}: sequence numbers exhausted"
             )));
         }
-        let s = Slot {
-            seq: r.seq,
-            uuid: self.uuid,
-            idx,
-            data_len: r.len as u32,
-            data_crc: r.crc,
-            path_len: path.len() as u32,
-            path_crc: crc32c(path.as_bytes()),
-            meta: r.meta,
-        };
+        let s = Slot::of(r.seq, self.uuid, path, idx, r.len, r.crc, r.meta);
         hook::write_at(f, &s.encode(), slot_off(n))?;
         r.slot = n;
         Ok(())
@@ -508,10 +447,7 @@ impl PosixStore {
         parts: &[Part<'_>],
         old: Option<&PRec>,
     ) -> Result<PRec> {
-        let len: u64 = parts.iter().map(Part::len).sum();
-        if len > u32::MAX as u64 {
-            return Err(StoreError::refused(libc::EFBIG, "chunk too large"));
-        }
+        let len = parts_len(parts)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let fp = chunk_file(&self.root, id);
         hook::gate()?;
@@ -597,136 +533,77 @@ impl PosixStore {
         }
         result
     }
+}
 
-    fn unlink(&self, id: u64) -> Result<()> {
-        lock(&self.dirty).dirs.insert((id & 0xff) as u8);
-        match hook::remove(&chunk_file(&self.root, id)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+impl Medium for Posix {
+    type Rec = PRec;
+    type Data = Vec<u8>;
+    const NAME: &'static str = "posix";
+
+    fn fresh(&self, w: Write<'_>, old: Option<&PRec>) -> Result<PRec> {
+        let parts = [Part::Zero(w.off), Part::Bytes(w.data.as_slice())];
+        self.new_file(w.path, w.idx, w.meta, &parts, old)
     }
 
-    /// Accounts a chunk changing from `old` to `new` bytes.
-    fn reserve_delta(&self, old: u64, new: u64) -> Result<()> {
-        if new > old {
-            self.usage.reserve(new - old)
-        } else {
-            self.usage.release(old - new);
-            Ok(())
-        }
-    }
-
-    /// Undoes [`Self::reserve_delta`].
-    fn undo_delta(&self, old: u64, new: u64) {
-        if new > old {
-            self.usage.release(new - old);
-        } else {
-            self.usage.reserve_unchecked(old - new);
-        }
-    }
-
-    /// Installs `rec` for a key (space already accounted), removing the
-    /// version it replaces.
-    fn replace(&self, chunks: &mut Chunks, idx: u64, rec: PRec) -> Result<()> {
-        match chunks.insert(idx, rec) {
-            Some(old) => self.unlink(old.id),
-            None => {
-                self.entries.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-        }
-    }
-
-    fn drop_rec(&self, r: &PRec) -> Result<()> {
-        self.usage.release(r.len);
-        self.entries.fetch_sub(1, Ordering::Relaxed);
-        self.unlink(r.id)
-    }
-
-    /// A whole new version from parts, with space accounting.
-    fn new_version(
-        &self,
-        chunks: &mut Chunks,
-        path: &str,
-        idx: u64,
-        meta: Meta,
-        parts: &[Part<'_>],
-    ) -> Result<()> {
-        let len: u64 = parts.iter().map(Part::len).sum();
-        let old = chunks.get(&idx).copied();
-        let old_len = old.map_or(0, |o| o.len);
-        self.reserve_delta(old_len, len)?;
-        match self.new_file(path, idx, meta, parts, old.as_ref()) {
-            Ok(rec) => self.replace(chunks, idx, rec),
-            Err(e) => {
-                self.undo_delta(old_len, len);
-                Err(e)
-            }
-        }
-    }
-
-    fn write_into(
-        &self,
-        chunks: &mut Chunks,
-        path: &str,
-        idx: u64,
-        off: u64,
-        data: &[u8],
-        meta: Meta,
-    ) -> Result<()> {
-        let r = *chunks.get(&idx).ok_or(StoreError::NotFound)?;
-        if r.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
+    fn write_into(&self, w: Write<'_>, rec: &mut PRec) -> Result<Option<PRec>> {
+        let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
+        let r = *rec;
+        let data = w.data.as_slice();
         let end = off + data.len() as u64;
         if off >= r.len {
             // Append: bytes past the current length, then the other slot.
-            self.usage.reserve(end - r.len)?;
-            let res = (|| -> Result<PRec> {
-                let f = self.open_chunk(r.id)?;
-                hook::write_at(&f, data, DATA_OFF + off)?;
-                if data.is_empty() && end > r.len {
-                    hook::set_len(&f, DATA_OFF + end)?;
-                }
-                let mut next = r;
-                next.crc = crc32c_append(crc32c_zeros(r.crc, off - r.len), data);
-                next.len = end;
-                next.meta = meta;
-                self.write_slot(&f, &mut next, path, idx, 1 - r.slot)?;
-                next.epoch = self.mark(r.id, false);
-                Ok(next)
-            })();
-            return match res {
-                Ok(next) => {
-                    chunks.insert(idx, next);
-                    Ok(())
-                }
-                Err(e) => {
-                    self.usage.release(end - r.len);
-                    Err(e)
-                }
-            };
+            let f = self.open_chunk(r.id)?;
+            hook::write_at(&f, data, DATA_OFF + off)?;
+            if data.is_empty() && end > r.len {
+                hook::set_len(&f, DATA_OFF + end)?;
+            }
+            let mut next = r;
+            next.crc = crc32c_append(crc32c_zeros(r.crc, off - r.len), data);
+            next.len = end;
+            next.meta = meta;
+            self.write_slot(&f, &mut next, path, idx, 1 - r.slot)?;
+            next.epoch = self.mark(r.id, false);
+            *rec = next;
+            return Ok(None);
         }
         // Overwrite: copy-on-write into a new file.
-        let new_len = end.max(r.len);
         let mut parts = vec![Part::Copy(0, off), Part::Bytes(data)];
         if end < r.len {
             parts.push(Part::Copy(end, r.len - end));
         }
-        self.reserve_delta(r.len, new_len)?;
-        match self.new_file(path, idx, meta, &parts, Some(&r)) {
-            Ok(rec) => self.replace(chunks, idx, rec),
-            Err(e) => {
-                self.undo_delta(r.len, new_len);
-                Err(e)
-            }
-        }
+        self.new_file(path, idx, meta, &parts, Some(&r)).map(Some)
     }
 
-    fn read_rec(&self, r: &PRec, off: u64, len: u64) -> Result<Vec<u8>> {
+    fn set_meta(&self, path: &str, idx: u64, rec: &mut PRec, meta: Meta) -> Result<()> {
+        let file = self.open_chunk(rec.id)?;
+        let mut next = *rec;
+        next.meta = meta;
+        self.write_slot(&file, &mut next, path, idx, 1 - rec.slot)?;
+        next.epoch = self.mark(rec.id, false);
+        *rec = next;
+        Ok(())
+    }
+
+    fn truncate(&self, path: &str, idx: u64, rec: &mut PRec, len: u64) -> Result<Option<PRec>> {
+        let r = *rec;
+        if self.durable(&r) {
+            // Keep the durable version intact until the short one is.
+            let parts = [Part::Copy(0, len)];
+            return self.new_file(path, idx, r.meta, &parts, Some(&r)).map(Some);
+        }
+        let f = self.open_chunk(r.id)?;
+        let mut buf = vec![0u8; BUF.min(len as usize).max(1)];
+        let mut next = r;
+        next.crc = file_crc(&f, DATA_OFF, len, 0, &mut buf)?;
+        next.len = len;
+        self.write_slot(&f, &mut next, path, idx, 1 - r.slot)?;
+        hook::set_len(&f, (DATA_OFF + len).max(PATH_OFF + path.len() as u64))?;
+        next.epoch = self.mark(r.id, false);
+        *rec = next;
+        Ok(None)
+    }
+
+    fn read(&self, r: &PRec, off: u64, len: u64) -> Result<Vec<u8>> {
         let start = off.min(r.len);
         let end = off.saturating_add(len).min(r.len);
         let mut v = vec![0u8; (end - start) as usize];
@@ -735,6 +612,57 @@ impl PosixStore {
             f.read_exact_at(&mut v, DATA_OFF + start)?;
         }
         Ok(v)
+    }
+
+    fn free(&self, r: PRec) -> Result<()> {
+        lock(&self.dirty).dirs.insert((r.id & 0xff) as u8);
+        match hook::remove(&chunk_file(&self.root, r.id)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        let (epoch, files, dirs) = {
+            let mut d = lock(&self.dirty);
+            let e = d.epoch;
+            d.epoch += 1;
+            (e, std::mem::take(&mut d.files), std::mem::take(&mut d.dirs))
+        };
+        let res = (|| -> Result<()> {
+            for id in &files {
+                match File::open(chunk_file(&self.root, *id)) {
+                    Ok(f) => f.sync_data()?,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            for d in &dirs {
+                match File::open(self.root.join(format!("{d:02x}"))) {
+                    Ok(f) => f.sync_all()?,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !dirs.is_empty() {
+                File::open(&self.root)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        match res {
+            Ok(()) => {
+                self.synced.fetch_max(epoch + 1, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(e) => {
+                // Not durable: put the work back for the next sync.
+                let mut d = lock(&self.dirty);
+                d.files.extend(files);
+                d.dirs.extend(dirs);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -857,326 +785,3 @@ mod hook {
 
 #[cfg(test)]
 pub(crate) use hook::fault;
-
-/// Is the indexed `old` version better than `new`?
-fn better(old: &PRec, new: &PRec) -> bool {
-    match (old.corrupt, new.corrupt) {
-        (false, true) => true,
-        (true, false) => false,
-        _ => old.seq > new.seq,
-    }
-}
-
-impl Store for PosixStore {
-    fn name(&self) -> &'static str {
-        "posix"
-    }
-
-    fn create(&self, path: &str, meta: Meta, data: &[u8], excl: bool) -> Result<(Meta, bool)> {
-        let mut files = self.files(path);
-        if let Some(r) = files.get(path).and_then(|c| c.get(&0)) {
-            return if excl {
-                Err(StoreError::Exists(r.meta))
-            } else {
-                Ok((r.meta, false))
-            };
-        }
-        let chunks = files.entry(path.to_string()).or_default();
-        let r = self.new_version(chunks, path, 0, meta, &[Part::Bytes(data)]);
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        r?;
-        drop(files);
-        self.dirs.add(path);
-        Ok((meta, true))
-    }
-
-    fn meta(&self, path: &str, idx: u64) -> Result<Option<Meta>> {
-        Ok(self
-            .files(path)
-            .get(path)
-            .and_then(|c| c.get(&idx))
-            .map(|r| r.meta))
-    }
-
-    fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
-        let off = off as u64;
-        let end = off + data.len() as u64;
-        let mut files = self.files(path);
-        if idx == 0 {
-            let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
-            let r = chunks.get(&0).ok_or(StoreError::NotFound)?;
-            let mut m = r.meta;
-            m.size = m.size.max(end);
-            m.mtime = template.mtime;
-            m.ctime = template.mtime;
-            return self.write_into(chunks, path, 0, off, data, m);
-        }
-        let chunks = files.entry(path.to_string()).or_default();
-        let r = match chunks.get(&idx) {
-            Some(r) if r.meta.fileid == template.fileid => {
-                let m = r.meta;
-                self.write_into(chunks, path, idx, off, data, m)
-            }
-            _ => self.new_version(
-                chunks,
-                path,
-                idx,
-                *template,
-                &[Part::Zero(off), Part::Bytes(data)],
-            ),
-        };
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        r
-    }
-
-    fn read(
-        &self,
-        path: &str,
-        idx: u64,
-        fileid: u32,
-        off: u32,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>> {
-        let files = self.files(path);
-        let Some(r) = files.get(path).and_then(|c| c.get(&idx)) else {
-            return Ok(None);
-        };
-        if idx > 0 && r.meta.fileid != fileid {
-            return Ok(None);
-        }
-        if r.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
-        self.read_rec(r, off as u64, len as u64).map(Some)
-    }
-
-    fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {
-        let mut files = self.files(path);
-        let r = files
-            .get_mut(path)
-            .and_then(|c| c.get_mut(&idx))
-            .ok_or(StoreError::NotFound)?;
-        let mut m = r.meta;
-        f(&mut m)?;
-        if m != r.meta {
-            let file = self.open_chunk(r.id)?;
-            let mut next = *r;
-            next.meta = m;
-            self.write_slot(&file, &mut next, path, idx, 1 - r.slot)?;
-            next.epoch = self.mark(r.id, false);
-            *r = next;
-        }
-        Ok(m)
-    }
-
-    fn remove(&self, path: &str, idx: u64, check: MetaFn<'_>) -> Result<Meta> {
-        let mut files = self.files(path);
-        let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
-        let r = chunks.get(&idx).ok_or(StoreError::NotFound)?;
-        let mut m = r.meta;
-        check(&mut m)?;
-        let r = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        if idx == 0 {
-            self.dirs.remove(path);
-        }
-        self.drop_rec(&r)?;
-        Ok(r.meta)
-    }
-
-    fn remove_chunks(&self, path: &str, from_idx: u64) -> Result<u64> {
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(0);
-        };
-        let gone = chunks.split_off(&from_idx);
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        if gone.contains_key(&0) {
-            self.dirs.remove(path);
-        }
-        let mut first_err = None;
-        for r in gone.values() {
-            if let Err(e) = self.drop_rec(r) {
-                first_err.get_or_insert(e);
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(gone.len() as u64),
-        }
-    }
-
-    fn truncate_chunk(&self, path: &str, idx: u64, len: u32) -> Result<()> {
-        let len = len as u64;
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(());
-        };
-        let Some(r) = chunks.get(&idx).copied() else {
-            return Ok(());
-        };
-        if r.len <= len {
-            return Ok(());
-        }
-        if r.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
-        if self.durable(&r) {
-            // Keep the durable version intact until the short one is.
-            return self.new_version(chunks, path, idx, r.meta, &[Part::Copy(0, len)]);
-        }
-        let f = self.open_chunk(r.id)?;
-        let mut buf = vec![0u8; BUF.min(len as usize).max(1)];
-        let mut next = r;
-        next.crc = file_crc(&f, DATA_OFF, len, 0, &mut buf)?;
-        next.len = len;
-        self.write_slot(&f, &mut next, path, idx, 1 - r.slot)?;
-        hook::set_len(&f, (DATA_OFF + len).max(PATH_OFF + path.len() as u64))?;
-        next.epoch = self.mark(r.id, false);
-        self.usage.release(r.len - len);
-        chunks.insert(idx, next);
-        Ok(())
-    }
-
-    fn chunk_indices(&self, path: &str) -> Result<Vec<u64>> {
-        Ok(self
-            .files(path)
-            .get(path)
-            .map(|c| c.keys().copied().collect())
-            .unwrap_or_default())
-    }
-
-    fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
-        let names = self.dirs.names(dir, after, max);
-        let done = names.len() <= max;
-        let mut out = Vec::with_capacity(names.len().min(max));
-        for name in names.into_iter().take(max) {
-            let path = chfs_proto::path::join(dir, &name);
-            if let Some(m) = self.meta(&path, 0)? {
-                out.push((name, m));
-            }
-        }
-        Ok((out, done))
-    }
-
-    fn has_children(&self, dir: &str) -> Result<bool> {
-        Ok(self.dirs.has_children(dir))
-    }
-
-    fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
-        let mut out = Vec::new();
-        for s in &self.files {
-            for p in lock(s).keys() {
-                if p != dir && is_within(p, dir) {
-                    out.push(p.clone());
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    fn take(&self, path: &str, idx: u64) -> Result<Option<Chunk>> {
-        let mut files = self.files(path);
-        let Some(chunks) = files.get_mut(path) else {
-            return Ok(None);
-        };
-        let Some(r) = chunks.get(&idx).copied() else {
-            return Ok(None);
-        };
-        if r.corrupt {
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: data checksum mismatch"
-            )));
-        }
-        let data = self.read_rec(&r, 0, r.len)?;
-        chunks.remove(&idx);
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        drop(files);
-        if idx == 0 {
-            self.dirs.remove(path);
-        }
-        self.drop_rec(&r)?;
-        Ok(Some(Chunk { meta: r.meta, data }))
-    }
-
-    fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
-        let mut files = self.files(path);
-        let chunks = files.entry(path.to_string()).or_default();
-        let r = self.new_version(chunks, path, idx, chunk.meta, &[Part::Bytes(&chunk.data)]);
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        r?;
-        drop(files);
-        if idx == 0 {
-            self.dirs.add(path);
-        }
-        Ok(())
-    }
-
-    fn stats(&self) -> StoreStats {
-        StoreStats {
-            entries: self.entries.load(Ordering::Relaxed),
-            bytes: self.usage.bytes(),
-            capacity: self.usage.capacity(),
-        }
-    }
-
-    fn sync(&self) -> Result<()> {
-        let (epoch, files, dirs) = {
-            let mut d = lock(&self.dirty);
-            let e = d.epoch;
-            d.epoch += 1;
-            (e, std::mem::take(&mut d.files), std::mem::take(&mut d.dirs))
-        };
-        let res = (|| -> Result<()> {
-            for id in &files {
-                match File::open(chunk_file(&self.root, *id)) {
-                    Ok(f) => f.sync_data()?,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            for d in &dirs {
-                match File::open(self.root.join(format!("{d:02x}"))) {
-                    Ok(f) => f.sync_all()?,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if !dirs.is_empty() {
-                File::open(&self.root)?.sync_all()?;
-            }
-            Ok(())
-        })();
-        match res {
-            Ok(()) => {
-                self.synced.fetch_max(epoch + 1, Ordering::AcqRel);
-                Ok(())
-            }
-            Err(e) => {
-                // Not durable: put the work back for the next sync.
-                let mut d = lock(&self.dirty);
-                d.files.extend(files);
-                d.dirs.extend(dirs);
-                Err(e)
-            }
-        }
-    }
-}

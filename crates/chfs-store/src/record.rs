@@ -64,6 +64,29 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 }
 
 impl Slot {
+    /// The slot of version `seq` of chunk `idx` of `path` in store `uuid`:
+    /// `len` bytes of data with checksum `crc`, header `meta`.
+    pub(crate) fn of(
+        seq: u64,
+        uuid: u64,
+        path: &str,
+        idx: u64,
+        len: u64,
+        crc: u32,
+        meta: Meta,
+    ) -> Self {
+        Self {
+            seq,
+            uuid,
+            idx,
+            data_len: len as u32,
+            data_crc: crc,
+            path_len: path.len() as u32,
+            path_crc: crc32c(path.as_bytes()),
+            meta,
+        }
+    }
+
     /// Encodes with its checksum.
     pub fn encode(&self) -> [u8; SLOT_LEN] {
         let mut b = [0u8; SLOT_LEN];

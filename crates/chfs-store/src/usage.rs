@@ -56,40 +56,65 @@ impl Striped {
 }
 
 /// Bytes of chunk data in use, bounded by a capacity (0 = no limit).
-/// Alone in its cache lines, so its updates do not evict the engine's
-/// read-mostly fields from other CPUs' caches.
+// One per store: its size does not matter, an indirection on every update
+// would.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Usage {
+    /// A capacity is enforced: one counter, checked against it.
+    Bounded(Bounded),
+    /// No limit here (none at all, or the medium enforces its own): a
+    /// striped counter, and the capacity only reported.
+    Counted(Striped, u64),
+}
+
+/// A counter checked against a capacity. Alone in its cache lines, so its
+/// updates do not evict the engine's read-mostly fields from other CPUs'
+/// caches.
 #[repr(align(128))]
-pub(crate) struct Usage {
+pub(crate) struct Bounded {
     bytes: AtomicU64,
     capacity: u64,
 }
 
 impl Usage {
+    /// `bytes` in use of `capacity` (0 = no limit).
     pub fn new(capacity: u64, bytes: u64) -> Self {
-        Self {
+        if capacity == 0 {
+            return Usage::Counted(Striped::new(bytes), 0);
+        }
+        Usage::Bounded(Bounded {
             bytes: AtomicU64::new(bytes),
             capacity,
-        }
+        })
+    }
+
+    /// Counts bytes without a limit, reporting `capacity` (a medium that
+    /// runs out of space by itself).
+    pub fn counted(capacity: u64) -> Self {
+        Usage::Counted(Striped::new(0), capacity)
     }
 
     /// Takes `add` more bytes, or fails with ENOSPC leaving usage unchanged.
     pub fn reserve(&self, add: u64) -> Result<()> {
+        let b = match self {
+            Usage::Counted(s, _) => {
+                s.add(add);
+                return Ok(());
+            }
+            Usage::Bounded(b) => b,
+        };
         if add == 0 {
             return Ok(());
         }
-        if self.capacity == 0 {
-            self.bytes.fetch_add(add, Ordering::Relaxed);
-            return Ok(());
-        }
-        let mut cur = self.bytes.load(Ordering::Relaxed);
+        let mut cur = b.bytes.load(Ordering::Relaxed);
         loop {
-            if cur + add > self.capacity {
+            if cur + add > b.capacity {
                 return Err(StoreError::NoSpace {
                     used: cur,
-                    capacity: self.capacity,
+                    capacity: b.capacity,
                 });
             }
-            match self.bytes.compare_exchange_weak(
+            match b.bytes.compare_exchange_weak(
                 cur,
                 cur + add,
                 Ordering::Relaxed,
@@ -103,25 +128,59 @@ impl Usage {
 
     /// Gives `sub` bytes back.
     pub fn release(&self, sub: u64) {
-        if sub == 0 {
-            return;
+        match self {
+            Usage::Counted(s, _) => s.sub(sub),
+            Usage::Bounded(_) if sub == 0 => {}
+            Usage::Bounded(b) => {
+                b.bytes.fetch_sub(sub, Ordering::Relaxed);
+            }
         }
-        self.bytes.fetch_sub(sub, Ordering::Relaxed);
     }
 
     /// Adds bytes without checking the capacity (undoing a release).
     pub fn reserve_unchecked(&self, add: u64) {
-        self.bytes.fetch_add(add, Ordering::Relaxed);
+        match self {
+            Usage::Counted(s, _) => s.add(add),
+            Usage::Bounded(b) => {
+                b.bytes.fetch_add(add, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Accounts a chunk changing from `old` to `new` bytes (ENOSPC when
+    /// it grows beyond the capacity).
+    pub fn change(&self, old: u64, new: u64) -> Result<()> {
+        if new > old {
+            self.reserve(new - old)
+        } else {
+            self.release(old - new);
+            Ok(())
+        }
+    }
+
+    /// Undoes [`Self::change`].
+    pub fn undo(&self, old: u64, new: u64) {
+        if new > old {
+            self.release(new - old);
+        } else {
+            self.reserve_unchecked(old - new);
+        }
     }
 
     /// Bytes in use.
     pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+        match self {
+            Usage::Counted(s, _) => s.get(),
+            Usage::Bounded(b) => b.bytes.load(Ordering::Relaxed),
+        }
     }
 
     /// The capacity (0 = no limit).
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        match self {
+            Usage::Counted(_, c) => *c,
+            Usage::Bounded(b) => b.capacity,
+        }
     }
 }
 

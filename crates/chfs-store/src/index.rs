@@ -1,0 +1,681 @@
+//! The key semantics of every engine, written once: [`Indexed`] keeps the
+//! in-memory index (path → chunk index → record, sharded by path), the
+//! directory index, the entry count and the byte usage, and implements
+//! [`Store`] over a [`Medium`], which only knows how to make, change, read
+//! and free one record.
+//!
+//! The rules kept here: chunk 0 is the entry (it must exist for a write,
+//! and a write grows its `size` and sets its times); a data chunk whose
+//! `fileid` differs from the writer's is stale: it reads as a hole and a
+//! write replaces it with a fresh record; a record whose data failed its
+//! checksum at open reads (and is written, cut and taken) as EIO; space is
+//! reserved before a record grows and given back when a change fails;
+//! directory listings come from the [`DirIndex`] of the entries.
+
+use std::collections::HashMap;
+use std::sync::MutexGuard;
+
+use bytes::Bytes;
+use chfs_proto::path::is_within;
+use chfs_proto::Meta;
+
+use crate::chunkmap::ChunkMap;
+use crate::dirindex::{lock, shard_of, DirIndex, Shard, SHARDS};
+use crate::usage::{Striped, Usage};
+use crate::{corrupt, Chunk, MetaFn, Result, Store, StoreError, StoreStats};
+
+/// What the index keeps of one chunk: its header, its length, and what the
+/// medium needs to find its bytes.
+pub trait Record: Send + 'static {
+    /// Chunk header.
+    fn meta(&self) -> &Meta;
+    /// Bytes of data.
+    fn len(&self) -> u64;
+    /// Header valid but data failed its checksum at open.
+    fn corrupt(&self) -> bool {
+        false
+    }
+    /// Sequence number of this version of its key (persistent media).
+    fn seq(&self) -> u64 {
+        0
+    }
+}
+
+/// Implements [`Record`] for an index entry with fields `meta`, `len`,
+/// `corrupt` and `seq` (the persistent media's).
+macro_rules! record_fields {
+    ($t:ty) => {
+        impl $crate::index::Record for $t {
+            fn meta(&self) -> &chfs_proto::Meta {
+                &self.meta
+            }
+
+            fn len(&self) -> u64 {
+                self.len
+            }
+
+            fn corrupt(&self) -> bool {
+                self.corrupt
+            }
+
+            fn seq(&self) -> u64 {
+                self.seq
+            }
+        }
+    };
+}
+pub(crate) use record_fields;
+
+/// Where the records live: the few operations that differ between DRAM,
+/// persistent memory and files. Every call is made under the lock of the
+/// record's key; `path` and `idx` name the key. An operation that fails
+/// leaves `rec` as it was.
+pub trait Medium: Send + Sync + 'static {
+    /// Index entry of one record.
+    type Rec: Record;
+    /// Bytes read out of a record.
+    type Data: Into<Vec<u8>> + Into<Bytes>;
+    /// Engine name for status reports.
+    const NAME: &'static str;
+
+    /// A new record with header `w.meta` holding `w.off` zero bytes then
+    /// `w.data`, to replace `old` (the key's current version, if any; the
+    /// caller frees it once the new one is in the index).
+    fn fresh(&self, w: Write<'_>, old: Option<&Self::Rec>) -> Result<Self::Rec>;
+
+    /// Writes `w.data` at `w.off` of `rec` with `w.meta` as its new header:
+    /// changes `rec` (`None`) or returns a new record to replace it.
+    fn write_into(&self, w: Write<'_>, rec: &mut Self::Rec) -> Result<Option<Self::Rec>>;
+
+    /// Gives `rec` the header `meta`.
+    fn set_meta(&self, path: &str, idx: u64, rec: &mut Self::Rec, meta: Meta) -> Result<()>;
+
+    /// Cuts `rec` to `len` (< its length) bytes: changes `rec` (`None`) or
+    /// returns a new record to replace it.
+    fn truncate(
+        &self,
+        path: &str,
+        idx: u64,
+        rec: &mut Self::Rec,
+        len: u64,
+    ) -> Result<Option<Self::Rec>>;
+
+    /// Up to `len` bytes at `off` (cut at the record's end).
+    fn read(&self, rec: &Self::Rec, off: u64, len: u64) -> Result<Self::Data>;
+
+    /// Frees a record that left the index.
+    fn free(&self, rec: Self::Rec) -> Result<()>;
+
+    /// Makes everything written so far durable.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A write of `data` at `off` of chunk `idx` of `path`, with header `meta`.
+pub struct Write<'a> {
+    /// Path of the chunk.
+    pub path: &'a str,
+    /// Chunk index.
+    pub idx: u64,
+    /// Offset of the data.
+    pub off: u64,
+    /// The bytes.
+    pub data: Src<'a>,
+    /// The record's header after the write.
+    pub meta: Meta,
+}
+
+/// Data of a write: borrowed, or a buffer the caller no longer needs (a
+/// medium holding chunks in heap buffers may keep it).
+pub enum Src<'a> {
+    /// Bytes to copy.
+    Copy(&'a [u8]),
+    /// A buffer to keep or copy.
+    Own(Bytes),
+}
+
+impl Src<'_> {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Src::Copy(d) => d,
+            Src::Own(b) => b,
+        }
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+}
+
+/// Data of a record under construction.
+pub(crate) enum Part<'a> {
+    /// Bytes given.
+    Bytes(&'a [u8]),
+    /// Zeros.
+    Zero(u64),
+    /// Bytes of the record it replaces: (where, as the medium counts, length).
+    Copy(u64, u64),
+}
+
+impl Part<'_> {
+    pub fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::Zero(n) | Part::Copy(_, n) => *n,
+        }
+    }
+}
+
+/// Total length of `parts`; EFBIG beyond what a record header counts.
+pub(crate) fn parts_len(parts: &[Part<'_>]) -> Result<u64> {
+    let len: u64 = parts.iter().map(Part::len).sum();
+    if len > u32::MAX as u64 {
+        return Err(StoreError::refused(libc::EFBIG, "chunk too large"));
+    }
+    Ok(len)
+}
+
+type Files<R> = HashMap<String, ChunkMap<R>>;
+
+/// Indexes a record found at open: (path, chunk index, record) → the
+/// version of the key that lost to another, to be freed.
+pub(crate) type Found<'a, R> = &'a mut dyn FnMut(String, u64, R) -> Option<R>;
+
+/// An engine: the index of a medium's records. See the module docs.
+pub struct Indexed<M: Medium> {
+    files: Vec<Shard<Files<M::Rec>>>,
+    dirs: DirIndex,
+    entries: Striped,
+    usage: Usage,
+    pub(crate) medium: M,
+}
+
+/// Is the indexed `old` version of a key better than `new` (at open, two
+/// versions of one key)? Intact data beats a checksum failure; then the
+/// later version wins.
+fn better<R: Record>(old: &R, new: &R) -> bool {
+    match (old.corrupt(), new.corrupt()) {
+        (false, true) => true,
+        (true, false) => false,
+        _ => old.seq() > new.seq(),
+    }
+}
+
+/// Indexes a record found at open in `files`; returns the version of its
+/// key that lost to another, if any.
+fn recovered<R: Record>(
+    files: &mut [Shard<Files<R>>],
+    path: String,
+    idx: u64,
+    rec: R,
+) -> Option<R> {
+    let shard = files[shard_of(&path, SHARDS)]
+        .get_mut()
+        .unwrap_or_else(|p| p.into_inner());
+    let chunks = shard.entry(path).or_default();
+    match chunks.get(&idx) {
+        Some(old) if better(old, &rec) => Some(rec),
+        _ => chunks.insert(idx, rec),
+    }
+}
+
+/// EIO for a record whose data failed its checksum.
+fn intact<R: Record>(r: &R, path: &str, idx: u64) -> Result<()> {
+    if r.corrupt() {
+        return Err(corrupt(format!(
+            "{path} chunk {idx}: data checksum mismatch"
+        )));
+    }
+    Ok(())
+}
+
+impl<M: Medium> Indexed<M> {
+    /// An empty index over `medium`, counting bytes in `usage`.
+    pub(crate) fn over(medium: M, usage: Usage) -> Self {
+        Self {
+            files: (0..SHARDS).map(|_| Shard::new(HashMap::new())).collect(),
+            dirs: DirIndex::new(),
+            entries: Striped::new(0),
+            usage,
+            medium,
+        }
+    }
+
+    fn files(&self, path: &str) -> MutexGuard<'_, Files<M::Rec>> {
+        lock(&self.files[shard_of(path, SHARDS)])
+    }
+
+    /// Indexes a record found at open; returns the version of its key that
+    /// lost to another (to be freed), if any.
+    pub(crate) fn recovered(&mut self, path: String, idx: u64, rec: M::Rec) -> Option<M::Rec> {
+        recovered(&mut self.files, path, idx, rec)
+    }
+
+    /// Runs `walk` over the medium with [`Self::recovered`] at hand: for
+    /// a medium that finds its records by walking itself at open.
+    pub(crate) fn walk_medium<T>(
+        &mut self,
+        walk: impl FnOnce(&mut M, Found<'_, M::Rec>) -> T,
+    ) -> T {
+        let files = &mut self.files;
+        walk(&mut self.medium, &mut |path, idx, rec| {
+            recovered(files, path, idx, rec)
+        })
+    }
+
+    /// After open: lists the entries in the directory index and counts the
+    /// records and bytes; returns (records, corrupt records).
+    pub(crate) fn rebuilt(&mut self) -> (u64, u64) {
+        let (mut entries, mut bytes, mut bad) = (0u64, 0u64, 0u64);
+        for sh in &self.files {
+            for (path, chunks) in lock(sh).iter() {
+                for (idx, r) in chunks.iter() {
+                    entries += 1;
+                    bytes += r.len();
+                    bad += r.corrupt() as u64;
+                    if *idx == 0 {
+                        self.dirs.add(path);
+                    }
+                }
+            }
+        }
+        self.entries = Striped::new(entries);
+        self.usage.reserve_unchecked(bytes);
+        (entries, bad)
+    }
+
+    /// Puts `rec` in the index, freeing the version it replaces.
+    fn install(&self, chunks: &mut ChunkMap<M::Rec>, idx: u64, rec: M::Rec) -> Result<()> {
+        match chunks.insert(idx, rec) {
+            Some(old) => self.medium.free(old),
+            None => {
+                self.entries.add(1);
+                Ok(())
+            }
+        }
+    }
+
+    /// A whole new version of a key: `zeros` zero bytes, then `data`.
+    fn new_version(
+        &self,
+        chunks: &mut ChunkMap<M::Rec>,
+        path: &str,
+        idx: u64,
+        meta: Meta,
+        zeros: u64,
+        data: Src<'_>,
+    ) -> Result<()> {
+        let old = chunks.get(&idx);
+        let old_len = old.map_or(0, Record::len);
+        let new_len = zeros + data.len() as u64;
+        self.usage.change(old_len, new_len)?;
+        let w = Write {
+            path,
+            idx,
+            off: zeros,
+            data,
+            meta,
+        };
+        match self.medium.fresh(w, old) {
+            Ok(rec) => self.install(chunks, idx, rec),
+            Err(e) => {
+                self.usage.undo(old_len, new_len);
+                Err(e)
+            }
+        }
+    }
+
+    /// Changes `r` to `new_len` bytes by `op`, with space accounting.
+    fn apply(
+        &self,
+        r: &mut M::Rec,
+        new_len: u64,
+        op: impl FnOnce(&mut M::Rec) -> Result<Option<M::Rec>>,
+    ) -> Result<()> {
+        let old_len = r.len();
+        self.usage.change(old_len, new_len)?;
+        match op(r) {
+            Ok(None) => Ok(()),
+            Ok(Some(rec)) => self.medium.free(std::mem::replace(r, rec)),
+            Err(e) => {
+                self.usage.undo(old_len, new_len);
+                Err(e)
+            }
+        }
+    }
+
+    /// Accounts and frees a record removed from the index.
+    fn dropped(&self, r: M::Rec) -> Result<()> {
+        self.usage.release(r.len());
+        self.entries.sub(1);
+        self.medium.free(r)
+    }
+
+    /// Stores a whole chunk as the new version of a key (chunk 0: listed
+    /// in its directory). `excl`: only when chunk `idx` is missing, else
+    /// [`StoreError::Exists`] (`Some(true)`) or its header (`Some(false)`).
+    fn store_new(
+        &self,
+        path: &str,
+        idx: u64,
+        meta: Meta,
+        data: Src<'_>,
+        excl: Option<bool>,
+    ) -> Result<(Meta, bool)> {
+        let mut files = self.files(path);
+        let chunks = files.entry(path.to_string()).or_default();
+        if let (Some(excl), Some(r)) = (excl, chunks.get(&idx)) {
+            return if excl {
+                Err(StoreError::Exists(*r.meta()))
+            } else {
+                Ok((*r.meta(), false))
+            };
+        }
+        let r = self.new_version(chunks, path, idx, meta, 0, data);
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        r?;
+        drop(files);
+        if idx == 0 {
+            self.dirs.add(path);
+        }
+        Ok((meta, true))
+    }
+
+    /// After chunk `idx` of `path` left `files` (locked; `emptied`: it was
+    /// the path's last): forgets an emptied path and an entry's name, and
+    /// frees the record. Returns its header.
+    fn removed(
+        &self,
+        mut files: MutexGuard<'_, Files<M::Rec>>,
+        path: &str,
+        idx: u64,
+        r: M::Rec,
+        emptied: bool,
+    ) -> Result<Meta> {
+        if emptied {
+            files.remove(path);
+        }
+        drop(files);
+        if idx == 0 {
+            self.dirs.remove(path);
+        }
+        let meta = *r.meta();
+        self.dropped(r)?;
+        Ok(meta)
+    }
+
+    /// Writes into an indexed record of `chunks`.
+    fn write_into(
+        &self,
+        chunks: &mut ChunkMap<M::Rec>,
+        path: &str,
+        idx: u64,
+        off: u64,
+        data: Src<'_>,
+        meta: Meta,
+    ) -> Result<()> {
+        let r = chunks.get_mut(&idx).ok_or(StoreError::NotFound)?;
+        intact(r, path, idx)?;
+        let new_len = (off + data.len() as u64).max(r.len());
+        self.apply(r, new_len, |r| {
+            let w = Write {
+                path,
+                idx,
+                off,
+                data,
+                meta,
+            };
+            self.medium.write_into(w, r)
+        })
+    }
+
+    fn write_src(
+        &self,
+        path: &str,
+        idx: u64,
+        off: u32,
+        data: Src<'_>,
+        template: &Meta,
+    ) -> Result<()> {
+        let off = off as u64;
+        let end = off + data.len() as u64;
+        let mut files = self.files(path);
+        if idx == 0 {
+            let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
+            let r = chunks.get(&0).ok_or(StoreError::NotFound)?;
+            let mut m = *r.meta();
+            m.size = m.size.max(end);
+            m.mtime = template.mtime;
+            m.ctime = template.mtime;
+            return self.write_into(chunks, path, 0, off, data, m);
+        }
+        let chunks = files.entry(path.to_string()).or_default();
+        let r = match chunks.get(&idx) {
+            Some(r) if r.meta().fileid == template.fileid => {
+                let m = *r.meta();
+                self.write_into(chunks, path, idx, off, data, m)
+            }
+            _ => self.new_version(chunks, path, idx, *template, off, data),
+        };
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        r
+    }
+
+    fn read_data(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<Option<M::Data>> {
+        let files = self.files(path);
+        let Some(r) = files.get(path).and_then(|c| c.get(&idx)) else {
+            return Ok(None);
+        };
+        if idx > 0 && r.meta().fileid != fileid {
+            return Ok(None);
+        }
+        intact(r, path, idx)?;
+        self.medium.read(r, off as u64, len as u64).map(Some)
+    }
+}
+
+impl<M: Medium> Store for Indexed<M> {
+    fn name(&self) -> &'static str {
+        M::NAME
+    }
+
+    fn create(&self, path: &str, meta: Meta, data: &[u8], excl: bool) -> Result<(Meta, bool)> {
+        self.store_new(path, 0, meta, Src::Copy(data), Some(excl))
+    }
+
+    fn meta(&self, path: &str, idx: u64) -> Result<Option<Meta>> {
+        Ok(self
+            .files(path)
+            .get(path)
+            .and_then(|c| c.get(&idx))
+            .map(|r| *r.meta()))
+    }
+
+    fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
+        self.write_src(path, idx, off, Src::Copy(data), template)
+    }
+
+    fn write_bytes(
+        &self,
+        path: &str,
+        idx: u64,
+        off: u32,
+        data: Bytes,
+        template: &Meta,
+    ) -> Result<()> {
+        self.write_src(path, idx, off, Src::Own(data), template)
+    }
+
+    fn read(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>> {
+        Ok(self.read_data(path, idx, fileid, off, len)?.map(Into::into))
+    }
+
+    fn read_bytes(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<Option<Bytes>> {
+        Ok(self.read_data(path, idx, fileid, off, len)?.map(Into::into))
+    }
+
+    fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {
+        let mut files = self.files(path);
+        let r = files
+            .get_mut(path)
+            .and_then(|c| c.get_mut(&idx))
+            .ok_or(StoreError::NotFound)?;
+        let mut m = *r.meta();
+        f(&mut m)?;
+        if m != *r.meta() {
+            self.medium.set_meta(path, idx, r, m)?;
+        }
+        Ok(m)
+    }
+
+    fn remove(&self, path: &str, idx: u64, check: MetaFn<'_>) -> Result<Meta> {
+        let mut files = self.files(path);
+        let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
+        let r = chunks.get(&idx).ok_or(StoreError::NotFound)?;
+        let mut m = *r.meta();
+        check(&mut m)?;
+        let r = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
+        let emptied = chunks.is_empty();
+        self.removed(files, path, idx, r, emptied)
+    }
+
+    fn remove_chunks(&self, path: &str, from_idx: u64) -> Result<u64> {
+        let mut files = self.files(path);
+        let Some(chunks) = files.get_mut(path) else {
+            return Ok(0);
+        };
+        let gone = chunks.split_off(&from_idx);
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        drop(files);
+        if gone.contains_key(&0) {
+            self.dirs.remove(path);
+        }
+        let n = gone.len() as u64;
+        let mut first_err = None;
+        for r in gone.into_values() {
+            if let Err(e) = self.dropped(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    fn truncate_chunk(&self, path: &str, idx: u64, len: u32) -> Result<()> {
+        let len = len as u64;
+        let mut files = self.files(path);
+        let Some(r) = files.get_mut(path).and_then(|c| c.get_mut(&idx)) else {
+            return Ok(());
+        };
+        if r.len() <= len {
+            return Ok(());
+        }
+        intact(r, path, idx)?;
+        self.apply(r, len, |r| self.medium.truncate(path, idx, r, len))
+    }
+
+    fn chunk_indices(&self, path: &str) -> Result<Vec<u64>> {
+        Ok(self
+            .files(path)
+            .get(path)
+            .map(|c| c.keys().copied().collect())
+            .unwrap_or_default())
+    }
+
+    fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
+        let names = self.dirs.names(dir, after, max);
+        let done = names.len() <= max;
+        let mut out = Vec::with_capacity(names.len().min(max));
+        for name in names.into_iter().take(max) {
+            let path = chfs_proto::path::join(dir, &name);
+            if let Some(m) = self.meta(&path, 0)? {
+                out.push((name, m));
+            }
+        }
+        Ok((out, done))
+    }
+
+    fn has_children(&self, dir: &str) -> Result<bool> {
+        Ok(self.dirs.has_children(dir))
+    }
+
+    fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for s in &self.files {
+            for p in lock(s).keys() {
+                if p != dir && is_within(p, dir) {
+                    out.push(p.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn take(&self, path: &str, idx: u64) -> Result<Option<Chunk>> {
+        let mut files = self.files(path);
+        let Some(chunks) = files.get_mut(path) else {
+            return Ok(None);
+        };
+        let Some(r) = chunks.get(&idx) else {
+            return Ok(None);
+        };
+        intact(r, path, idx)?;
+        let data = self.medium.read(r, 0, r.len())?;
+        let r = chunks.remove(&idx).ok_or(StoreError::NotFound)?;
+        let emptied = chunks.is_empty();
+        let meta = self.removed(files, path, idx, r, emptied)?;
+        Ok(Some(Chunk {
+            meta,
+            data: data.into(),
+        }))
+    }
+
+    fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
+        let data = Src::Own(Bytes::from(chunk.data));
+        self.store_new(path, idx, chunk.meta, data, None).map(drop)
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            entries: self.entries.get(),
+            bytes: self.usage.bytes(),
+            capacity: self.usage.capacity(),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.medium.sync()
+    }
+}
