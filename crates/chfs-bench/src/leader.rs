@@ -318,13 +318,6 @@ pub fn unique_name() -> String {
     format!("chfs-bench-{}-{t}", std::process::id())
 }
 
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
-
 /// One target being measured: its own backend (for setup, find and
 /// cleanup) and its worker processes.
 struct TargetRun<'a> {
@@ -372,8 +365,13 @@ impl<'a> TargetRun<'a> {
         }
         t.fs.create(IOR_HARD_FILE)?.close()?;
         t.workers = Some(launcher.launch(id, target, &name, params)?);
-        // find looks for files newer than this (taken before the first write)
-        t.start_ns = now_ns();
+        // find looks for files newer than this (taken before the first
+        // write), on the coarse clock local file systems stamp mtimes with
+        // (a precise reading can be a tick later than the mtime of a file
+        // created right after it: on tmpfs find then missed the first
+        // files); one ns earlier, since a file made within the same tick
+        // has exactly this time
+        t.start_ns = chfs_sys::coarse_realtime_ns() - 1;
         Ok(t)
     }
 

@@ -8,6 +8,7 @@
 //!   `memmap2` where its options suffice, raw `mmap` only for flags it
 //!   lacks (`MAP_SYNC`).
 //! - [`lock`]: poison-tolerant locking of a `Mutex`.
+//! - [`coarse_realtime_ns`]: the clock file systems stamp times with.
 //!
 //! The crate sits below every other one (it depends on libc and memmap2
 //! only), so the wire protocol crate stays free of I/O and each layer can
@@ -30,6 +31,22 @@ pub use map::Mapping;
 #[inline]
 pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The wall-clock time in ns since the epoch as the kernel's coarse clock
+/// has it (`CLOCK_REALTIME_COARSE`): what local file systems (tmpfs, ext4,
+/// ...) stamp modification times with. It lags the precise clock by up to
+/// a scheduler tick, so a file modified just after a precise reading can
+/// carry an earlier time; compare such times with this clock.
+pub fn coarse_realtime_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the live timespec above; the coarse
+    // realtime clock exists on every Linux since 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 /// This host's name (`gethostname(2)`), truncated to 255 bytes; bytes
@@ -57,6 +74,28 @@ mod tests {
         assert!(!name.contains('\0'));
         let uts = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         assert_eq!(name, uts.trim_end_matches('\n'));
+    }
+
+    /// What a file system stamps a file made after a coarse reading with
+    /// is never earlier than the reading.
+    #[test]
+    fn files_made_after_a_coarse_reading_are_not_older() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::path::Path::new("/dev/shm");
+        let dir = if dir.is_dir() {
+            dir.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let f = dir.join(format!("chfs-sys-clock-{}", std::process::id()));
+        for _ in 0..200 {
+            let t = coarse_realtime_ns();
+            std::fs::write(&f, b"x").unwrap();
+            let m = std::fs::metadata(&f).unwrap();
+            let mtime = m.mtime() * 1_000_000_000 + m.mtime_nsec();
+            assert!(mtime >= t, "mtime {mtime} before the coarse reading {t}");
+        }
+        std::fs::remove_file(&f).unwrap();
     }
 
     #[test]
