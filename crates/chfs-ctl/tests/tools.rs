@@ -92,20 +92,28 @@ fn stagein_from_stdin_then_flush_status_and_wait() {
     let _ = fs::remove_dir_all(&backend);
 }
 
+/// Is mpirun installed? If not, the test named `test` is skipped (which
+/// fails it when the suite requires MPI: `chfs_localpool::skip`).
+fn mpirun_here(test: &str) -> bool {
+    let has = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        chfs_localpool::skip(
+            "mpi",
+            test,
+            "mpirun not installed (apt install openmpi-bin)",
+        );
+    }
+    has
+}
+
 /// `mpirun -n 3 chstagein DIR`: every rank stages its share of the files
 /// below DIR, and together they stage all of them once.
 #[test]
 fn stagein_split_across_mpi_ranks() {
-    let has_mpirun = Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_mpirun {
-        chfs_localpool::skip(
-            "mpi",
-            "stage-in under mpirun",
-            "mpirun not installed (apt install openmpi-bin)",
-        );
+    if !mpirun_here("stagein_split_across_mpi_ranks") {
         return;
     }
     let backend = std::env::temp_dir().join(format!("chfs-ctl-tools-mpi-{}", std::process::id()));
@@ -347,16 +355,7 @@ fn stagein_copies_local_files_and_directories_without_a_backend() {
 /// entries out and together copy all of it once.
 #[test]
 fn local_directory_split_across_mpi_ranks() {
-    let has_mpirun = Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_mpirun {
-        chfs_localpool::skip(
-            "mpi",
-            "stage-in under mpirun",
-            "mpirun not installed (apt install openmpi-bin)",
-        );
+    if !mpirun_here("local_directory_split_across_mpi_ranks") {
         return;
     }
     let t = TmpDir::new("local-mpi");

@@ -19,6 +19,8 @@ pub type BStat = libc::stat;
 pub struct Backend {
     root: OwnedFd,
     path: PathBuf,
+    /// Entries looked up (tests count them).
+    #[cfg(test)]
     lookups: std::sync::atomic::AtomicU64,
 }
 
@@ -81,6 +83,7 @@ impl Backend {
         Ok(Backend {
             root,
             path: path.to_path_buf(),
+            #[cfg(test)]
             lookups: Default::default(),
         })
     }
@@ -227,6 +230,7 @@ impl Backend {
             let c = cstr(&name)?;
             // SAFETY: plain data filled by fstatat on success.
             let mut st: BStat = unsafe { std::mem::zeroed() };
+            #[cfg(test)]
             self.lookups
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // SAFETY: fd is an open directory, c a valid name, st writable.

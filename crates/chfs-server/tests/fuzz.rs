@@ -72,10 +72,7 @@ enum Conn {
 impl Conn {
     fn open(addr: &str, local: bool) -> Conn {
         let c = if local {
-            use std::os::linux::net::SocketAddrExt;
-            let name = chfs_proto::local_socket_name(addr);
-            let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-            Conn::Unix(UnixStream::connect_addr(&sa).unwrap())
+            Conn::Unix(local_raw(addr))
         } else {
             Conn::Tcp(TcpStream::connect(addr).unwrap())
         };
@@ -658,13 +655,7 @@ fn random_and_mutated_frames_with_and_without_the_key_change_nothing_they_may_no
         rec.sent
     };
     let pids: Vec<u32> = (0..addrs.len()).map(|i| p.pid(i).unwrap()).collect();
-    let rss = |i: usize| {
-        let st = std::fs::read_to_string(format!("/proc/{}/status", pids[i])).unwrap();
-        st.lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .unwrap()
-    };
+    let rss = |i: usize| rss_kib(pids[i]);
     let rss0: Vec<u64> = (0..addrs.len()).map(rss).collect();
     let before: Vec<(u64, u64)> = addrs
         .iter()

@@ -155,13 +155,19 @@ pub fn still_serves(addr: &str) {
 
 /// The local (Unix socket) connection a client on this host uses.
 pub fn local(addr: &str) -> std::os::unix::net::UnixStream {
-    use std::os::linux::net::SocketAddrExt;
-    let name = chfs_proto::local_socket_name(addr);
-    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let mut s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    let mut s = local_raw(addr);
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(handshake(&mut s, b""), (0, String::new()));
     s
+}
+
+/// A connection to the local socket of the server at `addr`, before the
+/// handshake.
+pub fn local_raw(addr: &str) -> std::os::unix::net::UnixStream {
+    use std::os::linux::net::SocketAddrExt;
+    let name = chfs_proto::local_socket_name(addr);
+    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    std::os::unix::net::UnixStream::connect_addr(&sa).unwrap()
 }
 
 /// A pool of one server with extra chfsd options.
