@@ -67,8 +67,9 @@ macro_rules! record_fields {
 pub(crate) use record_fields;
 
 /// Where the records live: the few operations that differ between DRAM,
-/// persistent memory and files. Every call is made under the lock of the
-/// record's key; `path` and `idx` name the key. An operation that fails
+/// persistent memory and files. Every call but `free` (made once the
+/// record is out of the index) is made under the lock of the record's
+/// key; `path` and `idx` name the key. An operation that fails
 /// leaves `rec` as it was.
 pub trait Medium: Send + Sync + 'static {
     /// Index entry of one record.
@@ -409,17 +410,16 @@ impl<M: Medium> Indexed<M> {
         Ok(meta)
     }
 
-    /// Writes into an indexed record of `chunks`.
+    /// Writes into `r`, the indexed record of chunk `idx` of `path`.
     fn write_into(
         &self,
-        chunks: &mut ChunkMap<M::Rec>,
+        r: &mut M::Rec,
         path: &str,
         idx: u64,
         off: u64,
         data: Src<'_>,
         meta: Meta,
     ) -> Result<()> {
-        let r = chunks.get_mut(&idx).ok_or(StoreError::NotFound)?;
         intact(r, path, idx)?;
         let new_len = (off + data.len() as u64).max(r.len());
         self.apply(r, new_len, |r| {
@@ -446,19 +446,21 @@ impl<M: Medium> Indexed<M> {
         let end = off + data.len() as u64;
         let mut files = self.files(path);
         if idx == 0 {
-            let chunks = files.get_mut(path).ok_or(StoreError::NotFound)?;
-            let r = chunks.get(&0).ok_or(StoreError::NotFound)?;
+            let r = files
+                .get_mut(path)
+                .and_then(|c| c.get_mut(&0))
+                .ok_or(StoreError::NotFound)?;
             let mut m = *r.meta();
             m.size = m.size.max(end);
             m.mtime = template.mtime;
             m.ctime = template.mtime;
-            return self.write_into(chunks, path, 0, off, data, m);
+            return self.write_into(r, path, 0, off, data, m);
         }
         let chunks = files.entry(path.to_string()).or_default();
-        let r = match chunks.get(&idx) {
+        let r = match chunks.get_mut(&idx) {
             Some(r) if r.meta().fileid == template.fileid => {
                 let m = *r.meta();
-                self.write_into(chunks, path, idx, off, data, m)
+                self.write_into(r, path, idx, off, data, m)
             }
             _ => self.new_version(chunks, path, idx, *template, off, data),
         };

@@ -378,10 +378,13 @@ impl PmemStore {
         let mut b = [0u8; 64];
         media.read(0, &mut b);
         if !format && b.iter().all(|&x| x == 0) {
-            // Formatting never completed (the superblock is written last),
-            // unless records follow: then the superblock was lost, and
-            // formatting would drop them.
-            if matches!(unword(media.load_word(DATA_START)), Some((USED, _))) {
+            // Formatting never completed (the superblock is written last):
+            // all it leaves is nothing, or one free extent over the whole
+            // data area. Anything else means the superblock was lost over
+            // records, and formatting would drop them.
+            let start_len = (size - DATA_START) / UNIT * UNIT;
+            let w = media.load_word(DATA_START);
+            if w != 0 && unword(w) != Some((FREE, start_len)) {
                 return Err(corrupt(
                     "the superblock is zeroed but records follow it: not formatting over them (remove the file to start an empty store)",
                 ));

@@ -128,14 +128,19 @@ fn holds_chunk_files(root: &Path) -> Result<bool> {
     for d in std::fs::read_dir(root)? {
         let d = d?;
         let name = d.file_name();
-        let is_bucket = name
-            .to_str()
-            .is_some_and(|n| n.len() == 2 && u8::from_str_radix(n, 16).is_ok());
-        if is_bucket && d.file_type()?.is_dir() && std::fs::read_dir(d.path())?.next().is_some() {
+        if is_bucket(name.to_str().unwrap_or(""))
+            && d.file_type()?.is_dir()
+            && std::fs::read_dir(d.path())?.next().is_some()
+        {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// Is `name` one of the store's chunk subdirectories (two hex digits)?
+fn is_bucket(name: &str) -> bool {
+    name.len() == 2 && u8::from_str_radix(name, 16).is_ok()
 }
 
 /// Reads the superblock of a POSIX store directory; returns its uuid.
@@ -328,8 +333,7 @@ impl PosixStore {
             let d = d?;
             let name = d.file_name();
             let Some(name) = name.to_str() else { continue };
-            if name.len() != 2 || u8::from_str_radix(name, 16).is_err() || !d.file_type()?.is_dir()
-            {
+            if !is_bucket(name) || !d.file_type()?.is_dir() {
                 continue;
             }
             for e in std::fs::read_dir(d.path())? {

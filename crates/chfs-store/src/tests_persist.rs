@@ -624,6 +624,20 @@ fn a_lost_superblock_is_refused_not_formatted_over() {
     let e = PmemStore::open(&file, 0).err().expect("refused");
     assert_eq!(e.errno(), libc::EIO, "{e}");
     assert!(e.to_string().contains("records follow"), "{e}");
+    // Also when the first extent is free again (its file removed) and
+    // records follow it.
+    std::fs::remove_file(&file).unwrap();
+    {
+        let s = PmemStore::open(&file, 256 << 10).unwrap();
+        s.create("/gone", meta(1), b"first", true).unwrap();
+        s.create("/f", meta(2), b"kept", true).unwrap();
+        s.remove("/gone", 0, &mut |_| Ok(())).unwrap();
+    }
+    let mut img = std::fs::read(&file).unwrap();
+    img[..64].fill(0);
+    std::fs::write(&file, &img).unwrap();
+    let e = PmemStore::open(&file, 0).err().expect("refused");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
     // A zeroed file with no record (a format that never completed) is
     // still formatted.
     std::fs::write(&file, vec![0u8; 256 << 10]).unwrap();
