@@ -142,7 +142,11 @@ impl Ring {
         match self.list.hashing {
             // (hash + idx) mod n, without the sum wrapping at 2^64 (which
             // broke the round robin for hashes near 2^64).
-            Hashing::Modular => ((hash % n as u64 + idx % n as u64) % n as u64) as usize,
+            Hashing::Modular => {
+                let n = n as u64;
+                let s = hash % n + idx % n;
+                (if s >= n { s - n } else { s }) as usize
+            }
             Hashing::Consistent => {
                 let k = xxh3_64_with_seed(&idx.to_le_bytes(), hash);
                 let pos = self.vnodes.partition_point(|&(h, _)| h < k);
