@@ -30,7 +30,7 @@ struct Conn {
 
 /// Connections to peers, opened on first use and replaced when broken.
 pub struct Peers {
-    conns: tokio::sync::Mutex<HashMap<String, Arc<Conn>>>,
+    conns: Mutex<HashMap<String, Arc<Conn>>>,
     next_id: AtomicU64,
     cred: Credential,
     timeout: Duration,
@@ -64,7 +64,7 @@ impl Peers {
     /// the requests for it (two callers may then both connect: the first
     /// connection stored is kept, the other dropped).
     async fn conn(&self, addr: &str) -> Result<Arc<Conn>, ErrorReply> {
-        if let Some(c) = self.conns.lock().await.get(addr) {
+        if let Some(c) = lock(&self.conns).get(addr) {
             if c.alive.load(Ordering::Acquire) {
                 return Ok(c.clone());
             }
@@ -78,7 +78,7 @@ impl Peers {
             };
             ErrorReply::new(errno, format!("cannot connect to server {addr}: {e}"))
         })?);
-        let mut conns = self.conns.lock().await;
+        let mut conns = lock(&self.conns);
         if let Some(old) = conns.get(addr) {
             if old.alive.load(Ordering::Acquire) {
                 return Ok(old.clone());

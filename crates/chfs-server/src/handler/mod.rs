@@ -34,7 +34,7 @@ use crate::metrics::Counters;
 use crate::state::Shared;
 
 use common::{check_chunk_size, lost, refuse, store_err, Reply};
-use namespace::{apply_attr, default_root, dirty_entry, modified_entry, rename_move, Ns};
+use namespace::{apply_attr, default_root, rename_move, Ns};
 use pool::{join, mark_damaged, medium_available};
 
 /// Serves one request.
@@ -337,7 +337,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                         return Err(refuse(libc::EISDIR, "is a directory"));
                     }
                     if stray {
+                        // Only the mark: the size, times and cache state
+                        // stay as the write left them.
                         m.flags |= FLAG_STRAY;
+                        return Ok(());
                     }
                     if let Some(v) = if_size {
                         // Taking back a size published with a write that
@@ -360,7 +363,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                         m.set_epoch(version);
                         m.flags &= !FLAG_DAMAGED;
                     }
-                    if !grow_only && !stray {
+                    if !grow_only {
                         // A truncate: every server dropped the chunks past
                         // the new size before (`TruncateChunks`).
                         m.flags &= !FLAG_STRAY;
@@ -373,7 +376,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     Ok(())
                 })
                 .map_err(|e| store_err(&path, e))?;
-            dirty_entry(sh, &path)?;
+            if !stray {
+                ns.changed(sh, &path, 0, false)?;
+            }
             Ok(Response::Sized { meta: m, before })
         }
         Request::SetAttr { path, attr } => {
@@ -384,7 +389,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             let m = st
                 .update_meta(&path, 0, &mut |m| apply_attr(m, &attr))
                 .map_err(|e| store_err(&path, e))?;
-            dirty_entry(sh, &path)?;
+            ns.changed(sh, &path, 0, false)?;
             Ok(Response::Meta(m))
         }
         Request::RemoveEntry { path, kind } => {
@@ -541,8 +546,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 Ok(())
             })
             .map_err(|e| store_err(&path, e))?;
-            dirty_entry(sh, &path)?;
-            modified_entry(sh, &path)?;
+            ns.changed(sh, &path, 0, true)?;
             Ok(Response::Count(at))
         }
     }

@@ -145,29 +145,17 @@ pub(super) fn lookup(sh: &Arc<Shared>, c: &Cache, path: &str) -> Result<Option<M
 }
 
 /// Marks a cached backend file as written in the cache ([`FLAG_MODIFIED`]).
-pub(super) fn modified_entry(sh: &Arc<Shared>, path: &str) -> Result<(), ErrorReply> {
-    if sh.cache.is_some() {
-        let r = sh.store.update_meta(path, 0, &mut |m| {
-            if m.flags & FLAG_CACHED != 0 {
-                m.flags |= FLAG_MODIFIED;
-            }
-            Ok(())
-        });
-        match r {
-            Ok(_) | Err(StoreError::NotFound) => {}
-            Err(e) => return Err(store_err(path, e)),
+fn modified_entry(sh: &Shared, path: &str) -> Result<(), ErrorReply> {
+    let r = sh.store.update_meta(path, 0, &mut |m| {
+        if m.flags & FLAG_CACHED != 0 {
+            m.flags |= FLAG_MODIFIED;
         }
+        Ok(())
+    });
+    match r {
+        Ok(_) | Err(StoreError::NotFound) => Ok(()),
+        Err(e) => Err(store_err(path, e)),
     }
-    Ok(())
-}
-
-/// Marks an entry dirty after a metadata change (cache mode).
-pub(super) fn dirty_entry(sh: &Arc<Shared>, path: &str) -> Result<(), ErrorReply> {
-    if let Some(c) = sh.cache.as_deref() {
-        c.mark_dirty(&*sh.store, path, 0)
-            .map_err(|e| store_err(path, e))?;
-    }
-    Ok(())
 }
 
 /// unlink/rmdir in cache mode.

@@ -47,7 +47,7 @@ pub(crate) fn request(sh: &Arc<Shared>, start: bool) -> Response {
 /// Adopts a chunk sent by a rebalance pass unless this key is held here.
 pub(crate) fn adopt(sh: &Shared, path: &str, idx: u64, chunk: Chunk) -> Result<bool, ErrorReply> {
     let st = &*sh.store;
-    let err = |e: chfs_store::StoreError| ErrorReply::new(e.errno(), format!("{path}: {e}"));
+    let err = |e| super::common::store_err(path, e);
     if st.meta(path, idx).map_err(err)?.is_some() {
         return Ok(false);
     }
