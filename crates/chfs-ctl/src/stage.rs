@@ -115,7 +115,7 @@ pub fn rank_share(
 fn local_children(dir: &std::path::Path) -> Result<Option<Vec<String>>, chfs_client::Error> {
     let err = |e: std::io::Error| {
         chfs_client::Error::new(
-            e.raw_os_error().unwrap_or(libc::EIO),
+            chfs_proto::error::io_errno(&e),
             format!("{}: {e}", dir.display()),
         )
     };

@@ -771,7 +771,11 @@ fn restarted_servers_are_told_about_the_ring_buffers_again() {
     let mut pool = pool(2);
     let m = Mount::new(&pool, &[]);
     if transport(&m) != "io_uring" {
-        eprintln!("no FUSE over io_uring here: chfuse's ring buffers are not in use");
+        chfs_localpool::skip(
+            "uring",
+            "restarted_servers_are_told_about_the_ring_buffers_again",
+            "no FUSE over io_uring here: chfuse's ring buffers are not in use",
+        );
         return;
     }
     let data = pattern(1 << 20, 8);

@@ -423,7 +423,7 @@ impl Client {
             return Ok(0);
         }
         off.checked_add(buf.len() as u64)
-            .filter(|e| *e <= i64::MAX as u64)
+            .filter(|e| *e <= chfs_proto::meta::MAX_FILE_SIZE)
             .ok_or_else(|| Error::new(libc::EFBIG, "file too large"))?;
         let st = self.state();
         let mut s = lock(&f.state);
