@@ -18,6 +18,7 @@
 pub mod cache;
 pub mod demo;
 pub mod error;
+pub mod floor;
 pub mod fs;
 pub mod fuse;
 pub mod leader;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use chfs_bench::leader::{self, Launcher, LocalLauncher, RunOptions};
 use chfs_bench::report::{self, RunResult};
 use chfs_bench::worker::{Params, PoolCredential, TargetSpec};
-use chfs_bench::{cache, demo, fuse, store, store_servers, sweep, BenchError, Result};
+use chfs_bench::{cache, demo, floor, fuse, store, store_servers, sweep, BenchError, Result};
 use chfs_client::Client;
 use chfs_localpool::{LocalPool, PoolOptions};
 use clap::{Args, Parser, Subcommand};
@@ -63,6 +63,10 @@ enum Cmd {
     /// Cache mode: stage-in and write-back against cp -r, and I/O-aware
     /// flushing (doc/cache-mode.md).
     Cache(cache::CacheArgs),
+    /// The round-trip floor: socket ping-pong on one CPU and across CPUs,
+    /// and a no-op request to a local chfsd on a CPU lane, its Unix socket
+    /// and TCP.
+    Floor(floor::FloorArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -438,6 +442,7 @@ fn dispatch(cli: Cli, launcher: &dyn Launcher, mpi: Option<(usize, usize)>) -> R
         Some(Cmd::Io500(a)) => io500(a, launcher, size, shift),
         Some(Cmd::Sweep(a)) => run_sweep(a),
         Some(Cmd::Demo(a)) => demo::run(&a),
+        Some(Cmd::Floor(a)) => floor::run(&a),
         Some(Cmd::Fuse(a)) => fuse::run(&a),
         Some(Cmd::Store(a)) => store::run(&a),
         Some(Cmd::StoreServers(a)) => store_servers::engines(&a),

@@ -271,3 +271,26 @@ fn a_signal_ends_the_other_subcommands_at_once() {
     };
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
+
+#[test]
+fn floor_measures_each_transport_and_a_servers_no_op() {
+    let (o, _) = bench(&["floor", "--rounds", "300"], &[]);
+    let figure = |line: &str| -> Vec<f64> {
+        let l = o
+            .lines()
+            .find(|l| l.contains(line))
+            .unwrap_or_else(|| panic!("no {line:?} in\n{o}"));
+        l.split(|c: char| c.is_whitespace() || c == ',')
+            .filter_map(|w| w.parse::<f64>().ok())
+            .collect()
+    };
+    let two_cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) > 1;
+    for kind in ["Unix socket ", "TCP "] {
+        let f = figure(&format!("ping-pong, {kind}"));
+        assert_eq!(f.len(), if two_cpus { 2 } else { 1 }, "{o}");
+        assert!(f.iter().all(|&us| us > 0.0 && us < 100_000.0), "{o}");
+    }
+    let rpc = figure("chfsd no-op");
+    assert_eq!(rpc.len(), 3, "{o}");
+    assert!(rpc.iter().all(|&us| us > 0.0 && us < 100_000.0), "{o}");
+}

@@ -84,6 +84,11 @@ impl OpenFile {
 pub struct ClientStats {
     /// Requests sent.
     pub rpcs: u64,
+    /// Replies (or parts of large ones) that arrived while the waiter
+    /// polled, and waits that polled in vain and then slept
+    /// (`CHFS_POLL_USEC`).
+    pub poll_hits: u64,
+    pub poll_misses: u64,
 }
 
 struct Inner {
@@ -233,6 +238,8 @@ impl Client {
     pub fn stats(&self) -> ClientStats {
         ClientStats {
             rpcs: self.inner.rpcs.load(Ordering::Relaxed),
+            poll_hits: self.inner.pool.poll_counts().0,
+            poll_misses: self.inner.pool.poll_counts().1,
         }
     }
 

@@ -30,6 +30,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_LOCAL_SOCKET", default: "1", help: "reach servers on this host through their Unix socket instead of TCP (0 = always TCP)" },
     Setting { env: "CHFS_CMA", default: "1", help: "let servers on this host that run as the same user copy large writes (16 KiB and up) straight from this process's memory with process_vm_readv instead of through the socket, or from a shared-memory window the process set up (chfuse's ring buffers) with cache-bypassing stores (0 = always through the socket)" },
     Setting { env: "CHFS_CPU_LANES", default: "auto", help: "reach servers on this host over one connection per CPU of the calling thread, each served by a server thread pinned to that CPU, so a request and its reply stay on one CPU: auto = for threads pinned to one CPU (MPI ranks bound to cores), 1 = for every thread, 0 = never" },
+    Setting { env: "CHFS_POLL_USEC", default: "auto", help: "longest time in microseconds a caller waiting for a reply asks its socket without sleeping (bounded adaptive polling: the window shrinks to nothing while replies take longer and grows back when they come quickly; never on a CPU lane): auto = 100 where the process may run on two or more CPUs, else 0; 0 = never poll" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "the pool's client key (chfs-client-key:HEX) or secret, proving this process may use the pool (prefer CHFS_SECRET_FILE)" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the pool's client key or secret, as chfsctl start exports it (takes precedence over CHFS_SECRET)" },
 ];
@@ -81,6 +82,36 @@ pub struct ClientConfig {
     /// Which threads reach local servers over per-CPU connections served
     /// on that CPU (see `Client::set_cpu_lanes`).
     pub cpu_lanes: CpuLanes,
+    /// How long a caller waiting for a reply polls (`CHFS_POLL_USEC`).
+    pub poll: Polling,
+}
+
+/// Polling for replies before sleeping (`CHFS_POLL_USEC`; see the
+/// crate's `poll` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Polling {
+    /// Never: a waiter sleeps at once.
+    Off,
+    /// Up to [`crate::poll::AUTO_MAX`] where the process may run on two
+    /// or more CPUs (a poller then leaves a CPU to the server), else off.
+    Auto,
+    /// Up to this long.
+    Upto(Duration),
+}
+
+impl Polling {
+    /// The longest window this setting allows here.
+    pub fn max(self) -> Duration {
+        match self {
+            Polling::Off => Duration::ZERO,
+            Polling::Upto(d) => d,
+            Polling::Auto => match chfs_sys::cpu::allowed_count() {
+                Ok(n) if n >= 2 => crate::poll::AUTO_MAX,
+                _ => Duration::ZERO,
+            },
+        }
+    }
 }
 
 /// Which calling threads use CPU lanes (`CHFS_CPU_LANES`).
@@ -111,6 +142,7 @@ impl Default for ClientConfig {
             local_socket: true,
             cma: true,
             cpu_lanes: CpuLanes::Pinned,
+            poll: Polling::Auto,
         }
     }
 }
@@ -183,6 +215,15 @@ impl ClientConfig {
                 "auto" => CpuLanes::Pinned,
                 _ if num::<i64>("CHFS_CPU_LANES", &v)? != 0 => CpuLanes::Always,
                 _ => CpuLanes::Never,
+            };
+        }
+        if let Some(v) = get("CHFS_POLL_USEC") {
+            c.poll = match v.trim() {
+                "auto" => Polling::Auto,
+                _ => match num::<u64>("CHFS_POLL_USEC", &v)? {
+                    0 => Polling::Off,
+                    us => Polling::Upto(Duration::from_micros(us)),
+                },
             };
         }
         if let Some(v) = get("CHFS_DIR_CACHE_MSEC") {

@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -29,6 +29,7 @@ use chfs_sys::lock;
 
 use crate::config::ClientConfig;
 use crate::error::{fail, ConnFault, Error, Result};
+use crate::poll::{Counts, Poller};
 use crate::stream::Stream;
 
 /// Smallest write whose data a local server copies from this process's
@@ -79,6 +80,8 @@ pub(crate) struct Conn {
     /// read from it.
     opened: Instant,
     last_io: AtomicU64,
+    /// How long a waiter polls for a reply before it sleeps.
+    poll: Poller,
 }
 
 /// A connection idle for this long is checked for a server that closed it
@@ -135,7 +138,7 @@ impl FrameReader {
         }
     }
 
-    fn read_frame(&mut self) -> std::result::Result<(Header, Bytes), ReadError> {
+    fn read_frame(&mut self, poll: &Poller) -> std::result::Result<(Header, Bytes), ReadError> {
         let mut stalls = 0;
         loop {
             let need = if self.buf.len() >= HEADER_LEN {
@@ -152,13 +155,19 @@ impl FrameReader {
             } else {
                 HEADER_LEN
             };
-            self.fill(need, &mut stalls)?;
+            self.fill(need, &mut stalls, poll)?;
         }
     }
 
     /// Reads what has arrived, at least one byte, with room for `need`
-    /// bytes in the buffer and [`READ_AHEAD`] more.
-    fn fill(&mut self, need: usize, stalls: &mut u32) -> std::result::Result<(), ReadError> {
+    /// bytes in the buffer and [`READ_AHEAD`] more. Asks without blocking
+    /// for the window of `poll` first, then sleeps in `recv(2)`.
+    fn fill(
+        &mut self,
+        need: usize,
+        stalls: &mut u32,
+        poll: &Poller,
+    ) -> std::result::Result<(), ReadError> {
         use ReadError::*;
         let want = need.saturating_sub(self.buf.len()) + READ_AHEAD;
         self.buf.reserve(want);
@@ -167,6 +176,11 @@ impl FrameReader {
             self.buf = BytesMut::with_capacity(want);
         }
         let had = self.buf.len();
+        let window = poll.window();
+        let mut polling = !window.is_zero();
+        let start = Instant::now();
+        // How long it polled before sleeping.
+        let mut polled = Duration::ZERO;
         loop {
             let spare = self.buf.spare_capacity_mut();
             // SAFETY: the kernel writes at most `spare.len()` bytes into
@@ -177,18 +191,34 @@ impl FrameReader {
                     self.s.as_raw_fd(),
                     spare.as_mut_ptr().cast(),
                     spare.len(),
-                    0,
+                    if polling { libc::MSG_DONTWAIT } else { 0 },
                 )
             };
             if n > 0 {
                 // SAFETY: the kernel initialised the next `n` bytes.
                 unsafe { self.buf.set_len(had + n as usize) };
+                if polling {
+                    poll.hit();
+                } else {
+                    poll.slept(polled, start.elapsed() - polled);
+                }
                 return Ok(());
             }
             if n == 0 {
                 return Err(Broken(std::io::ErrorKind::UnexpectedEof.into()));
             }
             let e = std::io::Error::last_os_error();
+            if polling && e.kind() == std::io::ErrorKind::WouldBlock {
+                let t = start.elapsed();
+                if t >= window {
+                    polling = false;
+                    polled = t;
+                }
+                // Whatever else wants this CPU (a server, another rank)
+                // runs first: polling only uses time nobody else wants.
+                std::thread::yield_now();
+                continue;
+            }
             match e {
                 e if e.kind() == std::io::ErrorKind::Interrupted => {}
                 // Nothing of a frame yet: the connection is just idle.
@@ -217,18 +247,28 @@ impl Conn {
     /// server on this host is reached through its Unix socket (see
     /// [`crate::stream`]), and with `cfg.cma` asked whether it can copy
     /// write data from this process's memory.
-    pub fn connect(addr: &str, cfg: &ClientConfig) -> Result<Conn> {
-        Self::open(addr, cfg, None)
+    pub fn connect(addr: &str, cfg: &ClientConfig, counts: Arc<Counts>) -> Result<Conn> {
+        Self::open(addr, cfg, None, counts)
     }
 
     /// A local connection served on the server's thread for `cpu`
     /// ([`Request::Lane`]); an error when the server is not local or
     /// refuses.
-    pub fn connect_lane(addr: &str, cfg: &ClientConfig, cpu: u32) -> Result<Conn> {
-        Self::open(addr, cfg, Some(cpu))
+    pub fn connect_lane(
+        addr: &str,
+        cfg: &ClientConfig,
+        cpu: u32,
+        counts: Arc<Counts>,
+    ) -> Result<Conn> {
+        Self::open(addr, cfg, Some(cpu), counts)
     }
 
-    fn open(addr: &str, cfg: &ClientConfig, lane: Option<u32>) -> Result<Conn> {
+    fn open(
+        addr: &str,
+        cfg: &ClientConfig,
+        lane: Option<u32>,
+        counts: Arc<Counts>,
+    ) -> Result<Conn> {
         let timeout = cfg.rpc_timeout;
         let cred = Credential::parse(&cfg.secret)
             .map_err(|e| Error::new(libc::EINVAL, format!("CHFS_SECRET(_FILE): {e}")))?;
@@ -265,6 +305,14 @@ impl Conn {
             fd,
             opened: Instant::now(),
             last_io: AtomicU64::new(0),
+            // A lane's server runs on this CPU: polling would keep it off.
+            poll: Poller::new(
+                match lane {
+                    Some(_) => Duration::ZERO,
+                    None => cfg.poll.max(),
+                },
+                counts,
+            ),
         };
         if let Some(cpu) = lane {
             // The lane is asked for by the connection's first request.
@@ -612,7 +660,7 @@ impl Conn {
     fn read_until(&self, id: u64, deadline: Instant) -> Option<Reply> {
         let mut rd = lock(&self.reader);
         loop {
-            match rd.read_frame() {
+            match rd.read_frame(&self.poll) {
                 Ok((h, payload)) => {
                     self.note_io();
                     let reply = self.decode(h, payload);
@@ -696,7 +744,10 @@ mod tests {
             .unwrap();
         let mut r = FrameReader::new(Stream::Unix(a));
         // Nothing yet: idle, not broken.
-        assert!(matches!(r.read_frame(), Err(ReadError::Idle)));
+        assert!(matches!(
+            r.read_frame(&Poller::new(Duration::ZERO, Default::default())),
+            Err(ReadError::Idle)
+        ));
         // Several frames in one write, one larger than the read-ahead, and
         // a frame trickling in byte by byte.
         let big: Vec<u8> = (0..READ_AHEAD as u32 * 3)
@@ -716,7 +767,9 @@ mod tests {
         });
         let mut got = Vec::new();
         for _ in 0..4 {
-            let (h, p) = r.read_frame().unwrap_or_else(|_| panic!("frame"));
+            let (h, p) = r
+                .read_frame(&Poller::new(Duration::ZERO, Default::default()))
+                .unwrap_or_else(|_| panic!("frame"));
             got.push((h.id, p));
         }
         assert_eq!(got[0], (1, Bytes::from_static(b"one")));
@@ -724,14 +777,20 @@ mod tests {
         assert_eq!(got[2], (3, Bytes::from(big)));
         assert_eq!(got[3], (4, Bytes::from_static(b"slow")));
         writer.join().unwrap();
-        assert!(matches!(r.read_frame(), Err(ReadError::Broken(_))));
+        assert!(matches!(
+            r.read_frame(&Poller::new(Duration::ZERO, Default::default())),
+            Err(ReadError::Broken(_))
+        ));
         // A server that stops in the middle of a frame but keeps the
         // connection: broken after a few read timeouts, not idle forever.
         let (a, mut b) = UnixStream::pair().unwrap();
         a.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let mut r = FrameReader::new(Stream::Unix(a));
         b.write_all(&frame(6, b"stalled")[..10]).unwrap();
-        assert!(matches!(r.read_frame(), Err(ReadError::Broken(_))));
+        assert!(matches!(
+            r.read_frame(&Poller::new(Duration::ZERO, Default::default())),
+            Err(ReadError::Broken(_))
+        ));
         drop(b);
     }
 
@@ -746,10 +805,14 @@ mod tests {
             b.write_all(&frame(2, b"small")).unwrap();
             b
         });
-        let (_, p) = r.read_frame().unwrap_or_else(|_| panic!("frame"));
+        let (_, p) = r
+            .read_frame(&Poller::new(Duration::ZERO, Default::default()))
+            .unwrap_or_else(|_| panic!("frame"));
         assert_eq!(p.len(), KEEP_MAX + (1 << 20));
         drop(p);
-        let (h, p) = r.read_frame().unwrap_or_else(|_| panic!("frame"));
+        let (h, p) = r
+            .read_frame(&Poller::new(Duration::ZERO, Default::default()))
+            .unwrap_or_else(|_| panic!("frame"));
         assert_eq!((h.id, &p[..]), (2, &b"small"[..]));
         drop(p);
         let _b = writer.join().unwrap();
@@ -758,7 +821,11 @@ mod tests {
         r.s.set_read_timeout(Some(Duration::from_millis(20)))
             .unwrap();
         let mut stalls = 0;
-        let _ = r.fill(HEADER_LEN, &mut stalls);
+        let _ = r.fill(
+            HEADER_LEN,
+            &mut stalls,
+            &Poller::new(Duration::ZERO, Default::default()),
+        );
         assert!(r.buf.capacity() <= KEEP_MAX, "{}", r.buf.capacity());
     }
 }

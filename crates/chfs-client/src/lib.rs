@@ -12,6 +12,7 @@ pub mod config;
 mod conn;
 mod error;
 mod names;
+pub mod poll;
 mod pool;
 mod shm;
 mod stream;
@@ -19,7 +20,7 @@ mod types;
 
 pub use chfs_proto::msg::FlushState;
 pub use client::{Client, ClientStats, StageSource};
-pub use config::{ClientConfig, CpuLanes};
+pub use config::{ClientConfig, CpuLanes, Polling};
 pub use error::{Error, Result};
 pub use shm::SharedBuffer;
 pub use types::{DirEntry, Stat, StatFs, TimeSet, Whence};

@@ -13,6 +13,7 @@ use chfs_sys::lock;
 use crate::config::{ClientConfig, CpuLanes};
 use crate::conn::{Conn, Ticket};
 use crate::error::{fail, ConnFault, Error, Result};
+use crate::poll::Counts;
 use crate::shm::Window;
 
 /// The current server list with a connection slot per server.
@@ -64,6 +65,8 @@ pub(crate) struct Pool {
     lanes: AtomicU8,
     /// Memory local servers map too ([`crate::Client::shared_buffer`]).
     window: OnceLock<Arc<Window>>,
+    /// Polling for replies, over every connection ([`crate::poll`]).
+    polls: Arc<Counts>,
 }
 
 fn lanes_code(l: CpuLanes) -> u8 {
@@ -94,11 +97,13 @@ impl Pool {
                 "no server given: set CHFS_SERVER (host:port[,host:port...])",
             );
         }
-        let list = fetch_list(&cfg, &cfg.servers, None)?;
+        let polls = Arc::<Counts>::default();
+        let list = fetch_list(&cfg, &cfg.servers, None, &polls)?;
         let state = RwLock::new(Arc::new(PoolState::new(list, None)));
         Ok(Pool {
             lanes: AtomicU8::new(lanes_code(cfg.cpu_lanes)),
             window: OnceLock::new(),
+            polls,
             cfg,
             state,
         })
@@ -120,7 +125,7 @@ impl Pool {
 
     /// Fetches the list again now; keeps connections to unchanged servers.
     pub fn refresh(&self, old: &PoolState) -> Result<()> {
-        let list = fetch_list(&self.cfg, &old.ring.list().servers, Some(old))?;
+        let list = fetch_list(&self.cfg, &old.ring.list().servers, Some(old), &self.polls)?;
         let new = if list == *old.ring.list() {
             PoolState {
                 ring: old.ring.clone(),
@@ -133,6 +138,14 @@ impl Pool {
         };
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
         Ok(())
+    }
+
+    /// Replies that came while polling, and polls that ended in sleep.
+    pub fn poll_counts(&self) -> (u64, u64) {
+        (
+            self.polls.hits.load(Ordering::Relaxed),
+            self.polls.misses.load(Ordering::Relaxed),
+        )
     }
 
     /// Which callers use CPU lanes.
@@ -203,7 +216,8 @@ impl Pool {
                 return Some(c.clone());
             }
         }
-        match Conn::connect_lane(&st.ring.list().servers[i], &self.cfg, cpu as u32) {
+        let counts = self.polls.clone();
+        match Conn::connect_lane(&st.ring.list().servers[i], &self.cfg, cpu as u32, counts) {
             Ok(c) => {
                 let c = Arc::new(c);
                 if g.by_cpu.len() <= cpu {
@@ -233,7 +247,12 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let c = Arc::new(Conn::connect(&st.ring.list().servers[i], &self.cfg)?);
+        let counts = self.polls.clone();
+        let c = Arc::new(Conn::connect(
+            &st.ring.list().servers[i],
+            &self.cfg,
+            counts,
+        )?);
         *g = Some(c.clone());
         Ok(c)
     }
@@ -394,6 +413,7 @@ fn fetch_list(
     cfg: &ClientConfig,
     servers: &[String],
     old: Option<&PoolState>,
+    polls: &Arc<Counts>,
 ) -> Result<ServerList> {
     let mut last = None;
     for (i, s) in servers.iter().enumerate() {
@@ -403,7 +423,7 @@ fn fetch_list(
             .filter(|c| c.alive())
         {
             Some(c) => Ok(c),
-            None => Conn::connect(s, cfg).map(Arc::new),
+            None => Conn::connect(s, cfg, polls.clone()).map(Arc::new),
         };
         match conn.and_then(|c| c.call(&Request::GetServers)) {
             Ok(Response::Servers(l)) if !l.servers.is_empty() => return Ok(l),

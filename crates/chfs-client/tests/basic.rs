@@ -492,3 +492,76 @@ fn writes_from_a_shared_buffer_are_copied_from_the_servers_mapping() {
     c.close(fd).unwrap();
     assert_eq!(back, data);
 }
+
+#[test]
+fn callers_poll_for_replies_within_a_bounded_window_and_never_on_a_cpu_lane() {
+    let (p, _) = pool(2);
+    // Over TCP with a generous window: replies of every size come back
+    // intact and most of them while the caller polls.
+    let t = client(&p, |c| {
+        c.local_socket = false;
+        c.poll = chfs_client::Polling::Upto(std::time::Duration::from_millis(2));
+    });
+    let before = t.stats();
+    for (i, len) in [1usize, 47_008, 1 << 20, 3 * 65_536 + 5]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(len, i as u64);
+        let path = format!("/polled{i}");
+        let fd = t.create(&path, O_RDWR, 0o644).unwrap();
+        assert_eq!(t.pwrite(fd, &data, 0).unwrap(), len);
+        let mut back = vec![0u8; len];
+        assert_eq!(t.pread(fd, &mut back, 0).unwrap(), len);
+        t.close(fd).unwrap();
+        assert_eq!(back, data, "{len} bytes");
+        assert_eq!(t.stat(&path).unwrap().size, len as u64);
+        t.unlink(&path).unwrap();
+    }
+    for _ in 0..200 {
+        t.ping(1).unwrap();
+    }
+    let after = t.stats();
+    let hits = after.poll_hits - before.poll_hits;
+    assert!(
+        hits >= 100,
+        "{hits} of {} replies polled",
+        after.rpcs - before.rpcs
+    );
+    // Turned off: nobody polls.
+    let off = client(&p, |c| {
+        c.local_socket = false;
+        c.poll = chfs_client::Polling::Off;
+    });
+    for _ in 0..100 {
+        off.ping(0).unwrap();
+    }
+    assert_eq!((off.stats().poll_hits, off.stats().poll_misses), (0, 0));
+    // A thread on a CPU lane: its server runs on the same CPU, so its
+    // replies are never polled for (only the shared connections' first
+    // requests were).
+    let l = client(&p, |c| {
+        c.poll = chfs_client::Polling::Upto(std::time::Duration::from_millis(2));
+        c.cpu_lanes = chfs_client::CpuLanes::Always;
+    });
+    let l2 = l.clone();
+    let (on_lane, polled) = std::thread::spawn(move || {
+        pin(0);
+        l2.ping(0).unwrap();
+        l2.ping(1).unwrap();
+        let s = l2.stats();
+        for _ in 0..200 {
+            l2.ping(0).unwrap();
+            l2.ping(1).unwrap();
+        }
+        let e = l2.stats();
+        (
+            l2.lane_connections(),
+            e.poll_hits + e.poll_misses - s.poll_hits - s.poll_misses,
+        )
+    })
+    .join()
+    .unwrap();
+    assert_eq!(on_lane, 2);
+    assert_eq!(polled, 0);
+}

@@ -50,6 +50,20 @@ pub fn allowed_count() -> io::Result<usize> {
     }
 }
 
+/// The CPUs the calling thread may run on, in increasing order
+/// (`sched_getaffinity(2)`).
+pub fn allowed() -> io::Result<Vec<usize>> {
+    // SAFETY: sched_getaffinity fills the zeroed set it is given, of the
+    // size passed; CPU_ISSET only reads it, for CPUs below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((0..SETSIZE).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
+    }
+}
+
 /// The CPU the calling thread runs on (`sched_getcpu(3)`: vDSO, no system
 /// call); None where the kernel cannot tell.
 #[inline]
@@ -70,6 +84,7 @@ mod tests {
         std::thread::spawn(move || {
             let before = allowed_count().unwrap();
             assert!(before >= 1);
+            assert_eq!(allowed().unwrap().len(), before);
             let mut pinned = 0;
             for cpu in cpus {
                 // A CPU may be offline or outside this process's cgroup.

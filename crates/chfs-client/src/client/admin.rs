@@ -20,6 +20,20 @@ impl Client {
         self.state().ring.list().servers.clone()
     }
 
+    /// A request that does nothing, answered by server `index` (in
+    /// placement order): one round trip through the same path as every
+    /// other request (connection, CPU lane, polling), for measuring it.
+    pub fn ping(&self, index: usize) -> Result<()> {
+        let st = self.state();
+        if index >= st.ring.len() {
+            return fail(libc::EINVAL, format!("no server {index} in the pool"));
+        }
+        match self.inner.pool.call(&st, index, &Request::Ping)? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// `statfs(2)`: capacity and use summed over all servers.
     pub fn statfs(&self) -> Result<StatFs> {
         let st = self.state();

@@ -1,0 +1,262 @@
+//! The round-trip floor: what one request and its reply cost before any
+//! file-system work, measured in the same run as the phases it explains.
+//!
+//! Two layers. The *transport* floor is a 32-byte ping-pong between two
+//! threads of this process over a Unix socket pair and over loopback TCP,
+//! with both threads pinned to one CPU and to two different CPUs (where
+//! waking a thread on another, idle CPU costs most of the round trip on
+//! some machines). The *RPC* floor is a no-op request
+//! ([`Client::ping`]) answered by a chfsd, through the client's usual
+//! path: over the server's Unix socket on a CPU lane (the calling thread
+//! pinned, served on its CPU), over the Unix socket without a lane, and
+//! over TCP. A metadata operation cannot cost less than one RPC round trip;
+//! [`Floors::per_op_note`] puts a phase's cost per operation next to them.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::time::Instant;
+
+use chfs_client::{Client, ClientConfig, CpuLanes};
+use clap::Args;
+use serde::Serialize;
+
+use crate::{BenchError, Result};
+
+/// Round trips measured for each figure (after as many again to warm up).
+pub const DEFAULT_ROUNDS: usize = 20_000;
+
+/// A socket kind for the transport floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Unix,
+    Tcp,
+}
+
+fn connected_pair(t: Transport) -> std::io::Result<(Box<dyn Stream>, Box<dyn Stream>)> {
+    Ok(match t {
+        Transport::Unix => {
+            let (a, b) = UnixStream::pair()?;
+            (Box::new(a), Box::new(b))
+        }
+        Transport::Tcp => {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let a = TcpStream::connect(l.local_addr()?)?;
+            let (b, _) = l.accept()?;
+            a.set_nodelay(true)?;
+            b.set_nodelay(true)?;
+            (Box::new(a), Box::new(b))
+        }
+    })
+}
+
+trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+/// Median round trip in µs of `rounds` 32-byte ping-pongs over `t` between
+/// a thread on CPU `a` and one on CPU `b` (None: not pinned).
+pub fn transport_rtt(
+    t: Transport,
+    a: Option<usize>,
+    b: Option<usize>,
+    rounds: usize,
+) -> std::io::Result<f64> {
+    let (mut x, mut y) = connected_pair(t)?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        if let Some(cpu) = b {
+            chfs_sys::cpu::pin_current_thread(cpu)?;
+        }
+        let mut m = [0u8; 32];
+        loop {
+            match y.read_exact(&mut m) {
+                Ok(()) => y.write_all(&m)?,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    let ping = std::thread::spawn(move || -> std::io::Result<f64> {
+        if let Some(cpu) = a {
+            chfs_sys::cpu::pin_current_thread(cpu)?;
+        }
+        let mut m = [7u8; 32];
+        let mut times = Vec::with_capacity(rounds);
+        for i in 0..2 * rounds {
+            let t0 = Instant::now();
+            x.write_all(&m)?;
+            x.read_exact(&mut m)?;
+            if i >= rounds {
+                times.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok(median(&mut times))
+    });
+    let r = joined(ping);
+    joined(echo)?;
+    r
+}
+
+fn joined<T>(h: std::thread::JoinHandle<std::io::Result<T>>) -> std::io::Result<T> {
+    h.join()
+        .map_err(|_| std::io::Error::other("ping-pong thread panicked"))?
+}
+
+/// Median of `v` (sorted in place); 0 for none.
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median round trip in µs of `rounds` no-op requests to server `index`
+/// through `c`, from a thread pinned to `cpu` (None: not pinned).
+pub fn rpc_rtt(c: &Client, index: usize, cpu: Option<usize>, rounds: usize) -> Result<f64> {
+    let c = c.clone();
+    std::thread::spawn(move || -> Result<f64> {
+        if let Some(cpu) = cpu {
+            chfs_sys::cpu::pin_current_thread(cpu)
+                .map_err(|e| BenchError::io("pin thread", "CPU", e))?;
+        }
+        let mut times = Vec::with_capacity(rounds);
+        for i in 0..2 * rounds {
+            let t0 = Instant::now();
+            c.ping(index)
+                .map_err(|e| BenchError::chfs("ping", "server", e))?;
+            if i >= rounds {
+                times.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok(median(&mut times))
+    })
+    .join()
+    .map_err(|_| BenchError::Config("ping thread panicked".into()))?
+}
+
+/// The floors of one run, in µs per round trip (medians).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Floors {
+    /// 32-byte ping-pong, both threads on one CPU.
+    pub unix_same_cpu: f64,
+    pub tcp_same_cpu: f64,
+    /// Between two CPUs (None on a one-CPU machine).
+    pub unix_cross_cpu: Option<f64>,
+    pub tcp_cross_cpu: Option<f64>,
+    /// A no-op request to a chfsd on this host: on a CPU lane, on the Unix
+    /// socket without a lane, over TCP (None: not measured).
+    pub rpc_lane: Option<f64>,
+    pub rpc_unix: Option<f64>,
+    pub rpc_tcp: Option<f64>,
+}
+
+impl Floors {
+    /// Measures the transport floors (no server needed).
+    pub fn transports(rounds: usize) -> std::io::Result<Floors> {
+        let cpus = cpus_allowed();
+        let first = cpus.first().copied();
+        let second = cpus.get(1).copied();
+        let mut f = Floors {
+            unix_same_cpu: transport_rtt(Transport::Unix, first, first, rounds)?,
+            tcp_same_cpu: transport_rtt(Transport::Tcp, first, first, rounds)?,
+            ..Default::default()
+        };
+        if second.is_some() {
+            f.unix_cross_cpu = Some(transport_rtt(Transport::Unix, first, second, rounds)?);
+            f.tcp_cross_cpu = Some(transport_rtt(Transport::Tcp, first, second, rounds)?);
+        }
+        Ok(f)
+    }
+
+    /// Adds the RPC floors, measured against server `index` of the pool
+    /// that `cfg` names (a server on this host for the Unix figures).
+    pub fn rpcs(&mut self, cfg: &ClientConfig, index: usize, rounds: usize) -> Result<()> {
+        let cpu = cpus_allowed().first().copied();
+        let connect = |local_socket: bool, lanes: CpuLanes| {
+            let c = ClientConfig {
+                local_socket,
+                cpu_lanes: lanes,
+                ..cfg.clone()
+            };
+            Client::connect(c).map_err(|e| BenchError::chfs("connect", "pool", e))
+        };
+        let lane = connect(true, CpuLanes::Pinned)?;
+        self.rpc_lane = Some(rpc_rtt(&lane, index, cpu, rounds)?);
+        let unix = connect(true, CpuLanes::Never)?;
+        self.rpc_unix = Some(rpc_rtt(&unix, index, None, rounds)?);
+        let tcp = connect(false, CpuLanes::Never)?;
+        self.rpc_tcp = Some(rpc_rtt(&tcp, index, None, rounds)?);
+        Ok(())
+    }
+
+    /// The floor table.
+    pub fn table(&self) -> String {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        let mut s = String::from("round-trip floor (median us)      same CPU  two CPUs\n");
+        s += &format!(
+            "  32-byte ping-pong, Unix socket  {:>8}  {:>8}\n",
+            f(Some(self.unix_same_cpu)),
+            f(self.unix_cross_cpu)
+        );
+        s += &format!(
+            "  32-byte ping-pong, TCP          {:>8}  {:>8}\n",
+            f(Some(self.tcp_same_cpu)),
+            f(self.tcp_cross_cpu)
+        );
+        s += &format!(
+            "  chfsd no-op: CPU lane {}, Unix socket {}, TCP {}\n",
+            f(self.rpc_lane),
+            f(self.rpc_unix),
+            f(self.rpc_tcp)
+        );
+        s
+    }
+}
+
+/// The CPUs this process may run on, in order.
+pub fn cpus_allowed() -> Vec<usize> {
+    chfs_sys::cpu::allowed().unwrap_or_default()
+}
+
+/// `chfs-bench floor`.
+#[derive(Args, Debug, Clone)]
+pub struct FloorArgs {
+    /// Round trips per figure (after as many to warm up).
+    #[arg(long, default_value_t = DEFAULT_ROUNDS)]
+    pub rounds: usize,
+    /// Also the RPC floors against a local pool of one chfsd (started for
+    /// the run).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub rpc: bool,
+}
+
+/// Runs `chfs-bench floor`.
+pub fn run(a: &FloorArgs) -> Result<()> {
+    let mut f =
+        Floors::transports(a.rounds).map_err(|e| BenchError::io("ping-pong", "socket", e))?;
+    if a.rpc {
+        let pool = chfs_localpool::LocalPool::start_with(
+            chfs_localpool::PoolOptions {
+                servers: 1,
+                ..Default::default()
+            }
+            .with_new_secret(),
+        )
+        .map_err(|e| BenchError::io("start local pool", "chfsd", e))?;
+        let key = pool.client_key_file();
+        let base = ClientConfig::from_lookup(|k| match k {
+            "CHFS_SECRET_FILE" => key.as_ref().map(|p| p.display().to_string()),
+            "CHFS_SECRET" => None,
+            _ => std::env::var(k).ok(),
+        })
+        .map_err(|e| BenchError::Config(e.to_string()))?;
+        let cfg = ClientConfig {
+            servers: pool.addrs().to_vec(),
+            ..base
+        };
+        f.rpcs(&cfg, 0, a.rounds)?;
+        pool.stop();
+    }
+    print!("{}", f.table());
+    Ok(())
+}
