@@ -516,7 +516,8 @@ impl<'a> Ns<'a> {
 
     /// Before reading or writing chunk `idx` of `path`: its bytes fetched
     /// from the backend when this is the entry's chunk or a cached backend
-    /// file's (`rw::BACKEND`) and they are not here yet.
+    /// file's (`rw::BACKEND`) and they are not here yet. The caller has
+    /// checked `chunk_size` (`check_chunk_size`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fetch(
         self,
@@ -530,7 +531,6 @@ impl<'a> Ns<'a> {
     ) -> Result<(), ErrorReply> {
         if let Ns::Cached(c) = self {
             if idx == 0 || flags & chfs_proto::msg::rw::BACKEND != 0 {
-                super::common::check_chunk_size(chunk_size)?;
                 let st = &*sh.store;
                 blocking(|| c.ensure_chunk(st, path, idx, fileid, chunk_size, mode))
                     .map_err(|e| store_err(path, e))?;
