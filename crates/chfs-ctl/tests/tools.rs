@@ -7,6 +7,9 @@ use std::process::{Command, Stdio};
 
 use chfs_localpool::{LocalPool, PoolOptions};
 
+mod common;
+use common::rank_totals;
+
 #[test]
 fn stagein_from_stdin_then_flush_status_and_wait() {
     let backend = std::env::temp_dir().join(format!("chfs-ctl-tools-{}", std::process::id()));
@@ -153,18 +156,7 @@ fn stagein_split_across_mpi_ranks() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     // Each rank reports its share: 30 files split 10/10/10, all bytes once.
-    let mut files = 0;
-    let mut bytes = 0;
-    for r in 0..3 {
-        let line = err
-            .lines()
-            .find(|l| l.starts_with(&format!("chstagein[{r}/3]: ")))
-            .unwrap_or_else(|| panic!("no report of rank {r}: {err}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
-        files += words[1].parse::<usize>().unwrap();
-        bytes += words[3].parse::<u64>().unwrap();
-    }
-    assert_eq!((files, bytes), (30, total), "{err}");
+    assert_eq!(rank_totals(&err, "chstagein", 3), (30, total), "{err}");
     // Everything is cached: with the backend gone, the data still reads.
     fs::remove_dir_all(backend.join("in")).unwrap();
     let c = chfs_client::Client::connect(chfs_client::ClientConfig {
@@ -374,18 +366,8 @@ fn local_directory_split_across_mpi_ranks() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     // 20 items (the directory and the 19 entries below it), each once.
-    let (mut items, mut bytes) = (0, 0);
-    for r in 0..3 {
-        let line = err
-            .lines()
-            .find(|l| l.starts_with(&format!("chstagein[{r}/3]: ")))
-            .unwrap_or_else(|| panic!("no report of rank {r}: {err}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
-        items += words[1].parse::<usize>().unwrap();
-        bytes += words[3].parse::<u64>().unwrap();
-    }
     let total: u64 = 300_000 + 5 + (0..12).map(|i| 1000 + i * 97).sum::<u64>();
-    assert_eq!((items, bytes), (20, total), "{err}");
+    assert_eq!(rank_totals(&err, "chstagein", 3), (20, total), "{err}");
     assert_eq!(same_tree(&client(&pool), &src, "/src"), 19);
 }
 
