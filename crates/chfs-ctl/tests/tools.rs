@@ -343,6 +343,49 @@ fn stagein_copies_local_files_and_directories_without_a_backend() {
     );
 }
 
+/// `chfs stagein` is chstagein: a local directory is copied in, with the
+/// same options, and by the same rank rule (the rank variables mpirun
+/// sets, taken as they are with CHFS_MPI=1: each of three processes
+/// stages its share, together all of it once).
+#[test]
+fn chfs_stagein_copies_a_local_directory_as_chstagein_does() {
+    let t = TmpDir::new("chfs-stagein");
+    let (src, ranked) = (t.0.join("src"), t.0.join("ranked"));
+    local_tree(&src);
+    local_tree(&ranked);
+    let pool = LocalPool::start(2).unwrap();
+    let chfs = |dir: &str, env: &[(&str, String)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chfs"))
+            .args(["stagein", "-v", dir])
+            .current_dir(&t.0)
+            .env("CHFS_SERVER", pool.server_string())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let err = chfs("src", &[("CHFS_MPI", "0".into())]);
+    assert!(err.starts_with("chfs: 1 paths, "), "{err}");
+    let c = client(&pool);
+    assert_eq!(same_tree(&c, &src, "/src"), 19);
+    let mut err = String::new();
+    for r in 0..3 {
+        err += &chfs(
+            "ranked",
+            &[
+                ("CHFS_MPI", "1".into()),
+                ("OMPI_COMM_WORLD_RANK", r.to_string()),
+                ("OMPI_COMM_WORLD_SIZE", "3".into()),
+            ],
+        );
+    }
+    let total: u64 = 300_000 + 5 + (0..12).map(|i| 1000 + i * 97).sum::<u64>();
+    assert_eq!(rank_totals(&err, "chfs", 3), (20, total), "{err}");
+    assert_eq!(same_tree(&c, &ranked, "/ranked"), 19);
+}
+
 /// `mpirun -n 3 chstagein DIR` of a local directory: the ranks share its
 /// entries out and together copy all of it once.
 #[test]
