@@ -208,3 +208,30 @@ pub fn rank_totals(err: &str, tool: &str, ranks: usize) -> (usize, u64) {
     r.iter()
         .fold((0, 0), |(p, b), (_, rp, rb)| (p + rp, b + rb))
 }
+
+/// A binary of another package of the workspace (chfsd, chfuse), next to
+/// this crate's.
+pub fn sibling(name: &str) -> PathBuf {
+    let p = bin("chfsctl").with_file_name(name);
+    assert!(
+        p.is_file(),
+        "{} missing: cargo build -p chfs-server -p chfs-fuse",
+        p.display()
+    );
+    p
+}
+
+/// Why FUSE cannot be used here, if it cannot.
+pub fn fuse_unusable() -> Option<String> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Err(e) => Some(format!("/dev/fuse: {e}")),
+        Ok(_) if Command::new("fusermount3").arg("-V").output().is_err() => {
+            Some("no fusermount3 (apt package fuse3)".into())
+        }
+        Ok(_) => None,
+    }
+}
