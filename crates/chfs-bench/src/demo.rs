@@ -18,6 +18,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::error::{BenchError, Result};
 use crate::fs::{Backend, ChfsBackend, PosixBackend};
+use crate::score::mib_s;
 use crate::scratch::ScratchDir;
 
 /// Options of `chfs-bench demo`.
@@ -60,10 +61,6 @@ fn fill(off: usize, buf: &mut [u8]) {
         let x = (off + i) as u64;
         *b = (x ^ (x >> 8) ^ (x >> 16).wrapping_mul(31)) as u8;
     }
-}
-
-fn mib_s(bytes: usize, t: f64) -> f64 {
-    bytes as f64 / (1 << 20) as f64 / t
 }
 
 /// Writes `total` bytes of [`fill`] in `block`-byte requests to a new
@@ -112,7 +109,7 @@ fn workload(t: &dyn Backend, a: &DemoArgs) -> Result<Vec<(String, &'static str, 
         rows.push((
             format!("write {label}"),
             "MiB/s",
-            mib_s(total, s.elapsed().as_secs_f64()),
+            mib_s(total as u64, s.elapsed().as_secs_f64()),
         ));
         let size = t.size(&path)?;
         if size != total as u64 {
@@ -127,7 +124,7 @@ fn workload(t: &dyn Backend, a: &DemoArgs) -> Result<Vec<(String, &'static str, 
         rows.push((
             format!("read {label}"),
             "MiB/s",
-            mib_s(total, s.elapsed().as_secs_f64()),
+            mib_s(total as u64, s.elapsed().as_secs_f64()),
         ));
         if hw != hr {
             return Err(BenchError::Check(format!(

@@ -1,6 +1,19 @@
 //! IO500 scoring: bandwidth = geometric mean of the four ior phases (GiB/s),
 //! metadata = geometric mean of the eight mdtest/find phases (kIOPS),
-//! score = sqrt(bandwidth x metadata).
+//! score = sqrt(bandwidth x metadata). And the figures the other
+//! measurements share: [`mib_s`], [`median`].
+
+/// Bandwidth in MiB/s of `bytes` moved in `secs` seconds.
+pub fn mib_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
+}
+
+/// The median of the rounds of a measurement (of an even number, the
+/// upper of the two middle ones); `v` must not be empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
 
 /// Geometric mean; 0 if the slice is empty or holds a value that is not
 /// positive (IO500 treats a failed phase as invalidating the score).
@@ -44,6 +57,14 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn median_and_mib_s() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert!(close(mib_s(3 << 20, 2.0), 1.5));
+        assert!(mib_s(1 << 20, 0.0).is_finite());
     }
 
     #[test]

@@ -31,6 +31,7 @@ use chfs_store::{MemStore, PmemStore, PosixStore, Store};
 use clap::Args;
 
 use crate::error::{BenchError, Result};
+use crate::score::median;
 use crate::scratch::ScratchDir;
 
 /// Options of `chfs-bench store`.
@@ -214,11 +215,6 @@ struct Engine {
     name: String,
     open: Opener,
     dir: Option<PathBuf>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// `chfs-bench store`.

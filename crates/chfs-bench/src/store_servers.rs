@@ -25,6 +25,7 @@ use clap::Args;
 
 use crate::error::{BenchError, Result};
 use crate::fs::{Backend, ChfsBackend};
+use crate::score::median;
 use crate::scratch::ScratchDir;
 
 /// Options of `chfs-bench store-servers`.
@@ -113,11 +114,6 @@ fn rss_kib(pid: u32) -> u64 {
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// One round on one server: write, read MiB/s, create, stat, unlink op/s.

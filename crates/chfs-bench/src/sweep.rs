@@ -8,6 +8,7 @@ use chfs_client::{flags, Client};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{BenchError, Result};
+use crate::score::mib_s;
 use crate::worker::{chfs_config, PoolCredential};
 
 /// One point of the sweep.
@@ -27,10 +28,6 @@ pub struct SweepPoint {
     pub sequential_write_mib_s: f64,
     /// Read MiB/s with one chunk RPC at a time.
     pub sequential_read_mib_s: f64,
-}
-
-fn mib_s(bytes: u64, secs: f64) -> f64 {
-    bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
 }
 
 /// Writes then reads `file_bytes` in `req`-byte calls; returns (write, read) MiB/s.

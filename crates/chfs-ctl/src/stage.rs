@@ -10,6 +10,113 @@ use std::sync::Mutex;
 use chfs_client::{Client, StageSource};
 
 use crate::rank::RankSplit;
+use crate::CtlError;
+
+/// The command line of a stage-in: `chstagein`'s, and `chfs stagein`'s.
+#[derive(Debug, clap::Args)]
+pub struct StageArgs {
+    /// Parallel stage-in threads (each file's chunks are also fetched in
+    /// parallel by their servers).
+    #[arg(short = 't', long, default_value_t = 8)]
+    pub threads: usize,
+    /// Print what was staged.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Read the paths from this file (one a line) instead; use it under
+    /// `mpirun`, which gives standard input to rank 0 only.
+    #[arg(short = 'f', long = "from")]
+    pub from: Option<std::path::PathBuf>,
+    /// Local paths, or paths of the pool (standard input when none, or
+    /// where one is "-").
+    pub paths: Vec<String>,
+}
+
+impl StageArgs {
+    /// The paths to stage: those of the `--from` file and then the
+    /// arguments, or without `--from` [`collect_paths`] of the arguments.
+    pub fn paths(&self) -> Result<Vec<String>, CtlError> {
+        let Some(f) = &self.from else {
+            return Ok(collect_paths(&self.paths));
+        };
+        let text = std::fs::read_to_string(f).map_err(|source| CtlError::Io {
+            context: format!("cannot read {}", f.display()),
+            source,
+        })?;
+        Ok(text
+            .lines()
+            .map(str::trim_end)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .chain(self.paths.iter().cloned())
+            .collect())
+    }
+}
+
+/// A stage-in tool's run (`chstagein`, `chfs stagein`): this process's
+/// part of it by the launcher's rank rule ([`crate::rank::launcher_split`]),
+/// staged with [`stagein_share`]. Returns the lines for standard error
+/// (prefixed by `tool`, with `[RANK/RANKS]` when it is one of several
+/// ranks: failures, and with `--verbose` what was staged; each to be
+/// written at once, as ranks share the terminal) and the exit code.
+pub fn run_tool(
+    tool: &str,
+    args: &StageArgs,
+    connect: impl FnOnce() -> Result<Client, CtlError>,
+) -> (Vec<String>, i32) {
+    let fail = |e: CtlError| (vec![format!("{tool}: {e}\n")], e.exit_code());
+    let split = match crate::rank::launcher_split() {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let client = match connect() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let paths = match args.paths() {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let start = std::time::Instant::now();
+    let r = stagein_share(&client, &paths, args.threads, split);
+    let who = if split.ranks > 1 {
+        format!("{tool}[{}/{}]", split.rank, split.ranks)
+    } else {
+        tool.to_string()
+    };
+    let mut lines: Vec<String> = r
+        .failures
+        .iter()
+        .map(|(p, e)| format!("{who}: {p}: {e}\n"))
+        .collect();
+    if args.verbose {
+        let t = start.elapsed().as_secs_f64();
+        lines.push(format!(
+            "{who}: {} paths, {} bytes in {t:.2} s ({:.1} MiB/s)\n",
+            r.paths,
+            r.bytes,
+            r.bytes as f64 / (1 << 20) as f64 / t.max(1e-9)
+        ));
+    }
+    (lines, if r.failures.is_empty() { 0 } else { 1 })
+}
+
+/// Stages `paths` in as rank `split` of the processes sharing the work:
+/// with more than one, this rank's share of them ([`rank_share`],
+/// [`stage_items`]); alone, all of them ([`stagein`]).
+pub fn stagein_share(
+    client: &Client,
+    paths: &[String],
+    threads: usize,
+    split: RankSplit,
+) -> StageReport {
+    if split.ranks <= 1 {
+        return stagein(client, paths, threads);
+    }
+    let (share, failures) = rank_share(client, paths, split);
+    let mut r = stage_items(client, &share, threads);
+    r.failures.extend(failures);
+    r
+}
 
 /// Outcome of a stage-in.
 #[derive(Debug, Default)]

@@ -17,32 +17,6 @@ use std::time::{Duration, Instant};
 use chfs_client::{Client, ClientConfig};
 use common::*;
 
-/// A binary of another package of the workspace, next to chfsctl.
-fn sibling(name: &str) -> PathBuf {
-    let p = bin("chfsctl").with_file_name(name);
-    assert!(
-        p.is_file(),
-        "{} missing: cargo build -p chfs-server -p chfs-fuse",
-        p.display()
-    );
-    p
-}
-
-/// Why FUSE cannot be used here, if it cannot.
-fn fuse_unusable() -> Option<String> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        Err(e) => Some(format!("/dev/fuse: {e}")),
-        Ok(_) if Command::new("fusermount3").arg("-V").output().is_err() => {
-            Some("no fusermount3".into())
-        }
-        Ok(_) => None,
-    }
-}
-
 /// Runs a tool like `common::run`, with `stdin` as its standard input, and
 /// fails the test (killing the tool by its PID) if it runs longer than
 /// `limit`: a hanging `stop` is a bug, not a slow test.

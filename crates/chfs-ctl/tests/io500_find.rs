@@ -21,32 +21,6 @@ use chfs_localpool::LocalPool;
 use common::*;
 use find_tree::sorted_lines;
 
-/// A binary of another package of the workspace, next to chfind.
-fn sibling(name: &str) -> PathBuf {
-    let p = bin("chfind").with_file_name(name);
-    assert!(
-        p.is_file(),
-        "{} missing: cargo build -p chfs-server -p chfs-fuse",
-        p.display()
-    );
-    p
-}
-
-/// Why FUSE cannot be used here, if it cannot.
-fn fuse_unusable() -> Option<String> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        Err(e) => Some(format!("/dev/fuse: {e}")),
-        Ok(_) if Command::new("fusermount3").arg("-V").output().is_err() => {
-            Some("no fusermount3 (apt package fuse3)".into())
-        }
-        Ok(_) => None,
-    }
-}
-
 /// Is a FUSE file system mounted on `mp` and answering?
 fn fuse_answers(mp: &Path) -> bool {
     const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;

@@ -5,23 +5,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chfs_client::{Client, ClientConfig};
 use common::*;
-
-/// A binary of another package of the workspace, next to chfsctl.
-fn sibling(name: &str) -> PathBuf {
-    let p = bin("chfsctl").with_file_name(name);
-    assert!(
-        p.is_file(),
-        "{} not built (cargo build -p chfs-fuse)",
-        p.display()
-    );
-    p
-}
 
 fn envs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()

@@ -488,24 +488,6 @@ fn stagein_ranks_are_srun_tasks_not_batch_scripts() {
         d.to_str().unwrap().to_string()
     };
     let total: u64 = (0..12u64).map(|i| 1000 + i).sum();
-    // Per report line ("chstagein[r/n]: P paths, B bytes ..."): who, P, B.
-    let reports = |err: &str| -> Vec<(String, usize, u64)> {
-        let mut v: Vec<_> = err
-            .lines()
-            .filter(|l| l.starts_with("chstagein"))
-            .filter_map(|l| {
-                let (who, rest) = l.split_once(": ")?;
-                let w: Vec<&str> = rest.split_whitespace().collect();
-                Some((
-                    who.to_string(),
-                    w.first()?.parse().ok()?,
-                    w.get(2)?.parse().ok()?,
-                ))
-            })
-            .collect();
-        v.sort();
-        v
-    };
     let srun = |args: &[&str], env: &[(&str, &str)]| {
         let mut c = Command::new(find_program("srun").unwrap());
         c.args(["--overlap", "-O", "-N", "1", "-w", &slurm.host])
@@ -520,7 +502,7 @@ fn stagein_ranks_are_srun_tasks_not_batch_scripts() {
         let err = text(&out.stderr);
         eprintln!("srun {args:?}: {:?}\n{err}", out.status.code());
         assert!(out.status.success(), "{err}");
-        reports(&err)
+        stage_reports(&err, "chstagein")
     };
 
     // The two tasks of an srun step: 13 items (the directory and its
@@ -597,7 +579,7 @@ fn stagein_ranks_are_srun_tasks_not_batch_scripts() {
     eprintln!("sbatch: {status:?}\n{out}");
     assert!(status.success(), "{out}");
     assert!(out.contains("SLURM_NTASKS=2"), "{out}");
-    let r = reports(&out);
+    let r = stage_reports(&out, "chstagein");
     assert_eq!(r.len(), 1, "{out}");
     assert_eq!(r[0].0, "chstagein", "{out}");
     assert_eq!((r[0].1, r[0].2), (1, total), "{out}");

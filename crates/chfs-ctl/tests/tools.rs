@@ -7,6 +7,9 @@ use std::process::{Command, Stdio};
 
 use chfs_localpool::{LocalPool, PoolOptions};
 
+mod common;
+use common::rank_totals;
+
 #[test]
 fn stagein_from_stdin_then_flush_status_and_wait() {
     let backend = std::env::temp_dir().join(format!("chfs-ctl-tools-{}", std::process::id()));
@@ -153,18 +156,7 @@ fn stagein_split_across_mpi_ranks() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     // Each rank reports its share: 30 files split 10/10/10, all bytes once.
-    let mut files = 0;
-    let mut bytes = 0;
-    for r in 0..3 {
-        let line = err
-            .lines()
-            .find(|l| l.starts_with(&format!("chstagein[{r}/3]: ")))
-            .unwrap_or_else(|| panic!("no report of rank {r}: {err}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
-        files += words[1].parse::<usize>().unwrap();
-        bytes += words[3].parse::<u64>().unwrap();
-    }
-    assert_eq!((files, bytes), (30, total), "{err}");
+    assert_eq!(rank_totals(&err, "chstagein", 3), (30, total), "{err}");
     // Everything is cached: with the backend gone, the data still reads.
     fs::remove_dir_all(backend.join("in")).unwrap();
     let c = chfs_client::Client::connect(chfs_client::ClientConfig {
@@ -351,6 +343,49 @@ fn stagein_copies_local_files_and_directories_without_a_backend() {
     );
 }
 
+/// `chfs stagein` is chstagein: a local directory is copied in, with the
+/// same options, and by the same rank rule (the rank variables mpirun
+/// sets, taken as they are with CHFS_MPI=1: each of three processes
+/// stages its share, together all of it once).
+#[test]
+fn chfs_stagein_copies_a_local_directory_as_chstagein_does() {
+    let t = TmpDir::new("chfs-stagein");
+    let (src, ranked) = (t.0.join("src"), t.0.join("ranked"));
+    local_tree(&src);
+    local_tree(&ranked);
+    let pool = LocalPool::start(2).unwrap();
+    let chfs = |dir: &str, env: &[(&str, String)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chfs"))
+            .args(["stagein", "-v", dir])
+            .current_dir(&t.0)
+            .env("CHFS_SERVER", pool.server_string())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let err = chfs("src", &[("CHFS_MPI", "0".into())]);
+    assert!(err.starts_with("chfs: 1 paths, "), "{err}");
+    let c = client(&pool);
+    assert_eq!(same_tree(&c, &src, "/src"), 19);
+    let mut err = String::new();
+    for r in 0..3 {
+        err += &chfs(
+            "ranked",
+            &[
+                ("CHFS_MPI", "1".into()),
+                ("OMPI_COMM_WORLD_RANK", r.to_string()),
+                ("OMPI_COMM_WORLD_SIZE", "3".into()),
+            ],
+        );
+    }
+    let total: u64 = 300_000 + 5 + (0..12).map(|i| 1000 + i * 97).sum::<u64>();
+    assert_eq!(rank_totals(&err, "chfs", 3), (20, total), "{err}");
+    assert_eq!(same_tree(&c, &ranked, "/ranked"), 19);
+}
+
 /// `mpirun -n 3 chstagein DIR` of a local directory: the ranks share its
 /// entries out and together copy all of it once.
 #[test]
@@ -374,18 +409,8 @@ fn local_directory_split_across_mpi_ranks() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     // 20 items (the directory and the 19 entries below it), each once.
-    let (mut items, mut bytes) = (0, 0);
-    for r in 0..3 {
-        let line = err
-            .lines()
-            .find(|l| l.starts_with(&format!("chstagein[{r}/3]: ")))
-            .unwrap_or_else(|| panic!("no report of rank {r}: {err}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
-        items += words[1].parse::<usize>().unwrap();
-        bytes += words[3].parse::<u64>().unwrap();
-    }
     let total: u64 = 300_000 + 5 + (0..12).map(|i| 1000 + i * 97).sum::<u64>();
-    assert_eq!((items, bytes), (20, total), "{err}");
+    assert_eq!(rank_totals(&err, "chstagein", 3), (20, total), "{err}");
     assert_eq!(same_tree(&client(&pool), &src, "/src"), 19);
 }
 

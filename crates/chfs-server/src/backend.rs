@@ -22,6 +22,12 @@ pub struct Backend {
     /// Entries looked up (tests count them).
     #[cfg(test)]
     lookups: std::sync::atomic::AtomicU64,
+    /// Paths opened beneath the root (tests count them).
+    #[cfg(test)]
+    opens: std::sync::atomic::AtomicU64,
+    /// Directory entries read (tests count them).
+    #[cfg(test)]
+    names_read: std::sync::atomic::AtomicU64,
 }
 
 fn cstr(s: &str) -> io::Result<CString> {
@@ -85,6 +91,10 @@ impl Backend {
             path: path.to_path_buf(),
             #[cfg(test)]
             lookups: Default::default(),
+            #[cfg(test)]
+            opens: Default::default(),
+            #[cfg(test)]
+            names_read: Default::default(),
         })
     }
 
@@ -96,6 +106,9 @@ impl Backend {
     /// Opens `path` (a normalised chfs path) beneath the root.
     fn open_at(&self, path: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
         let c = cstr(rel(path))?;
+        #[cfg(test)]
+        self.opens
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: open_how is plain data; all-zero is a valid value.
         let mut how: libc::open_how = unsafe { std::mem::zeroed() };
         how.flags = (flags | libc::O_CLOEXEC) as u64;
@@ -193,66 +206,44 @@ impl Backend {
         Ok(buf)
     }
 
-    /// The names of a backend directory's entries that `keep` accepts, in
-    /// no order (none if it does not exist). Reads the directory only: no
-    /// entry is looked up.
-    pub fn names(&self, path: &str, keep: impl Fn(&str) -> bool) -> io::Result<Vec<String>> {
+    /// Opens backend directory `path` to read its names and look its
+    /// entries up through one descriptor; `None` if it does not exist.
+    pub fn dir(&self, path: &str) -> io::Result<Option<Dir<'_>>> {
         let fd = match self.open_at(path, libc::O_RDONLY | libc::O_DIRECTORY, 0) {
             Ok(fd) => fd,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                return Ok(Vec::new())
+                return Ok(None)
             }
             Err(e) => return Err(e),
         };
-        let mut names = Vec::new();
-        for e in std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))? {
-            if let Some(name) = e?.file_name().to_str() {
-                if keep(name) {
-                    names.push(name.to_string());
-                }
-            }
-        }
-        Ok(names)
-    }
-
-    /// The status of entries `names` of backend directory `path`; a name
-    /// that vanished meanwhile is left out.
-    pub fn lookup(&self, path: &str, names: Vec<String>) -> io::Result<Vec<(String, BStat)>> {
-        let fd = match self.open_at(path, libc::O_RDONLY | libc::O_DIRECTORY, 0) {
-            Ok(fd) => fd,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-                return Ok(Vec::new())
-            }
-            Err(e) => return Err(e),
+        // SAFETY: fd is an open directory; on success the stream owns it.
+        let stream = unsafe { libc::fdopendir(fd.as_raw_fd()) };
+        let Some(stream) = std::ptr::NonNull::new(stream) else {
+            return Err(io::Error::last_os_error());
         };
-        let mut out = Vec::with_capacity(names.len());
-        for name in names {
-            let c = cstr(&name)?;
-            // SAFETY: plain data filled by fstatat on success.
-            let mut st: BStat = unsafe { std::mem::zeroed() };
-            #[cfg(test)]
-            self.lookups
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // SAFETY: fd is an open directory, c a valid name, st writable.
-            if unsafe {
-                libc::fstatat(
-                    fd.as_raw_fd(),
-                    c.as_ptr(),
-                    &mut st,
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            } == 0
-            {
-                out.push((name, st));
-            }
-        }
-        Ok(out)
+        std::mem::forget(fd);
+        Ok(Some(Dir {
+            backend: self,
+            stream,
+        }))
     }
 
-    /// Entries looked up by [`Backend::lookup`] so far.
+    /// Entries looked up by [`Dir::lookup`] so far.
     #[cfg(test)]
     pub fn lookups(&self) -> u64 {
         self.lookups.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Paths opened beneath the root so far.
+    #[cfg(test)]
+    pub fn opens(&self) -> u64 {
+        self.opens.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Directory entries read so far.
+    #[cfg(test)]
+    pub fn names_read(&self) -> u64 {
+        self.names_read.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Creates the missing directories above `path` (mode 0755).
@@ -448,6 +439,101 @@ impl Backend {
         // SAFETY: open directory fds and valid names.
         cvt(unsafe { libc::renameat(ofd.as_raw_fd(), a.as_ptr(), nfd.as_raw_fd(), b.as_ptr()) })?;
         Ok(())
+    }
+}
+
+/// An open backend directory ([`Backend::dir`]).
+pub struct Dir<'a> {
+    /// Its backend (whose counters tests read).
+    #[cfg_attr(not(test), allow(dead_code))]
+    backend: &'a Backend,
+    stream: std::ptr::NonNull<libc::DIR>,
+}
+
+impl Dir<'_> {
+    /// Calls `f` with the name of each entry (not `.` and `..`; names
+    /// that are not UTF-8 are skipped) until it returns false.
+    fn each(&mut self, mut f: impl FnMut(&str) -> bool) -> io::Result<()> {
+        loop {
+            // SAFETY: errno is this thread's; readdir sets it only on error.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: the stream is open and used by this thread only.
+            let e = unsafe { libc::readdir(self.stream.as_ptr()) };
+            if e.is_null() {
+                return match io::Error::last_os_error() {
+                    err if err.raw_os_error() == Some(0) => Ok(()),
+                    err => Err(err),
+                };
+            }
+            // SAFETY: d_name of an entry readdir returned is NUL-terminated
+            // and valid until the next readdir on the stream.
+            let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+            let name = name.to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            #[cfg(test)]
+            self.backend
+                .names_read
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Ok(name) = std::str::from_utf8(name) {
+                if !f(name) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The names of the entries that `keep` accepts, in no order. Reads
+    /// the directory only: no entry is looked up.
+    pub fn names(&mut self, keep: impl Fn(&str) -> bool) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        self.each(|name| {
+            if keep(name) {
+                names.push(name.to_string());
+            }
+            true
+        })?;
+        Ok(names)
+    }
+
+    /// Has the directory an entry? Reads up to the first.
+    pub fn has_entries(&mut self) -> io::Result<bool> {
+        let mut any = false;
+        self.each(|_| {
+            any = true;
+            false
+        })?;
+        Ok(any)
+    }
+
+    /// The status of entries `names`; a name that vanished meanwhile is
+    /// left out.
+    pub fn lookup(&self, names: Vec<String>) -> io::Result<Vec<(String, BStat)>> {
+        // SAFETY: the stream is open; its descriptor stays valid while it is.
+        let fd = unsafe { libc::dirfd(self.stream.as_ptr()) };
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let c = cstr(&name)?;
+            // SAFETY: plain data filled by fstatat on success.
+            let mut st: BStat = unsafe { std::mem::zeroed() };
+            #[cfg(test)]
+            self.backend
+                .lookups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: fd is an open directory, c a valid name, st writable.
+            if unsafe { libc::fstatat(fd, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0 {
+                out.push((name, st));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Dir<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the stream is open and closed only here (with its fd).
+        unsafe { libc::closedir(self.stream.as_ptr()) };
     }
 }
 

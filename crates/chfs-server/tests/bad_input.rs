@@ -291,6 +291,41 @@ fn unnormalised_paths_and_bad_chunk_sizes_are_refused() {
     );
 }
 
+/// In cache mode a read that may fetch a chunk from the backend is
+/// refused a chunk size out of range (the fetch would read that much).
+#[test]
+fn cache_mode_reads_with_bad_chunk_sizes_are_refused() {
+    let backend = tempfile::tempdir().unwrap();
+    std::fs::write(backend.path().join("f"), vec![7u8; 10_000]).unwrap();
+    let p = pool_args(&["-b", backend.path().to_str().unwrap()]);
+    let (mut s, _, _) = hello(&p.addrs()[0], b"");
+    let meta = match call(&mut s, 1, &Request::Stat { path: "/f".into() }) {
+        Ok(Response::Meta(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    let read = |chunk_size| Request::Read {
+        path: "/f".into(),
+        fileid: meta.fileid,
+        idx: 1,
+        off: 0,
+        len: 4096,
+        chunk_size,
+        flags: chfs_proto::msg::rw::BACKEND,
+        epoch: meta.epoch(),
+    };
+    for (id, cs) in [(2, 0), (3, chfs_proto::MAX_CHUNK_SIZE + 1)] {
+        assert_eq!(
+            call(&mut s, id, &read(cs)).unwrap_err().0,
+            libc::EINVAL,
+            "{cs}"
+        );
+    }
+    match call(&mut s, 4, &read(4096)) {
+        Ok(Response::Data(d)) => assert_eq!(d.len(), 4096),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn requests_reaching_a_non_owner_are_forwarded() {
     let p = pool(3, None);

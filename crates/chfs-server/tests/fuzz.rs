@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_proto::frame::{Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED, HEADER_LEN, MAX_PAYLOAD};
-use chfs_proto::handshake::{Auth, Hello, HelloReply, Role, Verdict, NONCE_LEN};
-use chfs_proto::msg::{decode_error, op, RemoveKind, ServerStatus, SetAttr, TimeSet};
+use chfs_proto::handshake::{Auth, Hello, Role, NONCE_LEN};
+use chfs_proto::msg::{decode_error, op, RemoveKind, SetAttr, TimeSet};
 use chfs_proto::ring::{Hashing, ServerList};
 use chfs_proto::{Meta, Request, Response, PROTOCOL_VERSION};
 use common::*;
@@ -363,33 +363,6 @@ fn random_frame(r: &mut Rng, corpus: &[Request], id: u64) -> Vec<u8> {
     frame(id, opcode, flags, &payload)
 }
 
-/// Reads the handshake reply: the status and the challenge, if any.
-fn read_reply(s: &mut Conn) -> Option<(i32, Auth)> {
-    let mut fixed = [0u8; HelloReply::FIXED_LEN];
-    s.read_exact(&mut fixed).ok()?;
-    let (_, status, n) = HelloReply::decode_fixed(&fixed).ok()?;
-    let mut msg = vec![0u8; n];
-    s.read_exact(&mut msg).ok()?;
-    if status != 0 {
-        return Some((status, Auth::Open));
-    }
-    let mut a = [0u8; 1];
-    s.read_exact(&mut a).ok()?;
-    if !HelloReply::decode_auth(a[0]).ok()? {
-        return Some((status, Auth::Open));
-    }
-    let mut ch = [0u8; HelloReply::CHALLENGE_LEN];
-    s.read_exact(&mut ch).ok()?;
-    Some((status, HelloReply::decode_challenge(&ch)))
-}
-
-/// After a proof: the verdict's status.
-fn read_verdict(s: &mut Conn) -> Option<i32> {
-    let mut fixed = [0u8; Verdict::FIXED_LEN];
-    s.read_exact(&mut fixed).ok()?;
-    Some(Verdict::decode_fixed(&fixed).ok()?.0)
-}
-
 /// Reads until the server closes; panics if it sends a frame (nothing may
 /// be served without a handshake) or keeps the connection past a timeout.
 fn expect_closed(s: &mut Conn, what: &str) {
@@ -440,7 +413,7 @@ fn unauthenticated(r: &mut Rng, s: &mut Conn, transcript: &[u8], corpus: &[Reque
         // A valid hello, then a wrong proof and frames.
         3 => {
             s.write_all(&hello).unwrap();
-            let (status, auth) = read_reply(s).expect("a reply to a valid hello");
+            let (_, status, _, auth) = read_hello_reply(s).expect("a reply to a valid hello");
             assert_eq!(status, 0, "{what}");
             assert!(matches!(auth, Auth::Challenge { .. }), "{what}");
             let proof = if r.chance(50) {
@@ -449,7 +422,7 @@ fn unauthenticated(r: &mut Rng, s: &mut Conn, transcript: &[u8], corpus: &[Reque
                 mutate(r, transcript[Hello::LEN..].to_vec())
             };
             if s.write_all(&proof).is_ok() && proof.len() == 32 {
-                let v = read_verdict(s).expect("a verdict");
+                let (v, _) = read_verdict(s).expect("a verdict");
                 assert_ne!(v, 0, "{what}: a wrong proof was accepted");
             }
             (0..r.below(4)).try_for_each(|i| s.write_all(&random_frame(r, corpus, i as u64)))
@@ -457,10 +430,10 @@ fn unauthenticated(r: &mut Rng, s: &mut Conn, transcript: &[u8], corpus: &[Reque
         // A replayed transcript of a real client.
         _ => {
             s.write_all(&transcript[..Hello::LEN]).unwrap();
-            let (status, _) = read_reply(s).expect("a reply to a replayed hello");
+            let (_, status, ..) = read_hello_reply(s).expect("a reply to a replayed hello");
             assert_eq!(status, 0, "{what}");
             s.write_all(&transcript[Hello::LEN..]).unwrap();
-            let v = read_verdict(s).expect("a verdict");
+            let (v, _) = read_verdict(s).expect("a verdict");
             assert_ne!(v, 0, "a replayed transcript was accepted");
             s.write_all(&random_frame(r, corpus, 1))
         }
@@ -520,17 +493,6 @@ fn authenticated(r: &mut Rng, mut s: Conn, key: &[u8], corpus: &[Request]) -> u6
     s.end_input();
     reader.join().expect("replies well formed");
     sent
-}
-
-/// Status of a server, asked with `key`.
-fn status_with(addr: &str, key: &[u8]) -> ServerStatus {
-    let mut s = Conn::open(addr, false);
-    let (st, msg) = handshake(&mut s, key);
-    assert_eq!(st, 0, "{msg}");
-    match call(&mut s, 1, &Request::Status) {
-        Ok(Response::Status(st)) => st,
-        other => panic!("{other:?}"),
-    }
 }
 
 fn canary_path(i: usize, tag: u64) -> String {

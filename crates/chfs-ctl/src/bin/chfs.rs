@@ -35,11 +35,9 @@ enum Cmd {
     /// Write back everything (chfs_sync).
     Sync,
     /// Stage local files and directories, or paths of the backend, in (as
-    /// chstagein).
-    Stagein {
-        /// Paths (standard input when none).
-        paths: Vec<String>,
-    },
+    /// chstagein: the same options, and the same share of the work under
+    /// mpirun or srun).
+    Stagein(chfs_ctl::stage::StageArgs),
 }
 
 fn main() {
@@ -67,16 +65,13 @@ fn main() {
                 .map(|_| println!("{path}: written back"))
         }
         Cmd::Sync => c.sync(),
-        Cmd::Stagein { paths } => {
-            let paths = chfs_ctl::stage::collect_paths(&paths);
-            let r = chfs_ctl::stage::stagein(&c, &paths, 8);
-            for (p, e) in &r.failures {
-                eprintln!("chfs: {p}: {e}");
+        Cmd::Stagein(args) => {
+            let (lines, code) = chfs_ctl::stage::run_tool("chfs", &args, || Ok(c.clone()));
+            for line in lines {
+                // One write per line: ranks under mpirun share the terminal.
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             }
-            if !r.failures.is_empty() {
-                std::process::exit(1);
-            }
-            Ok(())
+            std::process::exit(code);
         }
     };
     if let Err(e) = r {

@@ -176,3 +176,62 @@ impl Drop for Scratch {
         }
     }
 }
+
+/// The reports a stage-in tool wrote with `-v` to `err`, one a process
+/// (`TOOL: P paths, B bytes in ...`, or `TOOL[r/n]: ...` of rank r of n):
+/// (`TOOL` or `TOOL[r/n]`, P, B), sorted.
+pub fn stage_reports(err: &str, tool: &str) -> Vec<(String, usize, u64)> {
+    let mut v: Vec<_> = err
+        .lines()
+        .filter(|l| l.starts_with(tool))
+        .filter_map(|l| {
+            let (who, rest) = l.split_once(": ")?;
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            Some((
+                who.to_string(),
+                w.first()?.parse().ok()?,
+                w.get(2)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The reports of the `ranks` ranks of a stage-in tool in `err`
+/// ([`stage_reports`]), one of each rank: paths and bytes, summed.
+pub fn rank_totals(err: &str, tool: &str, ranks: usize) -> (usize, u64) {
+    let r = stage_reports(err, tool);
+    let who: Vec<&str> = r.iter().map(|(w, ..)| w.as_str()).collect();
+    let want: Vec<String> = (0..ranks).map(|i| format!("{tool}[{i}/{ranks}]")).collect();
+    assert_eq!(who, want, "{err}");
+    r.iter()
+        .fold((0, 0), |(p, b), (_, rp, rb)| (p + rp, b + rb))
+}
+
+/// A binary of another package of the workspace (chfsd, chfuse), next to
+/// this crate's.
+pub fn sibling(name: &str) -> PathBuf {
+    let p = bin("chfsctl").with_file_name(name);
+    assert!(
+        p.is_file(),
+        "{} missing: cargo build -p chfs-server -p chfs-fuse",
+        p.display()
+    );
+    p
+}
+
+/// Why FUSE cannot be used here, if it cannot.
+pub fn fuse_unusable() -> Option<String> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Err(e) => Some(format!("/dev/fuse: {e}")),
+        Ok(_) if Command::new("fusermount3").arg("-V").output().is_err() => {
+            Some("no fusermount3 (apt package fuse3)".into())
+        }
+        Ok(_) => None,
+    }
+}

@@ -271,6 +271,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             epoch,
         } => {
             Counters::inc(&sh.counters.reads);
+            if ns.is_cached() {
+                // A chunk fetched from the backend is this size.
+                check_chunk_size(chunk_size)?;
+            }
             let loss = sh.placement().may_have_lost(epoch, flags);
             if let (Some(why), true) = (&loss, ns.is_cached()) {
                 // Fetching a chunk of a file changed in the cache again

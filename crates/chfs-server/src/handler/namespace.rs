@@ -250,7 +250,10 @@ pub(super) fn list_with_backend(
     };
     let backend_err =
         |e: std::io::Error| ErrorReply::io(format_args!("backend listing of {dir}"), &e);
-    let mut names = c.backend.names(dir, keep).map_err(backend_err)?;
+    let Some(mut backend_dir) = c.backend.dir(dir).map_err(backend_err)? else {
+        return Ok((mine, store_done));
+    };
+    let mut names = backend_dir.names(keep).map_err(backend_err)?;
     let more = names.len();
     if names.len() > max {
         names.select_nth_unstable(max);
@@ -267,7 +270,7 @@ pub(super) fn list_with_backend(
         }
     }
     names.truncate(j);
-    let backend = c.backend.lookup(dir, names).map_err(backend_err)?;
+    let backend = backend_dir.lookup(names).map_err(backend_err)?;
     let done = store_done && mine.len() + more <= max;
     let mut all: std::collections::BTreeMap<String, Meta> = mine.into_iter().collect();
     for (name, bst) in backend {
@@ -278,11 +281,51 @@ pub(super) fn list_with_backend(
     Ok((all.into_iter().take(max).collect(), done))
 }
 
+/// Does backend directory `dir` have an entry (false if it does not exist)?
+fn backend_has_children(c: &Cache, dir: &str) -> Result<bool, ErrorReply> {
+    let err = |e: std::io::Error| ErrorReply::io(format_args!("backend listing of {dir}"), &e);
+    match c.backend.dir(dir).map_err(err)? {
+        Some(mut d) => d.has_entries().map_err(err),
+        None => Ok(false),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cache::CacheConfig;
     use chfs_store::Store;
+
+    fn cache(backend: &std::path::Path) -> Cache {
+        Cache::open(CacheConfig {
+            backend: backend.to_path_buf(),
+            policy: Policy::Keep,
+            flush_idle_ms: 0,
+            flush_threads: 1,
+            revalidate: false,
+            chunk_size: 4096,
+        })
+        .unwrap()
+    }
+
+    /// rmdir's question whether a backend directory has an entry reads
+    /// one name, not the whole directory.
+    #[test]
+    fn backend_children_are_found_at_the_first_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("full")).unwrap();
+        std::fs::create_dir(dir.path().join("empty")).unwrap();
+        for i in 0..1000 {
+            std::fs::write(dir.path().join(format!("full/f{i}")), b"").unwrap();
+        }
+        let c = cache(dir.path());
+        assert!(backend_has_children(&c, "/full").unwrap());
+        assert_eq!(c.backend.names_read(), 1);
+        assert!(!backend_has_children(&c, "/empty").unwrap());
+        assert!(!backend_has_children(&c, "/missing").unwrap());
+        assert!(!backend_has_children(&c, "/full/f1").unwrap());
+        assert_eq!(c.backend.names_read(), 1);
+    }
 
     /// Paging through a cache-mode directory looks each backend entry up
     /// once (it looked up the whole backend directory for every page), and
@@ -296,15 +339,7 @@ mod tests {
         for i in 0..n {
             std::fs::write(dir.path().join(format!("d/b{i:04}")), b"x").unwrap();
         }
-        let c = Cache::open(CacheConfig {
-            backend: dir.path().to_path_buf(),
-            policy: Policy::Keep,
-            flush_idle_ms: 0,
-            flush_threads: 1,
-            revalidate: false,
-            chunk_size: 4096,
-        })
-        .unwrap();
+        let c = cache(dir.path());
         let st = chfs_store::MemStore::new(0);
         let meta = Meta {
             mode: libc::S_IFREG | 0o644,
@@ -345,8 +380,10 @@ mod tests {
         assert!(pages >= 20, "{pages} pages");
         let backend_only = n as u64 - (0..n).step_by(7).count() as u64;
         assert_eq!(c.backend.lookups(), backend_only);
+        // A page opens the backend directory once.
+        assert_eq!(c.backend.opens(), pages);
         // HasChildren's question costs no lookup.
-        assert_eq!(c.backend.names("/d", |_| true).unwrap().len(), n);
+        assert!(backend_has_children(&c, "/d").unwrap());
         assert_eq!(c.backend.lookups(), backend_only);
     }
 }
@@ -479,7 +516,8 @@ impl<'a> Ns<'a> {
 
     /// Before reading or writing chunk `idx` of `path`: its bytes fetched
     /// from the backend when this is the entry's chunk or a cached backend
-    /// file's (`rw::BACKEND`) and they are not here yet.
+    /// file's (`rw::BACKEND`) and they are not here yet. The caller has
+    /// checked `chunk_size` (`check_chunk_size`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fetch(
         self,
@@ -493,7 +531,6 @@ impl<'a> Ns<'a> {
     ) -> Result<(), ErrorReply> {
         if let Ns::Cached(c) = self {
             if idx == 0 || flags & chfs_proto::msg::rw::BACKEND != 0 {
-                super::common::check_chunk_size(chunk_size)?;
                 let st = &*sh.store;
                 blocking(|| c.ensure_chunk(st, path, idx, fileid, chunk_size, mode))
                     .map_err(|e| store_err(path, e))?;
@@ -545,11 +582,7 @@ impl<'a> Ns<'a> {
             return Ok(true);
         }
         match self {
-            Ns::Cached(c) if sh.placement().owns(dir) => {
-                let names = blocking(|| c.backend.names(dir, |_| true))
-                    .map_err(|e| ErrorReply::io(format_args!("backend listing of {dir}"), &e))?;
-                Ok(!names.is_empty())
-            }
+            Ns::Cached(c) if sh.placement().owns(dir) => blocking(|| backend_has_children(c, dir)),
             _ => Ok(false),
         }
     }

@@ -45,34 +45,48 @@ pub fn handshake_as(s: &mut (impl Read + Write), role: Role, secret: &[u8]) -> (
         Err(e) => return (e.errno, e.message),
     };
     s.write_all(&hello).unwrap();
-    let mut fixed = [0u8; HelloReply::FIXED_LEN];
-    s.read_exact(&mut fixed).unwrap();
-    let (version, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
-    let mut msg = vec![0u8; n];
-    s.read_exact(&mut msg).unwrap();
-    let msg = String::from_utf8_lossy(&msg).into_owned();
-    let mut auth = Auth::Open;
-    if status == 0 {
-        let mut a = [0u8; 1];
-        s.read_exact(&mut a).unwrap();
-        if HelloReply::decode_auth(a[0]).unwrap() {
-            let mut ch = [0u8; HelloReply::CHALLENGE_LEN];
-            s.read_exact(&mut ch).unwrap();
-            auth = HelloReply::decode_challenge(&ch);
-        }
-    }
+    let (version, status, msg, auth) = read_hello_reply(s).expect("a reply to the hello");
     let proof = match c.on_reply(version, status, &msg, &auth) {
         Ok(Some(p)) => p,
         Ok(None) => return (0, msg),
         Err(e) => return (e.errno, e.message),
     };
     s.write_all(&proof).unwrap();
-    let mut fixed = [0u8; Verdict::FIXED_LEN];
-    s.read_exact(&mut fixed).unwrap();
-    let (status, n) = Verdict::decode_fixed(&fixed).unwrap();
+    read_verdict(s).expect("a verdict")
+}
+
+/// The server's reply to a hello: protocol version, status, message and,
+/// when it asks for a proof, its challenge (else `Auth::Open`); `None` if
+/// the connection ends first or the reply is malformed.
+pub fn read_hello_reply(s: &mut impl Read) -> Option<(u16, i32, String, Auth)> {
+    let mut fixed = [0u8; HelloReply::FIXED_LEN];
+    s.read_exact(&mut fixed).ok()?;
+    let (version, status, n) = HelloReply::decode_fixed(&fixed).ok()?;
     let mut msg = vec![0u8; n];
-    s.read_exact(&mut msg).unwrap();
-    (status, String::from_utf8_lossy(&msg).into_owned())
+    s.read_exact(&mut msg).ok()?;
+    let msg = String::from_utf8_lossy(&msg).into_owned();
+    if status != 0 {
+        return Some((version, status, msg, Auth::Open));
+    }
+    let mut a = [0u8; 1];
+    s.read_exact(&mut a).ok()?;
+    if !HelloReply::decode_auth(a[0]).ok()? {
+        return Some((version, status, msg, Auth::Open));
+    }
+    let mut ch = [0u8; HelloReply::CHALLENGE_LEN];
+    s.read_exact(&mut ch).ok()?;
+    Some((version, status, msg, HelloReply::decode_challenge(&ch)))
+}
+
+/// The server's verdict on a proof: status and message; `None` if the
+/// connection ends first or the verdict is malformed.
+pub fn read_verdict(s: &mut impl Read) -> Option<(i32, String)> {
+    let mut fixed = [0u8; Verdict::FIXED_LEN];
+    s.read_exact(&mut fixed).ok()?;
+    let (status, n) = Verdict::decode_fixed(&fixed).ok()?;
+    let mut msg = vec![0u8; n];
+    s.read_exact(&mut msg).ok()?;
+    Some((status, String::from_utf8_lossy(&msg).into_owned()))
 }
 
 /// Connects over TCP and completes the handshake; returns the reply status.
@@ -182,7 +196,13 @@ pub fn pool_args(args: &[&str]) -> LocalPool {
 }
 
 pub fn status(addr: &str) -> chfs_proto::msg::ServerStatus {
-    let (mut s, _, _) = hello(addr, b"");
+    status_with(addr, b"")
+}
+
+/// Status of a server, asked over TCP with `secret` ([`handshake`]).
+pub fn status_with(addr: &str, secret: &[u8]) -> chfs_proto::msg::ServerStatus {
+    let (mut s, st, msg) = hello(addr, secret);
+    assert_eq!(st, 0, "{msg}");
     match call(&mut s, 1, &Request::Status) {
         Ok(Response::Status(st)) => st,
         other => panic!("{other:?}"),
