@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use chfs_client::{Client, ClientConfig, CpuLanes};
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{BenchError, Result};
 
@@ -135,7 +135,7 @@ pub fn rpc_rtt(c: &Client, index: usize, cpu: Option<usize>, rounds: usize) -> R
 }
 
 /// The floors of one run, in µs per round trip (medians).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Floors {
     /// 32-byte ping-pong, both threads on one CPU.
     pub unix_same_cpu: f64,

@@ -169,6 +169,11 @@ struct Io500Args {
     /// No progress bars even on a terminal.
     #[arg(long)]
     no_progress: bool,
+    /// Do not measure the round-trip floors (`chfs-bench floor`) before
+    /// the phases (a few seconds; printed after the table, with each
+    /// metadata phase's time per operation and rank).
+    #[arg(long)]
+    no_floor: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -370,6 +375,9 @@ fn io500(
             println!("{label}: {}", describe_pool(servers, credential)?);
         }
     }
+    let floors = (!a.no_floor)
+        .then(|| measure_floors(&targets))
+        .transpose()?;
     let mut results = leader::run_targets(&targets, &params, &opts, launcher)?.into_iter();
     let (Some(sys), reference) = (results.next(), results.next()) else {
         return Err(BenchError::Config("no result".into()));
@@ -387,6 +395,7 @@ fn io500(
             .unwrap_or_default(),
         system: sys,
         reference,
+        floors,
     };
     print!("{}", report::table(&run));
     if let Some(p) = &a.json {
@@ -496,6 +505,26 @@ fn mpi_main() -> ExitCode {
     let r = dispatch(cli, &s, Some((size, local)));
     s.quit_all();
     finish(r)
+}
+
+/// The round-trip floors of this machine, and of the first pool among
+/// `targets` (its first server).
+fn measure_floors(targets: &[(&str, TargetSpec)]) -> Result<floor::Floors> {
+    let rounds = 5_000;
+    let mut f =
+        floor::Floors::transports(rounds).map_err(|e| BenchError::io("ping-pong", "socket", e))?;
+    if let Some(TargetSpec::Chfs {
+        servers,
+        credential,
+    }) = targets
+        .iter()
+        .map(|t| &t.1)
+        .find(|t| matches!(t, TargetSpec::Chfs { .. }))
+    {
+        let cfg = chfs_bench::worker::chfs_config(servers, credential)?;
+        f.rpcs(&cfg, 0, rounds)?;
+    }
+    Ok(f)
 }
 
 fn main() -> ExitCode {

@@ -136,6 +136,10 @@ pub struct RunResult {
     pub reference: Option<TargetResult>,
     /// Per-phase ratios system / reference, then the three score ratios.
     pub ratios: Vec<Ratio>,
+    /// The round-trip floors measured in the same run (None: not
+    /// measured).
+    #[serde(default)]
+    pub floors: Option<crate::floor::Floors>,
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -253,7 +257,35 @@ pub fn table(run: &RunResult) -> String {
         let _ = write!(s, "; reference {}", storm(r));
     }
     s.push('\n');
+    if let Some(f) = &run.floors {
+        s.push_str(&f.table());
+        let _ = writeln!(
+            s,
+            "us per operation per rank: system {}",
+            per_op(&run.system, run.params.nprocs)
+        );
+        if let Some(r) = r {
+            let _ = writeln!(
+                s,
+                "                           reference {}",
+                per_op(r, run.params.nprocs)
+            );
+        }
+    }
     s
+}
+
+/// Each metadata phase's time per operation and rank, in µs.
+fn per_op(t: &TargetResult, nprocs: usize) -> String {
+    t.phases
+        .iter()
+        .filter(|p| p.kind == Kind::Md && p.name != "find" && p.rate > 0.0)
+        .map(|p| {
+            let us = nprocs as f64 / (p.rate * 1e3) * 1e6;
+            format!("{} {us:.1}", p.name.trim_start_matches("mdtest-"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn esc(s: &str) -> String {
@@ -420,7 +452,28 @@ mod tests {
             ratios: ratios(&sys, &reference),
             system: sys,
             reference: Some(reference),
+            floors: Some(crate::floor::Floors {
+                unix_same_cpu: 8.0,
+                tcp_same_cpu: 14.0,
+                rpc_tcp: Some(20.0),
+                ..Default::default()
+            }),
         }
+    }
+
+    #[test]
+    fn the_table_puts_each_metadata_phase_per_operation_next_to_the_floors() {
+        let t = table(&run());
+        assert!(t.contains("32-byte ping-pong, TCP"), "{t}");
+        // 1000 items in 1 s by 2 ranks: 2,000 us per operation per rank
+        // on the system (scale 2: 2000 items), 2,000 on the reference.
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("us per operation per rank: system"))
+            .unwrap_or_else(|| panic!("{t}"));
+        assert!(line.contains("easy-write 1000.0"), "{line}");
+        assert!(!line.contains("find"), "{line}");
+        assert!(t.contains("reference easy-write 2000.0"), "{t}");
     }
 
     #[test]
