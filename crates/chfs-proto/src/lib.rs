@@ -27,7 +27,7 @@ pub use msg::{Request, Response};
 /// `ServerStatus::since`/`lost`; 5: challenge-response handshake with
 /// roles, `Response::Sized`; 6: `SetSize::stray`, errnos in the flush and
 /// rebalance states, `ServerStatus::forwarded`/`reads`/`writes`).
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

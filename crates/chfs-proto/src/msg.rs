@@ -229,6 +229,13 @@ pub struct ServerStatus {
     /// Requests that waited because their connection had `--max-inflight`
     /// requests or `--conn-memory` bytes in the server (back-pressure).
     pub throttled: u64,
+    /// Times a server thread about to sleep polled (`chfsd --poll-usec`)
+    /// and the next event came meanwhile, and times it polled in vain and
+    /// slept.
+    pub poll_hits: u64,
+    pub poll_misses: u64,
+    /// CPU time the server process has used, user and system, in ns.
+    pub cpu_ns: u64,
     /// Backend directory in cache mode (empty otherwise).
     pub backend: String,
     /// Write-back state.
@@ -496,7 +503,7 @@ pub enum Response {
     /// The server list.
     Servers(ServerList),
     /// Server status.
-    Status(ServerStatus),
+    Status(Box<ServerStatus>),
     /// Metadata of an entry.
     Meta(Meta),
     /// Result of a create: the entry and whether this request created it.
@@ -1052,6 +1059,9 @@ impl Response {
                 out.put_u64(s.over_limit);
                 out.put_u64(s.idle_closed);
                 out.put_u64(s.throttled);
+                out.put_u64(s.poll_hits);
+                out.put_u64(s.poll_misses);
+                out.put_u64(s.cpu_ns);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1117,7 +1127,7 @@ impl Response {
         let resp = match r.u8()? {
             tag::OK => Response::Ok,
             tag::SERVERS => Response::Servers(get_list(&mut r)?),
-            tag::STATUS => Response::Status(ServerStatus {
+            tag::STATUS => Response::Status(Box::new(ServerStatus {
                 addr: r.string()?,
                 store: r.string()?,
                 entries: r.u64()?,
@@ -1137,9 +1147,12 @@ impl Response {
                 over_limit: r.u64()?,
                 idle_closed: r.u64()?,
                 throttled: r.u64()?,
+                poll_hits: r.u64()?,
+                poll_misses: r.u64()?,
+                cpu_ns: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
-            }),
+            })),
             tag::META => Response::Meta(get_meta(&mut r)?),
             tag::SIZED => Response::Sized {
                 meta: get_meta(&mut r)?,
@@ -1364,7 +1377,7 @@ mod tests {
                 }],
                 done: true,
             },
-            Response::Status(ServerStatus {
+            Response::Status(Box::new(ServerStatus {
                 addr: "a".into(),
                 entries: 4,
                 since: 5,
@@ -1374,8 +1387,11 @@ mod tests {
                 over_limit: 9,
                 idle_closed: 10,
                 throttled: 11,
+                poll_hits: 12,
+                poll_misses: 13,
+                cpu_ns: 14,
                 ..Default::default()
-            }),
+            })),
             Response::Count(7),
             Response::Sized { meta, before: 9 },
             Response::FlushState(FlushState {

@@ -562,9 +562,9 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 17), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 20), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
-                    Response::Status(ServerStatus {
+                    Response::Status(Box::new(ServerStatus {
                         addr,
                         store,
                         entries: n[0],
@@ -584,9 +584,12 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         forwarded: n[14],
                         reads: n[15],
                         writes: n[16],
+                        poll_hits: n[17],
+                        poll_misses: n[18],
+                        cpu_ns: n[19],
                         backend,
                         flush,
-                    })
+                    }))
                 })
                 .boxed(),
         ),

@@ -197,7 +197,7 @@ fn with_meta<'a>(head: &[&'a str], meta_hex: &[&'a str], tail: &[&'a str]) -> Ve
 fn protocol_constants() {
     // A bump of the version is a deliberate edit of this line, made with
     // the literals below that changed.
-    assert_eq!(PROTOCOL_VERSION, 6);
+    assert_eq!(PROTOCOL_VERSION, 7);
     assert_eq!(MAGIC, *b"CHFS-RS\x01");
     assert_eq!(HEADER_LEN, 16);
     assert_eq!(META_LEN, 64);
@@ -852,6 +852,9 @@ fn responses() {
         over_limit: 0x0f,
         idle_closed: 0x10,
         throttled: 0x0102_0304_0506_0708,
+        poll_hits: 0x11,
+        poll_misses: 0x12,
+        cpu_ns: 0x13,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -869,7 +872,7 @@ fn responses() {
             v
         }),
         (
-            Response::Status(status),
+            Response::Status(Box::new(status)),
             vec![
                 "02",                // tag
                 "03000000 683a31",   // addr
@@ -891,6 +894,9 @@ fn responses() {
                 "0f00000000000000",  // over_limit
                 "1000000000000000",  // idle_closed
                 "0807060504030201",  // throttled
+                "1100000000000000",  // poll_hits
+                "1200000000000000",  // poll_misses
+                "1300000000000000",  // cpu_ns
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes
@@ -1114,7 +1120,7 @@ fn handshake_messages() {
         &hello.encode(),
         &[
             "434846532d525301", // magic "CHFS-RS\x01"
-            "0600",             // version u16
+            "0700",             // version u16
             "02",               // role (server)
             "01",               // has_key
             "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", // nonce
@@ -1132,7 +1138,7 @@ fn handshake_messages() {
         &open.encode(),
         &[
             "434846532d525301", // magic
-            "0600",             // version
+            "0700",             // version
             "00000000",         // status i32
             "0000",             // message length u16, no message
             "00",               // auth: open
@@ -1152,7 +1158,7 @@ fn handshake_messages() {
         &challenge.encode(),
         &[
             "434846532d525301", // magic
-            "0600",             // version
+            "0700",             // version
             "00000000",         // status
             "0000",             // message length
             "01",               // auth: challenge
@@ -1166,7 +1172,7 @@ fn handshake_messages() {
         &refusal.encode(),
         &[
             "434846532d525301", // magic
-            "0600",             // version
+            "0700",             // version
             "0d000000",         // status (EACCES)
             "0200 6e6f",        // message "no"; no auth byte after a refusal
         ],
@@ -1178,13 +1184,13 @@ fn handshake_messages() {
         &version_refusal(3).encode(),
         &[
             "434846532d525301", // magic
-            "0600",             // the acceptor's version
+            "0700",             // the acceptor's version
             "47000000",         // status (EPROTO)
             "7200",             // message length (114)
-            // "protocol version 3 not supported: this server speaks version 6
+            // "protocol version 3 not supported: this server speaks version 7
             // (use client and server of the same chfs-rs release)"
             "70726f746f636f6c2076657273696f6e2033206e6f7420737570706f727465643a20",
-            "746869732073657276657220737065616b732076657273696f6e203620",
+            "746869732073657276657220737065616b732076657273696f6e203720",
             "2875736520636c69656e7420616e6420736572766572206f66207468652073616d65",
             "20636866732d72732072656c6561736529",
         ],
@@ -1288,7 +1294,7 @@ fn handshake_keys_and_proofs() {
             &[1; 32],
             &[2; 32],
         ),
-        &["b59d961d083191064861a6df61b770783010129a9699b8123db67304a944733d"],
+        &["c1885085bdea19f02eeb1041f12b773f044976ce4afea461cfc286a8b664e95f"],
     );
     g.finish();
 }

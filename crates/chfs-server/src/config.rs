@@ -65,6 +65,17 @@ pub struct Config {
     #[arg(short = 'T', long = "threads", default_value_t = 0)]
     pub threads: usize,
 
+    /// Longest time in microseconds a server thread with nothing to do
+    /// polls for the next request before it sleeps (bounded adaptive
+    /// polling, yielding the CPU to anything else that wants it: the
+    /// window halves to nothing while the server is idle and doubles back
+    /// while requests come soon after it slept; never on CPU lanes): auto
+    /// = 100 where the server may use two or more CPUs, else 0; 0 = never
+    /// (the default: clients poll for their replies, and where ranks and
+    /// servers share the CPUs a polling server takes time from the ranks).
+    #[arg(long = "poll-usec", env = "CHFSD_POLL_USEC", default_value = "0", value_parser = parse_poll)]
+    pub poll: std::time::Duration,
+
     /// Requests of one connection in the server at once (being served, or
     /// answered but not yet sent because the client does not read): a
     /// connection with this many is not read until one is sent
@@ -331,6 +342,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid size {s:?} (a number with optional K, M, G or T)"))
 }
 
+/// The longest polling window `--poll-usec` asks for here: `auto` is 100
+/// us where the process may use 2+ CPUs (a poller then leaves a CPU to
+/// the clients), else none.
+pub fn parse_poll(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim() {
+        "auto" => Ok(match chfs_sys::cpu::allowed_count() {
+            Ok(n) if n >= 2 => std::time::Duration::from_micros(100),
+            _ => std::time::Duration::ZERO,
+        }),
+        s => s
+            .parse::<u64>()
+            .map(std::time::Duration::from_micros)
+            .map_err(|_| format!("{s:?}: expected auto or a number of microseconds")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,5 +393,14 @@ mod tests {
     fn ports() {
         assert_eq!(with_default_port("node1"), "node1:50000");
         assert_eq!(with_default_port("node1:7"), "node1:7");
+    }
+
+    #[test]
+    fn poll_settings() {
+        use std::time::Duration;
+        assert_eq!(parse_poll("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_poll("50"), Ok(Duration::from_micros(50)));
+        assert!(parse_poll("fast").is_err());
+        assert!(parse_poll("auto").is_ok());
     }
 }

@@ -8,7 +8,8 @@
 //! Modules form layers; each uses only the layers below it (no cycle):
 //!
 //! 1. foundations, which know nothing of a running server: `metrics`,
-//!    `net`, `local_io`, `shm`, `backend` ← `cache` ← `config` ← `limits`;
+//!    `net`, `local_io`, `shm`, `backend` ← `cache` ← `config` ← `limits`,
+//!    `park` (polling before a runtime worker sleeps);
 //!    `peer` (server-to-server calls; `net`, `local_io`);
 //! 2. `state`: what every connection and request shares (`Shared`:
 //!    store, placement, peers, counters, limits, cache mode);
@@ -32,6 +33,7 @@ mod listener;
 mod local_io;
 pub mod metrics;
 pub mod net;
+mod park;
 mod peer;
 mod server;
 mod shm;

@@ -285,7 +285,26 @@ pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), Serve
     if cfg.threads > 0 {
         b.worker_threads(cfg.threads);
     }
+    // Workers poll the runtime's epoll instance before they sleep
+    // (`--poll-usec`): it is the one the runtime's construction creates.
+    let park = std::sync::Arc::new(crate::park::ParkPoll::new(cfg.poll));
+    let (p1, p2) = (park.clone(), park.clone());
+    b.on_thread_park(move || p1.before_park())
+        .on_thread_unpark(move || p2.after_unpark());
+    let before = chfs_sys::poll::epoll_fds().unwrap_or_default();
     let rt = b.enable_all().thread_name("chfsd").build()?;
+    let created: Vec<_> = chfs_sys::poll::epoll_fds()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|fd| !before.contains(fd))
+        .collect();
+    match created[..] {
+        [fd] if !cfg.poll.is_zero() => park.set_epoll_fd(fd),
+        _ if !cfg.poll.is_zero() => {
+            tracing::warn!("--poll-usec: the runtime's epoll instance not found; not polling")
+        }
+        _ => {}
+    }
     rt.block_on(async move {
         let mut srv = start(cfg.clone()).await?;
         if let Some(p) = &cfg.pid_file {

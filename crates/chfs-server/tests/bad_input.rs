@@ -195,7 +195,7 @@ fn roles_limit_what_a_connection_may_ask() {
     assert!(call(&mut a, 1, &Request::Rebalance { start: false }).is_ok());
     assert!(call(&mut a, 2, &Request::UpdateServers { list }).is_err());
     let status = match call(&mut a, 3, &Request::Status) {
-        Ok(Response::Status(st)) => st,
+        Ok(Response::Status(st)) => *st,
         other => panic!("{other:?}"),
     };
     assert!(status.denied >= 8, "{status:?}");

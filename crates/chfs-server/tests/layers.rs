@@ -10,7 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["backend", "local_io", "metrics", "net", "shm"],
     &["cache"],
     &["config"],
-    &["limits", "peer"],
+    &["limits", "park", "peer"],
     &["state"],
     &["handler::common"],
     &["handler::namespace", "handler::pool", "handler::rebalance"],

@@ -7,6 +7,8 @@
 //! - [`Mapping`]: shared (and private anonymous) memory mappings, through
 //!   `memmap2` where its options suffice, raw `mmap` only for flags it
 //!   lacks (`MAP_SYNC`).
+//! - [`poll`]: readiness without blocking, the process's epoll
+//!   instances, its CPU time.
 //! - [`lock`]: poison-tolerant locking of a `Mutex`.
 //! - [`coarse_realtime_ns`]: the clock file systems stamp times with.
 //!
@@ -18,6 +20,7 @@
 pub mod cpu;
 pub mod map;
 pub mod memfd;
+pub mod poll;
 
 use std::io;
 use std::sync::{Mutex, MutexGuard};

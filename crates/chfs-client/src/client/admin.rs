@@ -64,7 +64,7 @@ impl Client {
             .zip(self.broadcast(&st, &Request::Status))
             .map(|(a, r)| {
                 let r = r.and_then(|r| match r {
-                    Response::Status(s) => Ok(s),
+                    Response::Status(s) => Ok(*s),
                     other => Err(unexpected(other)),
                 });
                 (a, r)

@@ -114,7 +114,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 s.capacity
             };
             let c = &sh.counters;
-            Ok(Response::Status(ServerStatus {
+            Ok(Response::Status(Box::new(ServerStatus {
                 addr: sh.me.clone(),
                 store: st.name().to_string(),
                 entries: s.entries,
@@ -134,9 +134,12 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 over_limit: Counters::get(&c.over_limit),
                 idle_closed: Counters::get(&c.idle_closed),
                 throttled: Counters::get(&c.throttled),
+                poll_hits: Counters::get(&crate::park::HITS),
+                poll_misses: Counters::get(&crate::park::MISSES),
+                cpu_ns: chfs_sys::poll::process_cpu_ns(),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
-            }))
+            })))
         }
         Request::Shutdown => {
             info!("shutdown requested");

@@ -204,7 +204,7 @@ pub fn status_with(addr: &str, secret: &[u8]) -> chfs_proto::msg::ServerStatus {
     let (mut s, st, msg) = hello(addr, secret);
     assert_eq!(st, 0, "{msg}");
     match call(&mut s, 1, &Request::Status) {
-        Ok(Response::Status(st)) => st,
+        Ok(Response::Status(st)) => *st,
         other => panic!("{other:?}"),
     }
 }
