@@ -947,13 +947,12 @@ impl Medium for Pmem {
 }
 
 fn allocate(f: &File, size: u64) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain syscall on a file descriptor we own.
-    let rc = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, size as libc::off_t) };
-    match rc {
-        0 => Ok(()),
-        libc::EOPNOTSUPP | libc::EINVAL => Ok(f.set_len(size)?),
-        e => Err(io::Error::from_raw_os_error(e).into()),
+    match chfs_sys::fs::allocate(f, size) {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) => {
+            Ok(f.set_len(size)?)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

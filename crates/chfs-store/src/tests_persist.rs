@@ -314,6 +314,32 @@ fn pmem_on_a_block_file_system_restarts_with_msync() {
     assert!(mode.is_some());
 }
 
+#[test]
+fn pmem_persist_mode_follows_the_file_system() {
+    use crate::PersistMode;
+    // The mapping tries MAP_SYNC first (refused off DAX), then maps plainly
+    // and asks statfs whether the file is in memory only.
+    let shm = shm_dir();
+    if chfs_sys::fs::in_memory(shm.path()) {
+        let s = PmemStore::open(shm.path(), 1 << 20).unwrap();
+        assert_eq!(s.persist_mode(), PersistMode::Volatile);
+    }
+    let d = tempfile::tempdir().unwrap();
+    if !chfs_sys::fs::in_memory(d.path()) {
+        let s = PmemStore::open(d.path(), 1 << 20).unwrap();
+        assert!(
+            matches!(s.persist_mode(), PersistMode::Msync | PersistMode::Dax),
+            "{:?}",
+            s.persist_mode()
+        );
+        s.create("/f", meta(1), b"durable", true).unwrap();
+        s.sync().unwrap();
+        drop(s);
+        let s = PmemStore::open(d.path(), 0).unwrap();
+        assert_eq!(s.read("/f", 0, 1, 0, 100).unwrap().unwrap(), b"durable");
+    }
+}
+
 /// Crash at mutation `cut` while running seeded ops; returns false when the
 /// run ended before the cut.
 fn crash_trial(kind: CrashKind, seed: u64, cut: u64) -> bool {

@@ -1,5 +1,5 @@
-//! chfs-rs OS wrappers: the one place for unsafe calls into the kernel
-//! that more than one crate makes, behind safe functions.
+//! chfs-rs OS wrappers: the one place for unsafe calls into the kernel,
+//! behind safe functions.
 //!
 //! - [`hostname`]: this host's name.
 //! - [`cpu`]: pinning the calling thread to a CPU, the CPU it runs on.
@@ -7,6 +7,7 @@
 //! - [`Mapping`]: shared (and private anonymous) memory mappings, through
 //!   `memmap2` where its options suffice, raw `mmap` only for flags it
 //!   lacks (`MAP_SYNC`).
+//! - [`fs`]: the type of a path's file system, reserving a file's blocks.
 //! - [`lock`]: poison-tolerant locking of a `Mutex`.
 //! - [`coarse_realtime_ns`]: the clock file systems stamp times with.
 //!
@@ -16,6 +17,7 @@
 //! of chfs-rs.
 
 pub mod cpu;
+pub mod fs;
 pub mod map;
 pub mod memfd;
 
