@@ -7,7 +7,7 @@ use std::path::Path;
 use chfs_proto::Meta;
 use proptest::prelude::*;
 
-use crate::fault::{CrashKind, FaultMedia};
+use crate::fault::{CrashKind, FaultFiles, FaultMedia, FileFault};
 use crate::tests::shm_dir;
 use crate::{Chunk, MemStore, PmemStore, PosixStore, Store, StoreError};
 
@@ -894,56 +894,69 @@ fn posix_concurrent_writers_stay_consistent() {
     concurrent_body(&|| Box::new(PosixStore::open(d.path(), 0).unwrap()));
 }
 
-/// The POSIX engine killed at its `cut`-th file mutation (the write in
-/// flight torn): reopening gives every key its state before or after the
-/// interrupted operation, nothing corrupt, and the store keeps working.
-fn posix_crash_trial(seed: u64, cut: u64) -> bool {
-    use crate::posix::fault;
+/// The POSIX engine, through the fault-injecting file calls
+/// ([`FaultFiles`]), killed at (or failing) its `cut`-th file mutation:
+/// reopening gives every key its state before or after the interrupted
+/// operation, nothing corrupt, and the store keeps working. A failed call
+/// (not a kill) must fail its operation, not be acknowledged, and leave
+/// the running store itself in the state before or after it.
+fn posix_crash_trial(kind: FileFault, seed: u64, cut: u64) -> bool {
     let d = shm_dir();
-    let s = PosixStore::open(d.path(), 0).unwrap();
+    let ff = FaultFiles::new(kind, seed);
+    let s = PosixStore::open_with(d.path(), 0, Box::new(ff.clone())).unwrap();
+    ff.cut_after(cut);
     let model = MemStore::new(0);
     let mut r = seed | 1;
     let mut before = snapshot(&model);
     let mut inflight = None;
-    fault::plan(cut, seed);
     for i in 0..60 {
         let op = op_from(&mut r);
         before = snapshot(&model);
         let got = apply(&s, &op);
         let want = apply(&model, &op);
-        if fault::dead() {
+        if ff.fired() {
+            if kind == FileFault::Fail {
+                assert!(
+                    got.is_err(),
+                    "seed {seed} cut {cut}: {op:?} acknowledged ({got:?}) though a file call failed"
+                );
+            }
             inflight = Some(op);
             break;
         }
         assert_eq!(got, want, "seed {seed} op {i}: {op:?}");
     }
-    let crashed = fault::dead();
-    fault::clear();
-    if !crashed {
+    if !ff.fired() {
         return false;
     }
     let after = snapshot(&model);
+    let check = |got: &Snap, what: &str| {
+        let keys: std::collections::BTreeSet<_> = before
+            .keys()
+            .chain(after.keys())
+            .chain(got.keys())
+            .cloned()
+            .collect();
+        for k in keys {
+            let g = got.get(&k);
+            assert!(
+                g == before.get(&k) || g == after.get(&k),
+                "seed {seed} cut {cut} ({kind:?}, {what}) during {inflight:?}: {k:?} recovered as {:?}, before {:?}, after {:?}",
+                g.map(|v| v.1.len()),
+                before.get(&k).map(|v| v.1.len()),
+                after.get(&k).map(|v| v.1.len())
+            );
+        }
+    };
+    if kind == FileFault::Fail {
+        check(&snapshot(&s), "running store");
+    }
     drop(s);
     let rec = PosixStore::open(d.path(), 0)
         .unwrap_or_else(|e| panic!("seed {seed} cut {cut}: store does not open: {e}"));
     assert_eq!(rec.recovery().corrupt, 0, "seed {seed} cut {cut}");
     let got = snapshot(&rec);
-    let keys: std::collections::BTreeSet<_> = before
-        .keys()
-        .chain(after.keys())
-        .chain(got.keys())
-        .cloned()
-        .collect();
-    for k in keys {
-        let g = got.get(&k);
-        assert!(
-            g == before.get(&k) || g == after.get(&k),
-            "seed {seed} cut {cut} during {inflight:?}: {k:?} recovered as {:?}, before {:?}, after {:?}",
-            g.map(|v| v.1.len()),
-            before.get(&k).map(|v| v.1.len()),
-            after.get(&k).map(|v| v.1.len())
-        );
-    }
+    check(&got, "reopened");
     let model = load(&got);
     for i in 0..20 {
         let op = op_from(&mut r);
@@ -968,8 +981,7 @@ fn posix_crash_trial(seed: u64, cut: u64) -> bool {
     true
 }
 
-#[test]
-fn posix_survives_kills_at_every_kind_of_file_mutation() {
+fn posix_crash_loop(kind: FileFault) {
     let trials: u64 = std::env::var("CHFS_CRASH_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -977,12 +989,22 @@ fn posix_survives_kills_at_every_kind_of_file_mutation() {
     let mut crashed = 0;
     for seed in 1..=trials {
         let cut = 1 + (seed * 7919) % 90;
-        crashed += posix_crash_trial(seed, cut) as u64;
+        crashed += posix_crash_trial(kind, seed, cut) as u64;
     }
     assert!(
         crashed * 4 > trials * 3,
         "only {crashed} of {trials} trials crashed"
     );
+}
+
+#[test]
+fn posix_survives_kills_at_every_kind_of_file_mutation() {
+    posix_crash_loop(FileFault::Kill);
+}
+
+#[test]
+fn posix_file_call_failures_fail_the_operation_and_keep_the_store_consistent() {
+    posix_crash_loop(FileFault::Fail);
 }
 
 #[test]
