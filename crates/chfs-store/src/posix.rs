@@ -41,7 +41,7 @@ use chfs_proto::Meta;
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::lock;
 use crate::index::{parts_len, Indexed, Medium, Part, Write};
-use crate::record::{new_uuid, Slot, MAX_SEQ, SLOT_LEN};
+use crate::record::{check_seq, new_uuid, Slot, SLOT_LEN};
 use crate::usage::Usage;
 use crate::{corrupt, Result, StoreError};
 
@@ -490,13 +490,7 @@ impl Posix {
 
     fn write_slot(&self, f: &File, r: &mut PRec, path: &str, idx: u64, n: u8) -> Result<()> {
         r.seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        if r.seq > MAX_SEQ {
-            // Only after a damaged or forged slot: no reader would accept
-            // this one, so the change would be lost at the next open.
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: sequence numbers exhausted"
-            )));
-        }
+        check_seq(r.seq, path, idx)?;
         let s = Slot::of(r.seq, self.uuid, path, idx, r.len, r.crc, r.meta);
         self.files.write_at(f, &s.encode(), slot_off(n))?;
         r.slot = n;

@@ -1074,3 +1074,70 @@ fn pmem_arenas_fill_concurrently_and_give_all_space_back() {
         "{again} after freeing, {total} at first"
     );
 }
+
+/// Both engines write slots up to [`MAX_SEQ`] and refuse the one beyond
+/// (EIO, the store unchanged): pmem counts per key, POSIX across the
+/// store, but the rule is the same (`record::check_seq` of the number
+/// about to be written).
+#[test]
+fn both_engines_write_sequence_numbers_up_to_max_seq_and_no_further() {
+    use crate::record::{Slot, MAX_SEQ, SLOT_LEN};
+    use std::os::unix::fs::FileExt;
+    /// Gives the slot at `off` of `file` sequence number `seq`.
+    fn set_seq(file: &Path, off: u64, seq: u64) {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(file)
+            .unwrap();
+        let mut b = [0u8; SLOT_LEN];
+        f.read_exact_at(&mut b, off).unwrap();
+        let mut s = Slot::decode(&b).unwrap();
+        s.seq = seq;
+        f.write_all_at(&s.encode(), off).unwrap();
+    }
+    fn chmod(s: &dyn Store, mode: u32) -> crate::Result<Meta> {
+        s.update_meta("/f", 0, &mut |m| {
+            m.mode = libc::S_IFREG | mode;
+            Ok(())
+        })
+    }
+    /// The last allowed change lands and survives a reopen; the next
+    /// change of the header and an overwrite are refused.
+    fn check(open: &dyn Fn() -> Box<dyn Store>) {
+        let s = open();
+        chmod(&*s, 0o600).unwrap();
+        assert_eq!(chmod(&*s, 0o640).unwrap_err().errno(), libc::EIO);
+        let e = s.write("/f", 0, 0, b"y", &meta(1)).unwrap_err();
+        assert_eq!(e.errno(), libc::EIO);
+        drop(s);
+        let s = open();
+        assert_eq!(s.meta("/f", 0).unwrap().unwrap().mode & 0o777, 0o600);
+        assert_eq!(s.read("/f", 0, 1, 0, 10).unwrap().unwrap(), b"x");
+    }
+
+    let d = shm_dir();
+    PmemStore::open(d.path(), 1 << 20)
+        .unwrap()
+        .create("/f", meta(1), b"x", true)
+        .unwrap();
+    let ins = crate::pmem::inspect_pmem(d.path()).unwrap();
+    let e = ins
+        .extents
+        .iter()
+        .find(|e| e.path.as_deref() == Some("/f"))
+        .unwrap();
+    let slot = e.offset + crate::pmem::SLOT0 + e.slots[0].0 as u64 * SLOT_LEN as u64;
+    set_seq(&crate::pmem::pmem_file(d.path()), slot, MAX_SEQ - 1);
+    check(&|| Box::new(PmemStore::open(d.path(), 0).unwrap()));
+
+    let d = shm_dir();
+    PosixStore::open(d.path(), 0)
+        .unwrap()
+        .create("/f", meta(1), b"x", true)
+        .unwrap();
+    let files = chunk_files(d.path());
+    assert_eq!(files.len(), 1);
+    set_seq(&files[0], crate::posix::slot_off(0), MAX_SEQ - 1);
+    check(&|| Box::new(PosixStore::open(d.path(), 0).unwrap()));
+}

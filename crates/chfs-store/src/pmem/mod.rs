@@ -60,7 +60,7 @@ use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::Shard;
 use crate::index::{parts_len, Indexed, Medium, Part, Write};
 use crate::media::{Media, MmapMedia, PersistMode};
-use crate::record::{new_uuid, Slot, MAX_SEQ, SLOT_LEN};
+use crate::record::{check_seq, new_uuid, Slot, SLOT_LEN};
 use crate::usage::Usage;
 use crate::{corrupt, Result, StoreError};
 
@@ -334,7 +334,7 @@ impl Pmem {
 
     /// Publishes a changed header/length of `rec` through its other slot.
     fn flip(&self, rec: &mut Rec, path: &str, idx: u64) -> Result<()> {
-        check_seq(rec.seq, path, idx)?;
+        check_seq(rec.seq.saturating_add(1), path, idx)?;
         let n = 1 - rec.slot;
         self.write_slot(rec, path, idx, n);
         self.media.persist(
@@ -358,7 +358,7 @@ impl Pmem {
         prev_seq: u64,
     ) -> Result<Rec> {
         let len = parts_len(parts)?;
-        check_seq(prev_seq, path, idx)?;
+        check_seq(prev_seq.saturating_add(1), path, idx)?;
         let rel = data_rel(path.len());
         let want = align(rel + cap.max(len).max(1));
         let (ext, ext_len) = self.alloc(want, thread_arena(self.free.len()))?;
@@ -410,19 +410,6 @@ impl Pmem {
         }
         Ok(rec)
     }
-}
-
-/// Refuses to write a slot after one with sequence number `seq` when the
-/// next one would be beyond [`MAX_SEQ`] (no slot reader would accept it, so
-/// the change would be lost at the next open). Only a damaged or forged
-/// slot gets there.
-fn check_seq(seq: u64, path: &str, idx: u64) -> Result<()> {
-    if seq >= MAX_SEQ {
-        return Err(corrupt(format!(
-            "{path} chunk {idx}: sequence number {seq} exhausted"
-        )));
-    }
-    Ok(())
 }
 
 impl Medium for Pmem {
