@@ -40,7 +40,7 @@ use chfs_proto::Meta;
 
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::lock;
-use crate::index::{parts_len, Indexed, Medium, Part, Write};
+use crate::index::{parts_len, Found, Indexed, Medium, Part, Write};
 use crate::record::{check_seq, new_uuid, Slot, SLOT_LEN};
 use crate::usage::Usage;
 use crate::{corrupt, Result, StoreError};
@@ -384,12 +384,29 @@ impl PosixStore {
         &self.medium.report
     }
 
+    /// Reads every chunk file, indexing the records and removing what no
+    /// key holds.
     fn recover(&mut self) -> Result<()> {
+        self.walk_medium(Posix::walk)?;
+        let (records, bad) = self.rebuilt();
+        let report = &mut self.medium.report;
+        report.records = records;
+        report.corrupt += bad;
+        Ok(())
+    }
+}
+
+impl Posix {
+    /// Walks the chunk files at open, handing every record to `index`
+    /// (which returns the version of a key that lost to another) and
+    /// removing the losers and the files that hold no record; then sets
+    /// the id and sequence counters past every one found.
+    fn walk(&mut self, index: Found<'_, PRec>) -> Result<()> {
         let mut max_id = 0u64;
         let mut max_seq = 0u64;
-        let mut report = std::mem::take(&mut self.medium.report);
+        let mut report = std::mem::take(&mut self.report);
         let mut losers: Vec<u64> = Vec::new();
-        let (root, uuid) = (self.medium.root.clone(), self.medium.uuid);
+        let (root, uuid) = (self.root.clone(), self.uuid);
         for d in std::fs::read_dir(&root)? {
             let d = d?;
             let name = d.file_name();
@@ -414,7 +431,7 @@ impl PosixStore {
                 let (Some(path), Some((_, top))) = (cf.path.clone(), cf.slots.first().copied())
                 else {
                     report.unreadable += 1;
-                    self.medium.files.remove(&e.path())?;
+                    self.files.remove(&e.path())?;
                     continue;
                 };
                 max_seq = max_seq.max(top.seq);
@@ -433,7 +450,7 @@ impl PosixStore {
                 if !bad && cf.file_len > DATA_OFF + s.data_len as u64 {
                     // Bytes of an interrupted append past the valid length.
                     let keep = (DATA_OFF + s.data_len as u64).max(PATH_OFF + s.path_len as u64);
-                    self.medium.files.set_len(&f, keep)?;
+                    self.files.set_len(&f, keep)?;
                 }
                 let rec = PRec {
                     id,
@@ -445,24 +462,21 @@ impl PosixStore {
                     epoch: 0,
                     corrupt: bad,
                 };
-                if let Some(loser) = self.recovered(path, s.idx, rec) {
+                if let Some(loser) = index(path, s.idx, rec) {
                     losers.push(loser.id);
                 }
             }
         }
         report.superseded = losers.len() as u64;
         for id in losers {
-            self.medium.files.remove(&chunk_file(&root, id))?;
+            self.files.remove(&chunk_file(&root, id))?;
         }
-        let (records, bad) = self.rebuilt();
-        report.records = records;
-        report.corrupt += bad;
         // Ids come from file names, and a foreign file may take the last
         // one: ids then start again from 0 (creating a file never replaces
         // one, so a taken id is an error, not a lost chunk).
-        self.medium.next_id = AtomicU64::new(max_id.wrapping_add(1));
-        self.medium.seq = AtomicU64::new(max_seq + 1);
-        self.medium.report = report;
+        self.next_id = AtomicU64::new(max_id.wrapping_add(1));
+        self.seq = AtomicU64::new(max_seq + 1);
+        self.report = report;
         Ok(())
     }
 }
