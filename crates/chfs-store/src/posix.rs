@@ -374,7 +374,7 @@ impl PosixStore {
                 ..Default::default()
             },
         };
-        let mut s = Indexed::over(medium, Usage::new(capacity, 0));
+        let mut s = Indexed::over(medium, Usage::new(capacity));
         s.recover()?;
         Ok(s)
     }
