@@ -1141,3 +1141,44 @@ fn both_engines_write_sequence_numbers_up_to_max_seq_and_no_further() {
     set_seq(&files[0], crate::posix::slot_off(0), MAX_SEQ - 1);
     check(&|| Box::new(PosixStore::open(d.path(), 0).unwrap()));
 }
+
+/// What the POSIX engine's index costs per chunk, from the process's RSS
+/// while N (`N`, default 40 000) entries with 10-byte paths, then N data
+/// chunks of one file, are stored (ignored: RSS is the whole process's, so
+/// run it alone: `N=100000 cargo test -p chfs-store --lib
+/// posix_index_memory -- --ignored --nocapture --test-threads=1`). Measured
+/// here (N = 25 000 to 100 000): 190-225 B per data chunk, 320-480 B per
+/// entry (its path, its name in the directory index and hash-table slack
+/// included).
+#[test]
+#[ignore]
+fn posix_index_memory_per_chunk() {
+    fn rss() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+        s.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+    }
+    let n: u64 = std::env::var("N").map_or(40_000, |v| v.parse().unwrap());
+    let d = shm_dir();
+    let s = PosixStore::open(d.path(), 0).unwrap();
+    s.create("/d", meta(1), b"", true).unwrap();
+    let r0 = rss();
+    for i in 0..n {
+        s.create(&format!("/d/f{i:07}"), meta(1), b"", true)
+            .unwrap();
+    }
+    let r1 = rss();
+    s.create("/big", meta(1), b"", true).unwrap();
+    for i in 1..=n {
+        s.write("/big", i, 0, b"x", &meta(1)).unwrap();
+    }
+    let r2 = rss();
+    let (entry, chunk) = ((r1 - r0) / n, (r2 - r1) / n);
+    println!(
+        "index record {} B; per entry (10-byte path) {entry} B; per data chunk {chunk} B",
+        std::mem::size_of::<crate::posix::PRec>(),
+    );
+    assert!(
+        entry < 512 && chunk < 320,
+        "{entry} B per entry, {chunk} per chunk"
+    );
+}
