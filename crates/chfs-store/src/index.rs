@@ -660,7 +660,7 @@ impl<M: Medium> Store for Indexed<M> {
     }
 
     fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
-        let data = Src::Own(Bytes::from(chunk.data));
+        let data = Src::Own(chunk.data);
         self.store_new(path, idx, chunk.meta, data, None).map(drop)
     }
 

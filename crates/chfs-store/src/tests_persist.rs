@@ -182,7 +182,7 @@ fn apply(s: &dyn Store, op: &Op) -> std::result::Result<String, i32> {
                 idx,
                 Chunk {
                     meta: meta(1),
-                    data: vec![byte; len],
+                    data: vec![byte; len].into(),
                 },
             )
             .map(|_| String::new())
@@ -250,7 +250,7 @@ fn load(snap: &Snap) -> MemStore {
             *i,
             Chunk {
                 meta: *meta,
-                data: d.clone(),
+                data: d.clone().into(),
             },
         )
         .unwrap();
@@ -577,7 +577,15 @@ fn pmem_freed_space_merges_back_into_one_extent() {
             n += 1;
             let p = format!("/m{n}");
             let data = vec![n as u8; next(70_000) as usize];
-            s.put(&p, 0, Chunk { meta: m, data }).unwrap();
+            s.put(
+                &p,
+                0,
+                Chunk {
+                    meta: m,
+                    data: data.into(),
+                },
+            )
+            .unwrap();
             live.push(p);
         }
         while !live.is_empty() {
@@ -598,7 +606,7 @@ fn pmem_freed_space_merges_back_into_one_extent() {
         0,
         Chunk {
             meta: big,
-            data: whole.clone(),
+            data: whole.clone().into(),
         },
     )
     .expect("the freed space is one extent again");
