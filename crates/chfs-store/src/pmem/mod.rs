@@ -38,7 +38,7 @@
 //!
 //! # Files
 //!
-//! This file: the record index entry, the medium and its [`Medium`]
+//! This file: the record index entry, the medium and its `Medium`
 //! operations (new record, slot flip), open and format. `format.rs`: the
 //! superblock, extent words and record offsets, encoded and decoded.
 //! `alloc.rs`: free space (arenas, hot extents, allocate, release).
