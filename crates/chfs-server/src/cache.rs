@@ -297,7 +297,7 @@ impl Cache {
                         flags: m.flags & !FLAG_PARTIAL,
                         ..m
                     },
-                    data,
+                    data: data.into(),
                 },
             )?;
             debug!(path, bytes = data_len, "fetched chunk 0 from the backend");
@@ -323,7 +323,14 @@ impl Cache {
             mtime: now_ns(),
             ..Default::default()
         };
-        store.put(path, idx, Chunk { meta, data })?;
+        store.put(
+            path,
+            idx,
+            Chunk {
+                meta,
+                data: data.into(),
+            },
+        )?;
         Ok(())
     }
 

@@ -285,7 +285,10 @@ impl std::str::FromStr for StoreKind {
         StoreKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| format!("unknown store {s:?} (available: mem, pmem, posix)"))
+            .ok_or_else(|| {
+                let names: Vec<_> = StoreKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown store {s:?} (available: {})", names.join(", "))
+            })
     }
 }
 

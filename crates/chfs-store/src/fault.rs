@@ -8,13 +8,20 @@
 //!   the in-flight write torn.
 //! - [`CrashKind::Kill`]: a killed process: every completed store survives
 //!   (page cache), the in-flight write is torn.
+//!
+//! [`FaultFiles`] does the same for the POSIX engine's file calls
+//! ([`FileOps`]): kill at the chosen call (torn write, nothing after it) or
+//! fail that one call.
 
 use std::collections::HashSet;
+use std::fs::File;
 use std::io;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::crc::crc32c_append;
 use crate::media::{Media, PersistMode};
+use crate::posix::{FileOps, OsFiles};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashKind {
@@ -191,5 +198,148 @@ impl Media for FaultMedia {
     }
     fn mode(&self) -> PersistMode {
         PersistMode::Dax
+    }
+}
+
+/// What [`FaultFiles`] does at its chosen mutation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFault {
+    /// The process is killed: the call in flight lands partly (a random
+    /// prefix of a write; a truncate, an unlink or a create, or not), then
+    /// it and every later call fail without reaching the files (what
+    /// reached them stays: the page cache survives a kill).
+    Kill,
+    /// That one call fails (EIO) after a random prefix of a write landed
+    /// (a truncate, an unlink or a create does not happen); later calls
+    /// work: the engine's error paths run.
+    Fail,
+}
+
+struct FilesState {
+    mutations: u64,
+    cut_at: u64,
+    kind: FileFault,
+    rng: u64,
+    dead: bool,
+    fired: bool,
+}
+
+/// Fault-injecting [`FileOps`] for the POSIX engine, the counterpart of
+/// [`FaultMedia`]: counts the engine's file mutations and, at the chosen
+/// one, kills the "process" or fails the call. The test keeps a clone.
+#[derive(Clone)]
+pub struct FaultFiles(Arc<Mutex<FilesState>>);
+
+/// What to do with one call.
+enum Step {
+    Go,
+    /// The call at the fault: land partly (Kill) or not at all (Fail).
+    Hit(FileFault),
+    /// After a kill.
+    Dead,
+}
+
+impl FaultFiles {
+    /// Real file calls, faulting as `kind` once `cut_after` is set.
+    pub fn new(kind: FileFault, seed: u64) -> Self {
+        Self(Arc::new(Mutex::new(FilesState {
+            mutations: 0,
+            cut_at: 0,
+            kind,
+            rng: seed | 1,
+            dead: false,
+            fired: false,
+        })))
+    }
+
+    /// Faults at the `n`-th mutation from now (n >= 1).
+    pub fn cut_after(&self, n: u64) {
+        let mut s = self.st();
+        s.cut_at = s.mutations + n;
+    }
+
+    /// Has the fault happened?
+    pub fn fired(&self) -> bool {
+        self.st().fired
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, FilesState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn rnd(&self) -> u64 {
+        rnd(&mut self.st().rng)
+    }
+
+    fn step(&self) -> Step {
+        let mut s = self.st();
+        if s.dead {
+            return Step::Dead;
+        }
+        s.mutations += 1;
+        if s.mutations != s.cut_at {
+            return Step::Go;
+        }
+        s.fired = true;
+        s.dead = s.kind == FileFault::Kill;
+        Step::Hit(s.kind)
+    }
+
+    /// Lands the call (`f`) with probability 1/2 when killed, never when
+    /// failed.
+    fn maybe(&self, kind: FileFault, f: impl FnOnce() -> io::Result<()>) -> io::Error {
+        if kind == FileFault::Kill && self.rnd() & 1 == 0 {
+            if let Err(e) = f() {
+                return e;
+            }
+        }
+        injected(kind)
+    }
+}
+
+fn injected(kind: FileFault) -> io::Error {
+    match kind {
+        FileFault::Kill => io::Error::other("injected crash"),
+        FileFault::Fail => io::Error::from_raw_os_error(libc::EIO),
+    }
+}
+
+impl FileOps for FaultFiles {
+    fn create_new(&self, path: &Path) -> io::Result<File> {
+        match self.step() {
+            Step::Go => OsFiles.create_new(path),
+            Step::Hit(k) => Err(self.maybe(k, || OsFiles.create_new(path).map(drop))),
+            Step::Dead => Err(injected(FileFault::Kill)),
+        }
+    }
+
+    fn write_at(&self, f: &File, buf: &[u8], off: u64) -> io::Result<()> {
+        match self.step() {
+            Step::Go => OsFiles.write_at(f, buf, off),
+            Step::Hit(k) => {
+                if !buf.is_empty() {
+                    let n = (self.rnd() % buf.len() as u64) as usize;
+                    OsFiles.write_at(f, &buf[..n], off)?;
+                }
+                Err(injected(k))
+            }
+            Step::Dead => Err(injected(FileFault::Kill)),
+        }
+    }
+
+    fn set_len(&self, f: &File, len: u64) -> io::Result<()> {
+        match self.step() {
+            Step::Go => OsFiles.set_len(f, len),
+            Step::Hit(k) => Err(self.maybe(k, || OsFiles.set_len(f, len))),
+            Step::Dead => Err(injected(FileFault::Kill)),
+        }
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        match self.step() {
+            Step::Go => OsFiles.remove(path),
+            Step::Hit(k) => Err(self.maybe(k, || OsFiles.remove(path))),
+            Step::Dead => Err(injected(FileFault::Kill)),
+        }
     }
 }

@@ -249,14 +249,9 @@ impl<M: Medium> Indexed<M> {
         lock(&self.files[shard_of(path, SHARDS)])
     }
 
-    /// Indexes a record found at open; returns the version of its key that
-    /// lost to another (to be freed), if any.
-    pub(crate) fn recovered(&mut self, path: String, idx: u64, rec: M::Rec) -> Option<M::Rec> {
-        recovered(&mut self.files, path, idx, rec)
-    }
-
-    /// Runs `walk` over the medium with [`Self::recovered`] at hand: for
-    /// a medium that finds its records by walking itself at open.
+    /// Runs `walk` over the medium at open with a function that indexes
+    /// each record it finds and returns the version of the record's key
+    /// that lost to another (to be freed), if any.
     pub(crate) fn walk_medium<T>(
         &mut self,
         walk: impl FnOnce(&mut M, Found<'_, M::Rec>) -> T,
@@ -665,7 +660,7 @@ impl<M: Medium> Store for Indexed<M> {
     }
 
     fn put(&self, path: &str, idx: u64, chunk: Chunk) -> Result<()> {
-        let data = Src::Own(Bytes::from(chunk.data));
+        let data = Src::Own(chunk.data);
         self.store_new(path, idx, chunk.meta, data, None).map(drop)
     }
 

@@ -98,8 +98,9 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 pub struct Chunk {
     /// Header.
     pub meta: Meta,
-    /// Bytes.
-    pub data: Vec<u8>,
+    /// Bytes (shared: moving a chunk between stores or onto the wire
+    /// copies none of them).
+    pub data: bytes::Bytes,
 }
 
 /// Usage figures of an engine.

@@ -7,12 +7,17 @@
 //! file system it is `msync(MS_SYNC)` of the range; on tmpfs/ramfs (which do
 //! not outlive the machine anyway) it is nothing, and only the program order
 //! of stores matters (a killed process loses no completed store).
+//!
+//! The OS calls (mapping, `msync`, `statfs`) are chfs-sys's
+//! ([`chfs_sys::Mapping`], [`chfs_sys::fs`]); what stays unsafe here is
+//! access to the mapped bytes and the CPU's flush and fence instructions.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use chfs_sys::Mapping;
 
 use crate::crc::crc32c_append;
 
@@ -69,24 +74,14 @@ pub(crate) trait Media: Send + Sync + 'static {
     fn prefetch(&self, _off: u64, _len: u64) {}
 }
 
-/// `MAP_SYNC` (linux/mman.h); not exported by every libc version.
-const MAP_SYNC: libc::c_int = 0x80000;
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-const RAMFS_MAGIC: i64 = 0x8584_58f6;
-
-/// A shared memory mapping of a file or DAX device.
+/// A shared memory mapping of a file or DAX device
+/// ([`chfs_sys::Mapping`]).
 pub(crate) struct MmapMedia {
-    ptr: *mut u8,
+    map: Mapping,
     len: u64,
     mode: PersistMode,
     _file: File,
 }
-
-// SAFETY: the mapping is plain memory shared by all threads; concurrent
-// access discipline is the caller's contract documented on `Media`.
-unsafe impl Send for MmapMedia {}
-// SAFETY: as above.
-unsafe impl Sync for MmapMedia {}
 
 impl MmapMedia {
     /// Maps `len` bytes of `file` (writable unless `readonly`).
@@ -97,55 +92,32 @@ impl MmapMedia {
                 "mapping length out of range",
             ));
         }
-        let prot = if readonly {
-            libc::PROT_READ
-        } else {
-            libc::PROT_READ | libc::PROT_WRITE
-        };
-        let fd = file.as_raw_fd();
-        let mut mode = PersistMode::Dax;
-        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of a file
-        // we hold open; the result is checked against MAP_FAILED.
-        let mut p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                prot,
-                libc::MAP_SHARED_VALIDATE | MAP_SYNC,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            use std::os::unix::fs::FileTypeExt;
-            let devdax = file.metadata()?.file_type().is_char_device();
-            // A devdax character device is persistent memory even without
-            // MAP_SYNC (its mappings are always synchronous); its statfs
-            // reports devtmpfs, which must not be taken for tmpfs.
-            mode = if devdax {
-                PersistMode::Dax
-            } else if on_volatile_fs(path) {
-                PersistMode::Volatile
-            } else {
-                PersistMode::Msync
-            };
-            // SAFETY: as above, without MAP_SYNC.
-            p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len as usize,
-                    prot,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
+        let (map, mode) = match Mapping::shared_sync(&file, len as usize, !readonly) {
+            Ok(m) => (m, PersistMode::Dax),
+            Err(_) => {
+                use std::os::unix::fs::FileTypeExt;
+                let devdax = file.metadata()?.file_type().is_char_device();
+                // A devdax character device is persistent memory even
+                // without MAP_SYNC (its mappings are always synchronous);
+                // its statfs reports devtmpfs, which must not be taken for
+                // tmpfs.
+                let mode = if devdax {
+                    PersistMode::Dax
+                } else if chfs_sys::fs::in_memory(path) {
+                    PersistMode::Volatile
+                } else {
+                    PersistMode::Msync
+                };
+                let map = if readonly {
+                    Mapping::shared_read_only(&file, len as usize)?
+                } else {
+                    Mapping::shared_read_write(&file, len as usize)?
+                };
+                (map, mode)
             }
-        }
+        };
         Ok(Self {
-            ptr: p.cast(),
+            map,
             len,
             mode,
             _file: file,
@@ -160,7 +132,7 @@ impl MmapMedia {
         );
         // SAFETY: off + len <= self.len (asserted), so the pointer stays
         // within the mapping.
-        unsafe { self.ptr.add(off as usize) }
+        unsafe { self.map.as_ptr().add(off as usize) }
     }
 
     /// The bytes of a range (for read-only inspection).
@@ -169,28 +141,6 @@ impl MmapMedia {
         // SAFETY: the range lies within the live mapping (checked by `at`);
         // callers do not write it concurrently (Media contract).
         unsafe { std::slice::from_raw_parts(p, len as usize) }
-    }
-}
-
-fn on_volatile_fs(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs only writes into `st`, a zeroed plain C struct.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is NUL-terminated and st is valid for writes.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    rc == 0 && matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC)
-}
-
-impl Drop for MmapMedia {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len describe the mapping created in `map`, unmapped
-        // exactly once here; no references into it outlive `self`.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len as usize);
-        }
     }
 }
 
@@ -250,7 +200,7 @@ impl Media for MmapMedia {
                 // mapping; a prefetch never faults and changes no memory.
                 unsafe {
                     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-                    _mm_prefetch::<_MM_HINT_ET0>(self.ptr.add(o as usize) as *const i8);
+                    _mm_prefetch::<_MM_HINT_ET0>(self.map.as_ptr().add(o as usize) as *const i8);
                 }
                 o += 64;
             }
@@ -277,16 +227,9 @@ impl Media for MmapMedia {
                 Ok(())
             }
             PersistMode::Msync => {
-                let page = 4096u64;
-                let start = off / page * page;
-                let end = (off + len).min(self.len);
-                let p = self.at(start, end - start);
-                // SAFETY: page-aligned range inside our mapping.
-                let rc = unsafe { libc::msync(p.cast(), (end - start) as usize, libc::MS_SYNC) };
-                if rc != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
+                let end = off.saturating_add(len).min(self.len);
+                self.map
+                    .flush(off as usize, end.saturating_sub(off) as usize)
             }
         }
     }
@@ -297,14 +240,7 @@ impl Media for MmapMedia {
                 fence();
                 Ok(())
             }
-            PersistMode::Volatile | PersistMode::Msync => {
-                // SAFETY: the whole mapping created in `map`.
-                let rc = unsafe { libc::msync(self.ptr.cast(), self.len as usize, libc::MS_SYNC) };
-                if rc != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            }
+            PersistMode::Volatile | PersistMode::Msync => self.map.flush(0, self.len as usize),
         }
     }
 

@@ -36,7 +36,7 @@ impl MemStore {
     /// A store holding at most `capacity` bytes of chunk data (0 = no limit
     /// but memory).
     pub fn new(capacity: u64) -> Self {
-        Indexed::over(Mem, Usage::new(capacity, 0))
+        Indexed::over(Mem, Usage::new(capacity))
     }
 }
 

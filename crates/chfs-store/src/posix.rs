@@ -22,7 +22,9 @@
 //! Memory stays flat whatever the data volume: data goes from the request
 //! buffer straight to `pwrite`; copies (copy-on-write, checksum
 //! recomputation) use one fixed 1 MiB buffer per operation; the in-memory
-//! index holds about 150 bytes per chunk plus its path.
+//! index holds about 190-225 bytes per data chunk and 320-480 per entry
+//! with a short path (its path and its name in the directory index included;
+//! measured by `tests_persist::posix_index_memory_per_chunk`).
 //!
 //! Durability: [`crate::Store::sync`] fsyncs every chunk file changed since the
 //! last sync and the directories whose entries changed.
@@ -40,8 +42,8 @@ use chfs_proto::Meta;
 
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::lock;
-use crate::index::{parts_len, Indexed, Medium, Part, Write};
-use crate::record::{new_uuid, Slot, MAX_SEQ, SLOT_LEN};
+use crate::index::{parts_len, Found, Indexed, Medium, Part, Write};
+use crate::record::{check_seq, new_uuid, Slot, SLOT_LEN};
 use crate::usage::Usage;
 use crate::{corrupt, Result, StoreError};
 
@@ -61,6 +63,60 @@ pub const PATH_OFF: u64 = 1024;
 pub const DATA_OFF: u64 = 8192;
 /// Size of the copy buffer.
 const BUF: usize = 1 << 20;
+
+/// The calls the POSIX engine changes its chunk files with, as pmem's
+/// [`crate::media::Media`] is its medium: [`OsFiles`] makes them, and
+/// tests put a fault-injecting double in its place (`crate::fault`) that
+/// fails or cuts any of them (the write in flight torn, nothing after it
+/// reaching the files, as when `chfsd` is killed). Reads, `fsync` and the
+/// superblock's creation go to the file system directly.
+pub(crate) trait FileOps: Send + Sync + 'static {
+    /// Creates chunk file `path`, which must not exist, and its directory
+    /// when missing; open for reading and writing.
+    fn create_new(&self, path: &Path) -> io::Result<File>;
+    /// Writes all of `buf` at `off` of `f`.
+    fn write_at(&self, f: &File, buf: &[u8], off: u64) -> io::Result<()>;
+    /// Cuts or extends `f` to `len` bytes.
+    fn set_len(&self, f: &File, len: u64) -> io::Result<()>;
+    /// Unlinks file `path`.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+}
+
+/// [`FileOps`] on the file system.
+pub(crate) struct OsFiles;
+
+impl FileOps for OsFiles {
+    fn create_new(&self, path: &Path) -> io::Result<File> {
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path)
+        };
+        match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                open()
+            }
+            r => r,
+        }
+    }
+
+    fn write_at(&self, f: &File, buf: &[u8], off: u64) -> io::Result<()> {
+        f.write_all_at(buf, off)
+    }
+
+    fn set_len(&self, f: &File, len: u64) -> io::Result<()> {
+        f.set_len(len)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+}
 
 /// Index entry of one chunk file.
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +157,7 @@ pub struct PosixReport {
 /// The POSIX medium: a chunk file per record. See the module documentation.
 pub struct Posix {
     root: PathBuf,
+    files: Box<dyn FileOps>,
     uuid: u64,
     next_id: AtomicU64,
     seq: AtomicU64,
@@ -275,6 +332,11 @@ impl PosixStore {
     /// at most `capacity` bytes of chunk data (0 = as much as the file
     /// system holds), and rebuilds its index from the chunk files.
     pub fn open(root: &Path, capacity: u64) -> Result<Self> {
+        Self::open_with(root, capacity, Box::new(OsFiles))
+    }
+
+    /// As [`PosixStore::open`], changing the files through `files`.
+    pub(crate) fn open_with(root: &Path, capacity: u64, files: Box<dyn FileOps>) -> Result<Self> {
         std::fs::create_dir_all(root)?;
         let sb = root.join(POSIX_SUPER);
         let created = !sb.exists();
@@ -300,6 +362,7 @@ impl PosixStore {
         let uuid = read_posix_super(root)?;
         let medium = Posix {
             root: root.to_path_buf(),
+            files,
             uuid,
             next_id: AtomicU64::new(1),
             seq: AtomicU64::new(1),
@@ -313,7 +376,7 @@ impl PosixStore {
                 ..Default::default()
             },
         };
-        let mut s = Indexed::over(medium, Usage::new(capacity, 0));
+        let mut s = Indexed::over(medium, Usage::new(capacity));
         s.recover()?;
         Ok(s)
     }
@@ -323,12 +386,29 @@ impl PosixStore {
         &self.medium.report
     }
 
+    /// Reads every chunk file, indexing the records and removing what no
+    /// key holds.
     fn recover(&mut self) -> Result<()> {
+        self.walk_medium(Posix::walk)?;
+        let (records, bad) = self.rebuilt();
+        let report = &mut self.medium.report;
+        report.records = records;
+        report.corrupt += bad;
+        Ok(())
+    }
+}
+
+impl Posix {
+    /// Walks the chunk files at open, handing every record to `index`
+    /// (which returns the version of a key that lost to another) and
+    /// removing the losers and the files that hold no record; then sets
+    /// the id and sequence counters past every one found.
+    fn walk(&mut self, index: Found<'_, PRec>) -> Result<()> {
         let mut max_id = 0u64;
         let mut max_seq = 0u64;
-        let mut report = std::mem::take(&mut self.medium.report);
+        let mut report = std::mem::take(&mut self.report);
         let mut losers: Vec<u64> = Vec::new();
-        let (root, uuid) = (self.medium.root.clone(), self.medium.uuid);
+        let (root, uuid) = (self.root.clone(), self.uuid);
         for d in std::fs::read_dir(&root)? {
             let d = d?;
             let name = d.file_name();
@@ -353,7 +433,7 @@ impl PosixStore {
                 let (Some(path), Some((_, top))) = (cf.path.clone(), cf.slots.first().copied())
                 else {
                     report.unreadable += 1;
-                    std::fs::remove_file(e.path())?;
+                    self.files.remove(&e.path())?;
                     continue;
                 };
                 max_seq = max_seq.max(top.seq);
@@ -371,7 +451,8 @@ impl PosixStore {
                 };
                 if !bad && cf.file_len > DATA_OFF + s.data_len as u64 {
                     // Bytes of an interrupted append past the valid length.
-                    f.set_len((DATA_OFF + s.data_len as u64).max(PATH_OFF + s.path_len as u64))?;
+                    let keep = (DATA_OFF + s.data_len as u64).max(PATH_OFF + s.path_len as u64);
+                    self.files.set_len(&f, keep)?;
                 }
                 let rec = PRec {
                     id,
@@ -383,24 +464,21 @@ impl PosixStore {
                     epoch: 0,
                     corrupt: bad,
                 };
-                if let Some(loser) = self.recovered(path, s.idx, rec) {
+                if let Some(loser) = index(path, s.idx, rec) {
                     losers.push(loser.id);
                 }
             }
         }
         report.superseded = losers.len() as u64;
         for id in losers {
-            std::fs::remove_file(chunk_file(&root, id))?;
+            self.files.remove(&chunk_file(&root, id))?;
         }
-        let (records, bad) = self.rebuilt();
-        report.records = records;
-        report.corrupt += bad;
         // Ids come from file names, and a foreign file may take the last
         // one: ids then start again from 0 (creating a file never replaces
         // one, so a taken id is an error, not a lost chunk).
-        self.medium.next_id = AtomicU64::new(max_id.wrapping_add(1));
-        self.medium.seq = AtomicU64::new(max_seq + 1);
-        self.medium.report = report;
+        self.next_id = AtomicU64::new(max_id.wrapping_add(1));
+        self.seq = AtomicU64::new(max_seq + 1);
+        self.report = report;
         Ok(())
     }
 }
@@ -428,15 +506,9 @@ impl Posix {
 
     fn write_slot(&self, f: &File, r: &mut PRec, path: &str, idx: u64, n: u8) -> Result<()> {
         r.seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        if r.seq > MAX_SEQ {
-            // Only after a damaged or forged slot: no reader would accept
-            // this one, so the change would be lost at the next open.
-            return Err(corrupt(format!(
-                "{path} chunk {idx}: sequence numbers exhausted"
-            )));
-        }
+        check_seq(r.seq, path, idx)?;
         let s = Slot::of(r.seq, self.uuid, path, idx, r.len, r.crc, r.meta);
-        hook::write_at(f, &s.encode(), slot_off(n))?;
+        self.files.write_at(f, &s.encode(), slot_off(n))?;
         r.slot = n;
         Ok(())
     }
@@ -454,26 +526,9 @@ impl Posix {
         let len = parts_len(parts)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let fp = chunk_file(&self.root, id);
-        hook::gate()?;
-        let f = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&fp)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(fp.parent().unwrap_or(&self.root))?;
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(&fp)?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let f = self.files.create_new(&fp)?;
         let result = (|| -> Result<PRec> {
-            hook::write_at(&f, path.as_bytes(), PATH_OFF)?;
+            self.files.write_at(&f, path.as_bytes(), PATH_OFF)?;
             let old_f = match old {
                 Some(o) if parts.iter().any(|p| matches!(p, Part::Copy(..))) => {
                     Some(self.open_chunk(o.id)?)
@@ -486,7 +541,7 @@ impl Posix {
             for p in parts {
                 match *p {
                     Part::Bytes(b) => {
-                        hook::write_at(&f, b, DATA_OFF + pos)?;
+                        self.files.write_at(&f, b, DATA_OFF + pos)?;
                         crc = crc32c_append(crc, b);
                     }
                     Part::Zero(n) => {
@@ -502,7 +557,7 @@ impl Posix {
                         while done < n {
                             let k = ((n - done) as usize).min(BUF);
                             of.read_exact_at(&mut buf[..k], DATA_OFF + src + done)?;
-                            hook::write_at(&f, &buf[..k], DATA_OFF + pos + done)?;
+                            self.files.write_at(&f, &buf[..k], DATA_OFF + pos + done)?;
                             crc = crc32c_append(crc, &buf[..k]);
                             done += k as u64;
                         }
@@ -511,7 +566,7 @@ impl Posix {
                 pos += p.len();
             }
             if len > 0 {
-                hook::set_len(&f, DATA_OFF + len)?;
+                self.files.set_len(&f, DATA_OFF + len)?;
             }
             let mut r = PRec {
                 id,
@@ -533,7 +588,7 @@ impl Posix {
             Ok(r)
         })();
         if result.is_err() {
-            let _ = hook::remove(&fp);
+            let _ = self.files.remove(&fp);
         }
         result
     }
@@ -557,9 +612,9 @@ impl Medium for Posix {
         if off >= r.len {
             // Append: bytes past the current length, then the other slot.
             let f = self.open_chunk(r.id)?;
-            hook::write_at(&f, data, DATA_OFF + off)?;
+            self.files.write_at(&f, data, DATA_OFF + off)?;
             if data.is_empty() && end > r.len {
-                hook::set_len(&f, DATA_OFF + end)?;
+                self.files.set_len(&f, DATA_OFF + end)?;
             }
             let mut next = r;
             next.crc = crc32c_append(crc32c_zeros(r.crc, off - r.len), data);
@@ -601,7 +656,8 @@ impl Medium for Posix {
         next.crc = file_crc(&f, DATA_OFF, len, 0, &mut buf)?;
         next.len = len;
         self.write_slot(&f, &mut next, path, idx, 1 - r.slot)?;
-        hook::set_len(&f, (DATA_OFF + len).max(PATH_OFF + path.len() as u64))?;
+        self.files
+            .set_len(&f, (DATA_OFF + len).max(PATH_OFF + path.len() as u64))?;
         next.epoch = self.mark(r.id, false);
         *rec = next;
         Ok(None)
@@ -620,7 +676,7 @@ impl Medium for Posix {
 
     fn free(&self, r: PRec) -> Result<()> {
         lock(&self.dirty).dirs.insert((r.id & 0xff) as u8);
-        match hook::remove(&chunk_file(&self.root, r.id)) {
+        match self.files.remove(&chunk_file(&self.root, r.id)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e.into()),
@@ -669,123 +725,3 @@ impl Medium for Posix {
         }
     }
 }
-
-/// Every change a running store makes to its files goes through here, so
-/// tests can stop the "process" at any of them: the write in flight lands
-/// partially (a random prefix) and nothing after it reaches the files, as
-/// when `chfsd` is killed.
-mod hook {
-    use std::fs::File;
-    use std::io;
-    use std::os::unix::fs::FileExt;
-    use std::path::Path;
-
-    #[cfg(test)]
-    fn killed() -> io::Error {
-        io::Error::other("injected crash")
-    }
-
-    /// Before creating a file.
-    pub fn gate() -> io::Result<()> {
-        #[cfg(test)]
-        if fault::step().is_some() {
-            return Err(killed());
-        }
-        Ok(())
-    }
-
-    pub fn write_at(f: &File, buf: &[u8], off: u64) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(torn) = fault::step() {
-            if torn && !buf.is_empty() {
-                let n = (fault::rnd() % buf.len() as u64) as usize;
-                f.write_all_at(&buf[..n], off)?;
-            }
-            return Err(killed());
-        }
-        f.write_all_at(buf, off)
-    }
-
-    pub fn set_len(f: &File, len: u64) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(torn) = fault::step() {
-            if torn && fault::rnd() & 1 == 0 {
-                f.set_len(len)?;
-            }
-            return Err(killed());
-        }
-        f.set_len(len)
-    }
-
-    pub fn remove(p: &Path) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(torn) = fault::step() {
-            if torn && fault::rnd() & 1 == 0 {
-                std::fs::remove_file(p)?;
-            }
-            return Err(killed());
-        }
-        std::fs::remove_file(p)
-    }
-
-    #[cfg(test)]
-    pub(crate) mod fault {
-        use std::cell::Cell;
-
-        thread_local! {
-            /// Mutations left before the crash (0 = no crash planned).
-            pub static LEFT: Cell<u64> = const { Cell::new(0) };
-            /// The process is "dead": no mutation reaches the files.
-            pub static DEAD: Cell<bool> = const { Cell::new(false) };
-            static RNG: Cell<u64> = const { Cell::new(0x2545_F491_4F6C_DD1D) };
-        }
-
-        /// Plans a crash at the `n`-th mutation from now on this thread.
-        pub fn plan(n: u64, seed: u64) {
-            LEFT.with(|c| c.set(n));
-            DEAD.with(|c| c.set(false));
-            RNG.with(|c| c.set(seed | 1));
-        }
-
-        /// Ends the crash simulation on this thread.
-        pub fn clear() {
-            LEFT.with(|c| c.set(0));
-            DEAD.with(|c| c.set(false));
-        }
-
-        pub fn dead() -> bool {
-            DEAD.with(Cell::get)
-        }
-
-        pub fn rnd() -> u64 {
-            RNG.with(|c| {
-                let mut x = c.get();
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                c.set(x);
-                x
-            })
-        }
-
-        /// `None`: proceed; `Some(torn)`: this is the crash point (or after).
-        pub fn step() -> Option<bool> {
-            if dead() {
-                return Some(false);
-            }
-            let left = LEFT.with(Cell::get);
-            if left == 0 {
-                return None;
-            }
-            LEFT.with(|c| c.set(left - 1));
-            if left == 1 {
-                DEAD.with(|c| c.set(true));
-                return Some(true);
-            }
-            None
-        }
-    }
-}
-
-#[cfg(test)]
-pub(crate) use hook::fault;

@@ -30,6 +30,19 @@ pub const SLOT_LEN: usize = 128;
 /// engines can add to any valid one without overflow.
 pub const MAX_SEQ: u64 = i64::MAX as u64;
 
+/// Refuses `seq` for a new slot when it is beyond [`MAX_SEQ`]: no reader
+/// would accept that slot, so the change would be lost at the next open.
+/// Only after a damaged or forged slot does a store get there. Both engines
+/// check the number they are about to write, with this one rule.
+pub(crate) fn check_seq(seq: u64, path: &str, idx: u64) -> crate::Result<()> {
+    if seq > MAX_SEQ {
+        return Err(crate::corrupt(format!(
+            "{path} chunk {idx}: sequence numbers exhausted (next {seq})"
+        )));
+    }
+    Ok(())
+}
+
 /// A decoded slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {

@@ -291,7 +291,7 @@ fn take_and_put_move_chunks() {
     for (s, _dir) in engines() {
         s.create("/m", file_meta(1), b"abc", true).unwrap();
         let c = s.take("/m", 0).unwrap().unwrap();
-        assert_eq!(c.data, b"abc");
+        assert_eq!(c.data, &b"abc"[..]);
         assert!(!s.has_children("/").unwrap());
         s.put("/n", 0, c).unwrap();
         assert_eq!(s.list_dir("/", "", 10).unwrap().0[0].0, "n");

@@ -77,13 +77,13 @@ pub(crate) struct Bounded {
 }
 
 impl Usage {
-    /// `bytes` in use of `capacity` (0 = no limit).
-    pub fn new(capacity: u64, bytes: u64) -> Self {
+    /// Nothing in use yet of `capacity` (0 = no limit).
+    pub fn new(capacity: u64) -> Self {
         if capacity == 0 {
-            return Usage::Counted(Striped::new(bytes), 0);
+            return Usage::Counted(Striped::new(0), 0);
         }
         Usage::Bounded(Bounded {
-            bytes: AtomicU64::new(bytes),
+            bytes: AtomicU64::new(0),
             capacity,
         })
     }

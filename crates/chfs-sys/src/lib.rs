@@ -1,5 +1,5 @@
-//! chfs-rs OS wrappers: the one place for unsafe calls into the kernel
-//! that more than one crate makes, behind safe functions.
+//! chfs-rs OS wrappers: the one place for unsafe calls into the kernel,
+//! behind safe functions.
 //!
 //! - [`hostname`]: this host's name.
 //! - [`cpu`]: pinning the calling thread to a CPU, the CPU it runs on.
@@ -9,6 +9,7 @@
 //!   lacks (`MAP_SYNC`).
 //! - [`poll`]: readiness without blocking, the process's epoll
 //!   instances, its CPU time.
+//! - [`fs`]: the type of a path's file system, reserving a file's blocks.
 //! - [`lock`]: poison-tolerant locking of a `Mutex`.
 //! - [`coarse_realtime_ns`]: the clock file systems stamp times with.
 //!
@@ -18,6 +19,7 @@
 //! of chfs-rs.
 
 pub mod cpu;
+pub mod fs;
 pub mod map;
 pub mod memfd;
 pub mod poll;

@@ -3,7 +3,7 @@
 //! Made with `memmap2` where its options suffice (shared read-only or
 //! read-write file mappings, `MAP_POPULATE`, private anonymous memory);
 //! raw `mmap(2)` only for what it lacks (`MAP_SYNC`,
-//! [`Mapping::shared_sync`]).
+//! [`Mapping::shared_sync`], and `msync(2)` of such a mapping).
 //!
 //! A [`Mapping`] hands out a raw pointer, never a Rust reference to the
 //! bytes: the memory is shared with other processes or the kernel, which
@@ -30,8 +30,8 @@ pub struct Mapping {
 
 /// Who unmaps the mapping.
 enum Owner {
-    /// memmap2, when `_map` drops.
-    Memmap { _map: MmapRaw },
+    /// memmap2, when `map` drops.
+    Memmap { map: MmapRaw },
     /// [`Mapping`]'s Drop (made here with flags memmap2 lacks).
     Raw,
 }
@@ -58,7 +58,7 @@ impl Mapping {
             ptr: map.as_mut_ptr(),
             len: map.len(),
             writable,
-            owner: Owner::Memmap { _map: map },
+            owner: Owner::Memmap { map },
         }
     }
 
@@ -141,6 +141,37 @@ impl Mapping {
         })
     }
 
+    /// Writes the pages of a shared file mapping holding bytes
+    /// `[off, off+len)` back to the file and waits for them
+    /// (`msync(MS_SYNC)`: durable once it returns). InvalidInput when the
+    /// range is not within the mapping.
+    pub fn flush(&self, off: usize, len: usize) -> io::Result<()> {
+        if off.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        match &self.owner {
+            Owner::Memmap { map } => map.flush_range(off, len),
+            Owner::Raw => {
+                if len == 0 {
+                    return Ok(());
+                }
+                // Mappings start on a page boundary: round the start down.
+                let start = off / page_size() * page_size();
+                // SAFETY: [start, off+len) lies within the mapping made in
+                // `shared_sync` (checked above; start only moves down to
+                // the page boundary, at or after the mapping's start);
+                // msync reads no Rust memory.
+                let rc = unsafe {
+                    libc::msync(self.ptr.add(start).cast(), off + len - start, libc::MS_SYNC)
+                };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Start of the mapping: valid for [`Mapping::len`] bytes while this
     /// value lives (writable only if mapped so).
     #[inline]
@@ -180,6 +211,12 @@ impl Mapping {
     }
 }
 
+/// The page size.
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a system constant.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         if let Owner::Raw = self.owner {
@@ -210,8 +247,7 @@ mod tests {
     use crate::memfd;
 
     fn page() -> usize {
-        // SAFETY: sysconf reads a system constant.
-        unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+        page_size()
     }
 
     fn memory_file(len: usize) -> std::fs::File {
@@ -283,6 +319,33 @@ mod tests {
         // MAP_SYNC needs DAX: not a memory file.
         let e = Mapping::shared_sync(&f, 4096, true).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
+    }
+
+    #[test]
+    fn flush_writes_a_range_back_and_checks_bounds() {
+        let dir = std::env::temp_dir().join(format!("chfs-sys-flush-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&dir)
+            .unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        f.set_len(3 * 4096).unwrap();
+        let m = Mapping::shared_read_write(&f, 3 * 4096).unwrap();
+        // SAFETY: in bounds of the live mapping; no other user.
+        unsafe { m.as_ptr().add(5000).write(42) };
+        m.flush(5000, 1).unwrap();
+        m.flush(0, 3 * 4096).unwrap();
+        m.flush(3 * 4096, 0).unwrap();
+        let mut b = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 5000).unwrap();
+        assert_eq!(b[0], 42);
+        for (off, len) in [(0, 3 * 4096 + 1), (3 * 4096, 1), (usize::MAX, 2)] {
+            let e = m.flush(off, len).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        }
     }
 
     #[test]

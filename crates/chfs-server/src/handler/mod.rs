@@ -506,10 +506,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             meta,
             data,
         } => {
-            let chunk = Chunk {
-                meta,
-                data: data.to_vec(),
-            };
+            let chunk = Chunk { meta, data };
             sh.put_chunk(&path, idx, chunk)
                 .map_err(|e| store_err(&path, e))?;
             Ok(Response::Ok)
@@ -522,10 +519,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             data,
         } => {
             // (the path was validated with the request's key in `handle`)
-            let chunk = Chunk {
-                meta,
-                data: data.to_vec(),
-            };
+            let chunk = Chunk { meta, data };
             rebalance::adopt(sh, &path, idx, chunk).map(Response::Bool)
         }
         Request::FlushStatus { prefix } => {

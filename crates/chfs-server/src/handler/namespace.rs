@@ -114,7 +114,7 @@ pub(super) async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: 
                     path: target.clone(),
                     idx,
                     meta: chunk.meta,
-                    data: Bytes::from(chunk.data.clone()),
+                    data: chunk.data.clone(),
                 };
                 sh.peers.call(addr, &req, FLAG_FORWARDED).await.map(|_| ())
             };
@@ -208,7 +208,7 @@ pub(super) fn remove_cached(sh: &Arc<Shared>, c: &Cache, path: &str, kind: Remov
                         0,
                         Chunk {
                             meta: w,
-                            data: Vec::new(),
+                            data: Bytes::new(),
                         },
                     )
                     .map_err(|e| store_err(path, e))?;

@@ -16,7 +16,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use chfs_proto::frame::FLAG_FORWARDED;
 use chfs_proto::msg::RebalanceState;
 use chfs_proto::{ErrorReply, Request, Response};
@@ -90,7 +89,7 @@ async fn pass(sh: &Arc<Shared>) {
                 path: p.clone(),
                 idx,
                 meta: chunk.meta,
-                data: Bytes::from(chunk.data.clone()),
+                data: chunk.data.clone(),
             };
             match sh.peers.call(addr, &req, FLAG_FORWARDED).await {
                 Ok(Response::Bool(true)) => moved += 1,
