@@ -537,3 +537,143 @@ pub fn run_target(
     v.pop()
         .ok_or_else(|| BenchError::Config("no result".into()))
 }
+
+/// The per-rank maxima of the four write phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Maxima {
+    /// ior-easy: transfers per rank.
+    pub easy_segments: u64,
+    /// ior-hard: 47,008-byte records per rank.
+    pub hard_records: u64,
+    /// mdtest-easy: empty files per rank.
+    pub easy_files: u64,
+    /// mdtest-hard: 3,901-byte files per rank.
+    pub hard_files: u64,
+}
+
+/// `--quick`: the stonewall (seconds) of a short CI run.
+pub const QUICK_STONEWALL: f64 = 1.0;
+/// The default stonewall (seconds); IO500's rules use 300.
+pub const DEFAULT_STONEWALL: f64 = 30.0;
+/// `--quick`: the small maxima of a CI run.
+pub const QUICK_MAXIMA: Maxima = Maxima {
+    easy_segments: 256,
+    hard_records: 2000,
+    easy_files: 20000,
+    hard_files: 10000,
+};
+/// The fastest a rank is assumed to write (bytes/s): no phase is sized
+/// beyond what it could write at this rate before the stonewall.
+pub const RANK_BW_CEILING: f64 = 8.0 * (1u64 << 30) as f64;
+/// The most files a rank is assumed to create per second (same use).
+pub const RANK_MD_CEILING: f64 = 200_000.0;
+/// Bytes of a target's memory one file is assumed to take besides its
+/// data (its directory entry and metadata).
+pub const FILE_OVERHEAD: u64 = 1024;
+
+/// This machine's available memory (`MemAvailable` of /proc/meminfo), in
+/// bytes.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&s)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A size with an optional K/M/G/T suffix (powers of 1024), as chfsd's
+/// `--store-size` takes it.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, shift) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 10),
+        'm' | 'M' => (&s[..s.len() - 1], 20),
+        'g' | 'G' => (&s[..s.len() - 1], 30),
+        't' | 'T' => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// The memory one rank may fill on one target: a quarter of `available`
+/// divided among the ranks and the targets (each target keeps what its
+/// ranks wrote until the end of the run).
+pub fn rank_budget(available: u64, nprocs: usize, targets: usize) -> u64 {
+    available / 4 / (nprocs.max(1) * targets.max(1)) as u64
+}
+
+/// The maxima that fill at most `budget` bytes per rank (2/5 for each ior
+/// phase, 3/20 for mdtest-hard's files, 1/20 for mdtest-easy's), each
+/// capped by what a rank could write before the stonewall at
+/// [`RANK_BW_CEILING`] or [`RANK_MD_CEILING`]; at least 1 each.
+pub fn sized_maxima(budget: u64, stonewall: f64, xfer: usize) -> Maxima {
+    let bw_cap = (stonewall * RANK_BW_CEILING) as u64;
+    let md_cap = (stonewall * RANK_MD_CEILING) as u64;
+    let ior = (budget / 5 * 2).min(bw_cap);
+    Maxima {
+        easy_segments: (ior / xfer.max(1) as u64).max(1),
+        hard_records: (ior / IOR_HARD_XFER as u64).max(1),
+        easy_files: (budget / 20 / FILE_OVERHEAD).min(md_cap).max(1),
+        hard_files: (budget / 20 * 3 / (MD_HARD_SIZE as u64 + FILE_OVERHEAD))
+            .min(md_cap)
+            .max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_and_sizes_parse() {
+        let m = "MemTotal:       24684096 kB\nMemFree:        11674836 kB\nMemAvailable:   23844856 kB\n";
+        assert_eq!(parse_mem_available(m), Some(23844856 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+        // this machine has a /proc/meminfo
+        assert!(mem_available().is_some_and(|m| m > 0));
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn maxima_fill_a_quarter_of_memory_and_respect_the_stonewall() {
+        // 16 GiB available, 2 ranks, system and reference: 1 GiB per rank
+        // and target.
+        let b = rank_budget(16 << 30, 2, 2);
+        assert_eq!(b, 1 << 30);
+        let m = sized_maxima(b, 300.0, 1 << 20);
+        let ior = (1u64 << 30) / 5 * 2;
+        assert_eq!(m.easy_segments, ior >> 20);
+        assert_eq!(m.hard_records, ior / IOR_HARD_XFER as u64);
+        assert_eq!(m.easy_files, (1 << 30) / 20 / FILE_OVERHEAD);
+        // what the four phases write stays within the budget
+        let bytes = m.easy_segments * (1 << 20)
+            + m.hard_records * IOR_HARD_XFER as u64
+            + m.easy_files * FILE_OVERHEAD
+            + m.hard_files * (MD_HARD_SIZE as u64 + FILE_OVERHEAD);
+        assert!(bytes <= b, "{bytes} > {b}");
+        assert!(bytes > b / 10 * 9, "{bytes} uses too little of {b}");
+        // a short stonewall caps what a huge memory would allow
+        let m = sized_maxima(1 << 50, 0.5, 1 << 20);
+        assert_eq!(m.easy_segments, (0.5 * RANK_BW_CEILING) as u64 >> 20);
+        assert_eq!(m.easy_files, (0.5 * RANK_MD_CEILING) as u64);
+        assert_eq!(m.hard_files, (0.5 * RANK_MD_CEILING) as u64);
+        // nothing available: still one item per phase
+        let m = sized_maxima(0, 30.0, 1 << 20);
+        assert_eq!(
+            m,
+            Maxima {
+                easy_segments: 1,
+                hard_records: 1,
+                easy_files: 1,
+                hard_files: 1
+            }
+        );
+    }
+}

@@ -27,6 +27,7 @@ fn scratch() -> tempfile::TempDir {
 }
 
 const TINY: &[&str] = &[
+    "--quick",
     "--stonewall",
     "5",
     "--transfer",
@@ -398,7 +399,7 @@ fn bad_input_is_a_clear_error() {
     let e = run(&["--no-progress"]);
     assert!(e.contains("CHFS_SERVER"), "{e}");
     let o = Command::new(BIN)
-        .args(["--no-progress", "--stonewall", "0"])
+        .args(["--quick", "--no-progress", "--stonewall", "0"])
         .env("CHFS_SERVER", "127.0.0.1:9")
         .env("CHFS_RPC_TIMEOUT_MSEC", "2000")
         .output()
@@ -419,6 +420,7 @@ fn sigterm_stops_the_run_and_cleans_up() {
             "--no-progress",
         ])
         .args([
+            "--quick",
             "--stonewall",
             "60",
             "--easy-segments",
@@ -460,7 +462,7 @@ fn a_dead_server_fails_the_run_with_a_clear_error() {
     };
     let c = Client::connect(cfg).unwrap();
     let child = Command::new(BIN)
-        .args(["-n", "2", "--no-progress", "--stonewall", "30"])
+        .args(["-n", "2", "--quick", "--no-progress", "--stonewall", "30"])
         .args(["--easy-segments", "100000000", "--transfer", "65536"])
         .env("CHFS_SERVER", pool.server_string())
         .env("CHFS_RPC_TIMEOUT_MSEC", "3000")
