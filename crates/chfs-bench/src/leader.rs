@@ -443,15 +443,10 @@ impl<'a> TargetRun<'a> {
         if phase.is_write() {
             self.written.insert(phase, items.clone());
         }
-        self.phases.push(PhaseResult::new(
-            phase,
-            total,
-            bytes,
-            secs,
-            items,
-            stonewalled,
-            valid,
-        ));
+        self.phases.push(
+            PhaseResult::new(phase, total, bytes, secs, items, stonewalled, valid)
+                .with_series(&sum_series(&ranks)),
+        );
         Ok(())
     }
 
@@ -536,6 +531,20 @@ pub fn run_target(
     let mut v = run_targets(&[(label, target.clone())], params, opts, &LocalLauncher)?;
     v.pop()
         .ok_or_else(|| BenchError::Config("no result".into()))
+}
+
+/// The ranks' per-second series added up, second by second (as long as
+/// the longest).
+pub fn sum_series(ranks: &[RankResult]) -> Vec<[u64; 2]> {
+    let n = ranks.iter().map(|r| r.series.len()).max().unwrap_or(0);
+    let mut out = vec![[0u64; 2]; n];
+    for r in ranks {
+        for (o, x) in out.iter_mut().zip(&r.series) {
+            o[0] += x[0];
+            o[1] += x[1];
+        }
+    }
+    out
 }
 
 /// The per-rank maxima of the four write phases.
@@ -626,6 +635,21 @@ pub fn sized_maxima(budget: u64, stonewall: f64, xfer: usize) -> Maxima {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn series_add_up_second_by_second() {
+        let rank = |series: Vec<[u64; 2]>| RankResult {
+            series,
+            ..Default::default()
+        };
+        let ranks = [
+            rank(vec![[1, 10], [2, 20]]),
+            rank(vec![[3, 30], [0, 0], [5, 50]]),
+            rank(vec![]),
+        ];
+        assert_eq!(sum_series(&ranks), vec![[4, 40], [2, 20], [5, 50]]);
+        assert!(sum_series(&[]).is_empty());
+    }
 
     #[test]
     fn mem_available_and_sizes_parse() {

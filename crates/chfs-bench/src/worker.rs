@@ -176,7 +176,7 @@ pub enum FromWorker {
 }
 
 /// One rank's share of a phase.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RankResult {
     /// Operations (transfers or files) done.
     pub items: u64,
@@ -186,6 +186,11 @@ pub struct RankResult {
     pub secs: f64,
     /// The stonewall stopped this rank before its maximum.
     pub stonewalled: bool,
+    /// Items and bytes completed in each second of the phase (second `i`
+    /// counted from this rank's start; seconds without a completion are
+    /// zeros).
+    #[serde(default)]
+    pub series: Vec<[u64; 2]>,
 }
 
 fn check_stamp(buf: &[u8], path: &str, off: u64, want: (u64, u64)) -> Result<()> {
@@ -201,18 +206,47 @@ fn check_stamp(buf: &[u8], path: &str, off: u64, want: (u64, u64)) -> Result<()>
     Ok(())
 }
 
-/// Reports progress at most every 100 ms.
+/// Reports progress at most every 100 ms, and keeps the totals at the end
+/// of each second of the phase.
 struct Ticker<'a> {
     f: &'a mut dyn FnMut(u64),
+    start: Instant,
     last: Instant,
+    /// `totals[i]`: items and bytes done by the end of second `i`.
+    totals: Vec<[u64; 2]>,
 }
 
 impl Ticker<'_> {
-    fn tick(&mut self, n: u64) {
-        if self.last.elapsed() >= Duration::from_millis(100) {
-            (self.f)(n);
-            self.last = Instant::now();
+    /// After each item: `r` holds the totals so far.
+    fn tick(&mut self, r: &RankResult) {
+        let now = Instant::now();
+        self.record(now, [r.items, r.bytes]);
+        if now - self.last >= Duration::from_millis(100) {
+            (self.f)(r.items);
+            self.last = now;
         }
+    }
+
+    fn record(&mut self, now: Instant, total: [u64; 2]) {
+        let sec = (now - self.start).as_secs() as usize;
+        let prev = self.totals.last().copied().unwrap_or([0, 0]);
+        if self.totals.len() <= sec {
+            self.totals.resize(sec + 1, prev);
+        }
+        self.totals[sec] = total;
+    }
+
+    /// What was done in each second.
+    fn series(&self) -> Vec<[u64; 2]> {
+        let mut prev = [0, 0];
+        self.totals
+            .iter()
+            .map(|t| {
+                let d = [t[0] - prev[0], t[1] - prev[1]];
+                prev = *t;
+                d
+            })
+            .collect()
     }
 }
 
@@ -232,7 +266,9 @@ pub fn run_work(
     let src_count = counts.get(src).copied().unwrap_or(0);
     let mut t = Ticker {
         f: progress,
+        start,
         last: start,
+        totals: Vec::new(),
     };
     let mut r = RankResult::default();
     // Loop of a write phase: up to `max` items, stopped by the stonewall.
@@ -245,7 +281,7 @@ pub fn run_work(
                 }
                 $body
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
         };
     }
@@ -281,7 +317,7 @@ pub fn run_work(
                 check_stamp(&buf, &path, off, (src as u64, s))?;
                 r.bytes += buf.len() as u64;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
             f.close()?;
         }
@@ -305,7 +341,7 @@ pub fn run_work(
                 check_stamp(&buf, IOR_HARD_FILE, off, (src as u64, s))?;
                 r.bytes += buf.len() as u64;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
             f.close()?;
         }
@@ -337,7 +373,7 @@ pub fn run_work(
                     return Err(BenchError::Size { path, got, want });
                 }
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
         }
         Phase::MdtestHardRead => {
@@ -350,7 +386,7 @@ pub fn run_work(
                 check_stamp(&buf, &path, 0, (src as u64, i))?;
                 r.bytes += buf.len() as u64;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
         }
         Phase::MdtestEasyDelete | Phase::MdtestHardDelete => {
@@ -362,7 +398,7 @@ pub fn run_work(
             for i in 0..src_count {
                 fs.unlink(&name(src, i))?;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
         }
         Phase::Find => {
@@ -372,6 +408,7 @@ pub fn run_work(
         }
     }
     r.secs = start.elapsed().as_secs_f64();
+    r.series = t.series();
     Ok(r)
 }
 
@@ -459,6 +496,43 @@ mod tests {
             md_hard_max: 6,
             shift: 1,
         }
+    }
+
+    /// The totals at the end of each second become what was done in each
+    /// second; a second without a completion is a zero.
+    #[test]
+    fn ticker_keeps_what_was_done_in_each_second() {
+        let mut f = |_| {};
+        let start = Instant::now();
+        let mut t = Ticker {
+            f: &mut f,
+            start,
+            last: start,
+            totals: Vec::new(),
+        };
+        t.record(start + Duration::from_millis(100), [1, 10]);
+        t.record(start + Duration::from_millis(900), [3, 30]);
+        t.record(start + Duration::from_millis(2200), [5, 50]);
+        t.record(start + Duration::from_millis(2300), [6, 60]);
+        assert_eq!(t.series(), vec![[3, 30], [0, 0], [3, 30]]);
+        // run_work reports it: every item of a phase is in its series
+        let d = tempfile::tempdir().unwrap();
+        let fs = PosixBackend::new(d.path());
+        for dir in pattern::directories(1) {
+            fs.mkdir(&dir).unwrap();
+        }
+        let r = run_work(
+            &fs,
+            0,
+            &params(1),
+            Work::Io500(Phase::MdtestHardWrite),
+            &[],
+            &mut |_| {},
+        )
+        .unwrap();
+        let items: u64 = r.series.iter().map(|x| x[0]).sum();
+        let bytes: u64 = r.series.iter().map(|x| x[1]).sum();
+        assert_eq!((items, bytes), (6, 6 * MD_HARD_SIZE as u64));
     }
 
     /// Runs every phase rank by rank (in one process) on a directory.
