@@ -445,7 +445,8 @@ impl<'a> TargetRun<'a> {
         }
         self.phases.push(
             PhaseResult::new(phase, total, bytes, secs, items, stonewalled, valid)
-                .with_series(&sum_series(&ranks)),
+                .with_series(&sum_series(&ranks))
+                .with_warnings(phase, params),
         );
         Ok(())
     }

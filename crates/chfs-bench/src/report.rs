@@ -37,6 +37,10 @@ pub struct PhaseResult {
     /// find, which the leader runs).
     #[serde(default)]
     pub series: Vec<SeriesPoint>,
+    /// Why the phase's figure may not be IO500-like (see
+    /// [`PhaseResult::with_warnings`]).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// One second of a phase, all ranks together.
@@ -80,7 +84,35 @@ impl PhaseResult {
             stonewalled,
             valid,
             series: Vec::new(),
+            warnings: Vec::new(),
         }
+    }
+
+    /// Adds the warnings of a phase that did not measure the way IO500
+    /// runs: a write/create phase that ran out of items before the
+    /// stonewall stopped it (its figure is dominated by start-up), and an
+    /// ior phase that moved less than 1 GiB per rank (caches and start-up
+    /// weigh in).
+    pub fn with_warnings(mut self, phase: Phase, p: &Params) -> Self {
+        if phase.is_write() && !self.stonewalled && p.stonewall_secs > 0.0 {
+            let option = match phase {
+                Phase::IorEasyWrite => "--easy-segments",
+                Phase::IorHardWrite => "--hard-records",
+                Phase::MdtestEasyWrite => "--easy-files",
+                _ => "--hard-files",
+            };
+            self.warnings.push(format!(
+                "ran out of items after {:.2} s, before the {} s stonewall: start-up-dominated (raise {option})",
+                self.secs, p.stonewall_secs
+            ));
+        }
+        let per_rank = self.bytes as f64 / p.nprocs.max(1) as f64 / GIB;
+        if self.kind == Kind::Bw && per_rank < 1.0 {
+            self.warnings.push(format!(
+                "moved {per_rank:.3} GiB per rank, less than 1 GiB: caches and start-up weigh in"
+            ));
+        }
+        self
     }
 
     /// Adds the per-second series: `per_sec[i]` = items and bytes all
@@ -266,6 +298,13 @@ pub fn table(run: &RunResult) -> String {
             let _ = write!(s, " {:>16} {:>8.2}", cell(q), ratio(p.rate, q.rate));
         }
         s.push('\n');
+    }
+    for t in std::iter::once(&run.system).chain(r) {
+        for p in &t.phases {
+            for w in &p.warnings {
+                let _ = writeln!(s, "warning: {} {}: {w}", t.label, p.name);
+            }
+        }
     }
     let line = |s: &mut String, name: &str, f: fn(&Score) -> f64, unit: &str| {
         let a = f(&run.system.score);
@@ -674,6 +713,48 @@ mod tests {
         let (top, height) = (60.0 + 15.0 * 34.0 + 22.0, CHART_H - 50.0);
         assert_eq!(a[0], top);
         assert_eq!(b[0], top + height / 2.0);
+    }
+
+    #[test]
+    fn warnings_for_short_writes_and_small_ior_phases() {
+        let mut params = run().params;
+        params.stonewall_secs = 30.0;
+        params.nprocs = 2;
+        let warn = |phase, bytes, stonewalled| {
+            PhaseResult::new(phase, 10, bytes, 4.0, vec![5, 5], stonewalled, true)
+                .with_warnings(phase, &params)
+                .warnings
+        };
+        // stopped by the stonewall, 2 GiB per rank: nothing to say
+        assert!(warn(Phase::IorEasyWrite, 4 << 30, true).is_empty());
+        // out of items before the stonewall
+        let w = warn(Phase::IorEasyWrite, 4 << 30, false);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("before the 30 s stonewall") && w[0].contains("--easy-segments"));
+        let w = warn(Phase::MdtestHardWrite, 0, false);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("--hard-files"), "{w:?}");
+        // reads are not bounded by the stonewall; 1 GiB per rank is enough
+        assert!(warn(Phase::IorHardRead, 2 << 30, false).is_empty());
+        assert!(warn(Phase::MdtestEasyStat, 0, false).is_empty());
+        // less than 1 GiB per rank on an ior phase, read or write
+        let w = warn(Phase::IorHardRead, (2 << 30) - 1, false);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("less than 1 GiB"), "{w:?}");
+        assert_eq!(warn(Phase::IorHardWrite, 1 << 30, false).len(), 2);
+        // the table lists them, with the target
+        let mut r = run();
+        r.system.phases[0] = r.system.phases[0]
+            .clone()
+            .with_warnings(Phase::IorEasyWrite, &params);
+        let t = table(&r);
+        assert!(
+            t.contains("warning: system ior-easy-write: ran out of items after 1.00 s"),
+            "{t}"
+        );
+        // 2 GiB by 2 ranks: 1 GiB per rank is enough
+        assert!(!t.contains("moved"), "{t}");
+        assert_eq!(t.matches("warning:").count(), 1, "{t}");
     }
 
     #[test]
