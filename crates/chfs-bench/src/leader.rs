@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::error::{BenchError, Result};
 use crate::fs::Backend;
 use crate::pattern::{self, FindSpec, Kind, Phase, IOR_HARD_FILE, IOR_HARD_XFER, MD_HARD_SIZE};
-use crate::report::{FindCheck, OpenStorm, PhaseResult, TargetResult};
+use crate::report::{FindCheck, OpenStorm, PhaseResult, Prefault, TargetResult};
 use crate::score;
 use crate::worker::{FromWorker, Params, RankResult, TargetSpec, ToWorker, Work};
 
@@ -331,6 +331,7 @@ struct TargetRun<'a> {
     written: HashMap<Phase, Vec<u64>>,
     phases: Vec<PhaseResult>,
     find: FindCheck,
+    prefault: Option<Prefault>,
     cleaned: bool,
 }
 
@@ -356,6 +357,7 @@ impl<'a> TargetRun<'a> {
             written: HashMap::new(),
             phases: Vec::new(),
             find: FindCheck::default(),
+            prefault: None,
             cleaned: true,
         };
         t.fs.mkdir("")?;
@@ -373,6 +375,31 @@ impl<'a> TargetRun<'a> {
         // has exactly this time
         t.start_ns = chfs_sys::coarse_realtime_ns() - 1;
         Ok(t)
+    }
+
+    /// `--prefault`: every rank touches its buffers and writes and
+    /// deletes a file of `bytes`.
+    fn prefault(&mut self, bytes: u64) -> Result<()> {
+        let b = bar(self.opts, &self.label, "prefault", 0);
+        let workers = self
+            .workers
+            .as_mut()
+            .ok_or_else(|| BenchError::Config("workers gone".into()))?;
+        let (ranks, secs) = workers.run(Work::Prefault(bytes), &[], b.as_ref())?;
+        if let Some(b) = b {
+            b.finish_and_clear();
+        }
+        if let Some(r) = ranks.iter().find(|r| r.bytes != bytes) {
+            return Err(BenchError::Config(format!(
+                "prefault wrote {} bytes, not {bytes}",
+                r.bytes
+            )));
+        }
+        self.prefault = Some(Prefault {
+            bytes_per_rank: bytes,
+            secs,
+        });
+        Ok(())
     }
 
     fn phase(&mut self, phase: Phase) -> Result<()> {
@@ -486,6 +513,7 @@ impl<'a> TargetRun<'a> {
             phases,
             find: self.find,
             open_storm,
+            prefault: self.prefault,
         })
     }
 }
@@ -513,6 +541,13 @@ pub fn run_targets(
     let mut runs = Vec::new();
     for (id, (label, t)) in targets.iter().enumerate() {
         runs.push(TargetRun::start(id, label, t, params, opts, launcher)?);
+    }
+    if params.prefault {
+        let budget = mem_available().map(|m| rank_budget(m, params.nprocs, targets.len()));
+        let bytes = prefault_bytes(params, budget);
+        for r in &mut runs {
+            r.prefault(bytes)?;
+        }
     }
     for phase in Phase::ALL {
         for r in &mut runs {
@@ -546,6 +581,20 @@ pub fn sum_series(ranks: &[RankResult]) -> Vec<[u64; 2]> {
         }
     }
     out
+}
+
+/// What `--prefault` writes per rank: what the run's write phases can
+/// write per rank at most (its ior files and mdtest-hard's data), within
+/// the rank's memory `budget` and what three phases could write before the
+/// stonewall at [`RANK_BW_CEILING`].
+pub fn prefault_bytes(p: &Params, budget: Option<u64>) -> u64 {
+    let planned = p
+        .easy_max_segments
+        .saturating_mul(p.easy_xfer as u64)
+        .saturating_add(p.hard_max_records.saturating_mul(IOR_HARD_XFER as u64))
+        .saturating_add(p.md_hard_max.saturating_mul(MD_HARD_SIZE as u64));
+    let cap = (3.0 * p.stonewall_secs * RANK_BW_CEILING) as u64;
+    planned.min(budget.unwrap_or(u64::MAX)).min(cap)
 }
 
 /// The per-rank maxima of the four write phases.
@@ -636,6 +685,28 @@ pub fn sized_maxima(budget: u64, stonewall: f64, xfer: usize) -> Maxima {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefault_writes_what_the_run_writes_within_memory() {
+        let mut p = Params {
+            nprocs: 2,
+            stonewall_secs: 30.0,
+            easy_xfer: 1 << 20,
+            easy_max_segments: 100,
+            hard_max_records: 10,
+            md_easy_max: 1000,
+            md_hard_max: 20,
+            shift: 1,
+            prefault: true,
+        };
+        let planned = 100 * (1 << 20) + 10 * IOR_HARD_XFER as u64 + 20 * MD_HARD_SIZE as u64;
+        assert_eq!(prefault_bytes(&p, None), planned);
+        assert_eq!(prefault_bytes(&p, Some(planned + 1)), planned);
+        assert_eq!(prefault_bytes(&p, Some(1 << 20)), 1 << 20);
+        p.easy_max_segments = u64::MAX;
+        p.stonewall_secs = 1.0;
+        assert_eq!(prefault_bytes(&p, None), (3.0 * RANK_BW_CEILING) as u64);
+    }
 
     #[test]
     fn series_add_up_second_by_second() {

@@ -167,6 +167,12 @@ struct Io500Args {
     /// under MPI the default is the ranks on rank 0's node).
     #[arg(long, value_name = "SHIFT")]
     shift: Option<usize>,
+    /// Before the phases, touch the memory the run will use: each rank's
+    /// buffers, and the target's memory (each rank writes and deletes a
+    /// file of what it will write, within the memory budget), so that no
+    /// phase pays the first touch of never-used memory.
+    #[arg(long)]
+    prefault: bool,
     /// Write the JSON result here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -411,6 +417,7 @@ fn io500(
         md_easy_max: m.easy_files,
         md_hard_max: m.hard_files,
         shift: a.shift.or(default_shift).unwrap_or(1),
+        prefault: a.prefault,
     };
     let mut opts = RunOptions::auto();
     opts.progress &= !a.no_progress;

@@ -177,6 +177,19 @@ pub struct TargetResult {
     pub find: FindCheck,
     /// Open storm.
     pub open_storm: OpenStorm,
+    /// What `--prefault` wrote and deleted before the phases.
+    #[serde(default)]
+    pub prefault: Option<Prefault>,
+}
+
+/// `--prefault` on one target: each rank touched its buffers and wrote
+/// and deleted a file of `bytes_per_rank`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Prefault {
+    /// Bytes each rank wrote and deleted.
+    pub bytes_per_rank: u64,
+    /// Wall time of it, seconds.
+    pub secs: f64,
 }
 
 /// A phase's rate on the system divided by the reference's.
@@ -298,6 +311,17 @@ pub fn table(run: &RunResult) -> String {
             let _ = write!(s, " {:>16} {:>8.2}", cell(q), ratio(p.rate, q.rate));
         }
         s.push('\n');
+    }
+    for t in std::iter::once(&run.system).chain(r) {
+        if let Some(p) = &t.prefault {
+            let _ = writeln!(
+                s,
+                "prefault: {}: touched each rank's buffers and wrote and deleted {:.2} GiB per rank ({:.2} s) before the phases",
+                t.label,
+                p.bytes_per_rank as f64 / GIB,
+                p.secs
+            );
+        }
     }
     for t in std::iter::once(&run.system).chain(r) {
         for p in &t.phases {
@@ -611,6 +635,10 @@ mod tests {
                 max_secs: 1e-3,
                 min_secs: 1e-4,
             },
+            prefault: Some(Prefault {
+                bytes_per_rank: 3 << 29,
+                secs: 0.5,
+            }),
         }
     }
 
@@ -632,6 +660,7 @@ mod tests {
                 md_easy_max: 1,
                 md_hard_max: 1,
                 shift: 1,
+                prefault: true,
             },
             ratios: ratios(&sys, &reference),
             system: sys,
@@ -781,6 +810,14 @@ mod tests {
             assert!(t.contains(p.name()), "{t}");
         }
         assert!(t.contains("[SCORE] score"));
+        assert!(
+            t.contains("prefault: system: touched each rank's buffers and wrote and deleted 1.50 GiB per rank (0.50 s)"),
+            "{t}"
+        );
+        assert!(t.contains("prefault: reference: "), "{t}");
+        let j: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(j["params"]["prefault"], true);
+        assert_eq!(j["system"]["prefault"]["bytes_per_rank"], 3u64 << 29);
     }
 
     #[test]

@@ -292,7 +292,13 @@ fn quick_run_has_series_and_warnings() {
     let (json, svg) = (out.path().join("q.json"), out.path().join("q.svg"));
     let o = Command::new(BIN)
         .args(["--posix", dir.path().to_str().unwrap(), "-n", "2"])
-        .args(["--quick", "--no-floor", "--no-progress", "--json"])
+        .args([
+            "--quick",
+            "--prefault",
+            "--no-floor",
+            "--no-progress",
+            "--json",
+        ])
         .arg(&json)
         .arg("--svg")
         .arg(&svg)
@@ -308,6 +314,16 @@ fn quick_run_has_series_and_warnings() {
     assert_eq!(run.params.stonewall_secs, 1.0);
     assert_eq!(run.params.easy_max_segments, 256);
     assert_eq!(run.params.md_hard_max, 10000);
+    // --prefault: each rank wrote (and deleted) what it could write, at
+    // most 256 MiB + 2000 records + 10000 files
+    assert!(run.params.prefault);
+    let pf = run.system.prefault.expect("prefault in the JSON");
+    assert!(
+        pf.bytes_per_rank > 0
+            && pf.bytes_per_rank <= (256 << 20) + 2000 * 47008 + 10000 * MD_HARD_SIZE as u64,
+        "{pf:?}"
+    );
+    assert!(stdout.contains("prefault: system: touched"), "{stdout}");
     for p in &run.system.phases {
         assert!(p.valid, "{p:?}");
         if p.name == "find" {
