@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::error::{BenchError, Result};
 use crate::fs::Backend;
 use crate::pattern::{self, FindSpec, Kind, Phase, IOR_HARD_FILE, IOR_HARD_XFER, MD_HARD_SIZE};
-use crate::report::{FindCheck, OpenStorm, PhaseResult, TargetResult};
+use crate::report::{FindCheck, OpenStorm, PhaseResult, Prefault, TargetResult};
 use crate::score;
 use crate::worker::{FromWorker, Params, RankResult, TargetSpec, ToWorker, Work};
 
@@ -331,6 +331,7 @@ struct TargetRun<'a> {
     written: HashMap<Phase, Vec<u64>>,
     phases: Vec<PhaseResult>,
     find: FindCheck,
+    prefault: Option<Prefault>,
     cleaned: bool,
 }
 
@@ -356,6 +357,7 @@ impl<'a> TargetRun<'a> {
             written: HashMap::new(),
             phases: Vec::new(),
             find: FindCheck::default(),
+            prefault: None,
             cleaned: true,
         };
         t.fs.mkdir("")?;
@@ -373,6 +375,31 @@ impl<'a> TargetRun<'a> {
         // has exactly this time
         t.start_ns = chfs_sys::coarse_realtime_ns() - 1;
         Ok(t)
+    }
+
+    /// `--prefault`: every rank touches its buffers and writes and
+    /// deletes a file of `bytes`.
+    fn prefault(&mut self, bytes: u64) -> Result<()> {
+        let b = bar(self.opts, &self.label, "prefault", 0);
+        let workers = self
+            .workers
+            .as_mut()
+            .ok_or_else(|| BenchError::Config("workers gone".into()))?;
+        let (ranks, secs) = workers.run(Work::Prefault(bytes), &[], b.as_ref())?;
+        if let Some(b) = b {
+            b.finish_and_clear();
+        }
+        if let Some(r) = ranks.iter().find(|r| r.bytes != bytes) {
+            return Err(BenchError::Config(format!(
+                "prefault wrote {} bytes, not {bytes}",
+                r.bytes
+            )));
+        }
+        self.prefault = Some(Prefault {
+            bytes_per_rank: bytes,
+            secs,
+        });
+        Ok(())
     }
 
     fn phase(&mut self, phase: Phase) -> Result<()> {
@@ -443,15 +470,11 @@ impl<'a> TargetRun<'a> {
         if phase.is_write() {
             self.written.insert(phase, items.clone());
         }
-        self.phases.push(PhaseResult::new(
-            phase,
-            total,
-            bytes,
-            secs,
-            items,
-            stonewalled,
-            valid,
-        ));
+        self.phases.push(
+            PhaseResult::new(phase, total, bytes, secs, items, stonewalled, valid)
+                .with_series(&sum_series(&ranks))
+                .with_warnings(phase, params),
+        );
         Ok(())
     }
 
@@ -490,6 +513,7 @@ impl<'a> TargetRun<'a> {
             phases,
             find: self.find,
             open_storm,
+            prefault: self.prefault,
         })
     }
 }
@@ -518,6 +542,13 @@ pub fn run_targets(
     for (id, (label, t)) in targets.iter().enumerate() {
         runs.push(TargetRun::start(id, label, t, params, opts, launcher)?);
     }
+    if params.prefault {
+        let budget = mem_available().map(|m| rank_budget(m, params.nprocs, targets.len()));
+        let bytes = prefault_bytes(params, budget);
+        for r in &mut runs {
+            r.prefault(bytes)?;
+        }
+    }
     for phase in Phase::ALL {
         for r in &mut runs {
             r.phase(phase)?;
@@ -536,4 +567,209 @@ pub fn run_target(
     let mut v = run_targets(&[(label, target.clone())], params, opts, &LocalLauncher)?;
     v.pop()
         .ok_or_else(|| BenchError::Config("no result".into()))
+}
+
+/// The ranks' per-second series added up, second by second (as long as
+/// the longest).
+pub fn sum_series(ranks: &[RankResult]) -> Vec<[u64; 2]> {
+    let n = ranks.iter().map(|r| r.series.len()).max().unwrap_or(0);
+    let mut out = vec![[0u64; 2]; n];
+    for r in ranks {
+        for (o, x) in out.iter_mut().zip(&r.series) {
+            o[0] += x[0];
+            o[1] += x[1];
+        }
+    }
+    out
+}
+
+/// What `--prefault` writes per rank: what the run's write phases can
+/// write per rank at most (its ior files and mdtest-hard's data), within
+/// the rank's memory `budget` and what three phases could write before the
+/// stonewall at [`RANK_BW_CEILING`].
+pub fn prefault_bytes(p: &Params, budget: Option<u64>) -> u64 {
+    let planned = p
+        .easy_max_segments
+        .saturating_mul(p.easy_xfer as u64)
+        .saturating_add(p.hard_max_records.saturating_mul(IOR_HARD_XFER as u64))
+        .saturating_add(p.md_hard_max.saturating_mul(MD_HARD_SIZE as u64));
+    let cap = (3.0 * p.stonewall_secs * RANK_BW_CEILING) as u64;
+    planned.min(budget.unwrap_or(u64::MAX)).min(cap)
+}
+
+/// The per-rank maxima of the four write phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Maxima {
+    /// ior-easy: transfers per rank.
+    pub easy_segments: u64,
+    /// ior-hard: 47,008-byte records per rank.
+    pub hard_records: u64,
+    /// mdtest-easy: empty files per rank.
+    pub easy_files: u64,
+    /// mdtest-hard: 3,901-byte files per rank.
+    pub hard_files: u64,
+}
+
+/// `--quick`: the stonewall (seconds) of a short CI run.
+pub const QUICK_STONEWALL: f64 = 1.0;
+/// The default stonewall (seconds); IO500's rules use 300.
+pub const DEFAULT_STONEWALL: f64 = 30.0;
+/// `--quick`: the small maxima of a CI run.
+pub const QUICK_MAXIMA: Maxima = Maxima {
+    easy_segments: 256,
+    hard_records: 2000,
+    easy_files: 20000,
+    hard_files: 10000,
+};
+/// The fastest a rank is assumed to write (bytes/s): no phase is sized
+/// beyond what it could write at this rate before the stonewall.
+pub const RANK_BW_CEILING: f64 = 8.0 * (1u64 << 30) as f64;
+/// The most files a rank is assumed to create per second (same use).
+pub const RANK_MD_CEILING: f64 = 200_000.0;
+/// Bytes of a target's memory one file is assumed to take besides its
+/// data (its directory entry and metadata).
+pub const FILE_OVERHEAD: u64 = 1024;
+
+/// This machine's available memory (`MemAvailable` of /proc/meminfo), in
+/// bytes.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&s)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A size with an optional K/M/G/T suffix (powers of 1024), as chfsd's
+/// `--store-size` takes it.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, shift) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 10),
+        'm' | 'M' => (&s[..s.len() - 1], 20),
+        'g' | 'G' => (&s[..s.len() - 1], 30),
+        't' | 'T' => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// The memory one rank may fill on one target: a quarter of `available`
+/// divided among the ranks and the targets (each target keeps what its
+/// ranks wrote until the end of the run).
+pub fn rank_budget(available: u64, nprocs: usize, targets: usize) -> u64 {
+    available / 4 / (nprocs.max(1) * targets.max(1)) as u64
+}
+
+/// The maxima that fill at most `budget` bytes per rank (2/5 for each ior
+/// phase, 3/20 for mdtest-hard's files, 1/20 for mdtest-easy's), each
+/// capped by what a rank could write before the stonewall at
+/// [`RANK_BW_CEILING`] or [`RANK_MD_CEILING`]; at least 1 each.
+pub fn sized_maxima(budget: u64, stonewall: f64, xfer: usize) -> Maxima {
+    let bw_cap = (stonewall * RANK_BW_CEILING) as u64;
+    let md_cap = (stonewall * RANK_MD_CEILING) as u64;
+    let ior = (budget / 5 * 2).min(bw_cap);
+    Maxima {
+        easy_segments: (ior / xfer.max(1) as u64).max(1),
+        hard_records: (ior / IOR_HARD_XFER as u64).max(1),
+        easy_files: (budget / 20 / FILE_OVERHEAD).min(md_cap).max(1),
+        hard_files: (budget / 20 * 3 / (MD_HARD_SIZE as u64 + FILE_OVERHEAD))
+            .min(md_cap)
+            .max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefault_writes_what_the_run_writes_within_memory() {
+        let mut p = Params {
+            nprocs: 2,
+            stonewall_secs: 30.0,
+            easy_xfer: 1 << 20,
+            easy_max_segments: 100,
+            hard_max_records: 10,
+            md_easy_max: 1000,
+            md_hard_max: 20,
+            shift: 1,
+            prefault: true,
+        };
+        let planned = 100 * (1 << 20) + 10 * IOR_HARD_XFER as u64 + 20 * MD_HARD_SIZE as u64;
+        assert_eq!(prefault_bytes(&p, None), planned);
+        assert_eq!(prefault_bytes(&p, Some(planned + 1)), planned);
+        assert_eq!(prefault_bytes(&p, Some(1 << 20)), 1 << 20);
+        p.easy_max_segments = u64::MAX;
+        p.stonewall_secs = 1.0;
+        assert_eq!(prefault_bytes(&p, None), (3.0 * RANK_BW_CEILING) as u64);
+    }
+
+    #[test]
+    fn series_add_up_second_by_second() {
+        let rank = |series: Vec<[u64; 2]>| RankResult {
+            series,
+            ..Default::default()
+        };
+        let ranks = [
+            rank(vec![[1, 10], [2, 20]]),
+            rank(vec![[3, 30], [0, 0], [5, 50]]),
+            rank(vec![]),
+        ];
+        assert_eq!(sum_series(&ranks), vec![[4, 40], [2, 20], [5, 50]]);
+        assert!(sum_series(&[]).is_empty());
+    }
+
+    #[test]
+    fn mem_available_and_sizes_parse() {
+        let m = "MemTotal:       24684096 kB\nMemFree:        11674836 kB\nMemAvailable:   23844856 kB\n";
+        assert_eq!(parse_mem_available(m), Some(23844856 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+        // this machine has a /proc/meminfo
+        assert!(mem_available().is_some_and(|m| m > 0));
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn maxima_fill_a_quarter_of_memory_and_respect_the_stonewall() {
+        // 16 GiB available, 2 ranks, system and reference: 1 GiB per rank
+        // and target.
+        let b = rank_budget(16 << 30, 2, 2);
+        assert_eq!(b, 1 << 30);
+        let m = sized_maxima(b, 300.0, 1 << 20);
+        let ior = (1u64 << 30) / 5 * 2;
+        assert_eq!(m.easy_segments, ior >> 20);
+        assert_eq!(m.hard_records, ior / IOR_HARD_XFER as u64);
+        assert_eq!(m.easy_files, (1 << 30) / 20 / FILE_OVERHEAD);
+        // what the four phases write stays within the budget
+        let bytes = m.easy_segments * (1 << 20)
+            + m.hard_records * IOR_HARD_XFER as u64
+            + m.easy_files * FILE_OVERHEAD
+            + m.hard_files * (MD_HARD_SIZE as u64 + FILE_OVERHEAD);
+        assert!(bytes <= b, "{bytes} > {b}");
+        assert!(bytes > b / 10 * 9, "{bytes} uses too little of {b}");
+        // a short stonewall caps what a huge memory would allow
+        let m = sized_maxima(1 << 50, 0.5, 1 << 20);
+        assert_eq!(m.easy_segments, (0.5 * RANK_BW_CEILING) as u64 >> 20);
+        assert_eq!(m.easy_files, (0.5 * RANK_MD_CEILING) as u64);
+        assert_eq!(m.hard_files, (0.5 * RANK_MD_CEILING) as u64);
+        // nothing available: still one item per phase
+        let m = sized_maxima(0, 30.0, 1 << 20);
+        assert_eq!(
+            m,
+            Maxima {
+                easy_segments: 1,
+                hard_records: 1,
+                easy_files: 1,
+                hard_files: 1
+            }
+        );
+    }
 }

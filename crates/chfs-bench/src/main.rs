@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use chfs_bench::leader::{self, Launcher, LocalLauncher, RunOptions};
+use chfs_bench::leader::{self, Launcher, LocalLauncher, Maxima, RunOptions};
 use chfs_bench::report::{self, RunResult};
 use chfs_bench::worker::{Params, PoolCredential, TargetSpec};
 use chfs_bench::{cache, demo, floor, fuse, store, store_servers, sweep, BenchError, Result};
@@ -133,30 +133,46 @@ struct Io500Args {
     /// Worker processes (ranks).
     #[arg(short = 'n', long, default_value_t = 2)]
     procs: usize,
-    /// Seconds after which a write/create phase stops (300 for a
-    /// rule-conforming IO500 run).
-    #[arg(long, default_value_t = 2.0)]
-    stonewall: f64,
+    /// Seconds after which a write/create phase stops [default: 30; 1
+    /// with --quick]; `--stonewall 300` for a rule-conforming IO500 run.
+    #[arg(long, value_name = "SECS")]
+    stonewall: Option<f64>,
+    /// Small sizes for a run of a few seconds (CI, a first look): a 1 s
+    /// stonewall and at most 256 transfers, 2,000 ior-hard records,
+    /// 20,000 and 10,000 files per rank. Options given explicitly still
+    /// apply.
+    #[arg(long)]
+    quick: bool,
     /// ior-easy transfer size in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     transfer: usize,
-    /// ior-easy: most transfers per rank.
-    #[arg(long, default_value_t = 256)]
-    easy_segments: u64,
-    /// ior-hard: most 47,008-byte records per rank.
-    #[arg(long, default_value_t = 2000)]
-    hard_records: u64,
-    /// mdtest-easy: most files per rank.
-    #[arg(long, default_value_t = 20000)]
-    easy_files: u64,
-    /// mdtest-hard: most files per rank.
-    #[arg(long, default_value_t = 10000)]
-    hard_files: u64,
+    /// ior-easy: most transfers per rank [default: sized from the
+    /// available memory (see the README); 256 with --quick].
+    #[arg(long, value_name = "N")]
+    easy_segments: Option<u64>,
+    /// ior-hard: most 47,008-byte records per rank [default: sized from
+    /// the available memory; 2000 with --quick].
+    #[arg(long, value_name = "N")]
+    hard_records: Option<u64>,
+    /// mdtest-easy: most files per rank [default: sized from the
+    /// available memory; 20000 with --quick].
+    #[arg(long, value_name = "N")]
+    easy_files: Option<u64>,
+    /// mdtest-hard: most 3,901-byte files per rank [default: sized from
+    /// the available memory; 10000 with --quick].
+    #[arg(long, value_name = "N")]
+    hard_files: Option<u64>,
     /// Rank r reads, stats and deletes what rank r+SHIFT wrote (IO500's
     /// -N; use the ranks per node so that data is read on another node;
     /// under MPI the default is the ranks on rank 0's node).
     #[arg(long, value_name = "SHIFT")]
     shift: Option<usize>,
+    /// Before the phases, touch the memory the run will use: each rank's
+    /// buffers, and the target's memory (each rank writes and deletes a
+    /// file of what it will write, within the memory budget), so that no
+    /// phase pays the first touch of never-used memory.
+    #[arg(long)]
+    prefault: bool,
     /// Write the JSON result here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -273,6 +289,61 @@ fn describe_pool(servers: &str, credential: &PoolCredential) -> Result<String> {
     ))
 }
 
+/// The stonewall: the option, or `--quick`'s, or the default.
+fn stonewall_of(a: &Io500Args) -> f64 {
+    a.stonewall.unwrap_or(if a.quick {
+        leader::QUICK_STONEWALL
+    } else {
+        leader::DEFAULT_STONEWALL
+    })
+}
+
+/// The per-rank maxima of a run: the options given, `--quick`'s small
+/// ones, or sized from the available memory (a quarter of it among the
+/// ranks and targets, within a local pool's persistent stores, no more
+/// than the stonewall lets a rank write); says on stdout how it sized
+/// them.
+fn maxima(a: &Io500Args, procs: usize, targets: usize, stonewall: f64, mem: Option<u64>) -> Maxima {
+    let given = [a.easy_segments, a.hard_records, a.easy_files, a.hard_files];
+    let base = if a.quick || given.iter().all(Option::is_some) {
+        leader::QUICK_MAXIMA
+    } else {
+        let mut budget = leader::rank_budget(mem.unwrap_or(4 << 30), procs, targets);
+        let mut why = match mem {
+            Some(m) => format!("a quarter of MemAvailable {:.1} GiB", gib(m)),
+            None => "a quarter of an assumed 4 GiB (no MemAvailable)".into(),
+        };
+        let persistent = |e: Option<Engine>| matches!(e, Some(Engine::Pmem | Engine::Posix));
+        if let (Some(servers), true, Some(size)) = (
+            a.target.servers,
+            persistent(a.target.store) || persistent(a.reference_store),
+            leader::parse_size(&a.target.store_size),
+        ) {
+            let store = size.saturating_mul(servers as u64) / 4 * 3 / procs.max(1) as u64;
+            if store < budget {
+                budget = store;
+                why = format!("3/4 of {servers} stores of {}", a.target.store_size);
+            }
+        }
+        let m = leader::sized_maxima(budget, stonewall, a.transfer);
+        println!(
+            "sizes: up to {:.2} GiB per rank and target ({why}, {procs} ranks, {targets} targets)",
+            gib(budget)
+        );
+        m
+    };
+    Maxima {
+        easy_segments: a.easy_segments.unwrap_or(base.easy_segments),
+        hard_records: a.hard_records.unwrap_or(base.hard_records),
+        easy_files: a.easy_files.unwrap_or(base.easy_files),
+        hard_files: a.hard_files.unwrap_or(base.hard_files),
+    }
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
 fn write_file(path: &PathBuf, data: &str) -> Result<()> {
     std::fs::write(path, data).map_err(|e| BenchError::io("write", path.display(), e))
 }
@@ -289,13 +360,15 @@ fn io500(
             "--procs and --transfer must be at least 1".into(),
         ));
     }
-    if a.easy_segments == 0 || a.hard_records == 0 || a.easy_files == 0 || a.hard_files == 0 {
+    let given = [a.easy_segments, a.hard_records, a.easy_files, a.hard_files];
+    if given.contains(&Some(0)) {
         return Err(BenchError::Config(
             "--easy-segments, --hard-records, --easy-files and --hard-files must be at least 1"
                 .into(),
         ));
     }
-    if !(a.stonewall >= 0.0 && a.stonewall.is_finite()) {
+    let stonewall = stonewall_of(&a);
+    if !(stonewall >= 0.0 && stonewall.is_finite()) {
         return Err(BenchError::Config(
             "--stonewall must be a number of seconds >= 0".into(),
         ));
@@ -333,15 +406,18 @@ fn io500(
             )
         }
     };
+    let ntargets = 1 + usize::from(a.reference.is_some() || a.reference_store.is_some());
+    let m = maxima(&a, procs, ntargets, stonewall, leader::mem_available());
     let params = Params {
         nprocs: procs,
-        stonewall_secs: a.stonewall,
+        stonewall_secs: stonewall,
         easy_xfer: a.transfer,
-        easy_max_segments: a.easy_segments,
-        hard_max_records: a.hard_records,
-        md_easy_max: a.easy_files,
-        md_hard_max: a.hard_files,
+        easy_max_segments: m.easy_segments,
+        hard_max_records: m.hard_records,
+        md_easy_max: m.easy_files,
+        md_hard_max: m.hard_files,
         shift: a.shift.or(default_shift).unwrap_or(1),
+        prefault: a.prefault,
     };
     let mut opts = RunOptions::auto();
     opts.progress &= !a.no_progress;
@@ -552,6 +628,44 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    fn io500_of(args: &[&str]) -> Io500Args {
+        let mut v = vec!["chfs-bench"];
+        v.extend(args);
+        Cli::try_parse_from(v).unwrap().io500
+    }
+
+    /// `--quick` gives the small CI sizes, explicit options win over both
+    /// `--quick` and the memory-sized defaults, and the default stonewall
+    /// is IO500-sized.
+    #[test]
+    fn quick_defaults_and_explicit_options() {
+        let q = io500_of(&["--quick", "--hard-files", "7"]);
+        assert_eq!(stonewall_of(&q), leader::QUICK_STONEWALL);
+        let m = maxima(&q, 2, 2, stonewall_of(&q), Some(64 << 30));
+        assert_eq!(
+            m,
+            Maxima {
+                hard_files: 7,
+                ..leader::QUICK_MAXIMA
+            }
+        );
+        let d = io500_of(&["--easy-segments", "3"]);
+        assert!(stonewall_of(&d) >= 30.0);
+        let m = maxima(&d, 2, 1, stonewall_of(&d), Some(16 << 30));
+        assert_eq!(m.easy_segments, 3);
+        // 16 GiB available, 2 ranks, 1 target: 2 GiB per rank
+        let sized = leader::sized_maxima(2 << 30, stonewall_of(&d), 1 << 20);
+        assert_eq!(m.hard_records, sized.hard_records);
+        assert_eq!(m.hard_files, sized.hard_files);
+        let e = io500_of(&["--quick", "--stonewall", "4"]);
+        assert_eq!(stonewall_of(&e), 4.0);
+        // a persistent store bounds what is written: 2 stores of 64 MiB
+        // hold 96 MiB of the run's data, 48 MiB per rank
+        let s = io500_of(&["--servers", "2", "--store", "pmem", "--store-size", "64M"]);
+        let m = maxima(&s, 2, 1, 30.0, Some(16 << 30));
+        assert_eq!(m, leader::sized_maxima(48 << 20, 30.0, 1 << 20));
+    }
 
     /// The defaults `sweep --help` shows are accepted back by the parser,
     /// and are the values used when the options are left out.

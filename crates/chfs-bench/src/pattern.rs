@@ -203,7 +203,14 @@ pub fn read_stamp(buf: &[u8]) -> (u64, u64) {
 /// Fills a buffer with non-zero filler bytes (so that the data is not a
 /// run of zeros that some layer might treat specially).
 pub fn filler(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i % 251) as u8 | 1).collect()
+    let mut v = Vec::with_capacity(len);
+    fill(&mut v, len);
+    v
+}
+
+/// Appends `len` of [`filler`]'s bytes to `v`.
+pub fn fill(v: &mut Vec<u8>, len: usize) {
+    v.extend((0..len).map(|i| (i % 251) as u8 | 1));
 }
 
 /// What find looks for (IO500: `-newer <start> -size 3901c -name *01*`).

@@ -33,6 +33,26 @@ pub struct PhaseResult {
     /// The phase handled exactly what its source phase wrote, with the
     /// expected bytes (find: found exactly the expected files).
     pub valid: bool,
+    /// What all ranks completed in each second of the phase (empty for
+    /// find, which the leader runs).
+    #[serde(default)]
+    pub series: Vec<SeriesPoint>,
+    /// Why the phase's figure may not be IO500-like (see
+    /// [`PhaseResult::with_warnings`]).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// One second of a phase, all ranks together.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct SeriesPoint {
+    /// Items completed in this second.
+    pub items: u64,
+    /// Bytes moved in this second.
+    pub bytes: u64,
+    /// The rate in this second, in the phase's unit (GiB/s or kIOPS); the
+    /// last second counts only as much of it as the phase lasted.
+    pub rate: f64,
 }
 
 impl PhaseResult {
@@ -63,7 +83,60 @@ impl PhaseResult {
             per_rank,
             stonewalled,
             valid,
+            series: Vec::new(),
+            warnings: Vec::new(),
         }
+    }
+
+    /// Adds the warnings of a phase that did not measure the way IO500
+    /// runs: a write/create phase that ran out of items before the
+    /// stonewall stopped it (its figure is dominated by start-up), and an
+    /// ior phase that moved less than 1 GiB per rank (caches and start-up
+    /// weigh in).
+    pub fn with_warnings(mut self, phase: Phase, p: &Params) -> Self {
+        if phase.is_write() && !self.stonewalled && p.stonewall_secs > 0.0 {
+            let option = match phase {
+                Phase::IorEasyWrite => "--easy-segments",
+                Phase::IorHardWrite => "--hard-records",
+                Phase::MdtestEasyWrite => "--easy-files",
+                _ => "--hard-files",
+            };
+            self.warnings.push(format!(
+                "ran out of items after {:.2} s, before the {} s stonewall: start-up-dominated (raise {option})",
+                self.secs, p.stonewall_secs
+            ));
+        }
+        let per_rank = self.bytes as f64 / p.nprocs.max(1) as f64 / GIB;
+        if self.kind == Kind::Bw && per_rank < 1.0 {
+            self.warnings.push(format!(
+                "moved {per_rank:.3} GiB per rank, less than 1 GiB: caches and start-up weigh in"
+            ));
+        }
+        self
+    }
+
+    /// Adds the per-second series: `per_sec[i]` = items and bytes all
+    /// ranks completed in second `i`.
+    pub fn with_series(mut self, per_sec: &[[u64; 2]]) -> Self {
+        let n = per_sec.len();
+        self.series = per_sec
+            .iter()
+            .enumerate()
+            .map(|(i, &[items, bytes])| {
+                // the last second: as much of it as the phase lasted
+                let width = if i + 1 == n {
+                    (self.secs - i as f64).clamp(0.05, 1.0)
+                } else {
+                    1.0
+                };
+                let rate = match self.kind {
+                    Kind::Bw => bytes as f64 / width / GIB,
+                    Kind::Md => items as f64 / width / 1000.0,
+                };
+                SeriesPoint { items, bytes, rate }
+            })
+            .collect();
+        self
     }
 }
 
@@ -104,6 +177,19 @@ pub struct TargetResult {
     pub find: FindCheck,
     /// Open storm.
     pub open_storm: OpenStorm,
+    /// What `--prefault` wrote and deleted before the phases.
+    #[serde(default)]
+    pub prefault: Option<Prefault>,
+}
+
+/// `--prefault` on one target: each rank touched its buffers and wrote
+/// and deleted a file of `bytes_per_rank`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Prefault {
+    /// Bytes each rank wrote and deleted.
+    pub bytes_per_rank: u64,
+    /// Wall time of it, seconds.
+    pub secs: f64,
 }
 
 /// A phase's rate on the system divided by the reference's.
@@ -226,6 +312,24 @@ pub fn table(run: &RunResult) -> String {
         }
         s.push('\n');
     }
+    for t in std::iter::once(&run.system).chain(r) {
+        if let Some(p) = &t.prefault {
+            let _ = writeln!(
+                s,
+                "prefault: {}: touched each rank's buffers and wrote and deleted {:.2} GiB per rank ({:.2} s) before the phases",
+                t.label,
+                p.bytes_per_rank as f64 / GIB,
+                p.secs
+            );
+        }
+    }
+    for t in std::iter::once(&run.system).chain(r) {
+        for p in &t.phases {
+            for w in &p.warnings {
+                let _ = writeln!(s, "warning: {} {}: {w}", t.label, p.name);
+            }
+        }
+    }
     let line = |s: &mut String, name: &str, f: fn(&Score) -> f64, unit: &str| {
         let a = f(&run.system.score);
         let _ = write!(s, "[SCORE] {:<12} {:>10.4} {:<5}", name, a, unit);
@@ -302,7 +406,8 @@ pub fn svg(run: &RunResult) -> String {
     use std::fmt::Write;
     let rows = run.system.phases.len() + 3;
     let (left, barw, rowh) = (170.0, 420.0, 34.0);
-    let h = 60.0 + rows as f64 * rowh;
+    let charts = series_charts(run);
+    let h = 60.0 + rows as f64 * rowh + charts.len().div_ceil(CHART_COLS) as f64 * CHART_H;
     let w = left + barw + 200.0;
     let mut s = String::new();
     let _ = writeln!(
@@ -380,8 +485,105 @@ pub fn svg(run: &RunResult) -> String {
             );
         }
     }
+    let top = 60.0 + rows as f64 * rowh;
+    for (k, c) in charts.iter().enumerate() {
+        let x = 10.0 + (k % CHART_COLS) as f64 * CHART_W;
+        let y = top + (k / CHART_COLS) as f64 * CHART_H;
+        series_chart(&mut s, c, x, y);
+    }
     s.push_str("</svg>\n");
     s
+}
+
+const CHART_COLS: usize = 3;
+const CHART_W: f64 = 260.0;
+const CHART_H: f64 = 130.0;
+
+/// One phase's per-second rates on the system and the reference.
+struct SeriesChart<'a> {
+    name: &'a str,
+    unit: &'a str,
+    sys: Vec<f64>,
+    reference: Option<Vec<f64>>,
+}
+
+/// A chart for every phase with a per-second series.
+fn series_charts(run: &RunResult) -> Vec<SeriesChart<'_>> {
+    let rates = |p: &PhaseResult| p.series.iter().map(|x| x.rate).collect::<Vec<f64>>();
+    run.system
+        .phases
+        .iter()
+        .enumerate()
+        .map(|(i, p)| SeriesChart {
+            name: &p.name,
+            unit: &p.unit,
+            sys: rates(p),
+            reference: run
+                .reference
+                .as_ref()
+                .and_then(|r| r.phases.get(i))
+                .map(rates),
+        })
+        .filter(|c| !c.sys.is_empty() || c.reference.as_ref().is_some_and(|r| !r.is_empty()))
+        .collect()
+}
+
+/// Draws `c` at (`x`, `y`): the rate in each second as a step line, the
+/// system in blue and the reference in orange, from 0 to the largest rate.
+fn series_chart(s: &mut String, c: &SeriesChart, x: f64, y: f64) {
+    use std::fmt::Write;
+    let (pw, ph) = (CHART_W - 60.0, CHART_H - 50.0);
+    let (px, py) = (x + 40.0, y + 22.0);
+    let secs = c
+        .sys
+        .len()
+        .max(c.reference.as_ref().map_or(0, Vec::len))
+        .max(1);
+    let max = c
+        .sys
+        .iter()
+        .chain(c.reference.iter().flatten())
+        .cloned()
+        .fold(0.0, f64::max)
+        .max(1e-12);
+    let _ = writeln!(
+        s,
+        r#"<text x="{x}" y="{}">{} per second ({})</text>"#,
+        y + 14.0,
+        esc(c.name),
+        esc(c.unit)
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{px}" y="{py}" width="{pw}" height="{ph}" fill="none" stroke="#999"/><text x="{}" y="{}" text-anchor="end" font-size="10">{max:.3}</text><text x="{}" y="{}" text-anchor="end" font-size="10">0</text><text x="{}" y="{}" text-anchor="end" font-size="10">{secs} s</text>"##,
+        px - 3.0,
+        py + 9.0,
+        px - 3.0,
+        py + ph,
+        px + pw,
+        py + ph + 12.0
+    );
+    let line = |s: &mut String, v: &[f64], class: &str, color: &str| {
+        if v.is_empty() {
+            return;
+        }
+        let mut pts = String::new();
+        for (i, r) in v.iter().enumerate() {
+            let yy = py + ph - ph * r / max;
+            let x0 = px + pw * i as f64 / secs as f64;
+            let x1 = px + pw * (i + 1) as f64 / secs as f64;
+            let _ = write!(pts, "{x0:.1},{yy:.1} {x1:.1},{yy:.1} ");
+        }
+        let _ = writeln!(
+            s,
+            r#"<polyline class="{class}" points="{}" fill="none" stroke="{color}" stroke-width="1.5"/>"#,
+            pts.trim_end()
+        );
+    };
+    line(s, &c.sys, "series-sys", "#3566a8");
+    if let Some(r) = &c.reference {
+        line(s, r, "series-ref", "#e08a2c");
+    }
 }
 
 #[cfg(test)]
@@ -390,6 +592,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn target(label: &str, scale: f64) -> TargetResult {
+        let one_second = [[(1000.0 * scale) as u64, (GIB * scale) as u64]];
         let phases: Vec<PhaseResult> = Phase::ALL
             .iter()
             .map(|&p| {
@@ -402,6 +605,11 @@ mod tests {
                     false,
                     true,
                 )
+                .with_series(if p == Phase::Find {
+                    &[][..]
+                } else {
+                    &one_second
+                })
             })
             .collect();
         let bw: Vec<f64> = phases
@@ -427,6 +635,10 @@ mod tests {
                 max_secs: 1e-3,
                 min_secs: 1e-4,
             },
+            prefault: Some(Prefault {
+                bytes_per_rank: 3 << 29,
+                secs: 0.5,
+            }),
         }
     }
 
@@ -448,6 +660,7 @@ mod tests {
                 md_easy_max: 1,
                 md_hard_max: 1,
                 shift: 1,
+                prefault: true,
             },
             ratios: ratios(&sys, &reference),
             system: sys,
@@ -477,6 +690,103 @@ mod tests {
     }
 
     #[test]
+    fn series_rates_are_per_second_and_the_last_second_counts_what_ran() {
+        // 1.5 s: a full second, then half a second
+        let p = PhaseResult::new(Phase::IorEasyWrite, 3, 3 << 30, 1.5, vec![3], false, true)
+            .with_series(&[[2, 2 << 30], [1, 1 << 30]]);
+        let rates: Vec<f64> = p.series.iter().map(|x| x.rate).collect();
+        assert_eq!(rates, vec![2.0, 2.0]);
+        assert_eq!((p.series[1].items, p.series[1].bytes), (1, 1 << 30));
+        let p = PhaseResult::new(
+            Phase::MdtestEasyWrite,
+            5000,
+            0,
+            2.0,
+            vec![5000],
+            false,
+            true,
+        )
+        .with_series(&[[3000, 0], [2000, 0]]);
+        let rates: Vec<f64> = p.series.iter().map(|x| x.rate).collect();
+        assert_eq!(rates, vec![3.0, 2.0]);
+        // old JSON without series still reads
+        let mut j = serde_json::to_value(&p).unwrap();
+        j.as_object_mut().unwrap().remove("series");
+        let back: PhaseResult = serde_json::from_value(j).unwrap();
+        assert!(back.series.is_empty());
+    }
+
+    #[test]
+    fn svg_draws_a_per_second_chart_for_each_phase_with_a_series() {
+        let s = svg(&run());
+        // find has no series: 11 charts, a line for each side
+        assert_eq!(s.matches(r#"class="series-sys""#).count(), 11);
+        assert_eq!(s.matches(r#"class="series-ref""#).count(), 11);
+        assert!(s.contains("ior-easy-write per second (GiB/s)"), "{s}");
+        assert!(s.contains("mdtest-easy-write per second (kIOPS)"), "{s}");
+        assert!(!s.contains("find per second"), "{s}");
+        // ior-easy-write's one second: the system (2 GiB/s, the larger)
+        // at the top of the chart, the reference (1 GiB/s) half way down
+        let ys = |class: &str| -> Vec<f64> {
+            let l = s.lines().find(|l| l.contains(class)).unwrap();
+            l.split('"')
+                .nth(3)
+                .unwrap()
+                .split(' ')
+                .map(|p| p.split(',').nth(1).unwrap().parse().unwrap())
+                .collect()
+        };
+        let (a, b) = (ys(r#"class="series-sys""#), ys(r#"class="series-ref""#));
+        assert_eq!(a.len(), 2);
+        assert_eq!((a[0], b[0]), (a[1], b[1]));
+        let (top, height) = (60.0 + 15.0 * 34.0 + 22.0, CHART_H - 50.0);
+        assert_eq!(a[0], top);
+        assert_eq!(b[0], top + height / 2.0);
+    }
+
+    #[test]
+    fn warnings_for_short_writes_and_small_ior_phases() {
+        let mut params = run().params;
+        params.stonewall_secs = 30.0;
+        params.nprocs = 2;
+        let warn = |phase, bytes, stonewalled| {
+            PhaseResult::new(phase, 10, bytes, 4.0, vec![5, 5], stonewalled, true)
+                .with_warnings(phase, &params)
+                .warnings
+        };
+        // stopped by the stonewall, 2 GiB per rank: nothing to say
+        assert!(warn(Phase::IorEasyWrite, 4 << 30, true).is_empty());
+        // out of items before the stonewall
+        let w = warn(Phase::IorEasyWrite, 4 << 30, false);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("before the 30 s stonewall") && w[0].contains("--easy-segments"));
+        let w = warn(Phase::MdtestHardWrite, 0, false);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("--hard-files"), "{w:?}");
+        // reads are not bounded by the stonewall; 1 GiB per rank is enough
+        assert!(warn(Phase::IorHardRead, 2 << 30, false).is_empty());
+        assert!(warn(Phase::MdtestEasyStat, 0, false).is_empty());
+        // less than 1 GiB per rank on an ior phase, read or write
+        let w = warn(Phase::IorHardRead, (2 << 30) - 1, false);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("less than 1 GiB"), "{w:?}");
+        assert_eq!(warn(Phase::IorHardWrite, 1 << 30, false).len(), 2);
+        // the table lists them, with the target
+        let mut r = run();
+        r.system.phases[0] = r.system.phases[0]
+            .clone()
+            .with_warnings(Phase::IorEasyWrite, &params);
+        let t = table(&r);
+        assert!(
+            t.contains("warning: system ior-easy-write: ran out of items after 1.00 s"),
+            "{t}"
+        );
+        // 2 GiB by 2 ranks: 1 GiB per rank is enough
+        assert!(!t.contains("moved"), "{t}");
+        assert_eq!(t.matches("warning:").count(), 1, "{t}");
+    }
+
+    #[test]
     fn rates_units_and_ratios() {
         let p = PhaseResult::new(Phase::IorEasyWrite, 3, 3 << 30, 2.0, vec![3], false, true);
         assert_eq!((p.rate, p.unit.as_str()), (1.5, "GiB/s"));
@@ -500,6 +810,14 @@ mod tests {
             assert!(t.contains(p.name()), "{t}");
         }
         assert!(t.contains("[SCORE] score"));
+        assert!(
+            t.contains("prefault: system: touched each rank's buffers and wrote and deleted 1.50 GiB per rank (0.50 s)"),
+            "{t}"
+        );
+        assert!(t.contains("prefault: reference: "), "{t}");
+        let j: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(j["params"]["prefault"], true);
+        assert_eq!(j["system"]["prefault"]["bytes_per_rank"], 3u64 << 29);
     }
 
     #[test]

@@ -112,6 +112,10 @@ pub struct Params {
     /// Rank `r` reads, stats and deletes what rank `r + shift` wrote.
     #[serde(default = "one")]
     pub shift: usize,
+    /// `--prefault`: the memory the run uses was touched before the first
+    /// phase.
+    #[serde(default)]
+    pub prefault: bool,
 }
 
 fn one() -> usize {
@@ -126,6 +130,9 @@ pub enum Work {
     Io500(Phase),
     /// Every rank opens the one shared file at once.
     OpenStorm,
+    /// `--prefault`: touch the buffers the phases use, then write this
+    /// many bytes to a file of this rank and delete it.
+    Prefault(u64),
 }
 
 /// Leader to worker.
@@ -176,7 +183,7 @@ pub enum FromWorker {
 }
 
 /// One rank's share of a phase.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RankResult {
     /// Operations (transfers or files) done.
     pub items: u64,
@@ -186,6 +193,11 @@ pub struct RankResult {
     pub secs: f64,
     /// The stonewall stopped this rank before its maximum.
     pub stonewalled: bool,
+    /// Items and bytes completed in each second of the phase (second `i`
+    /// counted from this rank's start; seconds without a completion are
+    /// zeros).
+    #[serde(default)]
+    pub series: Vec<[u64; 2]>,
 }
 
 fn check_stamp(buf: &[u8], path: &str, off: u64, want: (u64, u64)) -> Result<()> {
@@ -201,19 +213,83 @@ fn check_stamp(buf: &[u8], path: &str, off: u64, want: (u64, u64)) -> Result<()>
     Ok(())
 }
 
-/// Reports progress at most every 100 ms.
+/// Reports progress at most every 100 ms, and keeps the totals at the end
+/// of each second of the phase.
 struct Ticker<'a> {
     f: &'a mut dyn FnMut(u64),
+    start: Instant,
     last: Instant,
+    /// `totals[i]`: items and bytes done by the end of second `i`.
+    totals: Vec<[u64; 2]>,
 }
 
 impl Ticker<'_> {
-    fn tick(&mut self, n: u64) {
-        if self.last.elapsed() >= Duration::from_millis(100) {
-            (self.f)(n);
-            self.last = Instant::now();
+    /// After each item: `r` holds the totals so far.
+    fn tick(&mut self, r: &RankResult) {
+        let now = Instant::now();
+        self.record(now, [r.items, r.bytes]);
+        if now - self.last >= Duration::from_millis(100) {
+            (self.f)(r.items);
+            self.last = now;
         }
     }
+
+    fn record(&mut self, now: Instant, total: [u64; 2]) {
+        let sec = (now - self.start).as_secs() as usize;
+        let prev = self.totals.last().copied().unwrap_or([0, 0]);
+        if self.totals.len() <= sec {
+            self.totals.resize(sec + 1, prev);
+        }
+        self.totals[sec] = total;
+    }
+
+    /// What was done in each second.
+    fn series(&self) -> Vec<[u64; 2]> {
+        let mut prev = [0, 0];
+        self.totals
+            .iter()
+            .map(|t| {
+                let d = [t[0] - prev[0], t[1] - prev[1]];
+                prev = *t;
+                d
+            })
+            .collect()
+    }
+}
+
+thread_local! {
+    /// Buffers of finished phases, to be used again: memory this rank has
+    /// already touched (with `--prefault`, before the first phase).
+    static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of `len` bytes, filled with [`pattern::filler`]'s bytes or
+/// zeros; a spare one if there is one large enough.
+fn buffer(len: usize, fill: bool) -> Vec<u8> {
+    let mut b = SPARE
+        .with(|s| {
+            let mut s = s.borrow_mut();
+            let i = s.iter().position(|b| b.capacity() >= len)?;
+            Some(s.swap_remove(i))
+        })
+        .unwrap_or_default();
+    b.clear();
+    if fill {
+        pattern::fill(&mut b, len);
+    } else {
+        b.resize(len, 0);
+    }
+    b
+}
+
+/// Keeps `b` for a later phase.
+fn spare(b: Vec<u8>) {
+    SPARE.with(|s| s.borrow_mut().push(b));
+}
+
+/// The file a rank writes and deletes to prefault a target.
+pub fn prefault_file(rank: usize) -> String {
+    format!("prefault.{rank}")
 }
 
 /// Runs rank `rank`'s part of `work`. `counts` are the items each rank
@@ -232,7 +308,9 @@ pub fn run_work(
     let src_count = counts.get(src).copied().unwrap_or(0);
     let mut t = Ticker {
         f: progress,
+        start,
         last: start,
+        totals: Vec::new(),
     };
     let mut r = RankResult::default();
     // Loop of a write phase: up to `max` items, stopped by the stonewall.
@@ -245,7 +323,7 @@ pub fn run_work(
                 }
                 $body
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
         };
     }
@@ -257,12 +335,34 @@ pub fn run_work(
             r.items = 1;
             return Ok(r);
         }
+        Work::Prefault(bytes) => {
+            // every buffer a phase takes, at once: touched, then spare
+            let bufs: Vec<Vec<u8>> = [p.easy_xfer, IOR_HARD_XFER, MD_HARD_SIZE]
+                .into_iter()
+                .map(|len| buffer(len, true))
+                .collect();
+            let path = prefault_file(rank);
+            let mut f = fs.create(&path)?;
+            let chunk = &bufs[0];
+            while r.bytes < bytes {
+                let n = (bytes - r.bytes).min(chunk.len() as u64) as usize;
+                f.pwrite_all(&chunk[..n], r.bytes)?;
+                r.bytes += n as u64;
+                r.items += 1;
+                t.tick(&r);
+            }
+            f.close()?;
+            fs.unlink(&path)?;
+            bufs.into_iter().for_each(spare);
+            r.secs = start.elapsed().as_secs_f64();
+            return Ok(r);
+        }
         Work::Io500(ph) => ph,
     };
     match phase {
         Phase::IorEasyWrite => {
             let path = pattern::ior_easy_file(rank);
-            let mut buf = pattern::filler(p.easy_xfer);
+            let mut buf = buffer(p.easy_xfer, true);
             let mut f = fs.create(&path)?;
             bounded!(p.easy_max_segments, |s| {
                 pattern::stamp(&mut buf, rank as u64, s);
@@ -270,10 +370,11 @@ pub fn run_work(
                 r.bytes += buf.len() as u64;
             });
             f.close()?;
+            spare(buf);
         }
         Phase::IorEasyRead => {
             let path = pattern::ior_easy_file(src);
-            let mut buf = vec![0u8; p.easy_xfer];
+            let mut buf = buffer(p.easy_xfer, false);
             let mut f = fs.open_read(&path)?;
             for s in 0..src_count {
                 let off = pattern::ior_easy_offset(s, p.easy_xfer);
@@ -281,12 +382,13 @@ pub fn run_work(
                 check_stamp(&buf, &path, off, (src as u64, s))?;
                 r.bytes += buf.len() as u64;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
             f.close()?;
+            spare(buf);
         }
         Phase::IorHardWrite => {
-            let mut buf = pattern::filler(IOR_HARD_XFER);
+            let mut buf = buffer(IOR_HARD_XFER, true);
             let mut f = fs.create(IOR_HARD_FILE)?;
             bounded!(p.hard_max_records, |s| {
                 pattern::stamp(&mut buf, rank as u64, s);
@@ -295,9 +397,10 @@ pub fn run_work(
                 r.bytes += buf.len() as u64;
             });
             f.close()?;
+            spare(buf);
         }
         Phase::IorHardRead => {
-            let mut buf = vec![0u8; IOR_HARD_XFER];
+            let mut buf = buffer(IOR_HARD_XFER, false);
             let mut f = fs.open_read(IOR_HARD_FILE)?;
             for s in 0..src_count {
                 let off = pattern::ior_hard_offset(src, s, p.nprocs, IOR_HARD_XFER);
@@ -305,9 +408,10 @@ pub fn run_work(
                 check_stamp(&buf, IOR_HARD_FILE, off, (src as u64, s))?;
                 r.bytes += buf.len() as u64;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
             f.close()?;
+            spare(buf);
         }
         Phase::MdtestEasyWrite => {
             bounded!(p.md_easy_max, |i| {
@@ -315,7 +419,7 @@ pub fn run_work(
             });
         }
         Phase::MdtestHardWrite => {
-            let mut buf = pattern::filler(MD_HARD_SIZE);
+            let mut buf = buffer(MD_HARD_SIZE, true);
             bounded!(p.md_hard_max, |i| {
                 pattern::stamp(&mut buf, rank as u64, i);
                 let mut f = fs.create(&pattern::md_hard_file(rank, i))?;
@@ -323,6 +427,7 @@ pub fn run_work(
                 f.close()?;
                 r.bytes += buf.len() as u64;
             });
+            spare(buf);
         }
         Phase::MdtestEasyStat | Phase::MdtestHardStat => {
             let (want, name): (u64, fn(usize, u64) -> String) = if phase == Phase::MdtestEasyStat {
@@ -337,11 +442,11 @@ pub fn run_work(
                     return Err(BenchError::Size { path, got, want });
                 }
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
         }
         Phase::MdtestHardRead => {
-            let mut buf = vec![0u8; MD_HARD_SIZE];
+            let mut buf = buffer(MD_HARD_SIZE, false);
             for i in 0..src_count {
                 let path = pattern::md_hard_file(src, i);
                 let mut f = fs.open_read(&path)?;
@@ -350,8 +455,9 @@ pub fn run_work(
                 check_stamp(&buf, &path, 0, (src as u64, i))?;
                 r.bytes += buf.len() as u64;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
+            spare(buf);
         }
         Phase::MdtestEasyDelete | Phase::MdtestHardDelete => {
             let name: fn(usize, u64) -> String = if phase == Phase::MdtestEasyDelete {
@@ -362,7 +468,7 @@ pub fn run_work(
             for i in 0..src_count {
                 fs.unlink(&name(src, i))?;
                 r.items += 1;
-                t.tick(r.items);
+                t.tick(&r);
             }
         }
         Phase::Find => {
@@ -372,6 +478,7 @@ pub fn run_work(
         }
     }
     r.secs = start.elapsed().as_secs_f64();
+    r.series = t.series();
     Ok(r)
 }
 
@@ -458,7 +565,67 @@ mod tests {
             md_easy_max: 7,
             md_hard_max: 6,
             shift: 1,
+            prefault: false,
         }
+    }
+
+    /// The totals at the end of each second become what was done in each
+    /// second; a second without a completion is a zero.
+    #[test]
+    fn ticker_keeps_what_was_done_in_each_second() {
+        let mut f = |_| {};
+        let start = Instant::now();
+        let mut t = Ticker {
+            f: &mut f,
+            start,
+            last: start,
+            totals: Vec::new(),
+        };
+        t.record(start + Duration::from_millis(100), [1, 10]);
+        t.record(start + Duration::from_millis(900), [3, 30]);
+        t.record(start + Duration::from_millis(2200), [5, 50]);
+        t.record(start + Duration::from_millis(2300), [6, 60]);
+        assert_eq!(t.series(), vec![[3, 30], [0, 0], [3, 30]]);
+        // run_work reports it: every item of a phase is in its series
+        let d = tempfile::tempdir().unwrap();
+        let fs = PosixBackend::new(d.path());
+        for dir in pattern::directories(1) {
+            fs.mkdir(&dir).unwrap();
+        }
+        let r = run_work(
+            &fs,
+            0,
+            &params(1),
+            Work::Io500(Phase::MdtestHardWrite),
+            &[],
+            &mut |_| {},
+        )
+        .unwrap();
+        let items: u64 = r.series.iter().map(|x| x[0]).sum();
+        let bytes: u64 = r.series.iter().map(|x| x[1]).sum();
+        assert_eq!((items, bytes), (6, 6 * MD_HARD_SIZE as u64));
+    }
+
+    /// Prefault writes exactly what it was asked to, in a file it deletes,
+    /// and leaves its buffers to the phases.
+    #[test]
+    fn prefault_writes_and_deletes_and_leaves_buffers_touched() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = PosixBackend::new(d.path());
+        let p = params(2);
+        let bytes = 3 * 1000 + 7;
+        let r = run_work(&fs, 1, &p, Work::Prefault(bytes), &[], &mut |_| {}).unwrap();
+        assert_eq!((r.bytes, r.items), (bytes, 4));
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        let large =
+            |len: usize| SPARE.with(|s| s.borrow().iter().filter(|b| b.capacity() >= len).count());
+        assert_eq!(SPARE.with(|s| s.borrow().len()), 3);
+        assert!(large(IOR_HARD_XFER) >= 1);
+        // a phase takes one of them, filled as the pattern wants
+        let b = buffer(MD_HARD_SIZE, true);
+        assert_eq!(b, pattern::filler(MD_HARD_SIZE));
+        assert_eq!(SPARE.with(|s| s.borrow().len()), 2);
+        spare(b);
     }
 
     /// Runs every phase rank by rank (in one process) on a directory.

@@ -21,6 +21,7 @@ fn mpirun_three_ranks_on_a_pool_and_a_directory() {
         .args(["--servers", "2", "--reference"])
         .arg(dir.path())
         .args([
+            "--quick",
             "--stonewall",
             "10",
             "--transfer",

@@ -27,6 +27,7 @@ fn scratch() -> tempfile::TempDir {
 }
 
 const TINY: &[&str] = &[
+    "--quick",
     "--stonewall",
     "5",
     "--transfer",
@@ -95,6 +96,14 @@ fn check_target(t: &chfs_bench::report::TargetResult, nprocs: usize) {
         assert_eq!(get(ph).items, 120 * n, "{ph}");
     }
     assert_eq!(get("mdtest-hard-read").bytes, 120 * n * MD_HARD_SIZE as u64);
+    // tiny maxima: every write phase ran out of items before the
+    // stonewall, and every ior phase moved less than 1 GiB per rank
+    for p in &t.phases {
+        let short = p.warnings.iter().any(|w| w.contains("ran out of items"));
+        let small = p.warnings.iter().any(|w| w.contains("less than 1 GiB"));
+        assert_eq!(short, p.name.ends_with("-write"), "{p:?}");
+        assert_eq!(small, p.name.starts_with("ior-"), "{p:?}");
+    }
     // find: file.mdtest.<r>.<i> for i < 120 contains "01" only at i = 101
     // (and for rank 0 nothing else) -> one per rank
     assert_eq!(t.find.expected, n);
@@ -274,6 +283,81 @@ fn posix_only_smoke() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
+/// `--quick` alone: the CI sizes, a per-second series for every phase
+/// but find that adds up to the phase, and the warnings of a short run.
+#[test]
+fn quick_run_has_series_and_warnings() {
+    let dir = scratch();
+    let out = tempfile::tempdir().unwrap();
+    let (json, svg) = (out.path().join("q.json"), out.path().join("q.svg"));
+    let o = Command::new(BIN)
+        .args(["--posix", dir.path().to_str().unwrap(), "-n", "2"])
+        .args([
+            "--quick",
+            "--prefault",
+            "--no-floor",
+            "--no-progress",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let run: RunResult = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(run.params.stonewall_secs, 1.0);
+    assert_eq!(run.params.easy_max_segments, 256);
+    assert_eq!(run.params.md_hard_max, 10000);
+    // --prefault: each rank wrote (and deleted) what it could write, at
+    // most 256 MiB + 2000 records + 10000 files
+    assert!(run.params.prefault);
+    let pf = run.system.prefault.expect("prefault in the JSON");
+    assert!(
+        pf.bytes_per_rank > 0
+            && pf.bytes_per_rank <= (256 << 20) + 2000 * 47008 + 10000 * MD_HARD_SIZE as u64,
+        "{pf:?}"
+    );
+    assert!(stdout.contains("prefault: system: touched"), "{stdout}");
+    for p in &run.system.phases {
+        assert!(p.valid, "{p:?}");
+        if p.name == "find" {
+            assert!(p.series.is_empty());
+            continue;
+        }
+        assert!(!p.series.is_empty(), "{p:?}");
+        assert!(p.series.len() as f64 <= p.secs.ceil() + 1.0, "{p:?}");
+        let items: u64 = p.series.iter().map(|x| x.items).sum();
+        let bytes: u64 = p.series.iter().map(|x| x.bytes).sum();
+        assert_eq!((items, bytes), (p.items, p.bytes), "{}", p.name);
+        assert!(p.series.iter().any(|x| x.rate > 0.0), "{p:?}");
+        // at most 256 MiB per rank: every ior phase is too small
+        if p.name.starts_with("ior-") {
+            assert!(
+                p.warnings.iter().any(|w| w.contains("less than 1 GiB")),
+                "{p:?}"
+            );
+            assert!(
+                stdout.contains(&format!("warning: system {}: moved", p.name)),
+                "{stdout}"
+            );
+        }
+        // a write phase was stopped by the stonewall or says it was not
+        if p.name.ends_with("-write") {
+            let short = p.warnings.iter().any(|w| w.contains("ran out of items"));
+            assert_eq!(short, !p.stonewalled, "{p:?}");
+        }
+    }
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(s.matches(r#"class="series-sys""#).count(), 11);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
 /// An independent walk of the pool: plain recursive `readdir`.
 fn walk(c: &Client, dir: &str, rel: &str, spec: &FindSpec, out: &mut FindResult) {
     for e in c.readdir(dir).unwrap() {
@@ -398,7 +482,7 @@ fn bad_input_is_a_clear_error() {
     let e = run(&["--no-progress"]);
     assert!(e.contains("CHFS_SERVER"), "{e}");
     let o = Command::new(BIN)
-        .args(["--no-progress", "--stonewall", "0"])
+        .args(["--quick", "--no-progress", "--stonewall", "0"])
         .env("CHFS_SERVER", "127.0.0.1:9")
         .env("CHFS_RPC_TIMEOUT_MSEC", "2000")
         .output()
@@ -419,6 +503,7 @@ fn sigterm_stops_the_run_and_cleans_up() {
             "--no-progress",
         ])
         .args([
+            "--quick",
             "--stonewall",
             "60",
             "--easy-segments",
@@ -460,7 +545,7 @@ fn a_dead_server_fails_the_run_with_a_clear_error() {
     };
     let c = Client::connect(cfg).unwrap();
     let child = Command::new(BIN)
-        .args(["-n", "2", "--no-progress", "--stonewall", "30"])
+        .args(["-n", "2", "--quick", "--no-progress", "--stonewall", "30"])
         .args(["--easy-segments", "100000000", "--transfer", "65536"])
         .env("CHFS_SERVER", pool.server_string())
         .env("CHFS_RPC_TIMEOUT_MSEC", "3000")
