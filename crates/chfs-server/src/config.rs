@@ -70,10 +70,8 @@ pub struct Config {
     /// polling, yielding the CPU to anything else that wants it: the
     /// window halves to nothing while the server is idle and doubles back
     /// while requests come soon after it slept; never on CPU lanes): auto
-    /// = 100 where the server may use two or more CPUs, else 0; 0 = never
-    /// (the default: clients poll for their replies, and where ranks and
-    /// servers share the CPUs a polling server takes time from the ranks).
-    #[arg(long = "poll-usec", env = "CHFSD_POLL_USEC", default_value = "0", value_parser = parse_poll)]
+    /// = 100 where the server may use two or more CPUs, else 0; 0 = never.
+    #[arg(long = "poll-usec", env = "CHFSD_POLL_USEC", default_value = "auto", value_parser = parse_poll)]
     pub poll: std::time::Duration,
 
     /// Requests of one connection in the server at once (being served, or
