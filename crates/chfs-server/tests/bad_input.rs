@@ -940,3 +940,35 @@ fn sizes_past_the_largest_file_are_refused() {
     }
     still_serves(&p.addrs()[0]);
 }
+
+/// Requests are served in the connection's reader when they complete at
+/// once; one that waits (here: forwarded to an owner that is stopped) must
+/// not hold up the requests after it on the same connection.
+#[test]
+fn a_waiting_request_does_not_hold_up_the_next_ones() {
+    let mut p = pool(2, None);
+    let (mut s, st, msg) = hello(&p.addrs()[0], b"");
+    assert_eq!(st, 0, "{msg}");
+    // A path whose entry server 1 owns: server 0 forwards its stat.
+    let ring = match call(&mut s, 9, &Request::GetServers) {
+        Ok(Response::Servers(l)) => chfs_proto::ring::Ring::new(l),
+        other => panic!("{other:?}"),
+    };
+    let path = (0..100)
+        .map(|i| format!("/w{i}"))
+        .find(|x| ring.owner(x, 0) == 1)
+        .expect("a path owned by server 1");
+    p.signal(1, libc::SIGSTOP).unwrap();
+    let mut req = Vec::new();
+    Request::Stat { path }.encode(&mut req);
+    send(&mut s, 1, op::STAT, &req);
+    let t = std::time::Instant::now();
+    assert_eq!(call(&mut s, 2, &Request::Ping), Ok(Response::Ok));
+    let took = t.elapsed();
+    p.signal(1, libc::SIGCONT).unwrap();
+    assert!(took < Duration::from_secs(2), "the ping waited {took:?}");
+    // The stat is answered once the owner runs again.
+    let r = reply(&mut s, 1);
+    assert!(matches!(r, Err((libc::ENOENT, _))), "{r:?}");
+    p.kill(1);
+}

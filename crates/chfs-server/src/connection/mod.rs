@@ -6,6 +6,7 @@
 
 pub(crate) mod cma;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -65,6 +66,10 @@ fn response_with(
     out.3 = Some(permits);
     out
 }
+
+/// Requests at most this large (all but writes of much data) are first
+/// served in the connection's reader ([`serve_conn`]).
+const INLINE_MAX: usize = 16 << 10;
 
 /// Data tails at least this large are not copied into the reply buffer.
 const BIG_TAIL: usize = 16 << 10;
@@ -238,10 +243,26 @@ pub(crate) async fn serve_conn<R, W>(
                         )
                         .await;
                     drop(payload);
-                    let (sh, tx) = (shared.clone(), tx.clone());
+                    let forwarded = h.flags & FLAG_FORWARDED != 0;
+                    let sh = shared.clone();
+                    let mut served =
+                        Box::pin(async move { crate::handler::handle(&sh, req, forwarded).await });
+                    // A small request is first served here, in the reader:
+                    // most complete at once (a store lookup), and then cost
+                    // no task of their own and no hand-off to it. One that
+                    // waits (forwarding, the store's locks), a large write,
+                    // and everything in cache mode (backend I/O) get a task,
+                    // so that the connection's next requests go on meanwhile.
+                    if h.len as usize <= INLINE_MAX && shared.cache.is_none() {
+                        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                        if let std::task::Poll::Ready(r) = served.as_mut().poll(&mut cx) {
+                            let _ = tx.send(response_with(h.id, h.op, r, permits));
+                            continue;
+                        }
+                    }
+                    let tx = tx.clone();
                     tokio::spawn(async move {
-                        let forwarded = h.flags & FLAG_FORWARDED != 0;
-                        let r = crate::handler::handle(&sh, req, forwarded).await;
+                        let r = served.await;
                         let _ = tx.send(response_with(h.id, h.op, r, permits));
                     });
                 }
