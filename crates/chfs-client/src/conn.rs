@@ -138,7 +138,10 @@ impl FrameReader {
         }
     }
 
-    fn read_frame(&mut self, poll: &Poller) -> std::result::Result<(Header, Bytes), ReadError> {
+    fn read_frame(
+        &mut self,
+        poll: Option<&Poller>,
+    ) -> std::result::Result<(Header, Bytes), ReadError> {
         let mut stalls = 0;
         loop {
             let need = if self.buf.len() >= HEADER_LEN {
@@ -161,12 +164,12 @@ impl FrameReader {
 
     /// Reads what has arrived, at least one byte, with room for `need`
     /// bytes in the buffer and [`READ_AHEAD`] more. Asks without blocking
-    /// for the window of `poll` first, then sleeps in `recv(2)`.
+    /// for the window of `poll` first (if any), then sleeps in `recv(2)`.
     fn fill(
         &mut self,
         need: usize,
         stalls: &mut u32,
-        poll: &Poller,
+        poll: Option<&Poller>,
     ) -> std::result::Result<(), ReadError> {
         use ReadError::*;
         let want = need.saturating_sub(self.buf.len()) + READ_AHEAD;
@@ -176,7 +179,7 @@ impl FrameReader {
             self.buf = BytesMut::with_capacity(want);
         }
         let had = self.buf.len();
-        let window = poll.window();
+        let window = poll.map_or(Duration::ZERO, Poller::window);
         let mut polling = !window.is_zero();
         let start = Instant::now();
         // How long it polled before sleeping.
@@ -197,10 +200,10 @@ impl FrameReader {
             if n > 0 {
                 // SAFETY: the kernel initialised the next `n` bytes.
                 unsafe { self.buf.set_len(had + n as usize) };
-                if polling {
-                    poll.hit();
-                } else {
-                    poll.slept(polled, start.elapsed() - polled);
+                match poll {
+                    Some(p) if polling => p.hit(),
+                    Some(p) => p.slept(polled, start.elapsed() - polled),
+                    None => {}
                 }
                 return Ok(());
             }
@@ -632,8 +635,13 @@ impl Conn {
             }
             if !st.reading {
                 st.reading = true;
+                // Only a lone request is polled for: a caller with several
+                // in flight (a large read or write) waits for their data
+                // anyway, and its polling would take CPU from the servers
+                // sending it.
+                let lone = st.pending.len() == 1;
                 drop(st);
-                let mine = self.read_until(t.id, deadline);
+                let mine = self.read_until(t.id, deadline, lone);
                 st = lock(&self.state);
                 st.reading = false;
                 // Someone else may be waiting for the reader role.
@@ -656,11 +664,12 @@ impl Conn {
 
     /// As the reader: reads frames until the reply to `id` arrives (returned)
     /// or `deadline` passes or the connection breaks (None: look at the
-    /// state). Replies to other requests are filed for their waiters.
-    fn read_until(&self, id: u64, deadline: Instant) -> Option<Reply> {
+    /// state), polling first when the request is `lone` in flight. Replies
+    /// to other requests are filed for their waiters.
+    fn read_until(&self, id: u64, deadline: Instant, lone: bool) -> Option<Reply> {
         let mut rd = lock(&self.reader);
         loop {
-            match rd.read_frame(&self.poll) {
+            match rd.read_frame(lone.then_some(&self.poll)) {
                 Ok((h, payload)) => {
                     self.note_io();
                     let reply = self.decode(h, payload);
@@ -744,10 +753,7 @@ mod tests {
             .unwrap();
         let mut r = FrameReader::new(Stream::Unix(a));
         // Nothing yet: idle, not broken.
-        assert!(matches!(
-            r.read_frame(&Poller::new(Duration::ZERO, Default::default())),
-            Err(ReadError::Idle)
-        ));
+        assert!(matches!(r.read_frame(None), Err(ReadError::Idle)));
         // Several frames in one write, one larger than the read-ahead, and
         // a frame trickling in byte by byte.
         let big: Vec<u8> = (0..READ_AHEAD as u32 * 3)
@@ -767,9 +773,7 @@ mod tests {
         });
         let mut got = Vec::new();
         for _ in 0..4 {
-            let (h, p) = r
-                .read_frame(&Poller::new(Duration::ZERO, Default::default()))
-                .unwrap_or_else(|_| panic!("frame"));
+            let (h, p) = r.read_frame(None).unwrap_or_else(|_| panic!("frame"));
             got.push((h.id, p));
         }
         assert_eq!(got[0], (1, Bytes::from_static(b"one")));
@@ -777,20 +781,14 @@ mod tests {
         assert_eq!(got[2], (3, Bytes::from(big)));
         assert_eq!(got[3], (4, Bytes::from_static(b"slow")));
         writer.join().unwrap();
-        assert!(matches!(
-            r.read_frame(&Poller::new(Duration::ZERO, Default::default())),
-            Err(ReadError::Broken(_))
-        ));
+        assert!(matches!(r.read_frame(None), Err(ReadError::Broken(_))));
         // A server that stops in the middle of a frame but keeps the
         // connection: broken after a few read timeouts, not idle forever.
         let (a, mut b) = UnixStream::pair().unwrap();
         a.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let mut r = FrameReader::new(Stream::Unix(a));
         b.write_all(&frame(6, b"stalled")[..10]).unwrap();
-        assert!(matches!(
-            r.read_frame(&Poller::new(Duration::ZERO, Default::default())),
-            Err(ReadError::Broken(_))
-        ));
+        assert!(matches!(r.read_frame(None), Err(ReadError::Broken(_))));
         drop(b);
     }
 
@@ -805,14 +803,10 @@ mod tests {
             b.write_all(&frame(2, b"small")).unwrap();
             b
         });
-        let (_, p) = r
-            .read_frame(&Poller::new(Duration::ZERO, Default::default()))
-            .unwrap_or_else(|_| panic!("frame"));
+        let (_, p) = r.read_frame(None).unwrap_or_else(|_| panic!("frame"));
         assert_eq!(p.len(), KEEP_MAX + (1 << 20));
         drop(p);
-        let (h, p) = r
-            .read_frame(&Poller::new(Duration::ZERO, Default::default()))
-            .unwrap_or_else(|_| panic!("frame"));
+        let (h, p) = r.read_frame(None).unwrap_or_else(|_| panic!("frame"));
         assert_eq!((h.id, &p[..]), (2, &b"small"[..]));
         drop(p);
         let _b = writer.join().unwrap();
@@ -821,11 +815,7 @@ mod tests {
         r.s.set_read_timeout(Some(Duration::from_millis(20)))
             .unwrap();
         let mut stalls = 0;
-        let _ = r.fill(
-            HEADER_LEN,
-            &mut stalls,
-            &Poller::new(Duration::ZERO, Default::default()),
-        );
+        let _ = r.fill(HEADER_LEN, &mut stalls, None);
         assert!(r.buf.capacity() <= KEEP_MAX, "{}", r.buf.capacity());
     }
 }
