@@ -210,13 +210,10 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     }
     // Other CHFS_* client variables apply (e.g. CHFS_LOCAL_SOCKET=0); the
     // credential is the pool's client key (none for --no-secret).
-    let key = pool.client_key_file();
-    let base = ClientConfig::from_lookup(|k| match k {
-        "CHFS_SECRET_FILE" => key.as_ref().map(|p| p.display().to_string()),
-        "CHFS_SECRET" => None,
-        _ => std::env::var(k).ok(),
-    })
-    .map_err(|e| BenchError::Config(e.to_string()))?;
+    let base = crate::worker::chfs_config(
+        &pool.server_string(),
+        &crate::worker::PoolCredential::of(&pool),
+    )?;
     let cfg = ClientConfig {
         servers: vec![pool.addrs()[0].clone()],
         chunk_size: a.chunk_size,

@@ -243,17 +243,10 @@ pub fn run(a: &FloorArgs) -> Result<()> {
             .with_new_secret(),
         )
         .map_err(|e| BenchError::io("start local pool", "chfsd", e))?;
-        let key = pool.client_key_file();
-        let base = ClientConfig::from_lookup(|k| match k {
-            "CHFS_SECRET_FILE" => key.as_ref().map(|p| p.display().to_string()),
-            "CHFS_SECRET" => None,
-            _ => std::env::var(k).ok(),
-        })
-        .map_err(|e| BenchError::Config(e.to_string()))?;
-        let cfg = ClientConfig {
-            servers: pool.addrs().to_vec(),
-            ..base
-        };
+        let cfg = crate::worker::chfs_config(
+            &pool.server_string(),
+            &crate::worker::PoolCredential::of(&pool),
+        )?;
         f.rpcs(&cfg, 0, a.rounds)?;
         pool.stop();
     }

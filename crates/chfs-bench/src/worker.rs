@@ -30,6 +30,13 @@ impl PoolCredential {
     fn is_env(&self) -> bool {
         *self == PoolCredential::Env
     }
+
+    /// How a local pool's clients get in: its client key, or nothing for a
+    /// pool without a secret.
+    pub fn of(pool: &chfs_localpool::LocalPool) -> PoolCredential {
+        pool.client_key_file()
+            .map_or(PoolCredential::None, PoolCredential::File)
+    }
 }
 
 /// Where a target lives.

@@ -197,6 +197,29 @@ fn apply(s: &dyn Store, op: &Op) -> std::result::Result<String, i32> {
 
 type Snap = BTreeMap<(String, u64), (Meta, Vec<u8>)>;
 
+/// Asserts that every key of `got` is as in `before` or as in `after` (an
+/// operation cut short is either wholly done or not at all); `ctx` names
+/// the case in the failure.
+fn before_or_after(got: &Snap, before: &Snap, after: &Snap, ctx: impl Fn() -> String) {
+    let keys: std::collections::BTreeSet<_> = before
+        .keys()
+        .chain(after.keys())
+        .chain(got.keys())
+        .cloned()
+        .collect();
+    for k in keys {
+        let g = got.get(&k);
+        assert!(
+            g == before.get(&k) || g == after.get(&k),
+            "{}: {k:?} recovered as {:?}, before {:?}, after {:?}",
+            ctx(),
+            g.map(|v| v.1.len()),
+            before.get(&k).map(|v| v.1.len()),
+            after.get(&k).map(|v| v.1.len())
+        );
+    }
+}
+
 fn snapshot(s: &dyn Store) -> Snap {
     let mut out = Snap::new();
     let mut paths = s.paths_below("/").unwrap();
@@ -373,22 +396,9 @@ fn crash_trial(kind: CrashKind, seed: u64, cut: u64) -> bool {
         .unwrap_or_else(|e| panic!("seed {seed} cut {cut}: store does not open: {e}"));
     assert_eq!(rec.recovery().corrupt, 0, "seed {seed} cut {cut}");
     let got = snapshot(&rec);
-    let keys: std::collections::BTreeSet<_> = before
-        .keys()
-        .chain(after.keys())
-        .chain(got.keys())
-        .cloned()
-        .collect();
-    for k in keys {
-        let g = got.get(&k);
-        assert!(
-            g == before.get(&k) || g == after.get(&k),
-            "seed {seed} cut {cut} ({kind:?}) during {inflight:?}: {k:?} recovered as {:?}, before {:?}, after {:?}",
-            g.map(|v| v.1.len()),
-            before.get(&k).map(|v| v.1.len()),
-            after.get(&k).map(|v| v.1.len())
-        );
-    }
+    before_or_after(&got, &before, &after, || {
+        format!("seed {seed} cut {cut} ({kind:?}) during {inflight:?}")
+    });
     // The recovered store keeps working and reopens to the same state.
     let model = load(&got);
     for i in 0..25 {
@@ -939,22 +949,9 @@ fn posix_crash_trial(kind: FileFault, seed: u64, cut: u64) -> bool {
     }
     let after = snapshot(&model);
     let check = |got: &Snap, what: &str| {
-        let keys: std::collections::BTreeSet<_> = before
-            .keys()
-            .chain(after.keys())
-            .chain(got.keys())
-            .cloned()
-            .collect();
-        for k in keys {
-            let g = got.get(&k);
-            assert!(
-                g == before.get(&k) || g == after.get(&k),
-                "seed {seed} cut {cut} ({kind:?}, {what}) during {inflight:?}: {k:?} recovered as {:?}, before {:?}, after {:?}",
-                g.map(|v| v.1.len()),
-                before.get(&k).map(|v| v.1.len()),
-                after.get(&k).map(|v| v.1.len())
-            );
-        }
+        before_or_after(got, &before, &after, || {
+            format!("seed {seed} cut {cut} ({kind:?}, {what}) during {inflight:?}")
+        })
     };
     if kind == FileFault::Fail {
         check(&snapshot(&s), "running store");
