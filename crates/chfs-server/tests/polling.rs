@@ -42,6 +42,31 @@ fn workers_poll_within_their_window_and_report_it() {
     p.stop();
 }
 
+/// An idle server goes back to sleeping: after a burst of requests has
+/// grown its workers' windows to a whole millisecond, two quiet seconds
+/// cost it almost no CPU (a worker that kept polling, or woke up to poll,
+/// would use a whole CPU).
+#[test]
+fn an_idle_server_stops_polling() {
+    let p = pool_args(&["--poll-usec", "1000"]);
+    let addr = &p.addrs()[0];
+    pings(addr, 300);
+    let (mut s, _, _) = hello(addr, b"");
+    let cpu = |s: &mut std::net::TcpStream, id| match call(s, id, &Request::Status) {
+        Ok(chfs_proto::Response::Status(st)) => st.cpu_ns,
+        other => panic!("{other:?}"),
+    };
+    let before = cpu(&mut s, 1);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let used = cpu(&mut s, 2) - before;
+    // Generous: 2% of one CPU over the 2 s (measured: nothing at all).
+    assert!(
+        used < 40_000_000,
+        "an idle server used {used} ns of CPU in 2 s"
+    );
+    p.stop();
+}
+
 #[test]
 fn a_bad_poll_setting_is_refused() {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_chfsd"))
