@@ -236,6 +236,10 @@ pub struct ServerStatus {
     pub poll_misses: u64,
     /// CPU time the server process has used, user and system, in ns.
     pub cpu_ns: u64,
+    /// Connections open now (clients, peers and administrators, each
+    /// connection once), and the hosts and local users they come from.
+    pub connections: u64,
+    pub peers: u64,
     /// Backend directory in cache mode (empty otherwise).
     pub backend: String,
     /// Write-back state.
@@ -1062,6 +1066,8 @@ impl Response {
                 out.put_u64(s.poll_hits);
                 out.put_u64(s.poll_misses);
                 out.put_u64(s.cpu_ns);
+                out.put_u64(s.connections);
+                out.put_u64(s.peers);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1150,6 +1156,8 @@ impl Response {
                 poll_hits: r.u64()?,
                 poll_misses: r.u64()?,
                 cpu_ns: r.u64()?,
+                connections: r.u64()?,
+                peers: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1390,6 +1398,8 @@ mod tests {
                 poll_hits: 12,
                 poll_misses: 13,
                 cpu_ns: 14,
+                connections: 15,
+                peers: 16,
                 ..Default::default()
             })),
             Response::Count(7),

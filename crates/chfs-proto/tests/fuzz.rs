@@ -562,7 +562,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 20), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 22), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -587,6 +587,8 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         poll_hits: n[17],
                         poll_misses: n[18],
                         cpu_ns: n[19],
+                        connections: n[20],
+                        peers: n[21],
                         backend,
                         flush,
                     }))

@@ -855,6 +855,8 @@ fn responses() {
         poll_hits: 0x11,
         poll_misses: 0x12,
         cpu_ns: 0x13,
+        connections: 0x14,
+        peers: 0x15,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -897,6 +899,8 @@ fn responses() {
                 "1100000000000000",  // poll_hits
                 "1200000000000000",  // poll_misses
                 "1300000000000000",  // cpu_ns
+                "1400000000000000",  // connections
+                "1500000000000000",  // peers
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes

@@ -247,6 +247,13 @@ pub(crate) struct PeerGuard {
 }
 
 impl PeerCounts {
+    /// Connections open now, and the client hosts and local users they
+    /// come from.
+    pub fn open(&self) -> (u64, u64) {
+        let g = lock(&self.counts);
+        (g.values().map(|&n| n as u64).sum(), g.len() as u64)
+    }
+
     /// Counts a connection from `key` unless `max` (0: no limit) are open.
     pub fn enter(self: &Arc<Self>, key: String, max: u32) -> Option<PeerGuard> {
         let mut g = lock(&self.counts);

@@ -845,16 +845,25 @@ fn a_client_that_does_not_read_its_replies_is_held_back_not_buffered() {
 fn connections_per_host_are_limited() {
     let p = pool_args(&["--max-conns-per-peer", "3"]);
     let addr = &p.addrs()[0];
-    let keep: Vec<TcpStream> = (0..3).map(|_| hello(addr, b"").0).collect();
+    let mut keep: Vec<TcpStream> = (0..3).map(|_| hello(addr, b"").0).collect();
     let (_, status4, msg) = hello(addr, b"");
     assert_eq!(status4, libc::EAGAIN, "{msg}");
     assert!(msg.contains("max-conns-per-peer"), "{msg}");
+    // Status counts the open connections (the one asking included) and the
+    // hosts they come from.
+    match call(&mut keep[0], 1, &Request::Status) {
+        Ok(Response::Status(st)) => assert_eq!((st.connections, st.peers), (3, 1)),
+        other => panic!("{other:?}"),
+    }
     drop(keep);
     std::thread::sleep(Duration::from_millis(100));
     let (mut s, st, _) = hello(addr, b"");
     assert_eq!(st, 0);
     match call(&mut s, 1, &Request::Status) {
-        Ok(Response::Status(st)) => assert_eq!(st.over_limit, 1),
+        Ok(Response::Status(st)) => {
+            assert_eq!(st.over_limit, 1);
+            assert_eq!((st.connections, st.peers), (1, 1));
+        }
         other => panic!("{other:?}"),
     }
 }

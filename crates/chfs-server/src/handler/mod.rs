@@ -137,6 +137,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 poll_hits: Counters::get(&crate::park::HITS),
                 poll_misses: Counters::get(&crate::park::MISSES),
                 cpu_ns: chfs_sys::poll::process_cpu_ns(),
+                connections: sh.peers_open.open().0,
+                peers: sh.peers_open.open().1,
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))
