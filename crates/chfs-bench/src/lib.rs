@@ -26,6 +26,7 @@ pub mod leader;
 pub mod mpi_ranks;
 pub mod pattern;
 pub mod report;
+pub mod scale;
 pub mod score;
 pub mod scratch;
 pub mod store;

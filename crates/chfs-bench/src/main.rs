@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use chfs_bench::leader::{self, Launcher, LocalLauncher, Maxima, RunOptions};
 use chfs_bench::report::{self, RunResult};
 use chfs_bench::worker::{Params, PoolCredential, TargetSpec};
-use chfs_bench::{cache, demo, floor, fuse, store, store_servers, sweep, BenchError, Result};
+use chfs_bench::{
+    cache, demo, floor, fuse, scale, store, store_servers, sweep, BenchError, Result,
+};
 use chfs_client::Client;
 use chfs_localpool::{LocalPool, PoolOptions};
 use clap::{Args, Parser, Subcommand};
@@ -67,6 +69,13 @@ enum Cmd {
     /// and a no-op request to a local chfsd on a CPU lane, its Unix socket
     /// and TCP.
     Floor(floor::FloorArgs),
+    /// Many servers and client processes on this machine: open storms on
+    /// one file and on one file each, mdtest-easy, and the requests,
+    /// connections and memory of each server.
+    Scale(scale::ScaleArgs),
+    /// One client process of `scale` (started by it).
+    #[command(hide = true)]
+    ScaleWorker(scale::WorkerArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -528,6 +537,8 @@ fn dispatch(cli: Cli, launcher: &dyn Launcher, mpi: Option<(usize, usize)>) -> R
         Some(Cmd::Sweep(a)) => run_sweep(a),
         Some(Cmd::Demo(a)) => demo::run(&a),
         Some(Cmd::Floor(a)) => floor::run(&a),
+        Some(Cmd::Scale(a)) => scale::run(&a),
+        Some(Cmd::ScaleWorker(a)) => scale::run_worker(&a),
         Some(Cmd::Fuse(a)) => fuse::run(&a),
         Some(Cmd::Store(a)) => store::run(&a),
         Some(Cmd::StoreServers(a)) => store_servers::engines(&a),

@@ -105,16 +105,7 @@ impl Server {
     }
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
+use crate::scale::rss_kib;
 
 /// One round on one server: write, read MiB/s, create, stat, unlink op/s.
 fn round(b: &dyn Backend, mib: usize, files: usize, block: &[u8]) -> Result<[f64; 5]> {

@@ -294,3 +294,40 @@ fn floor_measures_each_transport_and_a_servers_no_op() {
     assert_eq!(rpc.len(), 3, "{o}");
     assert!(rpc.iter().all(|&us| us > 0.0 && us < 100_000.0), "{o}");
 }
+
+#[test]
+fn scale_counts_what_each_server_serves() {
+    let (o, _) = bench(
+        &["scale", "--servers", "4", "--clients", "8", "--files", "10"],
+        &[],
+    );
+    let row = |name: &str| -> Vec<u64> {
+        let l = o
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{o}"));
+        l.split_whitespace()
+            .skip(3)
+            .map(|w| w.parse().unwrap())
+            .collect()
+    };
+    // Each client opens (one lookup), stats and reads its file: three
+    // requests. The shared file's owner serves all of them (no relay
+    // groups yet); one file each spreads them over the servers.
+    assert_eq!(row("storm-shared"), [24, 24], "{o}");
+    let distinct = row("storm-distinct");
+    assert_eq!(distinct[1], 24, "{o}");
+    assert!(distinct[0] < 24, "{o}");
+    // 8 x 10 creates, stats and unlinks, and the directories.
+    assert!(row("mdtest-easy")[1] >= 240, "{o}");
+    let conns = o
+        .lines()
+        .find_map(|l| l.strip_prefix("connections per server: "))
+        .unwrap_or_else(|| panic!("{o}"));
+    let (lo, hi) = conns.split_once('-').unwrap();
+    // Every client reached the shared file's owner: at least 8 clients
+    // plus the leader there; nobody holds more than every process and the
+    // other servers.
+    let (lo, hi): (u64, u64) = (lo.parse().unwrap(), hi.parse().unwrap());
+    assert!(hi >= 9 && lo <= hi && hi <= 8 + 1 + 3 + 8, "{o}");
+}
