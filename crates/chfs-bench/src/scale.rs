@@ -158,12 +158,13 @@ impl Drop for Worker {
     }
 }
 
-/// Requests each server has served so far, in server order.
-fn requests(c: &Client) -> Result<Vec<u64>> {
+/// Requests each server has served so far and the CPU time it has used
+/// (ns), in server order.
+fn requests(c: &Client) -> Result<Vec<(u64, u64)>> {
     c.server_status()
         .into_iter()
         .map(|(a, s)| {
-            s.map(|s| s.requests)
+            s.map(|s| (s.requests, s.cpu_ns))
                 .map_err(|e| BenchError::chfs("status", &a, e))
         })
         .collect()
@@ -178,6 +179,8 @@ pub struct PhaseFigures {
     /// Requests at the busiest server, and at all servers together.
     pub max_requests: u64,
     pub total_requests: u64,
+    /// CPU time of all servers together, ns.
+    pub server_cpu_ns: u64,
 }
 
 /// Runs `chfs-bench scale`.
@@ -268,14 +271,20 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
         let d: Vec<u64> = after
             .iter()
             .zip(&before)
-            .map(|(a, b)| a.saturating_sub(*b).saturating_sub(1))
+            .map(|(a, b)| a.0.saturating_sub(b.0).saturating_sub(1))
             .collect();
+        let cpu = after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a.1.saturating_sub(b.1))
+            .sum();
         figures.push(PhaseFigures {
             name: name.to_string(),
             wall_secs: wall,
             slowest_secs: slowest,
             max_requests: d.iter().copied().max().unwrap_or(0),
             total_requests: d.iter().sum(),
+            server_cpu_ns: cpu,
         });
     }
     // While every client still holds its connections.
@@ -316,13 +325,14 @@ fn min_max(v: &[u64]) -> (u64, u64) {
 /// The report.
 pub fn table(f: &[PhaseFigures], conns: &[u64], rss_kib: &[u64]) -> String {
     let mut s = format!(
-        "{:<16} {:>10} {:>13} {:>16} {:>15}\n",
-        "phase", "wall s", "slowest s", "busiest server", "all servers"
+        "{:<16} {:>10} {:>13} {:>16} {:>15} {:>14}\n",
+        "phase", "wall s", "slowest s", "busiest server", "all servers", "server us/req"
     );
     for p in f {
+        let per = p.server_cpu_ns as f64 / 1e3 / p.total_requests.max(1) as f64;
         s += &format!(
-            "{:<16} {:>10.3} {:>13.3} {:>16} {:>15}\n",
-            p.name, p.wall_secs, p.slowest_secs, p.max_requests, p.total_requests
+            "{:<16} {:>10.3} {:>13.3} {:>16} {:>15} {:>14.1}\n",
+            p.name, p.wall_secs, p.slowest_secs, p.max_requests, p.total_requests, per
         );
     }
     let (cmin, cmax) = min_max(conns);

@@ -308,6 +308,7 @@ fn scale_counts_what_each_server_serves() {
             .unwrap_or_else(|| panic!("no {name} in\n{o}"));
         l.split_whitespace()
             .skip(3)
+            .take(2)
             .map(|w| w.parse().unwrap())
             .collect()
     };
