@@ -981,3 +981,25 @@ fn a_waiting_request_does_not_hold_up_the_next_ones() {
     assert!(matches!(r, Err((libc::ENOENT, _))), "{r:?}");
     p.kill(1);
 }
+
+/// Memory per open connection stays small (a server of a large job holds
+/// one per client process): 150 idle connections cost under 100 KiB each.
+#[test]
+fn an_open_connection_costs_little_memory() {
+    let p = pool(1, None);
+    let addr = &p.addrs()[0];
+    let pid = p.pid(0).unwrap();
+    let (mut first, _, _) = hello(addr, b"");
+    assert_eq!(call(&mut first, 1, &Request::Ping), Ok(Response::Ok));
+    let before = rss_kib(pid);
+    let mut conns = Vec::new();
+    for i in 0..150u64 {
+        let (mut s, st, msg) = hello(addr, b"");
+        assert_eq!(st, 0, "{msg}");
+        assert_eq!(call(&mut s, i + 1, &Request::Ping), Ok(Response::Ok));
+        conns.push(s);
+    }
+    let per = (rss_kib(pid).saturating_sub(before)) / 150;
+    assert!(per < 100, "{per} KiB per connection");
+    drop(conns);
+}

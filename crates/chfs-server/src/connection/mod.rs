@@ -67,6 +67,9 @@ fn response_with(
     out
 }
 
+/// A connection's read buffer.
+const READ_BUFFER: usize = 32 << 10;
+
 /// Requests at most this large (all but writes of much data) are first
 /// served in the connection's reader ([`serve_conn`]).
 const INLINE_MAX: usize = 16 << 10;
@@ -149,7 +152,11 @@ pub(crate) async fn serve_conn<R, W>(
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let mut rd = tokio::io::BufReader::with_capacity(256 << 10, rd);
+    // Small frames that arrive together are read with one system call; a
+    // frame's data past the buffer is read straight into its own memory.
+    // (256 KiB here was most of a connection's memory, ~0.2 MiB each: the
+    // buffer is zeroed when allocated.)
+    let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
     let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
     let writer = tokio::spawn(async move {
         // Small replies are gathered while more are queued; a large data
