@@ -273,3 +273,21 @@ fn without_a_server_calls_fail_with_errno_and_other_paths_work() {
         .unwrap();
     assert!(out.status.success());
 }
+
+#[test]
+fn tar_create_and_extract() {
+    let e = Env::new();
+    let c = e.client();
+    c.mkdir("/t", 0o755).unwrap();
+    write_all(&c, "/t/one", b"first file\n");
+    write_all(&c, "/t/two", &vec![7u8; 100_000]);
+    let tarball = e.tmp.path().join("t.tar");
+    e.ok(
+        "tar",
+        &["cf", tarball.to_str().unwrap(), "-C", &e.mount, "t"],
+    );
+    e.ok("mkdir", &[&e.m("/x")]);
+    e.ok("tar", &["xf", tarball.to_str().unwrap(), "-C", &e.m("/x")]);
+    assert_eq!(read_all(&c, "/x/t/one"), b"first file\n");
+    assert_eq!(read_all(&c, "/x/t/two"), vec![7u8; 100_000]);
+}
