@@ -8,6 +8,7 @@
 #   PREFIX/share/doc/chfs-rs/  the doc/ pages and io500-chfind.sh (IO500's
 #                      find phase, doc/io500.md)
 #   PREFIX/lib/libchfs.so*, PREFIX/include/chfs.h, PREFIX/lib/pkgconfig/chfs.pc
+#   PREFIX/lib/libchfs_preload.so (LD_PRELOAD interposer), when built
 # so that `pkg-config --cflags --libs chfs` is all a C build needs and
 # `man chfsctl` works once PREFIX/bin is on the PATH.
 #
@@ -19,7 +20,7 @@
 # scripts/install-capi.sh is the same script under its former name.
 set -euo pipefail
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 # The programs installed, each with its manual section.
 programs=(chfsd:8 chfuse:1 chfsctl:1 chlist:1 chmkdir:1 chrmdir:1 chfind:1 chstagein:1 chfs:1)
@@ -121,6 +122,12 @@ if [[ $have_lib == 1 ]]; then
     sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" "$capi/chfs.pc.in" \
         > "$prefix/lib/pkgconfig/chfs.pc"
     chmod 644 "$prefix/lib/pkgconfig/chfs.pc"
+fi
+
+# The LD_PRELOAD interposer, beside libchfs, when it was built.
+if [[ -f "$from/libchfs_preload.so" ]]; then
+    install -d "$prefix/lib"
+    install -m 755 "$from/libchfs_preload.so" "$prefix/lib/libchfs_preload.so"
 fi
 
 echo "installed chfs-rs $version under $prefix"
