@@ -379,6 +379,17 @@ fn a_hung_server_times_requests_out_and_the_mount_recovers() {
         std::fs::write(m.p(n), n.as_bytes()).unwrap();
     }
     pool.signal(1, libc::SIGSTOP).unwrap();
+    // (what the failure message shows: whether the server was stopped)
+    let state = |pid: Option<u32>| {
+        pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("State:"))
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    };
+    let stopped = state(pool.pid(1));
     let mut ok = 0;
     let mut failed = 0;
     for n in &names {
@@ -400,7 +411,13 @@ fn a_hung_server_times_requests_out_and_the_mount_recovers() {
     let listing = std::fs::read_dir(&m.mp).and_then(|d| d.collect::<Result<Vec<_>, _>>());
     let list_time = t.elapsed();
     pool.signal(1, libc::SIGCONT).unwrap();
-    assert!(ok > 0 && failed > 0, "ok {ok}, failed {failed}");
+    assert!(
+        ok > 0 && failed > 0,
+        "ok {ok}, failed {failed}; server 1 {stopped:?} (pid {:?}) after SIGSTOP, servers {:?}, chfuse log:\n{}",
+        pool.pid(1),
+        pool.addrs(),
+        std::fs::read_to_string(&m.log).unwrap_or_default()
+    );
     assert!(
         listing.is_err(),
         "a listing needs every server: {listing:?}"
