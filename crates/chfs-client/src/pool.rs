@@ -82,9 +82,13 @@ fn thread_is_pinned() -> bool {
     thread_local! {
         static PINNED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     }
-    PINNED.with(|p| {
-        *p.get()
-            .get_or_insert_with(|| chfs_sys::cpu::allowed_count().is_ok_and(|n| n == 1))
+    PINNED.with(|p| match p.get() {
+        Some(pinned) => pinned,
+        None => {
+            let pinned = chfs_sys::cpu::allowed_count().is_ok_and(|n| n == 1);
+            p.set(Some(pinned));
+            pinned
+        }
     })
 }
 
@@ -437,4 +441,25 @@ fn fetch_list(
         }
     }
     Err(last.unwrap_or_else(|| Error::new(libc::EINVAL, "no server given")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer is the thread's affinity at its first call, asked once:
+    /// it was asked again on every request (a sched_getaffinity system
+    /// call each), because the cached value was set on a copy.
+    #[test]
+    fn a_thread_is_asked_whether_it_is_pinned_once() {
+        std::thread::spawn(|| {
+            let first = thread_is_pinned();
+            // Pin it (or, if it was pinned, nothing changes the answer).
+            let cpu = chfs_sys::cpu::current().unwrap_or(0);
+            chfs_sys::cpu::pin_current_thread(cpu).unwrap();
+            assert_eq!(thread_is_pinned(), first);
+        })
+        .join()
+        .unwrap();
+    }
 }
