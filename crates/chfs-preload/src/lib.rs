@@ -248,6 +248,8 @@ fn client() -> R<(Client, u64)> {
         std::panic::set_hook(Box::new(|_| {}));
         // SAFETY: registers plain extern "C" functions without arguments.
         unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+        // SAFETY: as above; `at_exit` runs once, at exit(3).
+        unsafe { libc::atexit(at_exit) };
     });
     UMASK.store(process_umask(), Ordering::Relaxed);
     let client = Client::connect(ClientConfig::from_env()?)?;
@@ -294,6 +296,25 @@ extern "C" fn before_fork() {
         }
         Ok(())
     })
+}
+
+/// Every open chfs-rs file's buffered writes and size reach the servers
+/// (a process that ends or execs without closing its files loses nothing).
+pub(crate) fn publish_open_files() {
+    before_fork();
+}
+
+/// `atexit` handler: stdio streams first (exit(3) flushes them only after
+/// the atexit handlers, and a stream on a chfs-rs file writes through this
+/// library), then every open file, as close would.
+extern "C" fn at_exit() {
+    if inside() {
+        return;
+    }
+    // SAFETY: fflush(NULL) flushes every output stream; exit(3) would do
+    // the same a moment later.
+    unsafe { libc::fflush(std::ptr::null_mut()) };
+    publish_open_files();
 }
 
 // ----- descriptors -----------------------------------------------------
