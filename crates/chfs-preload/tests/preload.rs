@@ -362,11 +362,34 @@ fn fsx_random_operations_match_a_model() {
     }
 }
 
+/// `libchfs.so` as `cargo test` built it (a dev-dependency), linked by the
+/// name its soname gives (`libchfs.so.0`) from a directory of `tmp`.
+fn capi_lib_dir(tmp: &Path) -> PathBuf {
+    let deps = preload_lib().parent().unwrap().to_path_buf();
+    let lib = [deps.join("libchfs.so"), deps.join("../libchfs.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("libchfs.so not built (cargo build -p chfs-capi)");
+    let dir = tmp.join("capi-lib");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libchfs.so", "libchfs.so.0"] {
+        std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
+    }
+    dir
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 /// Files written under the preload (pieces written backwards with
 /// pwrite, sizes around chunk boundaries) read back through the native
-/// client and through a chfuse mount of the same pool.
+/// client, through the C API (libchfs.so) and through a chfuse mount of
+/// the same pool.
 #[test]
-fn written_under_preload_read_through_native_client_and_mount() {
+fn written_under_preload_read_through_native_client_capi_and_mount() {
     let e = Env::new();
     let c = e.client();
     let sizes = [0usize, 1, 4095, 4096, 4097, 12288, 300_001];
@@ -403,6 +426,35 @@ print("ok")
         assert!(read_all(&c, &p) == data(n), "{p} through the native client");
     }
 
+    // The C API: a C program linked with libchfs.so (no preload).
+    let libdir = capi_lib_dir(e.tmp.path());
+    let exe = e.tmp.path().join("capi_read");
+    let inc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../chfs-capi/include");
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/capi_read.c"))
+        .arg(format!("-I{}", inc.display()))
+        .arg(format!("-L{}", libdir.display()))
+        .arg(format!("-Wl,-rpath,{}", libdir.display()))
+        .arg("-lchfs")
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc capi_read.c");
+    let paths: Vec<String> = sizes.iter().map(|n| format!("/w/f{n}")).collect();
+    let out = e
+        .cmd(exe.to_str().unwrap())
+        .env_remove("LD_PRELOAD")
+        .args(&paths)
+        .output()
+        .unwrap();
+    let out = String::from_utf8(checked(out, "capi_read").stdout).unwrap();
+    let want: String = sizes
+        .iter()
+        .map(|&n| format!("/w/f{n} {n} {}\n", fnv1a(&data(n))))
+        .collect();
+    assert_eq!(out, want, "through the C API");
+
     let chfuse = preload_lib().parent().unwrap().join("chfuse");
     let chfuse = [chfuse.clone(), chfuse.parent().unwrap().join("../chfuse")]
         .into_iter()
@@ -411,7 +463,7 @@ print("ok")
     else {
         chfs_localpool::skip(
             "fuse",
-            "written_under_preload_read_through_native_client_and_mount (mount part)",
+            "written_under_preload_read_through_native_client_capi_and_mount (mount part)",
             "no /dev/fuse, fusermount3 or chfuse (cargo build -p chfs-fuse)",
         );
         return;
