@@ -106,10 +106,10 @@ fn main() {
         .skip(1)
         .map(|s| s.parse().expect("MIB FILES OPENS ROUNDS"))
         .collect();
-    let mib = a.first().copied().unwrap_or(256);
-    let files = a.get(1).copied().unwrap_or(2000);
+    let mib = a.first().copied().unwrap_or(1024);
+    let files = a.get(1).copied().unwrap_or(5000);
     let opens = a.get(2).copied().unwrap_or(200_000);
-    let rounds = a.get(3).copied().unwrap_or(5);
+    let rounds = a.get(3).copied().unwrap_or(7);
 
     let exe_dir = std::env::current_exe().unwrap();
     let lib: PathBuf = exe_dir
