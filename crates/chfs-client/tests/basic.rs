@@ -565,3 +565,25 @@ fn callers_poll_for_replies_within_a_bounded_window_and_never_on_a_cpu_lane() {
     assert_eq!(on_lane, 2);
     assert_eq!(polled, 0);
 }
+
+#[test]
+fn a_read_sees_writes_buffered_on_another_descriptor_of_the_file() {
+    let (p, _) = pool(2);
+    let c = client(&p, |cfg| cfg.buf_size = 65536);
+    c.set_chunk_size(4096).unwrap();
+    let w = c.create("/buf", O_RDWR, 0o644).unwrap();
+    let r = c.open("/buf", O_RDONLY, 0).unwrap();
+    c.pwrite(w, &pattern(10_000, 3), 0).unwrap();
+    c.pwrite(w, b"tail", 10_000).unwrap();
+    let mut b = vec![0u8; 20_000];
+    // Through the other descriptor: every byte (was zeros: the buffer
+    // stayed with the writing descriptor until its flush).
+    assert_eq!(c.pread(r, &mut b, 0).unwrap(), 10_004);
+    assert!(
+        b[..10_000] == pattern(10_000, 3)[..],
+        "buffered bytes not seen"
+    );
+    assert!(&b[10_000..10_004] == b"tail");
+    c.close(r).unwrap();
+    c.close(w).unwrap();
+}

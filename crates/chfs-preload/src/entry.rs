@@ -1596,3 +1596,58 @@ pub unsafe extern "C" fn seekdir(d: *mut DIR, loc: c_long) {
     // SAFETY: ours.
     unsafe { dir(d) }.pos = usize::try_from(loc).unwrap_or(0);
 }
+
+// ----- exec ----------------------------------------------------------------
+//
+// The new image has its own preload and client: chfs-rs descriptors do not
+// survive (their numbers stay the reserved /dev/null descriptors), so
+// buffered writes and unpublished sizes are sent first. glibc's execl*,
+// execvp and friends call its internal execve, so each is interposed
+// (execl, execlp, execle in shim.c build the argv and call these).
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    publish_open_files();
+    // SAFETY: libc's execve with the caller's arguments.
+    unsafe { real::execve(path, argv, envp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    publish_open_files();
+    // SAFETY: libc's execv with the caller's arguments.
+    unsafe { real::execv(path, argv) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    publish_open_files();
+    // SAFETY: libc's execvp with the caller's arguments.
+    unsafe { real::execvp(file, argv) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    publish_open_files();
+    // SAFETY: libc's execvpe with the caller's arguments.
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    publish_open_files();
+    // SAFETY: libc's fexecve with the caller's arguments.
+    unsafe { real::fexecve(fd, argv, envp) }
+}

@@ -92,6 +92,11 @@ real_variadic! {
 }
 
 real! {
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int;
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn close(fd: c_int) -> c_int;
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;

@@ -108,3 +108,47 @@ FILE *chfs_preload_cookie_file(void *cookie, const char *mode)
     };
     return fopencookie(cookie, mode, io);
 }
+
+/* execl, execlp, execle: glibc's call its internal execve, so the
+   interposed execv/execvp/execve (which publish open chfs-rs files first)
+   are called with the argument list made into an argv. */
+#include <errno.h>
+#include <unistd.h>
+
+#define ARGV_FROM_LIST(arg0, extra)                                      \
+    va_list ap;                                                          \
+    size_t n = 1;                                                        \
+    va_start(ap, arg0);                                                  \
+    while (va_arg(ap, const char *) != NULL)                             \
+        n++;                                                             \
+    va_end(ap);                                                          \
+    if (n > 1u << 20) {                                                  \
+        errno = E2BIG;                                                   \
+        return -1;                                                       \
+    }                                                                    \
+    const char *argv[n + 1];                                             \
+    argv[0] = arg0;                                                      \
+    va_start(ap, arg0);                                                  \
+    for (size_t i = 1; i <= n; i++)                                      \
+        argv[i] = va_arg(ap, const char *);                              \
+    extra;                                                               \
+    va_end(ap)
+
+int execl(const char *path, const char *arg, ...)
+{
+    ARGV_FROM_LIST(arg, (void)0);
+    return execv(path, (char *const *)argv);
+}
+
+int execlp(const char *file, const char *arg, ...)
+{
+    ARGV_FROM_LIST(arg, (void)0);
+    return execvp(file, (char *const *)argv);
+}
+
+int execle(const char *path, const char *arg, ...)
+{
+    char *const *envp;
+    ARGV_FROM_LIST(arg, envp = va_arg(ap, char *const *));
+    return execve(path, (char *const *)argv, envp);
+}

@@ -92,6 +92,39 @@ impl Env {
     fn stdout(&self, prog: &str, args: &[&str]) -> String {
         String::from_utf8(self.ok(prog, args).stdout).unwrap()
     }
+
+    /// Compiles tests/c/NAME.c with `compiler` into the temporary directory.
+    fn compile(&self, compiler: &str, name: &str) -> PathBuf {
+        let exe = self.tmp.path().join(name);
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+        let st = Command::new(compiler)
+            .args(["-O1", "-Wall", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect(compiler);
+        assert!(st.success(), "{compiler} {}", src.display());
+        exe
+    }
+}
+
+fn checked(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Is `prog --version` runnable?
+fn have(prog: &str) -> bool {
+    Command::new(prog)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn rand() -> u64 {
@@ -231,15 +264,7 @@ print(open("a.txt").read().count("alpha"))
 fn c_stdio_local_file_and_fork() {
     let e = Env::new();
     let c = e.client();
-    let exe = e.tmp.path().join("stdio");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/stdio.c");
-    let st = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("cc");
-    assert!(st.success());
+    let exe = e.compile("cc", "stdio");
     let local = e.tmp.path().join("local.txt");
     let out = e.stdout(
         exe.to_str().unwrap(),
@@ -290,4 +315,354 @@ fn tar_create_and_extract() {
     e.ok("tar", &["xf", tarball.to_str().unwrap(), "-C", &e.m("/x")]);
     assert_eq!(read_all(&c, "/x/t/one"), b"first file\n");
     assert_eq!(read_all(&c, "/x/t/two"), vec![7u8; 100_000]);
+}
+
+/// fsx-style: thousands of random pwrite/write/pread/read/lseek/ftruncate/
+/// close-reopen/fstat/fsync operations (with a second descriptor reading
+/// too) on a file with 4 KiB chunks, each compared with an in-memory model
+/// by tests/c/fsx.c; the final content is compared through the native
+/// client. Seeded: CHFS_FSX_SEED=N repeats a run (the seed is printed on
+/// failure). With and without client write buffering (CHFS_BUF_SIZE).
+#[test]
+fn fsx_random_operations_match_a_model() {
+    let e = Env::new();
+    let c = e.client();
+    let exe = e.compile("cc", "fsx");
+    let base: u64 = std::env::var("CHFS_FSX_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand() % 1_000_000_000);
+    let ops: &str = &std::env::var("CHFS_FSX_OPS").unwrap_or_else(|_| "5000".into());
+    for (i, bufsize) in ["0", "65536"].into_iter().enumerate() {
+        for k in 0..2u64 {
+            let seed = base + 2 * i as u64 + k;
+            let path = format!("/fsx-{bufsize}-{k}");
+            let model = e.tmp.path().join(format!("model-{bufsize}-{k}"));
+            let out = e
+                .cmd(exe.to_str().unwrap())
+                .args([&e.m(&path), &seed.to_string(), ops])
+                .arg(&model)
+                .env("CHFS_CHUNK_SIZE", "4096")
+                .env("CHFS_BUF_SIZE", bufsize)
+                .output()
+                .unwrap();
+            let what = format!(
+                "fsx seed {seed} CHFS_BUF_SIZE={bufsize} (CHFS_FSX_SEED={seed} repeats it)"
+            );
+            checked(out, &what);
+            let want = std::fs::read(&model).unwrap();
+            let got = read_all(&c, &path);
+            assert!(
+                got == want,
+                "{what}: native client read {} bytes differing from the model's {}",
+                got.len(),
+                want.len()
+            );
+        }
+    }
+}
+
+/// `libchfs.so` as `cargo test` built it (a dev-dependency), linked by the
+/// name its soname gives (`libchfs.so.0`) from a directory of `tmp`.
+fn capi_lib_dir(tmp: &Path) -> PathBuf {
+    let deps = preload_lib().parent().unwrap().to_path_buf();
+    let lib = [deps.join("libchfs.so"), deps.join("../libchfs.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("libchfs.so not built (cargo build -p chfs-capi)");
+    let dir = tmp.join("capi-lib");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libchfs.so", "libchfs.so.0"] {
+        std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
+    }
+    dir
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Files written under the preload (pieces written backwards with
+/// pwrite, sizes around chunk boundaries) read back through the native
+/// client, through the C API (libchfs.so) and through a chfuse mount of
+/// the same pool.
+#[test]
+fn written_under_preload_read_through_native_client_capi_and_mount() {
+    let e = Env::new();
+    let c = e.client();
+    let sizes = [0usize, 1, 4095, 4096, 4097, 12288, 300_001];
+    let data = |n: usize| -> Vec<u8> { (0..n).map(|i| (i * 13 % 251) as u8 ^ (n as u8)).collect() };
+    for n in sizes {
+        std::fs::write(e.tmp.path().join(format!("src{n}")), data(n)).unwrap();
+    }
+    let script = format!(
+        r#"
+import os
+m, sizes = {m:?}, {sizes:?}
+os.mkdir(m + "/w")
+for n in sizes:
+    src = open("src%d" % n, "rb").read()
+    fd = os.open(m + "/w/f%d" % n, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o640)
+    for off in reversed(range(0, n, 3000)):
+        assert os.pwrite(fd, src[off:off + 3000], off) == len(src[off:off + 3000])
+    os.close(fd)
+print("ok")
+"#,
+        m = e.mount
+    );
+    let out = e
+        .cmd("python3")
+        .args(["-c", &script])
+        .env("CHFS_CHUNK_SIZE", "4096")
+        .output()
+        .unwrap();
+    assert_eq!(checked(out, "python3 writer").stdout, b"ok\n");
+    for n in sizes {
+        let p = format!("/w/f{n}");
+        let st = c.stat(&p).unwrap();
+        assert_eq!((st.size, st.mode & 0o777), (n as u64, 0o640), "{p}");
+        assert!(read_all(&c, &p) == data(n), "{p} through the native client");
+    }
+
+    // The C API: a C program linked with libchfs.so (no preload).
+    let libdir = capi_lib_dir(e.tmp.path());
+    let exe = e.tmp.path().join("capi_read");
+    let inc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../chfs-capi/include");
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/capi_read.c"))
+        .arg(format!("-I{}", inc.display()))
+        .arg(format!("-L{}", libdir.display()))
+        .arg(format!("-Wl,-rpath,{}", libdir.display()))
+        .arg("-lchfs")
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc capi_read.c");
+    let paths: Vec<String> = sizes.iter().map(|n| format!("/w/f{n}")).collect();
+    let out = e
+        .cmd(exe.to_str().unwrap())
+        .env_remove("LD_PRELOAD")
+        .args(&paths)
+        .output()
+        .unwrap();
+    let out = String::from_utf8(checked(out, "capi_read").stdout).unwrap();
+    let want: String = sizes
+        .iter()
+        .map(|&n| format!("/w/f{n} {n} {}\n", fnv1a(&data(n))))
+        .collect();
+    assert_eq!(out, want, "through the C API");
+
+    let chfuse = preload_lib().parent().unwrap().join("chfuse");
+    let chfuse = [chfuse.clone(), chfuse.parent().unwrap().join("../chfuse")]
+        .into_iter()
+        .find(|p| p.is_file());
+    let Some(chfuse) = chfuse.filter(|_| Path::new("/dev/fuse").exists() && have("fusermount3"))
+    else {
+        chfs_localpool::skip(
+            "fuse",
+            "written_under_preload_read_through_native_client_capi_and_mount (mount part)",
+            "no /dev/fuse, fusermount3 or chfuse (cargo build -p chfs-fuse)",
+        );
+        return;
+    };
+    let m = Mount::new(&e, &chfuse);
+    for n in sizes {
+        let p = m.mp.join(format!("w/f{n}"));
+        assert!(
+            std::fs::read(&p).unwrap() == data(n),
+            "{} through the mount",
+            p.display()
+        );
+    }
+}
+
+/// A chfuse mount of the test's pool, unmounted and stopped on drop.
+struct Mount {
+    mp: PathBuf,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Mount {
+    fn new(e: &Env, chfuse: &Path) -> Mount {
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().join("mnt");
+        std::fs::create_dir(&mp).unwrap();
+        let child = Command::new(chfuse)
+            .arg(&mp)
+            .arg("-f")
+            .env("CHFS_SERVER", e.pool.server_string())
+            .env("CHFS_SECRET_FILE", e.pool.client_key_file().unwrap())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("chfuse");
+        let mut m = Mount {
+            mp,
+            child,
+            _dir: dir,
+        };
+        let t = std::time::Instant::now();
+        while !fuse_answers(&m.mp) {
+            assert!(m.child.try_wait().unwrap().is_none(), "chfuse exited");
+            assert!(t.elapsed().as_secs() < 20, "mount timed out");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        m
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3").arg("-u").arg(&self.mp).status();
+        for _ in 0..500 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.mp)
+            .status();
+    }
+}
+
+fn fuse_answers(mp: &Path) -> bool {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statfs fills the zeroed struct it is given; the path is a
+    // NUL-terminated string that lives across the call.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
+    }
+}
+
+/// An MPI program (tests/c/mpi.c) under the preload: one file per rank and
+/// one shared file written at disjoint, unaligned offsets; each rank reads
+/// another's after a barrier; everything checked through the native client.
+#[test]
+fn mpi_file_per_rank_and_shared_file() {
+    if !have("mpicc") || !have("mpirun") {
+        chfs_localpool::skip(
+            "mpi",
+            "mpi_file_per_rank_and_shared_file",
+            "no mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)",
+        );
+        return;
+    }
+    let e = Env::new();
+    let c = e.client();
+    let exe = e.compile("mpicc", "mpi");
+    let ranks = 4usize;
+    let lib = e.lib.to_str().unwrap().to_string();
+    let out = e
+        .cmd("mpirun")
+        .env_remove("LD_PRELOAD")
+        .env("CHFS_CHUNK_SIZE", "4096")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            &ranks.to_string(),
+        ])
+        .args(["-x", &format!("LD_PRELOAD={lib}")])
+        .args([
+            "-x",
+            "CHFS_MOUNTPOINT",
+            "-x",
+            "CHFS_SERVER",
+            "-x",
+            "CHFS_SECRET_FILE",
+        ])
+        .args(["-x", "CHFS_CHUNK_SIZE"])
+        .arg(&exe)
+        .arg(e.m("/mpi"))
+        .output()
+        .unwrap();
+    let out = checked(out, "mpirun");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("ok {ranks}")
+    );
+    let pat = |rank: usize, i: usize| ((rank * 31 + i * 7) % 251) as u8;
+    const BLOCK: usize = 50001;
+    let shared = read_all(&c, "/mpi/shared");
+    assert_eq!(shared.len(), ranks * BLOCK);
+    for r in 0..ranks {
+        let own = read_all(&c, &format!("/mpi/rank.{r}"));
+        assert_eq!(own.len(), 100_000 + r * 1000);
+        assert!(
+            own.iter().enumerate().all(|(i, b)| *b == pat(r + 100, i)),
+            "rank.{r}"
+        );
+        let blk = &shared[r * BLOCK..(r + 1) * BLOCK];
+        assert!(
+            blk.iter().enumerate().all(|(i, b)| *b == pat(r, i)),
+            "shared block {r}"
+        );
+    }
+}
+
+/// exec: a chfs-rs descriptor does not survive (the number is the reserved
+/// /dev/null descriptor in the new image), but what was written through
+/// it is published before the exec, and the new image (LD_PRELOAD is
+/// inherited) reaches the prefix through its own preload.
+#[test]
+fn exec_publishes_writes_and_the_new_image_has_its_own_preload() {
+    let e = Env::new();
+    let c = e.client();
+    let exe = e.compile("cc", "exec");
+    let out = e
+        .cmd(exe.to_str().unwrap())
+        .arg(e.m("/e.bin"))
+        .env("CHFS_CHUNK_SIZE", "4096")
+        .output()
+        .unwrap();
+    assert_eq!(checked(out, "exec").stdout, b"ok\n");
+    let want: Vec<u8> = (0..10_000).map(|i| b'a' + (i % 23) as u8).collect();
+    assert!(read_all(&c, "/e.bin") == want);
+    assert_eq!(
+        read_all(&c, "/e.bin.child"),
+        b"child of a preloaded parent\n"
+    );
+}
+
+/// A program that writes and exits without closing (stdio stream and
+/// descriptor, with client write buffering) loses nothing: the preload
+/// flushes stdio and publishes open files at exit(3).
+#[test]
+fn exit_without_close_publishes_everything() {
+    let e = Env::new();
+    let c = e.client();
+    let script = format!(
+        r#"
+import os, sys
+m = {m:?}
+fd = os.open(m + "/raw", os.O_CREAT | os.O_WRONLY, 0o644)
+os.write(fd, b"x" * 10000)
+f = open(m + "/text", "w")
+f.write("y" * 5000)
+f.flush()
+sys.exit(0)
+"#,
+        m = e.mount
+    );
+    let out = e
+        .cmd("python3")
+        .args(["-c", &script])
+        .env("CHFS_CHUNK_SIZE", "4096")
+        .env("CHFS_BUF_SIZE", "65536")
+        .output()
+        .unwrap();
+    checked(out, "python3");
+    assert_eq!(read_all(&c, "/raw"), vec![b'x'; 10000]);
+    assert_eq!(read_all(&c, "/text"), vec![b'y'; 5000]);
 }

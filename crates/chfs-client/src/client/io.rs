@@ -514,10 +514,12 @@ impl Client {
             return Ok(0);
         }
         let st = self.state();
-        {
-            let has_buf = !lock(&f.state).buf.is_empty();
-            if has_buf {
-                self.flush_file(&st, &f)?;
+        // Writes buffered (CHFS_BUF_SIZE) through this descriptor or any
+        // other of this client open on the same file go to the servers
+        // first, so a read sees every write this process has made.
+        for g in self.open_files(&f.path) {
+            if !lock(&g.state).buf.is_empty() {
+                self.flush_file(&st, &g)?;
             }
         }
         let mut size = self.file_size(&st, &f, false)?;
