@@ -15,7 +15,7 @@
 //! - `stagein`: what a path given to stage-in stands for.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -95,6 +95,9 @@ struct Inner {
     pool: Pool,
     chunk_size: AtomicU32,
     buf_size: AtomicU64,
+    /// Writes have ever been buffered (a read then looks for buffered
+    /// writes on the file's other descriptors too).
+    buffering: AtomicBool,
     fds: Mutex<Vec<Option<Arc<OpenFile>>>>,
     dirs: Mutex<HashMap<String, Instant>>,
     rpcs: AtomicU64,
@@ -140,6 +143,7 @@ impl Client {
     /// Connects with an explicit configuration.
     pub fn connect(cfg: ClientConfig) -> Result<Client> {
         let chunk_size = AtomicU32::new(cfg.chunk_size);
+        let buffering = AtomicBool::new(cfg.buf_size > 0);
         let buf_size = AtomicU64::new(cfg.buf_size as u64);
         let pool = Pool::connect(cfg)?;
         let seed = (now_ns() as u64 ^ ((std::process::id() as u64) << 32)) as u32;
@@ -148,6 +152,7 @@ impl Client {
                 pool,
                 chunk_size,
                 buf_size,
+                buffering,
                 fds: Mutex::new(Vec::new()),
                 dirs: Mutex::new(HashMap::new()),
                 rpcs: AtomicU64::new(0),
@@ -227,6 +232,9 @@ impl Client {
     /// Write buffer size per open file (0 = off).
     pub fn set_buf_size(&self, n: usize) {
         self.inner.buf_size.store(n as u64, Ordering::Relaxed);
+        if n > 0 {
+            self.inner.buffering.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Bytes of small writes gathered per descriptor (0 = none).

@@ -516,10 +516,14 @@ impl Client {
         let st = self.state();
         // Writes buffered (CHFS_BUF_SIZE) through this descriptor or any
         // other of this client open on the same file go to the servers
-        // first, so a read sees every write this process has made.
-        for g in self.open_files(&f.path) {
-            if !lock(&g.state).buf.is_empty() {
-                self.flush_file(&st, &g)?;
+        // first, so a read sees every write this process has made. (Only
+        // a client that ever buffered looks at the other descriptors: that
+        // takes the descriptor table's lock and a pass over it per read.)
+        if self.inner.buffering.load(Ordering::Relaxed) {
+            for g in self.open_files(&f.path) {
+                if !lock(&g.state).buf.is_empty() {
+                    self.flush_file(&st, &g)?;
+                }
             }
         }
         let mut size = self.file_size(&st, &f, false)?;
