@@ -1218,13 +1218,17 @@ fn mutate_posix(base: &PosixBase, root: &Path, muts: &[PosixMut]) {
             }
             PosixMut::Rename(f, id) => {
                 let to = chunk_file(root, *id);
-                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-                let _ = std::fs::rename(chunk(*f), to);
+                if std::fs::create_dir_all(to.parent().unwrap()).is_ok() {
+                    let _ = std::fs::rename(chunk(*f), to);
+                }
             }
             PosixMut::Junk(id, b) => {
+                // (best effort: an earlier mutation may have made that path,
+                // or its directory, something that cannot be written)
                 let to = chunk_file(root, *id);
-                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-                std::fs::write(to, b).unwrap();
+                if std::fs::create_dir_all(to.parent().unwrap()).is_ok() {
+                    let _ = std::fs::write(to, b);
+                }
             }
             PosixMut::Replace(f, kind) => {
                 let p = file(*f);
