@@ -66,6 +66,42 @@ impl Stat {
     }
 }
 
+/// Seconds and nanoseconds of a time in ns since the epoch (nanoseconds
+/// always in 0..1e9, also before the epoch).
+fn ns_split(ns: i64) -> (i64, i64) {
+    (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
+}
+
+impl Stat {
+    /// As a C `struct stat`, the one mapping every C adapter uses (the C
+    /// API, the preload layer); `st_dev` is 0 (an adapter may set its
+    /// own).
+    pub fn to_libc(&self) -> libc::stat {
+        // SAFETY: `struct stat` is plain old data; all-zero is a valid
+        // value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        st.st_ino = self.ino as _;
+        st.st_mode = self.mode as _;
+        st.st_nlink = self.nlink as _;
+        st.st_uid = self.uid;
+        st.st_gid = self.gid;
+        st.st_rdev = self.rdev as _;
+        st.st_size = self.size as _;
+        st.st_blksize = self.blksize as _;
+        st.st_blocks = self.blocks as _;
+        let (a, an) = ns_split(self.atime);
+        let (m, mn) = ns_split(self.mtime);
+        let (c, cn) = ns_split(self.ctime);
+        st.st_atime = a as _;
+        st.st_atime_nsec = an as _;
+        st.st_mtime = m as _;
+        st.st_mtime_nsec = mn as _;
+        st.st_ctime = c as _;
+        st.st_ctime_nsec = cn as _;
+        st
+    }
+}
+
 /// One directory entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
@@ -102,4 +138,37 @@ pub enum Whence {
     Cur,
     /// From the end (`SEEK_END`).
     End,
+}
+
+#[cfg(test)]
+mod c_stat_tests {
+    use super::*;
+
+    #[test]
+    fn a_status_maps_to_struct_stat_with_times_split_exactly() {
+        let s = Stat {
+            ino: 7,
+            mode: libc::S_IFREG | 0o640,
+            nlink: 1,
+            uid: 10,
+            gid: 20,
+            rdev: 0,
+            size: 12345,
+            blksize: 65536,
+            blocks: 25,
+            atime: 1_500_000_000,
+            mtime: -1,
+            ctime: 2_000_000_001,
+        };
+        let c = s.to_libc();
+        assert_eq!(
+            (c.st_ino, c.st_mode, c.st_size),
+            (7, libc::S_IFREG | 0o640, 12345)
+        );
+        assert_eq!((c.st_blksize, c.st_blocks, c.st_dev), (65536, 25, 0));
+        assert_eq!((c.st_atime, c.st_atime_nsec), (1, 500_000_000));
+        // Before the epoch: seconds round down, nanoseconds stay positive.
+        assert_eq!((c.st_mtime, c.st_mtime_nsec), (-1, 999_999_999));
+        assert_eq!((c.st_ctime, c.st_ctime_nsec), (2, 1));
+    }
 }

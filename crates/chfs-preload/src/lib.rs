@@ -584,27 +584,8 @@ fn ns_split(ns: i64) -> (i64, i64) {
 }
 
 fn to_c_stat(s: &Stat) -> libc::stat {
-    // SAFETY: `struct stat` is plain old data; all-zero is a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let mut st = s.to_libc();
     st.st_dev = makedev(DEV_MAJOR, DEV_MINOR);
-    st.st_ino = s.ino as _;
-    st.st_mode = s.mode as _;
-    st.st_nlink = s.nlink as _;
-    st.st_uid = s.uid;
-    st.st_gid = s.gid;
-    st.st_rdev = s.rdev as _;
-    st.st_size = s.size as _;
-    st.st_blksize = s.blksize as _;
-    st.st_blocks = s.blocks as _;
-    let (a, an) = ns_split(s.atime);
-    let (m, mn) = ns_split(s.mtime);
-    let (c, cn) = ns_split(s.ctime);
-    st.st_atime = a as _;
-    st.st_atime_nsec = an as _;
-    st.st_mtime = m as _;
-    st.st_mtime_nsec = mn as _;
-    st.st_ctime = c as _;
-    st.st_ctime_nsec = cn as _;
     st
 }
 
