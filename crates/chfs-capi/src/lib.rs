@@ -962,33 +962,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stat_conversion_keeps_every_field() {
-        let s = Stat {
-            ino: 7,
-            mode: libc::S_IFREG | 0o640,
-            nlink: 1,
-            uid: 10,
-            gid: 20,
-            rdev: 0,
-            size: 12345,
-            blksize: 65536,
-            blocks: 25,
-            atime: 1_500_000_000_123_456_789,
-            mtime: -1,
-            ctime: 2_000_000_000,
-        };
-        let c = to_c_stat(&s);
-        assert_eq!(
-            (c.st_ino, c.st_mode, c.st_uid, c.st_gid),
-            (7, libc::S_IFREG | 0o640, 10, 20)
-        );
-        assert_eq!((c.st_size, c.st_blksize, c.st_blocks), (12345, 65536, 25));
-        assert_eq!((c.st_atime, c.st_atime_nsec), (1_500_000_000, 123_456_789));
-        assert_eq!((c.st_mtime, c.st_mtime_nsec), (-1, 999_999_999));
-        assert_eq!((c.st_ctime, c.st_ctime_nsec), (2, 0));
-    }
-
-    #[test]
     fn calls_before_init_fail_with_enotconn_not_a_crash() {
         assert_eq!(chfs_initialized(), 0);
         assert_eq!(chfs_close(3), -1);

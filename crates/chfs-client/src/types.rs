@@ -156,17 +156,17 @@ mod c_stat_tests {
             size: 12345,
             blksize: 65536,
             blocks: 25,
-            atime: 1_500_000_000,
+            atime: 1_500_000_000_123_456_789,
             mtime: -1,
             ctime: 2_000_000_001,
         };
         let c = s.to_libc();
         assert_eq!(
-            (c.st_ino, c.st_mode, c.st_size),
-            (7, libc::S_IFREG | 0o640, 12345)
+            (c.st_ino, c.st_mode, c.st_uid, c.st_gid, c.st_size),
+            (7, libc::S_IFREG | 0o640, 10, 20, 12345)
         );
         assert_eq!((c.st_blksize, c.st_blocks, c.st_dev), (65536, 25, 0));
-        assert_eq!((c.st_atime, c.st_atime_nsec), (1, 500_000_000));
+        assert_eq!((c.st_atime, c.st_atime_nsec), (1_500_000_000, 123_456_789));
         // Before the epoch: seconds round down, nanoseconds stay positive.
         assert_eq!((c.st_mtime, c.st_mtime_nsec), (-1, 999_999_999));
         assert_eq!((c.st_ctime, c.st_ctime_nsec), (2, 1));
