@@ -106,10 +106,7 @@ impl Polling {
         match self {
             Polling::Off => Duration::ZERO,
             Polling::Upto(d) => d,
-            Polling::Auto => match chfs_sys::cpu::allowed_count() {
-                Ok(n) if n >= 2 => crate::poll::AUTO_MAX,
-                _ => Duration::ZERO,
-            },
+            Polling::Auto => chfs_sys::poll::auto_max(),
         }
     }
 }

@@ -19,13 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The longest window with `CHFS_POLL_USEC=auto` (about twice what a
-/// reply over loopback takes when the server must be woken on an idle CPU
-/// of a virtual machine).
-pub const AUTO_MAX: Duration = Duration::from_micros(100);
-
-/// Where a growing window starts.
-const START_NS: u64 = 5_000;
+pub use chfs_sys::poll::AUTO_MAX;
+use chfs_sys::poll::START_NS;
 
 /// Counts over the connections of one client: replies (or parts of large
 /// ones) that arrived while polling, and waits that polled in vain and
@@ -78,14 +73,7 @@ impl Poller {
             self.counts.misses.fetch_add(1, Ordering::Relaxed);
         }
         let w = self.window_ns.load(Ordering::Relaxed);
-        let next = if slept.as_nanos() as u64 <= self.max_ns {
-            // Polling somewhat longer would have caught it.
-            (w * 2).max(START_NS).min(self.max_ns)
-        } else if w / 2 < START_NS {
-            0
-        } else {
-            w / 2
-        };
+        let next = chfs_sys::poll::next_window(w, slept.as_nanos() as u64, self.max_ns);
         self.window_ns.store(next, Ordering::Relaxed);
     }
 }

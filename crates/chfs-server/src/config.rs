@@ -348,10 +348,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// the clients), else none.
 pub fn parse_poll(s: &str) -> Result<std::time::Duration, String> {
     match s.trim() {
-        "auto" => Ok(match chfs_sys::cpu::allowed_count() {
-            Ok(n) if n >= 2 => std::time::Duration::from_micros(100),
-            _ => std::time::Duration::ZERO,
-        }),
+        "auto" => Ok(chfs_sys::poll::auto_max()),
         s => s
             .parse::<u64>()
             .map(std::time::Duration::from_micros)

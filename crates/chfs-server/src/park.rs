@@ -20,8 +20,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Where a growing window starts.
-const START_NS: u64 = 5_000;
+use chfs_sys::poll::START_NS;
 
 /// Process-wide counts (one server per process): wake-ups that polling
 /// caught, and polls that ended in sleep.
@@ -92,14 +91,8 @@ impl ParkPoll {
             MISSES.fetch_add(1, Ordering::Relaxed);
         }
         let w = WINDOW.get().unwrap_or(0);
-        let next = if at.elapsed().as_nanos() as u64 <= self.max_ns {
-            (w * 2).max(START_NS).min(self.max_ns)
-        } else if w / 2 < START_NS {
-            0
-        } else {
-            w / 2
-        };
-        WINDOW.set(Some(next));
+        let slept = at.elapsed().as_nanos() as u64;
+        WINDOW.set(Some(chfs_sys::poll::next_window(w, slept, self.max_ns)));
     }
 }
 

@@ -2,6 +2,39 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// The longest polling window of the `auto` settings (`CHFS_POLL_USEC`,
+/// `chfsd --poll-usec`) on a machine where the process may use 2+ CPUs.
+pub const AUTO_MAX: Duration = Duration::from_micros(100);
+
+/// Where a growing polling window starts, ns.
+pub const START_NS: u64 = 5_000;
+
+/// The polling window after a wait that polled for `window_ns` in vain
+/// and then slept for `slept_ns` (Linux's haltpoll rule, for the client's
+/// replies and the server's workers alike): a wake-up that came within the
+/// longest window `max_ns` of sleeping doubles it (polling somewhat longer
+/// would have caught it), a later one halves it, down to nothing.
+pub fn next_window(window_ns: u64, slept_ns: u64, max_ns: u64) -> u64 {
+    if slept_ns <= max_ns {
+        (window_ns * 2).max(START_NS).min(max_ns)
+    } else if window_ns / 2 < START_NS {
+        0
+    } else {
+        window_ns / 2
+    }
+}
+
+/// The longest window of `auto` here: [`AUTO_MAX`] where the calling
+/// thread may run on 2+ CPUs (a poller then leaves a CPU to its peer),
+/// else none.
+pub fn auto_max() -> Duration {
+    match crate::cpu::allowed_count() {
+        Ok(n) if n >= 2 => AUTO_MAX,
+        _ => Duration::ZERO,
+    }
+}
 
 /// Is `fd` readable right now (`poll(2)` with a zero timeout)? An epoll
 /// descriptor is readable while events wait in its ready list. False on
@@ -71,6 +104,16 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn the_window_doubles_for_soon_wakeups_and_halves_to_nothing_for_late_ones() {
+        let max = 100_000;
+        assert_eq!(next_window(0, 10_000, max), START_NS);
+        assert_eq!(next_window(START_NS, 10_000, max), 2 * START_NS);
+        assert_eq!(next_window(80_000, 10_000, max), max);
+        assert_eq!(next_window(max, 1_000_000, max), max / 2);
+        assert_eq!(next_window(START_NS, 1_000_000, max), 0);
+    }
 
     #[test]
     fn readiness_is_seen_without_waiting() {
