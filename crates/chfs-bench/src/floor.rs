@@ -169,7 +169,8 @@ impl Floors {
     }
 
     /// Adds the RPC floors, measured against server `index` of the pool
-    /// that `cfg` names (a server on this host for the Unix figures).
+    /// that `cfg` names (the CPU lane and Unix socket figures only when it
+    /// is on this host).
     pub fn rpcs(&mut self, cfg: &ClientConfig, index: usize, rounds: usize) -> Result<()> {
         let cpu = cpus_allowed().first().copied();
         let connect = |local_socket: bool, lanes: CpuLanes| {
@@ -180,10 +181,16 @@ impl Floors {
             };
             Client::connect(c).map_err(|e| BenchError::chfs("connect", "pool", e))
         };
-        let lane = connect(true, CpuLanes::Pinned)?;
-        self.rpc_lane = Some(rpc_rtt(&lane, index, cpu, rounds)?);
+        // The same-host figures only for a server on this host (one it
+        // reaches through its Unix socket); a remote one has TCP only.
         let unix = connect(true, CpuLanes::Never)?;
-        self.rpc_unix = Some(rpc_rtt(&unix, index, None, rounds)?);
+        unix.ping(index)
+            .map_err(|e| BenchError::chfs("ping", "server", e))?;
+        if unix.local_connections().0 > 0 {
+            self.rpc_unix = Some(rpc_rtt(&unix, index, None, rounds)?);
+            let lane = connect(true, CpuLanes::Pinned)?;
+            self.rpc_lane = Some(rpc_rtt(&lane, index, cpu, rounds)?);
+        }
         let tcp = connect(false, CpuLanes::Never)?;
         self.rpc_tcp = Some(rpc_rtt(&tcp, index, None, rounds)?);
         Ok(())
