@@ -303,17 +303,7 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
     Ok(())
 }
 
-/// A process's resident memory in KiB (0 if unknown).
-pub fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
+pub use chfs_localpool::rss_kib;
 
 fn min_max(v: &[u64]) -> (u64, u64) {
     (

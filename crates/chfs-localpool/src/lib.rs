@@ -140,6 +140,19 @@ pub fn find_chfsd() -> io::Result<PathBuf> {
     ))
 }
 
+/// Resident memory of process `pid` in KiB (`VmRSS`; 0 if it cannot be
+/// read).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn wait_file(path: &Path, child: &mut Child, timeout: Duration) -> io::Result<String> {
     let start = Instant::now();
     loop {

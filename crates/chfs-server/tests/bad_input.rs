@@ -992,6 +992,7 @@ fn an_open_connection_costs_little_memory() {
     let (mut first, _, _) = hello(addr, b"");
     assert_eq!(call(&mut first, 1, &Request::Ping), Ok(Response::Ok));
     let before = rss_kib(pid);
+    assert!(before > 0, "VmRSS of chfsd {pid} unreadable");
     let mut conns = Vec::new();
     for i in 0..150u64 {
         let (mut s, st, msg) = hello(addr, b"");

@@ -619,6 +619,7 @@ fn random_and_mutated_frames_with_and_without_the_key_change_nothing_they_may_no
     let pids: Vec<u32> = (0..addrs.len()).map(|i| p.pid(i).unwrap()).collect();
     let rss = |i: usize| rss_kib(pids[i]);
     let rss0: Vec<u64> = (0..addrs.len()).map(rss).collect();
+    assert!(rss0.iter().all(|&k| k > 0), "VmRSS unreadable: {rss0:?}");
     let before: Vec<(u64, u64)> = addrs
         .iter()
         .map(|a| {

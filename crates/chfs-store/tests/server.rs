@@ -431,13 +431,7 @@ fn posix_enospc_reaches_the_client_and_freed_space_is_reused() {
     enospc_then_reuse("posix");
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
-}
+use chfs_localpool::rss_kib;
 
 /// CI-sized variant of the 10 GiB measurement (`chfs-bench store-rss`):
 /// 192 MiB pass through a POSIX-engine server in 1 MiB chunks (all written
@@ -453,6 +447,7 @@ fn posix_server_memory_stays_flat_while_data_passes_through() {
     write_file(&c, "/warm", &block).unwrap();
     let _ = read_file(&c, "/warm").unwrap();
     let base = rss_kib(cl.pid(0));
+    assert!(base > 0, "VmRSS of the server unreadable");
     let mut peak = base;
     for i in 0..6 {
         let fd = c

@@ -210,10 +210,5 @@ pub fn status_with(addr: &str, secret: &[u8]) -> chfs_proto::msg::ServerStatus {
 }
 
 /// VmRSS of a process, in KiB.
-pub fn rss_kib(pid: u32) -> u64 {
-    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    st.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
+#[allow(unused_imports)]
+pub use chfs_localpool::rss_kib;
