@@ -12,7 +12,8 @@
 //! - `admin`: the servers of the pool, their status, rebalancing, stopping;
 //! - `cache`: `sync`, the backend write-back (cache mode) and fetching
 //!   from the backend;
-//! - `stagein`: what a path given to stage-in stands for.
+//! - `stagein`: what a path given to stage-in stands for;
+//! - `walk`: a parallel walk of a tree, one server at a time (find).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -37,7 +38,9 @@ mod dir;
 mod io;
 mod namespace;
 mod stagein;
+mod walk;
 pub use stagein::StageSource;
+pub use walk::WalkError;
 
 const MAX_SYMLINKS: usize = 40;
 

@@ -19,7 +19,7 @@ mod stream;
 mod types;
 
 pub use chfs_proto::msg::FlushState;
-pub use client::{Client, ClientStats, StageSource};
+pub use client::{Client, ClientStats, StageSource, WalkError};
 pub use config::{ClientConfig, CpuLanes, Polling};
 pub use error::{Error, Result};
 pub use shm::SharedBuffer;

@@ -1,10 +1,10 @@
 //! Parallel find over a chfs-rs pool.
 //!
-//! Every server holds the entries whose chunk 0 it owns. A directory is read
-//! one server at a time with [`Client::readdir_index`]; the work items are
-//! `(directory, server)` pairs run by a pool of threads, and every
-//! directory found (on any server) adds one item per server. No server is
-//! asked to merge lists, and no entry is seen twice.
+//! The walk is the client's [`Client::walk_parallel`]: every server holds
+//! the entries whose chunk 0 it owns, a directory is read one server at a
+//! time with [`Client::readdir_index`] by a pool of threads, no server is
+//! asked to merge lists, and no entry is seen twice. This module adds
+//! find's tests (`-name`, `-size`, `-type`, `-newer`) and the counts.
 //!
 //! Several processes (MPI ranks) can share one find with [`find_ranked`]:
 //! rank r of n examines the entries held by the servers whose index i has
@@ -12,10 +12,8 @@
 //! directories only ([`Client::readdir_dirs_index`]), so every entry is
 //! examined by exactly one rank.
 
-use std::collections::VecDeque;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use chfs_client::{Client, Stat};
 
@@ -182,23 +180,11 @@ pub struct FindStats {
     pub matched: u64,
 }
 
-/// An error while reading part of the tree (the find goes on).
-#[derive(Debug)]
-pub struct FindError {
-    /// Directory being read.
-    pub dir: String,
-    /// Server asked (address), if any.
-    pub server: Option<String>,
-    /// The client's error.
-    pub error: chfs_client::Error,
-}
+/// An error while reading part of the tree (the find goes on): the
+/// directory, the server asked and the client's error.
+pub use chfs_client::WalkError as FindError;
 
 pub use crate::rank::RankSplit;
-
-struct Queue {
-    items: VecDeque<(String, usize)>,
-    pending: usize,
-}
 
 /// Walks the tree under `root` with `threads` threads, calling `on_match`
 /// with the full path of every entry that passes `filter` (from several
@@ -234,7 +220,6 @@ pub fn find_ranked(
     let first = split.rank == 0;
     let seen = AtomicU64::new(0);
     let matched = AtomicU64::new(0);
-    let errors = Mutex::new(Vec::new());
     let root = match chfs_proto::path::normalize(root) {
         Ok(r) => r,
         Err(e) => {
@@ -270,9 +255,7 @@ pub fn find_ranked(
             on_match(&root);
         }
     }
-    let servers = client.servers();
-    let n = servers.len().max(1);
-    if !st.is_dir() || !(0..n).any(|i| split.owns(i)) {
+    if !st.is_dir() {
         return (
             FindStats {
                 seen: seen.into_inner(),
@@ -281,97 +264,20 @@ pub fn find_ranked(
             Vec::new(),
         );
     }
-    // Servers that predate the directories-only listing: fall back to full
-    // listings of other ranks' servers (still examined by their owner only).
-    let dirs_only = AtomicBool::new(true);
-    let q = Mutex::new(Queue {
-        items: (0..n).map(|i| (root.clone(), i)).collect(),
-        pending: n,
-    });
-    let cv = Condvar::new();
-    let lock = || q.lock().unwrap_or_else(|p| p.into_inner());
-    std::thread::scope(|s| {
-        for _ in 0..threads.max(1) {
-            s.spawn(|| loop {
-                let (dir, idx) = {
-                    let mut g = lock();
-                    loop {
-                        if let Some(it) = g.items.pop_front() {
-                            break it;
-                        }
-                        if g.pending == 0 {
-                            return;
-                        }
-                        g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
-                    }
-                };
-                let mut subdirs = Vec::new();
-                if !split.owns(idx) {
-                    let r = if dirs_only.load(Ordering::Relaxed) {
-                        match client.readdir_dirs_index(&dir, idx) {
-                            Err(e) if e.errno() == libc::EPROTO => {
-                                dirs_only.store(false, Ordering::Relaxed);
-                                client.readdir_index(&dir, idx)
-                            }
-                            r => r,
-                        }
-                    } else {
-                        client.readdir_index(&dir, idx)
-                    };
-                    if let Ok(entries) = r {
-                        subdirs.extend(
-                            entries
-                                .into_iter()
-                                .filter(|e| e.stat.is_dir())
-                                .map(|e| chfs_proto::path::join(&dir, &e.name)),
-                        );
-                    }
-                } else {
-                    match client.readdir_index(&dir, idx) {
-                        Ok(entries) => {
-                            seen.fetch_add(entries.len() as u64, Ordering::Relaxed);
-                            for e in entries {
-                                let full = chfs_proto::path::join(&dir, &e.name);
-                                if filter.matches(&e.name, &e.stat) {
-                                    matched.fetch_add(1, Ordering::Relaxed);
-                                    on_match(&full);
-                                }
-                                if e.stat.is_dir() {
-                                    subdirs.push(full);
-                                }
-                            }
-                        }
-                        Err(error) => {
-                            errors
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(FindError {
-                                    dir: dir.clone(),
-                                    server: servers.get(idx).cloned(),
-                                    error,
-                                })
-                        }
-                    }
-                }
-                let mut g = lock();
-                for d in subdirs {
-                    for i in 0..n {
-                        g.items.push_back((d.clone(), i));
-                        g.pending += 1;
-                    }
-                }
-                g.pending -= 1;
-                drop(g);
-                cv.notify_all();
-            });
+    let errors = client.walk_parallel(&root, threads, &|i| split.owns(i), &|full, e| {
+        seen.fetch_add(1, Ordering::Relaxed);
+        if filter.matches(&e.name, &e.stat) {
+            matched.fetch_add(1, Ordering::Relaxed);
+            on_match(full);
         }
+        true
     });
     (
         FindStats {
             seen: seen.into_inner(),
             matched: matched.into_inner(),
         },
-        errors.into_inner().unwrap_or_else(|p| p.into_inner()),
+        errors,
     )
 }
 
