@@ -1,0 +1,86 @@
+"""A pool of real chfsd servers on loopback for the whole session, started
+with chfs-localpool (built by cargo; scripts/test.sh builds it) and
+stopped by its recorded PID at the end."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import uuid
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def tool(name: str) -> str:
+    """A chfs-rs program: CHFS_BIN_DIR, else cargo's target directory."""
+    dirs = []
+    if os.environ.get("CHFS_BIN_DIR"):
+        dirs.append(pathlib.Path(os.environ["CHFS_BIN_DIR"]))
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    dirs += [target / "debug", target / "release"]
+    for d in dirs:
+        if (d / name).is_file():
+            return str(d / name)
+    raise RuntimeError(f"{name} not found in {dirs}: build it (cargo build) or set CHFS_BIN_DIR")
+
+
+class Pool:
+    def __init__(self, servers: int = 2, extra=()):
+        self.proc = subprocess.Popen(
+            [tool("chfs-localpool"), "-n", str(servers), *extra],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.env = {}
+        for line in self.proc.stdout:
+            for part in line.split(";"):
+                k, _, v = part.strip().partition("=")
+                if k in ("CHFS_SERVER", "CHFS_SECRET_FILE"):
+                    self.env[k] = v
+            if "CHFS_SECRET_FILE" in self.env:
+                break
+        if "CHFS_SERVER" not in self.env:
+            self.stop()
+            raise RuntimeError("chfs-localpool did not start")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+            self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def pool():
+    p = Pool(2)
+    saved = {k: os.environ.get(k) for k in p.env}
+    os.environ.update(p.env)
+    yield p
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    p.stop()
+
+
+@pytest.fixture(scope="session")
+def client(pool):
+    import chfs
+
+    return chfs.Client()
+
+
+@pytest.fixture
+def tmp(client):
+    """A fresh directory of the pool, removed afterwards."""
+    d = f"/pytest-{uuid.uuid4().hex[:12]}"
+    client.mkdir(d)
+    yield d
+    for p in sorted(client.find(d, dirs=True), key=len, reverse=True):
+        if client.isdir(p):
+            client.rmdir(p)
+        else:
+            client.remove(p)
+    client.rmdir(d)
