@@ -2,8 +2,9 @@
 # Installs what building and testing chfs-rs needs on a Debian machine:
 # apt packages (FUSE 3, a C compiler, pkg-config, iproute2, OpenSSH server for
 # the multi-host test; Open MPI and libclang for chfind's mpirun test, built
-# with --features mpi; man-db for the manual pages) and the Rust components
-# named in rust-toolchain.toml.
+# with --features mpi; man-db for the manual pages), the Rust components
+# named in rust-toolchain.toml, and the Python packages the chfs Python
+# package (python/) is built and tested with: maturin, pytest, fsspec, pandas.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -51,4 +52,24 @@ fi
 # the mount tests check both transports where the kernel has it.
 if [ -e /sys/module/fuse/parameters/enable_uring ]; then
   echo Y | $SUDO tee /sys/module/fuse/parameters/enable_uring >/dev/null || true
+fi
+
+# The Python package (python/): its build backend (maturin) and what its
+# tests use (pytest, fsspec, pandas), for the python3 on the PATH. Only
+# what is missing is installed, so a second run asks no registry.
+PY="${PYTHON:-python3}"
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "setup: no $PY; installing Debian's python3" >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3 python3-dev python3-pip python3-venv >/dev/null
+fi
+pymissing=()
+for mod in maturin pytest fsspec pandas; do
+  "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)" 2>/dev/null || pymissing+=("$mod")
+done
+if [ ${#pymissing[@]} -gt 0 ]; then
+  echo "setup: pip installing ${pymissing[*]}" >&2
+  "$PY" -m pip install -q --disable-pip-version-check "${pymissing[@]}" 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
+  for mod in "${pymissing[@]}"; do
+    "$PY" -c "import $mod" || { echo "setup: cannot import $mod after pip install" >&2; exit 1; }
+  done
 fi

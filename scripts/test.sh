@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, then every test of the workspace
 # (real chfsd processes on loopback, real FUSE mounts, C programs against
-# libchfs). Installs what it needs first.
+# libchfs), and the Python package's tests (pytest against real servers).
+# Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -33,3 +34,11 @@ cargo test --workspace -- --test-threads=2
 echo "== chfind under mpirun (chfs-ctl --features mpi)"
 cargo clippy -p chfs-ctl --features mpi --all-targets -- -D warnings
 cargo test -p chfs-ctl --features mpi --test find_mpi -- --test-threads=2
+echo "== Python package (python/): pip install ./python, pytest against real servers"
+PY="${PYTHON:-python3}"
+cargo build -p chfs-server -p chfs-localpool
+"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation ./python 2>&1 \
+  | { grep -v "Running pip as the 'root' user" || true; } >&2
+# From the repository root: python/chfs (without its native module) must
+# not shadow the installed package.
+"$PY" -m pytest -p no:cacheprovider -q python/tests

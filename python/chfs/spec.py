@@ -56,14 +56,25 @@ class ChfsFileSystem(AbstractFileSystem):
     ``servers`` (``"host:port,..."`` or a list) replaces ``CHFS_SERVER``;
     the other settings, the pool's key included, come from the environment
     (``CHFS_SECRET_FILE``). ``client`` uses an existing :class:`chfs.Client`.
+    ``auto_mkdir`` (default True, as object stores behave): opening a file
+    for writing, touching or copying one creates its missing parent
+    directories.
     """
 
     protocol = "chfs"
     root_marker = "/"
 
-    def __init__(self, servers=None, client: Client | None = None, **kwargs):
-        super().__init__(servers=servers, **kwargs)
+    def __init__(
+        self, servers=None, client: Client | None = None, auto_mkdir: bool = True, **kwargs
+    ):
+        super().__init__(servers=servers, auto_mkdir=auto_mkdir, **kwargs)
         self.client = client if client is not None else Client(servers)
+        self.auto_mkdir = auto_mkdir
+
+    def _parents(self, path: str) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if self.auto_mkdir and parent:
+            self.client.makedirs(parent, exist_ok=True)
 
     # ----- paths -----------------------------------------------------
 
@@ -177,9 +188,6 @@ class ChfsFileSystem(AbstractFileSystem):
         else:
             self.client.remove(path)
 
-    def rm_file(self, path):
-        self.client.remove(self._strip_protocol(path))
-
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
         """A rename when moving one existing path (a whole tree at once);
         fsspec's copy-and-delete otherwise (lists, globs)."""
@@ -206,6 +214,7 @@ class ChfsFileSystem(AbstractFileSystem):
         if self.client.isdir(path1):
             self.client.makedirs(path2, exist_ok=True)
             return
+        self._parents(path2)
         with self.client.open(path1, "rb", buffering=0) as src, self.client.open(
             path2, "wb", buffering=0
         ) as dst:
@@ -222,6 +231,7 @@ class ChfsFileSystem(AbstractFileSystem):
     def touch(self, path, truncate=True, **kwargs):
         path = self._strip_protocol(path)
         if truncate or not self.client.exists(path):
+            self._parents(path)
             with self.client.open(path, "wb"):
                 pass
         else:
@@ -242,4 +252,6 @@ class ChfsFileSystem(AbstractFileSystem):
         if not autocommit:
             raise NotImplementedError("chfs: transactions (autocommit=False)")
         buffering = -1 if block_size in (None, "default") else int(block_size)
+        if any(c in mode for c in "wxa"):
+            self._parents(path)
         return self.client.open(path, mode, buffering=buffering)

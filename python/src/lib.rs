@@ -20,8 +20,8 @@ use std::sync::{Mutex, RwLock};
 
 use chfs_client::{ClientConfig, DirEntry, Stat, Whence};
 use pyo3::exceptions::{PyOSError, PyValueError};
-use pyo3::prelude::*;
 use pyo3::ffi;
+use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 type CResult<T> = chfs_client::Result<T>;
@@ -85,8 +85,8 @@ impl PyClient {
         }
         let mut g = self.live.write().unwrap_or_else(|e| e.into_inner());
         if g.pid != pid {
-            let client = chfs_client::Client::connect(self.cfg.clone())
-                .map_err(|e| os_error(e, None))?;
+            let client =
+                chfs_client::Client::connect(self.cfg.clone()).map_err(|e| os_error(e, None))?;
             let old = std::mem::replace(&mut g.client, client);
             // The parent's connections are shared sockets: closing them
             // here would cut the parent off. Leak them.
@@ -168,7 +168,9 @@ impl PyClient {
     /// `(name, status)` of every entry of a directory, sorted by name.
     fn readdir(&self, py: Python<'_>, path: &str) -> PyResult<Vec<(String, StatTuple)>> {
         let v: Vec<DirEntry> = self.call(py, Some(path), |c| c.readdir(path))?;
-        Ok(v.iter().map(|e| (e.name.clone(), stat_tuple(&e.stat))).collect())
+        Ok(v.iter()
+            .map(|e| (e.name.clone(), stat_tuple(&e.stat)))
+            .collect())
     }
 
     /// Every entry below the directory `path` (not `path` itself), walked
@@ -210,7 +212,10 @@ impl PyClient {
             .into_iter()
             .map(|w| (w.dir, w.error.errno(), w.error.message().to_string()))
             .collect();
-        Ok((found.into_inner().unwrap_or_else(|p| p.into_inner()), errors))
+        Ok((
+            found.into_inner().unwrap_or_else(|p| p.into_inner()),
+            errors,
+        ))
     }
 
     /// Creates a directory.
@@ -378,7 +383,14 @@ impl View {
         // without WRITABLE) asks for a C-contiguous buffer of bytes.
         let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), flags) };
         if rc != 0 {
-            return Err(PyErr::fetch(obj.py()));
+            let e = PyErr::fetch(obj.py());
+            if writable && e.is_instance_of::<pyo3::exceptions::PyBufferError>(obj.py()) {
+                // As FileIO.readinto says it.
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "readinto() argument must be read-write bytes-like object: {e}"
+                )));
+            }
+            return Err(e);
         }
         // SAFETY: filled in by the successful PyObject_GetBuffer above.
         let view = unsafe { view.assume_init() };

@@ -5,6 +5,7 @@ stopped by its recorded PID at the end."""
 import os
 import pathlib
 import signal
+import stat
 import subprocess
 import uuid
 
@@ -79,7 +80,7 @@ def tmp(client):
     client.mkdir(d)
     yield d
     for p in sorted(client.find(d, dirs=True), key=len, reverse=True):
-        if client.isdir(p):
+        if stat.S_ISDIR(client.lstat(p).st_mode):
             client.rmdir(p)
         else:
             client.remove(p)
