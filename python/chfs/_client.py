@@ -49,6 +49,14 @@ def _stat_result(t) -> os.stat_result:
     )
 
 
+def _raise_walk_errors(errs) -> None:
+    """The first error of a walk that is not a directory removed while it
+    was walked (ENOENT)."""
+    for d, errno, msg in errs:
+        if errno != _errno.ENOENT:
+            raise OSError(errno, msg, d)
+
+
 class StatFs(NamedTuple):
     """Capacity of the pool, summed over its servers."""
 
@@ -436,17 +444,37 @@ class Client:
         directory in parallel (the walk of chfind) without the GIL.
         Directories that cannot be read raise their error (one removed
         during the walk is skipped)."""
-        if maxdepth is not None and maxdepth < 1:
-            raise ValueError("maxdepth must be at least 1")
-        entries, errs = self._c.find(path, maxdepth, threads)
-        for d, errno, msg in errs:
-            if errno != _errno.ENOENT:  # ENOENT: removed during the walk
-                raise OSError(errno, msg, d)
         out = {}
-        for p, st in sorted(entries):
+        for p, st in sorted(self._find(path, maxdepth, threads)):
             if dirs or not _stat.S_ISDIR(st[0]):
                 out[p] = _stat_result(st)
         return out
+
+    def find_paths(
+        self,
+        path: str = "/",
+        maxdepth: int | None = None,
+        *,
+        dirs: bool = False,
+        threads: int = 0,
+    ) -> list[str]:
+        """The paths :meth:`find` would return, sorted, without their
+        status (the fastest listing of a tree: only names cross into
+        Python)."""
+        if maxdepth is not None and maxdepth < 1:
+            raise ValueError("maxdepth must be at least 1")
+        paths, errs = self._c.find_paths(path, maxdepth, dirs, threads)
+        _raise_walk_errors(errs)
+        return paths
+
+    def _find(self, path: str, maxdepth: int | None, threads: int = 0) -> list:
+        """``(path, status tuple)`` below ``path``, unsorted (see
+        :meth:`find`)."""
+        if maxdepth is not None and maxdepth < 1:
+            raise ValueError("maxdepth must be at least 1")
+        entries, errs = self._c.find(path, maxdepth, threads)
+        _raise_walk_errors(errs)
+        return entries
 
     def mkdir(self, path: str, mode: int = 0o777) -> None:
         """Creates a directory (``mode`` less the process's umask)."""

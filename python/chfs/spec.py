@@ -22,7 +22,7 @@ import stat as _stat
 
 from fsspec.spec import AbstractFileSystem
 
-from ._client import Client
+from ._client import Client, _stat_result
 
 
 def _info(path: str, st: os.stat_result, target: os.stat_result | None = None) -> dict:
@@ -130,22 +130,24 @@ class ChfsFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
-        out = {}
         try:
             st = self.client.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return {} if detail else []
         if not _stat.S_ISDIR(st.st_mode):
-            out[path] = self.info(path)
+            return {path: self.info(path)} if detail else [path]
+        if not detail:  # only names cross into Python, sorted natively
+            paths = self.client.find_paths(path, maxdepth, dirs=withdirs)
+            if withdirs:  # fsspec lists the directory itself
+                paths.insert(0, path)  # every other path sorts after it
+            return paths
+        found = self.client._find(path, maxdepth)
+        if not withdirs:
+            found = [(p, s) for p, s in found if not _stat.S_ISDIR(s[0])]
         else:
-            if withdirs:
-                out[path] = _info(path, st)
-            found = self.client.find(path, maxdepth, dirs=withdirs)
-            for p, s in found.items():
-                out[p] = _info(p, s)
-        if detail:
-            return out
-        return list(out)
+            found.append((path, None))  # fsspec lists the directory itself
+        found.sort()
+        return {p: _info(p, st if s is None else _stat_result(s)) for p, s in found}
 
     def exists(self, path, **kwargs):
         return self.client.exists(self._strip_protocol(path))

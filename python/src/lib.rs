@@ -192,11 +192,7 @@ impl PyClient {
         let root = chfs_proto::path::normalize(path)
             .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
         let depth0 = components(&root);
-        let threads = if threads == 0 {
-            (c.server_count() * 4).clamp(4, 64)
-        } else {
-            threads
-        };
+        let threads = walk_threads(&c, threads);
         let found = Mutex::new(Vec::new());
         let errors = py.detach(|| {
             c.walk_parallel(&root, threads, &|_| true, &|full, e| {
@@ -208,14 +204,50 @@ impl PyClient {
                 maxdepth.is_none_or(|m| depth < m)
             })
         });
-        let errors = errors
-            .into_iter()
-            .map(|w| (w.dir, w.error.errno(), w.error.message().to_string()))
-            .collect();
+        let errors = walk_errors(errors);
         Ok((
             found.into_inner().unwrap_or_else(|p| p.into_inner()),
             errors,
         ))
+    }
+
+    /// The paths below the directory `path`, sorted, as [`PyClient::find`]
+    /// walks them: regular files and everything else but directories, and
+    /// directories too with `withdirs` (fsspec's `find` without details:
+    /// no status crosses into Python). Returns `(paths, errors)`.
+    #[pyo3(signature = (path, maxdepth=None, withdirs=false, threads=0))]
+    #[allow(clippy::type_complexity)]
+    fn find_paths(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        maxdepth: Option<usize>,
+        withdirs: bool,
+        threads: usize,
+    ) -> PyResult<(Vec<String>, Vec<(String, i32, String)>)> {
+        let (c, _) = self.get()?;
+        let root = chfs_proto::path::normalize(path)
+            .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
+        let threads = walk_threads(&c, threads);
+        let depth0 = components(&root);
+        let found = Mutex::new(Vec::new());
+        let (mut paths, errors) = py.detach(|| {
+            let errors = c.walk_parallel(&root, threads, &|_| true, &|full, e| {
+                let dir = e.stat.is_dir();
+                if withdirs || !dir {
+                    found
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(full.to_string());
+                }
+                maxdepth.is_none_or(|m| components(full) - depth0 < m)
+            });
+            let mut paths = found.into_inner().unwrap_or_else(|p| p.into_inner());
+            paths.sort_unstable();
+            (paths, errors)
+        });
+        paths.shrink_to_fit();
+        Ok((paths, walk_errors(errors)))
     }
 
     /// Creates a directory.
@@ -354,6 +386,23 @@ impl PyClient {
             pos: AtomicU64::new(0),
         })
     }
+}
+
+/// Threads of a parallel walk: `n`, or 0 for 4 per server (4 to 64), as
+/// chfind.
+fn walk_threads(c: &chfs_client::Client, n: usize) -> usize {
+    if n == 0 {
+        (c.server_count() * 4).clamp(4, 64)
+    } else {
+        n
+    }
+}
+
+fn walk_errors(errors: Vec<chfs_client::WalkError>) -> Vec<(String, i32, String)> {
+    errors
+        .into_iter()
+        .map(|w| (w.dir, w.error.errno(), w.error.message().to_string()))
+        .collect()
 }
 
 fn components(p: &str) -> usize {

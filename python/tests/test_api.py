@@ -292,7 +292,10 @@ def test_find_lists_every_entry_once_with_maxdepth(client, tmp):
     found = client.find(tmp)
     assert list(found) == sorted(names)
     assert all(found[p].st_size == int(p.rsplit("f", 1)[1]) for p in found)
+    assert client.find_paths(tmp) == list(found)
     with_dirs = client.find(tmp, dirs=True)
+    assert client.find_paths(tmp, dirs=True) == list(with_dirs)
+    assert client.find_paths(tmp, 1, dirs=True) == [f"{tmp}/d{i}" for i in range(6)]
     assert set(with_dirs) - set(found) == {f"{tmp}/d{i}" for i in range(6)} | {
         f"{tmp}/d{i}/s" for i in range(6)
     }

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Benchmark of the chfs Python package against the Rust client and a
+chfuse mount, on a local pool it starts (release builds of chfsd,
+chfs-localpool, chfuse and the client's `seqbw` example).
+
+1. Sequential 1 MiB writes then reads of one file from Python (raw
+   ``readinto``/``write`` and the default buffered ``read``), and the same
+   from the Rust client (``seqbw``), alternating, best of N each.
+2. ``fsspec.filesystem("chfs").find`` over a tree of N entries against
+   ``os.walk`` over the same tree through a chfuse mount of the pool.
+
+    cargo build --release -p chfs-server -p chfs-localpool -p chfs-fuse \\
+        -p chfs-client --example seqbw
+    python3 -m pip install ./python
+    python3 python/bench.py [--size-mib 1024] [--entries 100000] [--json out.json]
+
+Prints a table and, with --json, the figures. Needs FUSE 3 (fusermount3) for
+the mount; --no-mount skips that comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def tool(bin_dir: pathlib.Path, name: str) -> str:
+    for p in (bin_dir / name, bin_dir / "examples" / name):
+        if p.is_file():
+            return str(p)
+    sys.exit(f"bench: {name} not found in {bin_dir}: build it (see --help)")
+
+
+class Pool:
+    """chfs-localpool in the background, stopped by its PID."""
+
+    def __init__(self, bin_dir: pathlib.Path, servers: int):
+        self.proc = subprocess.Popen(
+            [tool(bin_dir, "chfs-localpool"), "-n", str(servers)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.env = {}
+        for line in self.proc.stdout:
+            for part in line.split(";"):
+                k, _, v = part.strip().partition("=")
+                if k in ("CHFS_SERVER", "CHFS_SECRET_FILE"):
+                    self.env[k] = v
+            if "CHFS_SECRET_FILE" in self.env:
+                break
+        if "CHFS_SERVER" not in self.env:
+            self.stop()
+            sys.exit("bench: chfs-localpool did not start")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+            self.proc.wait(timeout=60)
+
+
+def py_seq(client, path: str, size_mib: int, buffered: bool) -> tuple[float, float]:
+    """MiB/s of sequential 1 MiB writes, then reads, from Python."""
+    block = bytes((i * 7 + 1) & 0xFF for i in range(1 << 20))
+    t = time.perf_counter()
+    with client.open(path, "wb", buffering=-1 if buffered else 0) as f:
+        for _ in range(size_mib):
+            f.write(block)
+    w = time.perf_counter() - t
+    t = time.perf_counter()
+    got = 0
+    if buffered:
+        with client.open(path, "rb") as f:
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                got += len(b)
+    else:
+        buf = bytearray(1 << 20)
+        with client.open(path, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                got += n
+    r = time.perf_counter() - t
+    assert got == size_mib << 20, (got, size_mib)
+    return size_mib / w, size_mib / r
+
+
+def rust_seq(seqbw: str, path: str, size_mib: int) -> tuple[float, float]:
+    out = subprocess.run(
+        [seqbw, path, str(size_mib), "1024"], check=True, capture_output=True, text=True
+    ).stdout
+    d = json.loads(out)
+    return d["write_mib_s"], d["read_mib_s"]
+
+
+def make_tree(client, root: str, entries: int, per_dir: int = 1000) -> int:
+    """`entries` entries below `root`: directories of `per_dir` files each
+    (the directories count as entries)."""
+    client.makedirs(root, exist_ok=True)
+    dirs = max(1, entries // (per_dir + 1))
+    files = entries - dirs
+
+    def fill(d: int) -> None:
+        dp = f"{root}/d{d:04}"
+        client.mkdir(dp)
+        n = files // dirs + (1 if d < files % dirs else 0)
+        for i in range(n):
+            with client.open(f"{dp}/f{i:05}", "wb", buffering=0):
+                pass
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        list(ex.map(fill, range(dirs)))
+    return dirs + files
+
+
+def timed(f, repeat: int):
+    best, out = None, None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = f()
+        dt = time.perf_counter() - t
+        best = dt if best is None else min(best, dt)
+    return best, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    ap.add_argument("--bin-dir", type=pathlib.Path, default=target / "release")
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--no-mount", action="store_true")
+    ap.add_argument("--json", type=pathlib.Path)
+    a = ap.parse_args()
+
+    pool = Pool(a.bin_dir, a.servers)
+    os.environ.update(pool.env)
+    mnt = None
+    fuse = None
+    results: dict = {"servers": a.servers, "size_mib": a.size_mib, "entries": a.entries}
+    try:
+        import chfs
+        import fsspec
+
+        client = chfs.Client()
+        seqbw = tool(a.bin_dir, "seqbw")
+        runs = {"rust": [], "python raw": [], "python buffered": []}
+        for _ in range(a.repeat):
+            runs["rust"].append(rust_seq(seqbw, "/seq-rust", a.size_mib))
+            client.remove("/seq-rust")
+            runs["python raw"].append(py_seq(client, "/seq-py", a.size_mib, False))
+            client.remove("/seq-py")
+            runs["python buffered"].append(py_seq(client, "/seq-py", a.size_mib, True))
+            client.remove("/seq-py")
+        seq = {k: (max(w for w, _ in v), max(r for _, r in v)) for k, v in runs.items()}
+        results["seq_mib_s"] = {k: {"write": w, "read": r} for k, (w, r) in seq.items()}
+
+        t = time.perf_counter()
+        n = make_tree(client, "/tree", a.entries)
+        results["tree_create_s"] = time.perf_counter() - t
+        fs = fsspec.filesystem("chfs")
+        t_find, found = timed(lambda: fs.find("/tree", withdirs=True), a.repeat)
+        assert len(found) == n + 1, (len(found), n)
+        results["fsspec_find_s"] = t_find
+        t_cfind, _ = timed(lambda: client.find("/tree", dirs=True), a.repeat)
+        results["client_find_s"] = t_cfind
+        t_pywalk, walked = timed(
+            lambda: sum(len(d) + len(f) for _, d, f in client.walk("/tree")), a.repeat
+        )
+        assert walked == n, (walked, n)
+        results["client_walk_s"] = t_pywalk
+        if not a.no_mount:
+            mnt = tempfile.mkdtemp(prefix="chfs-bench-mnt-")
+            subprocess.run([tool(a.bin_dir, "chfuse"), mnt], check=True, env=os.environ)
+            fuse = mnt
+
+            def walk_mount():
+                return sum(len(d) + len(f) for _, d, f in os.walk(f"{mnt}/tree"))
+
+            t_walk, walked = timed(walk_mount, a.repeat)
+            assert walked == n, (walked, n)
+            results["os_walk_mount_s"] = t_walk
+    finally:
+        if fuse:
+            subprocess.run(["fusermount3", "-u", fuse], check=False)
+        if mnt:
+            for _ in range(50):
+                try:
+                    os.rmdir(mnt)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        pool.stop()
+
+    rust_w, rust_r = seq["rust"]
+    print(f"\nchfs Python package vs Rust client, {a.servers} local servers, "
+          f"{a.size_mib} MiB file, 1 MiB requests, best of {a.repeat}")
+    print(f"{'':<22}{'write MiB/s':>14}{'read MiB/s':>14}{'write % Rust':>14}{'read % Rust':>13}")
+    for k, (w, r) in seq.items():
+        print(f"{k:<22}{w:>14.0f}{r:>14.0f}{100 * w / rust_w:>13.0f}%{100 * r / rust_r:>12.0f}%")
+    print(f"\nlisting {n} entries (tree made in {results['tree_create_s']:.1f} s), best of {a.repeat}")
+    print(f"{'fsspec fs.find':<34}{t_find:>8.3f} s")
+    print(f"{'chfs.Client.find':<34}{t_cfind:>8.3f} s")
+    print(f"{'chfs.Client.walk (one dir a time)':<34}{t_pywalk:>8.3f} s")
+    if "os_walk_mount_s" in results:
+        t_walk = results["os_walk_mount_s"]
+        print(f"{'os.walk over the chfuse mount':<34}{t_walk:>8.3f} s")
+        print(f"fs.find is {t_walk / t_find:.1f}x faster than os.walk over the mount")
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
