@@ -33,6 +33,9 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The installed package, not python/chfs beside this script (which has no
+# native module unless built in place).
+sys.path = [p for p in sys.path if pathlib.Path(p or ".").resolve() != REPO / "python"]
 
 
 def tool(bin_dir: pathlib.Path, name: str) -> str:
