@@ -164,13 +164,18 @@ def main() -> None:
         client = chfs.Client()
         seqbw = tool(a.bin_dir, "seqbw")
         runs = {"rust": [], "python raw": [], "python buffered": []}
-        for _ in range(a.repeat):
-            runs["rust"].append(rust_seq(seqbw, "/seq-rust", a.size_mib))
-            client.remove("/seq-rust")
-            runs["python raw"].append(py_seq(client, "/seq-py", a.size_mib, False))
-            client.remove("/seq-py")
-            runs["python buffered"].append(py_seq(client, "/seq-py", a.size_mib, True))
-            client.remove("/seq-py")
+        order = [
+            ("rust", lambda: rust_seq(seqbw, "/seq", a.size_mib)),
+            ("python raw", lambda: py_seq(client, "/seq", a.size_mib, False)),
+            ("python buffered", lambda: py_seq(client, "/seq", a.size_mib, True)),
+        ]
+        py_seq(client, "/seq", a.size_mib, False)  # warm-up: the servers' memory
+        client.remove("/seq")
+        for rep in range(a.repeat):
+            # A different one first in every round: no order favours one.
+            for name, run in order[rep % 3 :] + order[: rep % 3]:
+                runs[name].append(run())
+                client.remove("/seq")
         seq = {k: (max(w for w, _ in v), max(r for _, r in v)) for k, v in runs.items()}
         results["seq_mib_s"] = {k: {"write": w, "read": r} for k, (w, r) in seq.items()}
 

@@ -74,8 +74,9 @@ struct PyClient {
 
 impl PyClient {
     /// The client of this process and its generation; a forked child
-    /// connects anew (once).
-    fn get(&self) -> PyResult<(chfs_client::Client, u64)> {
+    /// connects anew (once), without the GIL and without holding a lock
+    /// meanwhile.
+    fn get(&self, py: Python<'_>) -> PyResult<(chfs_client::Client, u64)> {
         let pid = std::process::id();
         {
             let g = self.live.read().unwrap_or_else(|e| e.into_inner());
@@ -83,17 +84,21 @@ impl PyClient {
                 return Ok((g.client.clone(), g.gen));
             }
         }
+        let cfg = self.cfg.clone();
+        let fresh = py
+            .detach(|| chfs_client::Client::connect(cfg))
+            .map_err(|e| os_error(e, None))?;
         let mut g = self.live.write().unwrap_or_else(|e| e.into_inner());
         if g.pid != pid {
-            let client =
-                chfs_client::Client::connect(self.cfg.clone()).map_err(|e| os_error(e, None))?;
-            let old = std::mem::replace(&mut g.client, client);
+            let old = std::mem::replace(&mut g.client, fresh);
             // The parent's connections are shared sockets: closing them
             // here would cut the parent off. Leak them.
             std::mem::forget(old);
             g.pid = pid;
             g.gen += 1;
         }
+        // Else another thread connected first: `fresh` (this process's
+        // own) is dropped.
         Ok((g.client.clone(), g.gen))
     }
 
@@ -104,7 +109,7 @@ impl PyClient {
         path: Option<&str>,
         f: impl FnOnce(&chfs_client::Client) -> CResult<T> + Send,
     ) -> PyResult<T> {
-        let (c, _) = self.get()?;
+        let (c, _) = self.get(py)?;
         py.detach(|| f(&c)).map_err(|e| os_error(e, path))
     }
 }
@@ -151,8 +156,8 @@ impl PyClient {
     }
 
     /// Addresses of the pool's servers, in placement order.
-    fn servers(&self) -> PyResult<Vec<String>> {
-        Ok(self.get()?.0.servers())
+    fn servers(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        Ok(self.get(py)?.0.servers())
     }
 
     /// Status of `path`, following a final symbolic link.
@@ -188,7 +193,7 @@ impl PyClient {
         maxdepth: Option<usize>,
         threads: usize,
     ) -> PyResult<(Vec<(String, StatTuple)>, Vec<(String, i32, String)>)> {
-        let (c, _) = self.get()?;
+        let (c, _) = self.get(py)?;
         let root = chfs_proto::path::normalize(path)
             .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
         let depth0 = components(&root);
@@ -225,7 +230,7 @@ impl PyClient {
         withdirs: bool,
         threads: usize,
     ) -> PyResult<(Vec<String>, Vec<(String, i32, String)>)> {
-        let (c, _) = self.get()?;
+        let (c, _) = self.get(py)?;
         let root = chfs_proto::path::normalize(path)
             .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
         let threads = walk_threads(&c, threads);
@@ -364,7 +369,7 @@ impl PyClient {
     ) -> PyResult<PyFile> {
         let py = slf.py();
         let this = slf.get();
-        let (c, gen) = this.get()?;
+        let (c, gen) = this.get(py)?;
         let cfd = py
             .detach(|| {
                 if chunk_size > 0 {
@@ -527,24 +532,37 @@ struct PyFile {
 
 impl PyFile {
     /// The client and this file's descriptor in it, reopened in a forked
-    /// child (at the position, kept here, that it had).
+    /// child (at the position, kept here, that it had). No lock is held
+    /// while the GIL is released (a thread waiting for the lock with the
+    /// GIL would deadlock with one waiting for the GIL with the lock).
     fn fd(&self, py: Python<'_>) -> PyResult<(chfs_client::Client, i32)> {
-        let (c, gen) = self.client.get().get()?;
+        let (c, gen) = self.client.get().get(py)?;
+        {
+            let h = self.h.lock().unwrap_or_else(|e| e.into_inner());
+            if h.closed {
+                return Err(PyValueError::new_err("I/O operation on closed file"));
+            }
+            if h.gen == gen {
+                return Ok((c, h.cfd));
+            }
+        }
+        let flags = self.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+        let c2 = c.clone();
+        let cfd = py
+            .detach(|| c2.open(&self.path, flags, 0))
+            .map_err(|e| os_error(e, Some(&self.path)))?;
         let mut h = self.h.lock().unwrap_or_else(|e| e.into_inner());
-        if h.closed {
-            return Err(PyValueError::new_err("I/O operation on closed file"));
+        if h.gen == gen || h.closed {
+            // Another thread reopened (or closed) it meanwhile.
+            let _ = c.close(cfd);
+            if h.closed {
+                return Err(PyValueError::new_err("I/O operation on closed file"));
+            }
+            return Ok((c, h.cfd));
         }
-        if h.gen != gen {
-            let flags = self.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
-            let path = self.path.clone();
-            let c2 = c.clone();
-            let cfd = py
-                .detach(move || c2.open(&path, flags, 0))
-                .map_err(|e| os_error(e, Some(&self.path)))?;
-            h.gen = gen;
-            h.cfd = cfd;
-        }
-        Ok((c, h.cfd))
+        h.gen = gen;
+        h.cfd = cfd;
+        Ok((c, cfd))
     }
 
     fn err(&self, e: chfs_client::Error) -> PyErr {
@@ -704,7 +722,7 @@ impl PyFile {
     /// Closes the file, publishing its size; the first write error is
     /// reported here. Closing twice is no error.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let (c, gen) = self.client.get().get()?;
+        let (c, gen) = self.client.get().get(py)?;
         let (cfd, mine) = {
             let mut h = self.h.lock().unwrap_or_else(|e| e.into_inner());
             if h.closed {

@@ -199,3 +199,43 @@ def test_multiprocessing_readers_through_fsspec(client, tmp, method):
         want.append(hashlib.sha256(data).hexdigest())
     with mp.get_context(method).Pool(2) as p:
         assert p.map(_fsspec_worker, [(fs, x) for x in paths]) == want
+
+
+def test_threads_of_a_forked_child_reopen_an_inherited_file_together(client, tmp):
+    """Several threads of a child use a file opened before the fork at
+    once: each may find it needs reopening; none may deadlock on another
+    (a lock held while the GIL is released)."""
+    p = f"{tmp}/inherited"
+    with client.open(p, "wb") as f:
+        f.write(b"z" * 1000)
+    f = client.open(p, "rb", buffering=0)
+    pid = os.fork()
+    if pid == 0:
+        ok = 1
+        try:
+            sizes = []
+
+            def use():
+                for _ in range(20):
+                    sizes.append(f.fstat().st_size)
+
+            ts = [threading.Thread(target=use) for _ in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            ok = 0 if sizes == [1000] * 80 else 1
+        finally:
+            os._exit(ok)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child's threads deadlocked")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+    f.close()
