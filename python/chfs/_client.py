@@ -17,9 +17,11 @@ from typing import Iterator, NamedTuple
 from . import _chfs
 
 #: Buffer size of the buffered io objects :meth:`Client.open` returns when
-#: ``buffering`` is -1. Reads and writes of this size or more go straight
-#: between the caller's memory and the servers.
-DEFAULT_BUFFER_SIZE = 1 << 20
+#: ``buffering`` is -1: four 64 KiB chunks, sent in one pipelined call.
+#: Reads and writes larger than this go straight between the caller's
+#: memory and the servers (io.Buffered* copy a request of exactly the
+#: buffer's size through the buffer).
+DEFAULT_BUFFER_SIZE = 256 << 10
 
 
 def _umask() -> int:
