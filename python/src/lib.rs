@@ -521,7 +521,7 @@ struct Handle {
 /// An open file of the pool (the raw layer of `chfs.open`'s io objects).
 /// Reads and writes start at the file's position and advance it
 /// (`O_APPEND` writes go to the end, chosen by the server).
-#[pyclass(module = "chfs._chfs", name = "File")]
+#[pyclass(frozen, module = "chfs._chfs", name = "File")]
 struct PyFile {
     client: Py<PyClient>,
     path: String,
