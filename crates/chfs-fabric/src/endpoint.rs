@@ -42,6 +42,11 @@ pub struct Config {
     pub cq_size: usize,
     /// Bytes the registration cache may hold registered (default 256 MiB).
     pub cache_limit: usize,
+    /// For how long after a completion a waiter reads the queue without
+    /// sleeping, in microseconds (default 0: it blocks at once; a
+    /// provider without a wait object spins at least 200 us). Like
+    /// `CHFS_POLL_USEC`, this trades CPU for latency.
+    pub poll_usec: u64,
 }
 
 impl Config {
@@ -55,6 +60,7 @@ impl Config {
             max_message: 64 * 1024 + 4096,
             cq_size: 0,
             cache_limit: 256 << 20,
+            poll_usec: 0,
         }
     }
 
@@ -171,6 +177,11 @@ pub struct Endpoint {
     writes: AtomicU64,
     timeouts: AtomicU64,
     reg_fallbacks: AtomicU64,
+    /// When the endpoint was opened, and the last completion since (ns).
+    born: Instant,
+    last_event: AtomicU64,
+    /// How long after a completion waiters read without sleeping.
+    spin: Duration,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -217,6 +228,7 @@ impl Endpoint {
             cfg.service.as_deref(),
         )?;
         let ep = Ep::open(&domain, cfg.cq_size)?;
+        let ep_wait = ep.wait_kind();
         let raw = ep.name()?;
         let endpoint = Endpoint {
             cache: RegCache::new(&domain, cfg.cache_limit),
@@ -234,6 +246,14 @@ impl Endpoint {
             writes: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             reg_fallbacks: AtomicU64::new(0),
+            born: Instant::now(),
+            last_event: AtomicU64::new(0),
+            spin: Duration::from_micros(match ep_wait {
+                // Without a wait object, at least 200 us: a sleep costs
+                // 60 us or more.
+                WaitKind::Sleep => cfg.poll_usec.max(200),
+                WaitKind::Fd => cfg.poll_usec,
+            }),
         };
         {
             let mut st = endpoint.lock();
@@ -623,12 +643,32 @@ impl Endpoint {
         }
         st.polling = true;
         drop(st);
-        let ms = left.as_millis().clamp(1, MAX_POLL_MS as u128) as i32;
         let mut comps: Vec<Completion> = Vec::new();
-        let r = self.ep.poll(&mut comps, 64, ms);
-        if r.as_ref().is_ok_and(|&n| n == 0) && self.ep.wait_kind() == WaitKind::Sleep {
-            // No wait object: sleep a little (idle cost: a read per 2 ms).
-            std::thread::sleep(left.min(Duration::from_millis(2)));
+        let since = self.since_event();
+        let r = if since < self.spin {
+            // Soon after the last completion: read again without sleeping,
+            // yielding the CPU to anything else that wants it.
+            let r = self.ep.poll(&mut comps, 64, 0);
+            if r.as_ref().is_ok_and(|&n| n == 0) {
+                std::thread::yield_now();
+            }
+            r
+        } else if self.ep.wait_kind() == WaitKind::Fd {
+            let ms = left.as_millis().clamp(1, MAX_POLL_MS as u128) as i32;
+            self.ep.poll(&mut comps, 64, ms)
+        } else {
+            // No wait object: read, then sleep an eighth of the quiet time
+            // so far (at most 5 ms: an idle endpoint reads its queue 200
+            // times a second; a message after a long quiet waits up to that).
+            let r = self.ep.poll(&mut comps, 64, 0);
+            if r.as_ref().is_ok_and(|&n| n == 0) {
+                let nap = (since / 8).clamp(Duration::from_micros(20), Duration::from_millis(5));
+                std::thread::sleep(left.min(nap));
+            }
+            r
+        };
+        if !comps.is_empty() {
+            self.mark_event();
         }
         let mut st = self.lock();
         st.polling = false;
@@ -642,6 +682,16 @@ impl Endpoint {
         self.cv.notify_all();
         r?;
         Ok(st)
+    }
+
+    fn since_event(&self) -> Duration {
+        let last = Duration::from_nanos(self.last_event.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(last)
+    }
+
+    fn mark_event(&self) {
+        let now = self.born.elapsed().as_nanos() as u64;
+        self.last_event.store(now, Ordering::Relaxed);
     }
 
     fn file(&self, st: &mut State, c: Completion) {
