@@ -287,6 +287,29 @@ pub fn libfabric_version() -> Option<String> {
     None
 }
 
+/// 64 random bits from the kernel (`getrandom(2)`).
+pub(crate) fn random_u64() -> Result<u64> {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writes at most the remaining bytes of `b`.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::Call {
+                call: "getrandom",
+                code: e.raw_os_error().unwrap_or(libc::EIO),
+                message: e.to_string(),
+            });
+        }
+        got += n as usize;
+    }
+    Ok(u64::from_le_bytes(b))
+}
+
 fn call_err(call: &'static str, ret: i64) -> Error {
     let code = i32::try_from(-ret).unwrap_or(i32::MAX);
     Error::Call {

@@ -26,6 +26,7 @@ mod error;
 // open endpoint reaches is unused there.
 #[cfg_attr(not(chfs_libfabric), allow(dead_code, unused_imports))]
 mod ffi;
+pub mod rpc;
 
 pub use addr::{Address, Protocol};
 pub use cache::{CacheStats, RegCache, Registered};
