@@ -329,6 +329,17 @@ impl Endpoint {
         Window::new(self.ep.domain(), len)
     }
 
+    /// Lets peers read `buf` with RMA while `f` runs (registered for the
+    /// call, closed before it returns).
+    pub fn expose<R>(&self, buf: &[u8], f: impl FnOnce(RemoteKey) -> R) -> Result<R> {
+        ffi::expose(self.ep.domain(), buf, f)
+    }
+
+    /// Lets peers write `buf` with RMA while `f` runs.
+    pub fn expose_mut<R>(&self, buf: &mut [u8], f: impl FnOnce(RemoteKey) -> R) -> Result<R> {
+        ffi::expose_mut(self.ep.domain(), buf, f)
+    }
+
     /// The registration of `buf` through the cache.
     pub fn register<B: StableBuf>(&self, buf: B) -> Result<Registered> {
         self.cache.get(buf).map_err(|(e, _)| e)

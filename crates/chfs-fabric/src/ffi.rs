@@ -795,6 +795,57 @@ impl Drop for Pinned {
     }
 }
 
+/// A registration closed when dropped (also when the closure that holds
+/// it panics).
+struct Exposure(RawMr);
+
+impl Drop for Exposure {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Lets peers read `buf` with RMA while `f` runs: registers it for remote
+/// reads, hands `f` the key, and closes the registration before
+/// returning, so no peer reaches the memory after the borrow ends.
+pub fn expose<R>(domain: &Arc<Domain>, buf: &[u8], f: impl FnOnce(RemoteKey) -> R) -> Result<R> {
+    if buf.is_empty() {
+        return Err(Error::InvalidInput("exposing an empty buffer".into()));
+    }
+    let mr = Exposure(domain.register(buf.as_ptr(), buf.len(), FI_REMOTE_READ)?);
+    let key = RemoteKey {
+        addr: domain.remote_addr(buf.as_ptr(), 0),
+        len: buf.len() as u64,
+        key: mr.0.key,
+    };
+    let r = f(key);
+    drop(mr);
+    Ok(r)
+}
+
+/// Lets peers write (and read) `buf` with RMA while `f` runs; as
+/// [`expose`]. `f` cannot reach `buf` (it is borrowed here), so the
+/// peer's writes race with nothing.
+pub fn expose_mut<R>(
+    domain: &Arc<Domain>,
+    buf: &mut [u8],
+    f: impl FnOnce(RemoteKey) -> R,
+) -> Result<R> {
+    if buf.is_empty() {
+        return Err(Error::InvalidInput("exposing an empty buffer".into()));
+    }
+    let ptr = buf.as_mut_ptr();
+    let mr = Exposure(domain.register(ptr, buf.len(), FI_REMOTE_READ | FI_REMOTE_WRITE)?);
+    let key = RemoteKey {
+        addr: domain.remote_addr(ptr, 0),
+        len: buf.len() as u64,
+        key: mr.0.key,
+    };
+    let r = f(key);
+    drop(mr);
+    Ok(r)
+}
+
 /// Local memory for an operation: a buffer moved in, or a shared
 /// registration.
 pub enum Local {

@@ -13,9 +13,17 @@
 //! (token 0) carries the client's address, and the `WELCOME` answer the
 //! token the server drew for it. Replies are routed to their callers by
 //! frame id: one thread at a time reads the endpoint and files the
-//! replies of the others (the client's leader/follower pattern). Not yet
-//! here: the challenge-response handshake of `chfs_proto::handshake` (it
-//! will run over HELLO/WELCOME), RMA above `CHFS_RDMA_THRESH`.
+//! replies of the others (the client's leader/follower pattern).
+//!
+//! Bulk data of at least `CHFS_RDMA_THRESH` bytes (32 KiB, CHFS's
+//! default) moves by RMA that the server initiates, as Mercury's bulk
+//! transfers do: the client exposes its memory for the call
+//! ([`Endpoint::expose`]) and the request carries [`FLAG_RMA`] and the
+//! [`RemoteKey`] at the end of its payload; for a `Write` the server reads
+//! the data from the client, for a `Read` it writes the data into the
+//! client's buffer and answers `Written(n)`. Not yet here: the
+//! challenge-response handshake of `chfs_proto::handshake` (it will run
+//! over HELLO/WELCOME).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +38,7 @@ use chfs_proto::{ErrorReply, ProtoError, Request, Response};
 use crate::addr::Address;
 use crate::endpoint::{Endpoint, Peer};
 use crate::error::Error;
+use crate::ffi::{Buffer, Local, RemoteKey};
 
 /// Length of the session token in front of each frame.
 pub const TOKEN_LEN: usize = 8;
@@ -37,6 +46,13 @@ pub const TOKEN_LEN: usize = 8;
 pub const OP_HELLO: u16 = 0xff00;
 /// Control op of the server's answer: the session's token.
 pub const OP_WELCOME: u16 = 0xff01;
+/// Request flag (fabric only; to join chfs-proto's `FLAG_*` when the
+/// transport is integrated): the bulk data is not in the frame; the
+/// payload ends with a [`RemoteKey`] naming the client's memory.
+pub const FLAG_RMA: u16 = 8;
+/// `CHFS_RDMA_THRESH`'s default, as CHFS: transfers of at least this many
+/// bytes use RMA.
+pub const RDMA_THRESH: usize = 32 * 1024;
 
 /// What an RPC over the fabric can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +148,7 @@ struct Inbox {
 /// from any number of threads.
 pub struct RpcClient {
     ep: Arc<Endpoint>,
+    rdma_thresh: usize,
     next_id: AtomicU64,
     inbox: Mutex<Inbox>,
     cv: Condvar,
@@ -142,10 +159,17 @@ impl RpcClient {
     pub fn new(ep: Arc<Endpoint>) -> RpcClient {
         RpcClient {
             ep,
+            rdma_thresh: RDMA_THRESH,
             next_id: AtomicU64::new(1),
             inbox: Mutex::new(Inbox::default()),
             cv: Condvar::new(),
         }
+    }
+
+    /// Sets the size from which bulk data moves by RMA.
+    pub fn with_rdma_thresh(mut self, bytes: usize) -> RpcClient {
+        self.rdma_thresh = bytes.max(1);
+        self
     }
 
     /// Its endpoint.
@@ -186,11 +210,89 @@ impl RpcClient {
         req: &Request,
         timeout: Duration,
     ) -> Result<Response, RpcError> {
-        let deadline = Instant::now() + timeout;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut payload = Vec::new();
         req.encode(&mut payload);
-        let m = encode_message(s.token, id, req.op(), 0, &payload);
+        self.exchange(s, req.op(), 0, &payload, timeout)
+    }
+
+    /// Sends a `Write` whose data is `data` (the request's own `data`
+    /// left empty): in the frame below the RDMA threshold, else exposed
+    /// for the server to read.
+    pub fn write(
+        &self,
+        s: &Session,
+        req: &Request,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, RpcError> {
+        if !matches!(req, Request::Write { data, .. } if data.is_empty()) {
+            return Err(Error::InvalidInput("write() takes a Write without data".into()).into());
+        }
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        if data.len() < self.rdma_thresh {
+            // The data is the payload's tail.
+            payload.extend_from_slice(data);
+            return self.exchange(s, req.op(), 0, &payload, timeout);
+        }
+        self.ep.expose(data, |key| {
+            payload.extend_from_slice(&key.encode());
+            self.exchange(s, req.op(), FLAG_RMA, &payload, timeout)
+        })?
+    }
+
+    /// Sends a `Read` and puts its data into `dst` (at least the `len`
+    /// asked for): from the reply below the RDMA threshold, else written
+    /// by the server into `dst`, exposed for the call. Returns the bytes
+    /// placed.
+    pub fn read(
+        &self,
+        s: &Session,
+        req: &Request,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<usize, RpcError> {
+        let want = match req {
+            Request::Read { len, .. } if *len as usize <= dst.len() => *len as usize,
+            _ => {
+                return Err(Error::InvalidInput(
+                    "read() takes a Read of at most the destination's length".into(),
+                )
+                .into())
+            }
+        };
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        if want < self.rdma_thresh {
+            return match self.exchange(s, req.op(), 0, &payload, timeout)? {
+                Response::Data(d) if d.len() <= want => {
+                    dst[..d.len()].copy_from_slice(&d);
+                    Ok(d.len())
+                }
+                other => Err(unexpected(&other)),
+            };
+        }
+        let r = self.ep.expose_mut(&mut dst[..want], |key| {
+            payload.extend_from_slice(&key.encode());
+            self.exchange(s, req.op(), FLAG_RMA, &payload, timeout)
+        })??;
+        match r {
+            Response::Written(n) if n as usize <= want => Ok(n as usize),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn exchange(
+        &self,
+        s: &Session,
+        op: u16,
+        flags: u16,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, RpcError> {
+        let deadline = Instant::now() + timeout;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let m = encode_message(s.token, id, op, flags, payload);
         self.ep.send(s.peer, &m, timeout)?;
         let (h, payload) = self.reply(id, deadline, timeout)?;
         if h.flags & FLAG_ERROR != 0 {
@@ -256,6 +358,10 @@ impl RpcClient {
     }
 }
 
+fn unexpected(r: &Response) -> RpcError {
+    RpcError::Proto(ProtoError::Malformed(format!("unexpected response {r:?}")))
+}
+
 /// Counters of a server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServerStats {
@@ -265,6 +371,10 @@ pub struct ServerStats {
     pub served: u64,
     /// Messages dropped: not a frame, or of no session.
     pub dropped: u64,
+    /// Write data read from clients by RMA.
+    pub rma_pulls: u64,
+    /// Read data written into clients by RMA.
+    pub rma_pushes: u64,
 }
 
 /// The server side: sessions and the request loop over one endpoint.
@@ -272,6 +382,8 @@ pub struct RpcServer {
     ep: Endpoint,
     sessions: HashMap<u64, Peer>,
     stats: ServerStats,
+    /// Registered buffers for RMA reads of clients' data.
+    pull_buffers: Vec<Buffer>,
 }
 
 impl RpcServer {
@@ -281,6 +393,7 @@ impl RpcServer {
             ep,
             sessions: HashMap::new(),
             stats: ServerStats::default(),
+            pull_buffers: Vec::new(),
         }
     }
 
@@ -344,12 +457,16 @@ impl RpcServer {
             self.stats.dropped += 1;
             return Ok(true);
         };
-        let result = match Request::decode(h.op, payload) {
-            Ok(req) => handler(req),
-            Err(e) => Err(ErrorReply::new(
-                libc::EPROTO,
-                format!("undecodable request: {e}"),
-            )),
+        let result = if h.flags & FLAG_RMA != 0 {
+            self.serve_rma(peer, h.op, payload, handler)
+        } else {
+            match Request::decode(h.op, payload) {
+                Ok(req) => handler(req),
+                Err(e) => Err(ErrorReply::new(
+                    libc::EPROTO,
+                    format!("undecodable request: {e}"),
+                )),
+            }
         };
         let mut out = Vec::new();
         let flags = match &result {
@@ -373,6 +490,89 @@ impl RpcServer {
         self.ep.send(peer, &reply, send_timeout)?;
         self.stats.served += 1;
         Ok(true)
+    }
+
+    /// A request whose bulk data is in the client's memory (`FLAG_RMA`):
+    /// a `Write`'s data is read from there first; a `Read`'s answer is
+    /// written there, and `Written(n)` goes back instead.
+    fn serve_rma(
+        &mut self,
+        peer: Peer,
+        op: u16,
+        payload: Bytes,
+        handler: &mut impl FnMut(Request) -> Result<Response, ErrorReply>,
+    ) -> Result<Response, ErrorReply> {
+        let timeout = Duration::from_secs(30);
+        let fabric = |e: Error| ErrorReply::new(e.errno(), e.to_string());
+        let proto = |why: String| ErrorReply::new(libc::EPROTO, why);
+        let at = payload
+            .len()
+            .checked_sub(RemoteKey::LEN)
+            .ok_or_else(|| proto("FLAG_RMA without a remote key".into()))?;
+        let key = RemoteKey::decode(&payload[at..]).map_err(fabric)?;
+        let req = Request::decode(op, payload.slice(..at))
+            .map_err(|e| proto(format!("undecodable request: {e}")))?;
+        let len = usize::try_from(key.len).unwrap_or(usize::MAX);
+        if len > MAX_PAYLOAD as usize {
+            return Err(ErrorReply::new(
+                libc::EMSGSIZE,
+                format!("{len} bytes of bulk data"),
+            ));
+        }
+        match req {
+            Request::Write {
+                path,
+                fileid,
+                chunk_size,
+                mode,
+                idx,
+                off,
+                flags,
+                epoch,
+                data,
+            } if data.is_empty() => {
+                let buf = match self.pull_buffers.iter().position(|b| b.len() >= len) {
+                    Some(i) => self.pull_buffers.swap_remove(i),
+                    None => self.ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
+                };
+                let buf = self
+                    .ep
+                    .read(peer, Local::Buffer(buf), 0, len, key, 0, timeout)
+                    .map_err(fabric)?
+                    .expect("a buffer posted comes back");
+                let data = Bytes::copy_from_slice(&buf[..len]);
+                self.pull_buffers.push(buf);
+                self.stats.rma_pulls += 1;
+                handler(Request::Write {
+                    path,
+                    fileid,
+                    chunk_size,
+                    mode,
+                    idx,
+                    off,
+                    flags,
+                    epoch,
+                    data,
+                })
+            }
+            req @ Request::Read { .. } => match handler(req)? {
+                Response::Data(d) => {
+                    if d.len() > len {
+                        return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
+                    }
+                    let n = d.len();
+                    if n > 0 {
+                        self.ep
+                            .write_from(peer, d, key, 0, timeout)
+                            .map_err(fabric)?;
+                        self.stats.rma_pushes += 1;
+                    }
+                    Ok(Response::Written(n as u32))
+                }
+                other => Ok(other),
+            },
+            other => Err(proto(format!("FLAG_RMA on op {}", other.op()))),
+        }
     }
 }
 

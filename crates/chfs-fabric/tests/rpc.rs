@@ -31,11 +31,40 @@ fn open(test: &str, protocol: Protocol) -> Option<Endpoint> {
     Some(Endpoint::open(&c).unwrap_or_else(|e| panic!("{test}: {e}")))
 }
 
-/// A file system of entries only: create, stat, ping.
+/// A file system of entries and whole chunks: create, stat, write at
+/// offset 0, read, ping.
 fn handler() -> impl FnMut(Request) -> Result<Response, ErrorReply> {
     let mut entries: HashMap<String, Meta> = HashMap::new();
+    let mut chunks: HashMap<(String, u64), Bytes> = HashMap::new();
     move |req| match req {
         Request::Ping => Ok(Response::Ok),
+        Request::Write {
+            path,
+            idx,
+            off,
+            data,
+            ..
+        } => {
+            if off != 0 {
+                return Err(ErrorReply::new(libc::EINVAL, "whole chunks only"));
+            }
+            let n = data.len() as u32;
+            chunks.insert((path, idx), data);
+            Ok(Response::Written(n))
+        }
+        Request::Read {
+            path,
+            idx,
+            off,
+            len,
+            ..
+        } => {
+            let c = chunks.get(&(path, idx)).cloned().unwrap_or_default();
+            let start = (off as usize).min(c.len());
+            let end = (start + len as usize).min(c.len());
+            // A slice of the stored chunk: the same memory each time.
+            Ok(Response::Data(c.slice(start..end)))
+        }
         Request::Create {
             path, meta, excl, ..
         } => match entries.get(&path) {
@@ -66,7 +95,7 @@ fn with_server(
     test: &str,
     protocol: Protocol,
     body: impl FnOnce(&RpcClient, chfs_fabric::rpc::Session, &chfs_fabric::Address),
-) -> Option<chfs_fabric::rpc::ServerStats> {
+) -> Option<(chfs_fabric::rpc::ServerStats, chfs_fabric::Stats)> {
     let server = RpcServer::new(open(test, protocol)?);
     let client = RpcClient::new(Arc::new(open(test, protocol)?));
     let addr = server.endpoint().address().clone();
@@ -80,7 +109,7 @@ fn with_server(
                     .serve_one(Duration::from_millis(100), &mut h)
                     .unwrap();
             }
-            server.stats()
+            (server.stats(), server.endpoint().stats())
         });
         let session = client.connect(&addr, T).unwrap();
         body(&client, session, &addr);
@@ -143,7 +172,7 @@ fn requests_and_responses(protocol: Protocol, test: &str) {
             libc::ENOSYS
         );
     });
-    if let Some(st) = stats {
+    if let Some((st, _)) = stats {
         assert_eq!((st.sessions, st.served, st.dropped), (1, 6, 0));
     }
 }
@@ -156,6 +185,106 @@ fn requests_and_responses_over_tcp() {
 #[test]
 fn requests_and_responses_over_shm() {
     requests_and_responses(Protocol::Shm, "requests_and_responses_over_shm");
+}
+
+fn write_req(path: &str, idx: u64) -> Request {
+    Request::Write {
+        path: path.into(),
+        fileid: 7,
+        chunk_size: 4 << 20,
+        mode: libc::S_IFREG | 0o644,
+        idx,
+        off: 0,
+        flags: 0,
+        epoch: 0,
+        data: Bytes::new(),
+    }
+}
+
+fn read_req(path: &str, idx: u64, off: u32, len: u32) -> Request {
+    Request::Read {
+        path: path.into(),
+        fileid: 7,
+        idx,
+        off,
+        len,
+        chunk_size: 4 << 20,
+        flags: 0,
+        epoch: 0,
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 11) as u8)
+        .collect()
+}
+
+/// Writes and reads chunks of sizes around the RDMA threshold: below it
+/// the data is in the frames, from it on the server moves it by RMA.
+fn bulk(protocol: Protocol, test: &str) {
+    let sizes = [
+        1usize,
+        1000,
+        32 * 1024 - 1,
+        32 * 1024,
+        100_000,
+        1 << 20,
+        4 << 20,
+    ];
+    let stats = with_server(test, protocol, |c, s, _| {
+        for (i, &len) in sizes.iter().enumerate() {
+            let data = pattern(len, i as u8);
+            let r = c.write(&s, &write_req("/f", i as u64), &data, T).unwrap();
+            assert!(
+                matches!(r, Response::Written(n) if n as usize == len),
+                "{r:?}"
+            );
+            let mut back = vec![0u8; len];
+            let n = c
+                .read(&s, &read_req("/f", i as u64, 0, len as u32), &mut back, T)
+                .unwrap();
+            assert_eq!(n, len);
+            assert!(back == data, "{test}: {len} bytes came back changed");
+            // Part of it, from an offset, into a larger buffer.
+            if len > 4096 {
+                let mut part = vec![0xeeu8; len];
+                let want = (len - 4096) as u32;
+                let n = c
+                    .read(&s, &read_req("/f", i as u64, 4096, want), &mut part, T)
+                    .unwrap();
+                assert_eq!(n, want as usize);
+                assert_eq!(&part[..n], &data[4096..]);
+                assert!(part[n..].iter().all(|&b| b == 0xee));
+            }
+        }
+        // A read of more than the destination holds is refused here.
+        let err = c
+            .read(&s, &read_req("/f", 0, 0, 10), &mut [0u8; 5], T)
+            .unwrap_err();
+        assert_eq!(err.errno(), libc::EINVAL);
+        let st = c.endpoint().stats();
+        assert_eq!((st.reads, st.writes), (0, 0), "the client initiates no RMA");
+    });
+    if let Some((st, ep)) = stats {
+        // From the threshold on: 4 sizes, each written once and read
+        // whole, and 3 of them read in part (32 KiB less 4 KiB is below).
+        assert_eq!(st.rma_pulls, 4, "{st:?}");
+        assert_eq!(st.rma_pushes, 7, "{st:?}");
+        // Each chunk's memory was registered once; its part hit.
+        assert_eq!((ep.cache.misses, ep.cache.hits), (4, 3), "{ep:?}");
+        assert_eq!(ep.reg_fallbacks, 0);
+    }
+}
+
+#[test]
+fn bulk_data_inline_and_by_rma_over_tcp() {
+    bulk(Protocol::Tcp, "bulk_data_inline_and_by_rma_over_tcp");
+}
+
+#[test]
+fn bulk_data_inline_and_by_rma_over_shm() {
+    bulk(Protocol::Shm, "bulk_data_inline_and_by_rma_over_shm");
 }
 
 #[test]
@@ -185,7 +314,7 @@ fn replies_reach_the_thread_that_asked() {
             assert_eq!(c.strays(), 0);
         },
     );
-    if let Some(st) = stats {
+    if let Some((st, _)) = stats {
         assert_eq!(st.served, threads * each * 2);
     }
 }
@@ -231,7 +360,7 @@ fn garbage_strangers_and_bad_requests() {
             Response::Ok
         ));
     });
-    if let Some(st) = stats {
+    if let Some((st, _)) = stats {
         assert_eq!((st.sessions, st.dropped, st.served), (2, 3, 2));
     }
 }
