@@ -12,7 +12,11 @@
 //! socket (TCP_NODELAY). Every buffer is written before it is timed (the
 //! first touch of fresh memory costs a host fault on a VM). Last, the
 //! server process's CPU time over IDLE_SECS seconds (default 5) while it
-//! waits for messages with a connected, quiet peer. `POLL_USEC=N` sets
+//! waits for messages with a connected, quiet peer. Between the two, the
+//! RPC prototype (`chfs_fabric::rpc`, chfs-proto frames) on a second
+//! endpoint of the server: `Stat` round trips, and 1 MiB `Write`s and
+//! `Read`s whose data the server moves by RMA (what the provider's own
+//! RMA figures above bound). `POLL_USEC=N` sets
 //! both endpoints' `Config::poll_usec`.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -20,7 +24,10 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use chfs_fabric::rpc::{RpcClient, RpcServer, Session};
 use chfs_fabric::{Address, Config, Endpoint, Local, Peer, Protocol, RemoteKey};
+use chfs_proto::{ErrorReply, Meta, Request, Response};
 
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(30);
@@ -56,11 +63,14 @@ fn main() {
 fn serve(protocol: Protocol) {
     let ep = Endpoint::open(&config(protocol)).expect("open");
     let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let rpc = RpcServer::new(Endpoint::open(&config(protocol)).expect("open"));
     println!(
-        "SERVING {} {}",
+        "SERVING {} {} {}",
         ep.address(),
-        listener.local_addr().expect("addr").port()
+        listener.local_addr().expect("addr").port(),
+        rpc.endpoint().address()
     );
+    std::thread::spawn(move || serve_rpc(rpc));
     std::io::stdout().flush().expect("flush");
     std::thread::spawn(move || {
         for s in listener.incoming() {
@@ -106,6 +116,96 @@ fn serve(protocol: Protocol) {
         }
     }
     drop(window);
+}
+
+/// The RPC server: Stat answers a fixed entry, a Write keeps its data, a
+/// Read answers with the last data written.
+fn serve_rpc(mut rpc: RpcServer) {
+    let mut chunk = Bytes::from(vec![1u8; MIB]);
+    let mut handler = move |req: Request| -> Result<Response, ErrorReply> {
+        match req {
+            Request::Stat { .. } => Ok(Response::Meta(Meta {
+                mode: libc::S_IFREG | 0o644,
+                size: 42,
+                ..Meta::default()
+            })),
+            Request::Write { data, .. } => {
+                let n = data.len() as u32;
+                chunk = data;
+                Ok(Response::Written(n))
+            }
+            Request::Read { len, .. } => Ok(Response::Data(
+                chunk.slice(..(len as usize).min(chunk.len())),
+            )),
+            _ => Err(ErrorReply::new(libc::ENOSYS, "not here")),
+        }
+    };
+    loop {
+        rpc.serve_one(Duration::from_secs(3600), &mut handler)
+            .expect("serve");
+    }
+}
+
+fn rpc_measure(protocol: Protocol, server: &Address, mib: usize) {
+    let client = RpcClient::new(std::sync::Arc::new(
+        Endpoint::open(&config(protocol)).expect("open"),
+    ));
+    let s: Session = client.connect(server, T).expect("rpc connect");
+    let stat = Request::Stat { path: "/f".into() };
+    for _ in 0..500 {
+        client.call(&s, &stat, T).expect("stat");
+    }
+    let rtts: Vec<Duration> = (0..PINGS)
+        .map(|_| {
+            let t0 = Instant::now();
+            client.call(&s, &stat, T).expect("stat");
+            t0.elapsed()
+        })
+        .collect();
+    rtt_line(&format!("{protocol} RPC Stat round trip"), rtts);
+    let write = Request::Write {
+        path: "/f".into(),
+        fileid: 1,
+        chunk_size: MIB as u32,
+        mode: libc::S_IFREG | 0o644,
+        idx: 0,
+        off: 0,
+        flags: 0,
+        epoch: 0,
+        data: Bytes::new(),
+    };
+    let data = vec![8u8; MIB];
+    let t0 = Instant::now();
+    for _ in 0..mib {
+        client.write(&s, &write, &data, T).expect("write");
+    }
+    bw_line(
+        &format!("{protocol} RPC 1 MiB writes (RMA)"),
+        mib * MIB,
+        t0.elapsed(),
+    );
+    let read = Request::Read {
+        path: "/f".into(),
+        fileid: 1,
+        idx: 0,
+        off: 0,
+        len: MIB as u32,
+        chunk_size: MIB as u32,
+        flags: 0,
+        epoch: 0,
+    };
+    let mut dst = vec![0u8; MIB];
+    let t0 = Instant::now();
+    for _ in 0..mib {
+        let n = client.read(&s, &read, &mut dst, T).expect("read");
+        assert_eq!(n, MIB);
+    }
+    bw_line(
+        &format!("{protocol} RPC 1 MiB reads (RMA)"),
+        mib * MIB,
+        t0.elapsed(),
+    );
+    assert!(dst.iter().all(|&b| b == 8), "the data written came back");
 }
 
 fn serve_tcp(mut s: TcpStream) {
@@ -197,6 +297,7 @@ fn measure(protocol: Protocol, mib: usize, idle_secs: u64) {
     assert_eq!(words.first(), Some(&"SERVING"), "{line}");
     let server: Address = words[1].parse().expect("address");
     let tcp_port: u16 = words[2].parse().expect("port");
+    let rpc_server: Address = words[3].parse().expect("rpc address");
 
     let ep = Endpoint::open(&config(protocol)).expect("open");
     println!(
@@ -279,6 +380,9 @@ fn measure(protocol: Protocol, mib: usize, idle_secs: u64) {
     );
     // The window holds what the writes put there.
     assert!(buf.iter().all(|&b| b == 7), "the window's bytes");
+
+    // The RPC prototype: frames over messages, bulk data by RMA.
+    rpc_measure(protocol, &rpc_server, mib);
 
     // Plain TCP sockets, same processes.
     let connect = |op: u8| {

@@ -599,6 +599,12 @@ impl std::ops::Deref for Buffer {
     }
 }
 
+impl AsRef<[u8]> for Buffer {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 impl std::ops::DerefMut for Buffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as for deref, and &mut self makes the access exclusive.
