@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -575,13 +575,15 @@ fn a_peer_that_dies_mid_transfer_fails_in_time() {
     const LEN: usize = 16 << 20;
     let key = RemoteKey::decode(&ask(&client, p, &format!("window {LEN} 4"))).unwrap();
     let timeout = Duration::from_secs(3);
-    let started = AtomicBool::new(false);
+    // The kill lands while reads go on back to back, after the first
+    // completed (on a loaded machine one may take long).
+    let completed = AtomicUsize::new(0);
     let ((err, took), done, killed_at) = std::thread::scope(|s| {
         let killer = s.spawn(|| {
-            while !started.load(Ordering::Acquire) {
-                std::thread::yield_now();
+            while completed.load(Ordering::Acquire) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
             child.kill();
             Instant::now()
         });
@@ -589,12 +591,12 @@ fn a_peer_that_dies_mid_transfer_fails_in_time() {
         let mut buf = client.buffer(LEN).unwrap();
         let mut done = 0;
         let err = loop {
-            started.store(true, Ordering::Release);
             let t0 = Instant::now();
             match client.read(p, Local::Buffer(buf), 0, LEN, key, 0, timeout) {
                 Ok(b) => {
                     buf = b.unwrap();
                     done += 1;
+                    completed.store(done, Ordering::Release);
                     assert!(done < 100_000, "reads went on after the peer was killed");
                 }
                 Err(e) => break (e, t0.elapsed()),
