@@ -394,16 +394,53 @@ fn the_tcp_provider_has_a_wait_descriptor() {
 
 #[test]
 fn a_provider_that_is_not_here_is_unavailable() {
-    // cxi (Slingshot) is not in Debian's libfabric, and no build without
-    // libfabric has any provider.
-    let err = Endpoint::open(&Config::new(Protocol::Cxi)).unwrap_err();
-    assert!(matches!(err, Error::Unavailable(_)), "{err}");
-    let text = err.to_string();
-    assert!(text.contains("cxi"), "{text}");
-    if !BUILT_WITH_LIBFABRIC {
-        assert!(text.contains("libfabric-dev"), "{text}");
+    // cxi (Slingshot), efa and psm3 are not in Debian's libfabric, and no
+    // build without libfabric has any provider.
+    for protocol in [Protocol::Cxi, Protocol::Efa, Protocol::Psm3] {
+        let err = Endpoint::open(&Config::new(protocol)).unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(protocol.provider()), "{text}");
+        if !BUILT_WITH_LIBFABRIC {
+            assert!(text.contains("libfabric-dev"), "{text}");
+        }
+        assert_eq!(err.errno(), libc::EPROTONOSUPPORT);
     }
-    assert_eq!(err.errno(), libc::EPROTONOSUPPORT);
+}
+
+#[test]
+fn a_tcp_endpoint_binds_the_port_it_is_given() {
+    let test = "a_tcp_endpoint_binds_the_port_it_is_given";
+    if !BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric (libfabric-dev)");
+        return;
+    }
+    // A port free a moment ago (as chfsd --host HOST:PORT will give one).
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cfg = Config::new(Protocol::Tcp).bind("127.0.0.1", Some(&port.to_string()));
+    let Some(server) = open(test, &cfg) else {
+        return;
+    };
+    assert_eq!(
+        server.address().to_string(),
+        format!("ofi+tcp://127.0.0.1:{port}")
+    );
+    // A client reaches it through the written address alone.
+    let Some(client) = open(test, &config(Protocol::Tcp)) else {
+        return;
+    };
+    let written: Address = format!("ofi+tcp://127.0.0.1:{port}").parse().unwrap();
+    let p = client.connect(&written).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(&*server.recv(T).unwrap(), b"by the book"));
+        client.send(p, b"by the book", T).unwrap();
+    });
+    // The port is taken now: a second endpoint on it fails clearly.
+    let err = Endpoint::open(&cfg).unwrap_err();
+    assert_eq!(err.errno(), libc::EADDRINUSE, "{err}");
 }
 
 #[test]
