@@ -10,8 +10,11 @@
 //! answers gives an error, never a hang.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::addr::{Address, Protocol};
@@ -159,6 +162,9 @@ struct State {
     repost: Vec<Buffer>,
     /// Send buffers free for reuse.
     send_pool: Vec<Buffer>,
+    /// Tasks awaiting an [`InFlight`] operation, woken when its
+    /// completion is filed.
+    wakers: HashMap<u64, Waker>,
 }
 
 /// An open endpoint.
@@ -537,6 +543,89 @@ impl Endpoint {
         Ok(b)
     }
 
+    /// Starts an RMA read like [`Endpoint::read`] and returns at once: the
+    /// returned future completes when a thread reading this endpoint's
+    /// queue (a progress thread looping on [`Endpoint::progress`] or
+    /// [`Endpoint::recv`]) files its completion, so async tasks never
+    /// block on the fabric. `timeout` bounds only the post (a full
+    /// queue); bound the wait with the runtime's timer. Dropping the
+    /// future abandons the operation (its memory stays with the endpoint
+    /// until the provider is done).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_read(
+        self: &Arc<Self>,
+        peer: Peer,
+        local: Local,
+        off: usize,
+        len: usize,
+        remote: RemoteKey,
+        roff: u64,
+        timeout: Duration,
+    ) -> Result<InFlight> {
+        self.start(
+            Op::Read(remote, roff),
+            local,
+            off,
+            len,
+            peer,
+            timeout,
+            "read",
+        )
+    }
+
+    /// Starts an RMA write; as [`Endpoint::start_read`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_write(
+        self: &Arc<Self>,
+        peer: Peer,
+        local: Local,
+        off: usize,
+        len: usize,
+        remote: RemoteKey,
+        roff: u64,
+        timeout: Duration,
+    ) -> Result<InFlight> {
+        self.start(
+            Op::Write(remote, roff),
+            local,
+            off,
+            len,
+            peer,
+            timeout,
+            "write",
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        self: &Arc<Self>,
+        op: Op,
+        mut local: Local,
+        off: usize,
+        len: usize,
+        peer: Peer,
+        timeout: Duration,
+        name: &'static str,
+    ) -> Result<InFlight> {
+        let deadline = Deadline::after(timeout);
+        let id = loop {
+            match self.ep.post(op, local, off, len, peer.0) {
+                Ok(id) => break id,
+                Err(e) if e.is_again() => {
+                    local = e.local;
+                    self.progress_until(deadline, name)?;
+                }
+                Err(PostError { error, .. }) => return Err(error),
+            }
+        };
+        Ok(InFlight {
+            ep: self.clone(),
+            id,
+            name,
+            finished: false,
+        })
+    }
+
     /// Drives progress (RMA aimed at this endpoint needs it on providers
     /// with manual progress, such as tcp under rxm) for up to `timeout`,
     /// returning early when a message arrives. A server's progress thread
@@ -721,6 +810,9 @@ impl Endpoint {
                     buffer: c.buffer,
                 },
             );
+            if let Some(w) = st.wakers.remove(&c.id) {
+                w.wake();
+            }
         }
     }
 
@@ -745,5 +837,55 @@ fn failed(op: &'static str, code: i32, prov_errno: i32) -> Error {
         code,
         prov_errno,
         message: ffi::strerror(code),
+    }
+}
+
+/// An operation started with [`Endpoint::start_read`] or
+/// [`Endpoint::start_write`]: a future of its completion (the buffer
+/// posted comes back).
+pub struct InFlight {
+    ep: Arc<Endpoint>,
+    id: u64,
+    name: &'static str,
+    finished: bool,
+}
+
+impl Future for InFlight {
+    type Output = Result<Option<Buffer>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.ep.lock();
+        let Some(done) = st.done.remove(&self.id) else {
+            st.wakers.insert(self.id, cx.waker().clone());
+            return Poll::Pending;
+        };
+        st.wakers.remove(&self.id);
+        drop(st);
+        self.finished = true;
+        Poll::Ready(match done.status {
+            Ok(()) => {
+                let counter = if self.name == "read" {
+                    &self.ep.reads
+                } else {
+                    &self.ep.writes
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                Ok(done.buffer)
+            }
+            Err((code, prov)) => Err(failed(self.name, code, prov)),
+        })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut st = self.ep.lock();
+        st.wakers.remove(&self.id);
+        if st.done.remove(&self.id).is_none() {
+            st.abandoned.insert(self.id);
+        }
     }
 }

@@ -741,3 +741,105 @@ fn exposure_ends_with_the_call_tcp() {
 fn exposure_is_not_revoked_on_shm() {
     exposure_ends_with_the_call(Protocol::Shm, "exposure_is_not_revoked_on_shm", false);
 }
+
+/// Polls `futs` on this thread until all are ready (a waker that unparks
+/// it), within `T`.
+fn block_on_all<F: std::future::Future + Unpin>(mut futs: Vec<F>) -> Vec<F::Output> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    let deadline = Instant::now() + T;
+    loop {
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                if let std::task::Poll::Ready(v) = std::pin::Pin::new(f).poll(&mut cx) {
+                    *o = Some(v);
+                }
+            }
+        }
+        if out.iter().all(Option::is_some) {
+            return out.into_iter().map(Option::unwrap).collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "operations still in flight after {T:?}"
+        );
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+/// RMA started by one thread and completed by another that reads the
+/// queue (a server's progress thread): the futures wake when their
+/// completions are filed; an abandoned one costs nothing later.
+#[test]
+fn started_rma_completes_through_a_progress_thread() {
+    let test = "started_rma_completes_through_a_progress_thread";
+    let Some(server) = open(test, &config(Protocol::Tcp)) else {
+        return;
+    };
+    let Some(client) = open(test, &config(Protocol::Tcp)) else {
+        return;
+    };
+    let client = Arc::new(client);
+    let p = client.connect(server.address()).unwrap();
+    const MIB: usize = 1 << 20;
+    std::thread::scope(|s| {
+        s.spawn(|| rma_server(&server));
+        client
+            .send(p, client.address().to_string().as_bytes(), T)
+            .unwrap();
+        let key = RemoteKey::decode(&ask(&client, p, &format!("window {} 5", 4 * MIB))).unwrap();
+        let stop = AtomicBool::new(false);
+        let whole = pattern(4 * MIB, 5);
+        std::thread::scope(|inner| {
+            inner.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    client.progress(Duration::from_millis(20)).unwrap();
+                }
+            });
+            // One read abandoned at once, then four at once, each 1 MiB.
+            let b = client.buffer(MIB).unwrap();
+            drop(
+                client
+                    .start_read(p, Local::Buffer(b), 0, MIB, key, 0, T)
+                    .unwrap(),
+            );
+            let reads: Vec<_> = (0..4)
+                .map(|k| {
+                    let b = client.buffer(MIB).unwrap();
+                    let roff = (k * MIB) as u64;
+                    client
+                        .start_read(p, Local::Buffer(b), 0, MIB, key, roff, T)
+                        .unwrap()
+                })
+                .collect();
+            for (k, r) in block_on_all(reads).into_iter().enumerate() {
+                let b = r.unwrap().expect("the buffer comes back");
+                assert!(*b == whole[k * MIB..(k + 1) * MIB], "read {k}");
+            }
+            // And a write of 1 MiB at the window's start.
+            let mut b = client.buffer(MIB).unwrap();
+            b.copy_from_slice(&pattern(MIB, 6));
+            let w = client
+                .start_write(p, Local::Buffer(b), 0, MIB, key, 0, T)
+                .unwrap();
+            let done = block_on_all(vec![w]);
+            assert!(done[0].as_ref().is_ok_and(|b| b.is_some()));
+            stop.store(true, Ordering::Release);
+        });
+        assert_eq!(ask(&client, p, &format!("check {MIB} 6")), b"ok");
+        client.send(p, b"bye", T).unwrap();
+    });
+    let st = client.stats();
+    assert_eq!(
+        (st.reads, st.writes),
+        (4, 1),
+        "the abandoned read is not counted"
+    );
+}
