@@ -719,7 +719,8 @@ fn exposure_ends_with_the_call(protocol: Protocol, test: &str, refused_after: bo
         assert_eq!(during, b"ok", "{test}: the peer read the exposed memory");
         client.send(p, b"again", T).unwrap();
         // The server's second read needs this side's progress (tcp).
-        while !server_done.load(Ordering::Acquire) {
+        let until = Instant::now() + T;
+        while !server_done.load(Ordering::Acquire) && Instant::now() < until {
             client.progress(Duration::from_millis(50)).unwrap();
         }
         server_side.join().unwrap()
@@ -740,6 +741,15 @@ fn exposure_ends_with_the_call_tcp() {
 #[test]
 fn exposure_is_not_revoked_on_shm() {
     exposure_ends_with_the_call(Protocol::Shm, "exposure_is_not_revoked_on_shm", false);
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// Polls `futs` on this thread until all are ready (a waker that unparks
@@ -798,6 +808,9 @@ fn started_rma_completes_through_a_progress_thread() {
         let stop = AtomicBool::new(false);
         let whole = pattern(4 * MIB, 5);
         std::thread::scope(|inner| {
+            // Stops the progress thread however this scope ends (a
+            // failed assertion included), so the test cannot hang.
+            let _stop = StopOnDrop(&stop);
             inner.spawn(|| {
                 while !stop.load(Ordering::Acquire) {
                     client.progress(Duration::from_millis(20)).unwrap();
@@ -831,7 +844,6 @@ fn started_rma_completes_through_a_progress_thread() {
                 .unwrap();
             let done = block_on_all(vec![w]);
             assert!(done[0].as_ref().is_ok_and(|b| b.is_some()));
-            stop.store(true, Ordering::Release);
         });
         assert_eq!(ask(&client, p, &format!("check {MIB} 6")), b"ok");
         client.send(p, b"bye", T).unwrap();

@@ -111,12 +111,24 @@ fn with_server(
             }
             (server.stats(), server.endpoint().stats())
         });
+        // Stops the server however the body ends (a failed assertion
+        // included), so the test cannot hang.
+        let stopper = StopOnDrop(&stop);
         let session = client.connect(&addr, T).unwrap();
         body(&client, session, &addr);
-        stop.store(true, Ordering::Release);
+        drop(stopper);
         serving.join().unwrap()
     });
     Some(stats)
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 fn meta(size: u64) -> Meta {
@@ -380,8 +392,11 @@ fn a_server_that_is_gone_fails_the_call_in_time() {
     let session = std::thread::scope(|s| {
         s.spawn(|| {
             let mut h = handler();
-            while server.stats().served < 1 {
-                server.serve_one(T, &mut h).unwrap();
+            let until = Instant::now() + T;
+            while server.stats().served < 1 && Instant::now() < until {
+                server
+                    .serve_one(Duration::from_millis(100), &mut h)
+                    .unwrap();
             }
         });
         let session = client.connect(&addr, T).unwrap();
