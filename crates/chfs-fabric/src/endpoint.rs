@@ -772,14 +772,23 @@ impl Endpoint {
         }
         let mut st = self.lock();
         st.polling = false;
+        let mut wake = Vec::new();
         for c in comps {
-            self.file(&mut st, c);
+            if let Some(w) = self.file(&mut st, c) {
+                wake.push(w);
+            }
         }
         let repost = std::mem::take(&mut st.repost);
         for b in repost {
             self.post_recv(&mut st, b);
         }
         self.cv.notify_all();
+        if !wake.is_empty() {
+            // Woken outside the lock: a waker may poll its future at once.
+            drop(st);
+            wake.into_iter().for_each(Waker::wake);
+            st = self.lock();
+        }
         r?;
         Ok(st)
     }
@@ -794,9 +803,10 @@ impl Endpoint {
         self.last_event.store(now, Ordering::Relaxed);
     }
 
-    fn file(&self, st: &mut State, c: Completion) {
+    /// Files a completion; gives back the waker of a task awaiting it.
+    fn file(&self, st: &mut State, c: Completion) -> Option<Waker> {
         if st.recv_ids.remove(&c.id) {
-            let Some(buffer) = c.buffer else { return };
+            let buffer = c.buffer?;
             st.received.push_back(Incoming {
                 buffer,
                 len: c.len,
@@ -810,10 +820,9 @@ impl Endpoint {
                     buffer: c.buffer,
                 },
             );
-            if let Some(w) = st.wakers.remove(&c.id) {
-                w.wake();
-            }
+            return st.wakers.remove(&c.id);
         }
+        None
     }
 
     fn post_recv(&self, st: &mut State, b: Buffer) {
