@@ -932,6 +932,10 @@ pub struct Ep {
     next_id: AtomicU64,
     /// Operations in flight: their memory, released at completion.
     inflight: Mutex<HashMap<u64, Local>>,
+    /// The addresses inserted and not removed: only these are given to
+    /// libfabric (a number from another endpoint's vector could name
+    /// nothing).
+    peers: Mutex<std::collections::HashSet<u64>>,
 }
 
 // SAFETY: the endpoint is opened on an FI_THREAD_SAFE domain; the table of
@@ -962,6 +966,7 @@ impl Ep {
             domain: domain.clone(),
             next_id: AtomicU64::new(1),
             inflight: Mutex::new(HashMap::new()),
+            peers: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -1026,13 +1031,38 @@ impl Ep {
         if ret != 0 {
             return Err(call_err("fi_av_insert", ret.into()));
         }
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fi_addr);
         Ok(fi_addr)
+    }
+
+    /// Refuses an address this endpoint did not insert.
+    fn check_peer(&self, fi_addr: u64) -> Result<()> {
+        if self
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&fi_addr)
+        {
+            Ok(())
+        } else {
+            Err(Error::InvalidInput(format!(
+                "peer {fi_addr} is not in this endpoint's address vector"
+            )))
+        }
     }
 
     /// Removes a peer from the address vector.
     #[cfg(chfs_libfabric)]
     pub fn remove(&self, fi_addr: u64) -> Result<()> {
-        // SAFETY: the endpoint is open; an unknown address is an error.
+        self.check_peer(fi_addr)?;
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fi_addr);
+        // SAFETY: the endpoint is open and the address was inserted.
         let ret = unsafe { sys::chfs_fi_av_remove(self.ptr, fi_addr) };
         if ret != 0 {
             return Err(call_err("fi_av_remove", ret.into()));
@@ -1051,7 +1081,9 @@ impl Ep {
                 self.domain.attr.inject_size
             )));
         }
-        // SAFETY: fi_inject copies the bytes before it returns.
+        self.check_peer(dest)?;
+        // SAFETY: fi_inject copies the bytes before it returns; `dest` was
+        // inserted.
         let ret = unsafe { sys::chfs_fi_inject(self.ptr, data.as_ptr().cast(), data.len(), dest) };
         if ret != 0 {
             return Err(call_err("fi_inject", ret as i64));
@@ -1092,6 +1124,11 @@ impl Ep {
                 Error::InvalidInput("receiving into memory registered read-only".into()),
             ));
         }
+        if !matches!(op, Op::Recv) {
+            if let Err(e) = self.check_peer(peer) {
+                return Err(refuse(local, e));
+            }
+        }
         if let Op::Read(rk, roff) | Op::Write(rk, roff) = op {
             if roff.checked_add(len as u64).is_none_or(|end| end > rk.len) {
                 return Err(refuse(
@@ -1115,7 +1152,8 @@ impl Ep {
         // SAFETY: ptr..ptr+len lies in registered memory (checked above)
         // that the table keeps alive and, for writes into it, unshared
         // (a Buffer moved in, or a Window whose bytes are only copied)
-        // until the completion is read or the endpoint closes.
+        // until the completion is read or the endpoint closes; `peer` was
+        // inserted (checked above).
         let ret = unsafe {
             match op {
                 Op::Send => sys::chfs_fi_send(self.ptr, ptr.cast(), len, desc, peer, id),

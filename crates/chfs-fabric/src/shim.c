@@ -228,7 +228,9 @@ int chfs_fi_ep_open(struct chfs_fi_domain *d, size_t cq_size, struct chfs_fi_ep 
 		e->wait = CHFS_WAIT_NONE;
 	}
 	memset(&av_attr, 0, sizeof(av_attr));
-	av_attr.type = FI_AV_UNSPEC;
+	/* Indices, not provider pointers: an fi_addr_t is a number the Rust
+	 * side checks against the peers it inserted. */
+	av_attr.type = FI_AV_TABLE;
 	ret = fi_av_open(d->domain, &av_attr, &e->av, NULL);
 	if (ret)
 		goto fail;

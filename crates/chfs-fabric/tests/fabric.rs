@@ -855,3 +855,33 @@ fn started_rma_completes_through_a_progress_thread() {
         "the abandoned read is not counted"
     );
 }
+
+#[test]
+fn peers_not_in_the_address_vector_are_refused() {
+    let test = "peers_not_in_the_address_vector_are_refused";
+    let Some(a) = open(test, &config(Protocol::Tcp)) else {
+        return;
+    };
+    let Some(b) = open(test, &config(Protocol::Tcp)) else {
+        return;
+    };
+    // b's peer means nothing to a, which has none.
+    let of_b = b.connect(a.address()).unwrap();
+    let err = a.send(of_b, b"x", T).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    let buf = a.buffer(16).unwrap();
+    let key = RemoteKey {
+        addr: 0,
+        len: 16,
+        key: 1,
+    };
+    let err = a
+        .read(of_b, Local::Buffer(buf), 0, 16, key, 0, T)
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    // A peer removed is refused too.
+    b.disconnect(of_b).unwrap();
+    let err = b.send(of_b, &[0u8; 1000], T).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    assert!(b.disconnect(of_b).is_err());
+}
