@@ -279,6 +279,72 @@ fn process_cpu(pid: u32) -> f64 {
     ticks as f64 / hz
 }
 
+/// 1 MiB RMA reads with `depth` in flight (chfs keeps a window of chunk
+/// transfers in flight), started here and completed by a progress thread.
+fn rma_in_flight(ep: &std::sync::Arc<Endpoint>, p: Peer, key: RemoteKey, mib: usize, depth: usize) {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Acquire) {
+                ep.progress(Duration::from_millis(20)).expect("progress");
+            }
+        });
+        let start = |b| {
+            ep.start_read(p, Local::Buffer(b), 0, MIB, key, 0, T)
+                .expect("start")
+        };
+        let mut flying: Vec<_> = (0..depth)
+            .map(|_| start(ep.buffer(MIB).expect("buffer")))
+            .collect();
+        let (mut started, mut done) = (depth, 0);
+        let t0 = Instant::now();
+        while done < mib {
+            let mut progressed = false;
+            let mut i = 0;
+            while i < flying.len() {
+                match std::pin::Pin::new(&mut flying[i]).poll(&mut cx) {
+                    Poll::Ready(r) => {
+                        let b = r.expect("read").expect("buffer back");
+                        done += 1;
+                        progressed = true;
+                        if started < mib {
+                            flying[i] = start(b);
+                            started += 1;
+                            i += 1;
+                        } else {
+                            drop(flying.swap_remove(i));
+                        }
+                    }
+                    Poll::Pending => i += 1,
+                }
+            }
+            if !progressed {
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+        }
+        bw_line(
+            &format!(
+                "{} 1 MiB RMA reads, {depth} in flight",
+                ep.address().protocol
+            ),
+            mib * MIB,
+            t0.elapsed(),
+        );
+        stop.store(true, Ordering::Release);
+    });
+}
+
 fn ask(ep: &Endpoint, p: Peer, msg: &[u8]) -> Vec<u8> {
     ep.send(p, msg, T).expect("send");
     ep.recv(T).expect("recv").to_vec()
@@ -299,7 +365,7 @@ fn measure(protocol: Protocol, mib: usize, idle_secs: u64) {
     let tcp_port: u16 = words[2].parse().expect("port");
     let rpc_server: Address = words[3].parse().expect("rpc address");
 
-    let ep = Endpoint::open(&config(protocol)).expect("open");
+    let ep = std::sync::Arc::new(Endpoint::open(&config(protocol)).expect("open"));
     println!(
         "libfabric {} provider {} (domain {}, wait {:?}), {} MiB per bandwidth run, 2 processes",
         chfs_fabric::libfabric_version().unwrap_or_default(),
@@ -380,6 +446,8 @@ fn measure(protocol: Protocol, mib: usize, idle_secs: u64) {
     );
     // The window holds what the writes put there.
     assert!(buf.iter().all(|&b| b == 7), "the window's bytes");
+    drop(buf);
+    rma_in_flight(&ep, p, key, mib, 8);
 
     // The RPC prototype: frames over messages, bulk data by RMA.
     rpc_measure(protocol, &rpc_server, mib);
