@@ -358,6 +358,35 @@ impl RpcClient {
     }
 }
 
+/// Buffers the pool may keep for reuse.
+const POOL_MAX: usize = 64;
+
+/// A registered buffer lent out as a chunk's memory; back to its pool
+/// when dropped (reused memory is faulted in and registered already:
+/// a fresh buffer per write measured slower than a copy).
+struct Pooled {
+    buf: Option<Buffer>,
+    len: usize,
+    pool: std::sync::Weak<Mutex<Vec<Buffer>>>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("held until drop")[..self.len]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let (Some(b), Some(pool)) = (self.buf.take(), self.pool.upgrade()) {
+            let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < POOL_MAX {
+                pool.push(b);
+            }
+        }
+    }
+}
+
 fn unexpected(r: &Response) -> RpcError {
     RpcError::Proto(ProtoError::Malformed(format!("unexpected response {r:?}")))
 }
@@ -383,7 +412,7 @@ pub struct RpcServer {
     sessions: HashMap<u64, Peer>,
     stats: ServerStats,
     /// Registered buffers for RMA reads of clients' data.
-    pull_buffers: Vec<Buffer>,
+    pull_buffers: Arc<Mutex<Vec<Buffer>>>,
 }
 
 impl RpcServer {
@@ -393,7 +422,7 @@ impl RpcServer {
             ep,
             sessions: HashMap::new(),
             stats: ServerStats::default(),
-            pull_buffers: Vec::new(),
+            pull_buffers: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -531,8 +560,14 @@ impl RpcServer {
                 epoch,
                 data,
             } if data.is_empty() => {
-                let buf = match self.pull_buffers.iter().position(|b| b.len() >= len) {
-                    Some(i) => self.pull_buffers.swap_remove(i),
+                let pooled = {
+                    let mut pool = self.pull_buffers.lock().unwrap_or_else(|e| e.into_inner());
+                    pool.iter()
+                        .position(|b| b.len() >= len)
+                        .map(|i| pool.swap_remove(i))
+                };
+                let buf = match pooled {
+                    Some(b) => b,
                     None => self.ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
                 };
                 let buf = self
@@ -540,8 +575,13 @@ impl RpcServer {
                     .read(peer, Local::Buffer(buf), 0, len, key, 0, timeout)
                     .map_err(fabric)?
                     .expect("a buffer posted comes back");
-                let data = Bytes::copy_from_slice(&buf[..len]);
-                self.pull_buffers.push(buf);
+                // The registered buffer becomes the chunk's memory (no
+                // copy) and returns to the pool when the chunk lets go.
+                let data = Bytes::from_owner(Pooled {
+                    buf: Some(buf),
+                    len,
+                    pool: Arc::downgrade(&self.pull_buffers),
+                });
                 self.stats.rma_pulls += 1;
                 handler(Request::Write {
                     path,
