@@ -2,9 +2,10 @@
 # Installs what building and testing chfs-rs needs on a Debian machine:
 # apt packages (FUSE 3, a C compiler, pkg-config, iproute2, OpenSSH server for
 # the multi-host test; Open MPI and libclang for chfind's mpirun test, built
-# with --features mpi; man-db for the manual pages), the Rust components
-# named in rust-toolchain.toml, and the Python packages the chfs Python
-# package (python/) is built and tested with: maturin, pytest, fsspec, pandas.
+# with --features mpi; man-db for the manual pages; libfabric for the fabric
+# transport), the Rust components named in rust-toolchain.toml, and the
+# Python packages the chfs Python package (python/) is built and tested
+# with: maturin, pytest, fsspec, pandas.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -17,8 +18,10 @@ need=()
 # slurmd slurmctld slurm-client munge: chfsctl's srun test, which runs its own
 # one-node Slurm cluster (crates/chfs-ctl/tests/slurm.rs). man-db (and its
 # groff-base): the install test renders the manual pages scripts/install.sh
-# writes (crates/chfs-ctl/tests/install.rs).
-for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps openmpi-bin libopenmpi-dev libclang-dev slurmd slurmctld slurm-client munge man-db groff-base; do
+# writes (crates/chfs-ctl/tests/install.rs). libfabric-dev: the fabric
+# transport (crates/chfs-fabric, found through pkg-config; its tests use
+# the tcp and shm providers), libfabric-bin: fi_info, to see the providers.
+for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps openmpi-bin libopenmpi-dev libclang-dev slurmd slurmctld slurm-client munge man-db groff-base libfabric-dev libfabric-bin; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

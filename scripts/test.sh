@@ -21,6 +21,7 @@ if [ -z "${CHFS_TEST_REQUIRE+x}" ]; then
   { [ $root = 1 ] && command -v slurmd >/dev/null && command -v slurmctld >/dev/null \
     && command -v srun >/dev/null && command -v munged >/dev/null; } && caps+=(slurm)
   { [ $root = 1 ] && ip netns list >/dev/null 2>&1 && [ -x /usr/sbin/sshd ]; } && caps+=(netns)
+  pkg-config --exists libfabric 2>/dev/null && caps+=(fabric)
   CHFS_TEST_REQUIRE="$(IFS=,; echo "${caps[*]}")"
   export CHFS_TEST_REQUIRE
 fi

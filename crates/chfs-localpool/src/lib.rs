@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 /// Is capability `cap` required of this machine? `CHFS_TEST_REQUIRE` lists
 /// the capabilities the test suite must find (comma separated, or `all`):
 /// `root`, `fuse`, `uring` (FUSE over io_uring), `mpi`, `slurm`, `netns`
-/// (network namespaces with sshd). `scripts/test.sh` sets it to what the machine has, so a test
+/// (network namespaces with sshd), `fabric` (libfabric found by pkg-config:
+/// crates/chfs-fabric). `scripts/test.sh` sets it to what the machine has, so a test
 /// never passes by skipping what it could have run.
 pub fn required(cap: &str) -> bool {
     std::env::var("CHFS_TEST_REQUIRE")

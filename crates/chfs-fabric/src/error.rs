@@ -1,0 +1,104 @@
+//! Errors of the fabric transport, each with the errno a caller of the
+//! file system would see.
+
+use std::time::Duration;
+
+/// Result of the crate's calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The transport cannot be used in this build or on this machine:
+    /// built without libfabric, or no provider of that name here.
+    #[error("fabric transport unavailable: {0}")]
+    Unavailable(String),
+    /// An address string that is not `ofi+PROTOCOL://...`, or not of this
+    /// endpoint's protocol.
+    #[error("bad fabric address {input:?}: {why}")]
+    BadAddress {
+        /// The string given.
+        input: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A call was given something it cannot use (a range outside a
+    /// buffer, a message larger than the receive buffers, memory of
+    /// another domain).
+    #[error("invalid argument: {0}")]
+    InvalidInput(String),
+    /// A libfabric call failed when it was made.
+    #[error("{call}: {message} (libfabric error {code})")]
+    Call {
+        /// The libfabric call.
+        call: &'static str,
+        /// Its error, positive (`FI_E*`; the errno for the standard ones).
+        code: i32,
+        /// `fi_strerror` of it.
+        message: String,
+    },
+    /// An operation was accepted but completed with an error: the peer is
+    /// gone or refused, the message was truncated, the operation was
+    /// cancelled.
+    #[error("{op} failed: {message} (libfabric error {code}, provider error {prov_errno})")]
+    Failed {
+        /// The operation (send, recv, read, write).
+        op: &'static str,
+        /// Its error, positive (`FI_E*`).
+        code: i32,
+        /// The provider's own error number.
+        prov_errno: i32,
+        /// `fi_strerror` of `code`.
+        message: String,
+    },
+    /// No completion within the time allowed; the operation may still be
+    /// in flight (its buffers stay with the endpoint until it ends).
+    #[error("{op} timed out after {after:?}")]
+    Timeout {
+        /// The operation waited for.
+        op: &'static str,
+        /// How long it was waited for.
+        after: Duration,
+    },
+}
+
+/// libfabric's first error number of its own (`FI_ERRNO_OFFSET`); below
+/// it the codes are errno values.
+const FI_ERRNO_OFFSET: i32 = 256;
+/// `FI_ETRUNC`: a message longer than the receive buffer.
+pub(crate) const FI_ETRUNC: i32 = 265;
+
+impl Error {
+    /// The errno to report for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Unavailable(_) => libc::EPROTONOSUPPORT,
+            Error::BadAddress { .. } | Error::InvalidInput(_) => libc::EINVAL,
+            Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::Call { code, .. } | Error::Failed { code, .. } => match *code {
+                c if c > 0 && c < FI_ERRNO_OFFSET => c,
+                FI_ETRUNC => libc::EMSGSIZE,
+                _ => libc::EIO,
+            },
+        }
+    }
+
+    /// The peer cannot be reached or has gone: connection refused, reset,
+    /// unreachable, or an operation on it timed out.
+    pub fn is_peer_failure(&self) -> bool {
+        matches!(
+            self.errno(),
+            libc::ECONNREFUSED
+                | libc::ECONNRESET
+                | libc::ECONNABORTED
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::ENOTCONN
+                | libc::EPIPE
+                | libc::ETIMEDOUT
+                | libc::EIO
+                | libc::ECANCELED
+        )
+    }
+}

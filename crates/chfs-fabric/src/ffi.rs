@@ -1,0 +1,1288 @@
+//! The crate's one module with unsafe code: the C shim's declarations
+//! (src/shim.c) and safe owners of what libfabric hands out.
+//!
+//! Soundness rests on two rules kept here, so the rest of the crate cannot
+//! break them:
+//! - memory given to the provider stays alive and unaliased until the
+//!   operation ends: every post takes an owner of its buffer (a [`Buffer`]
+//!   by value, an `Arc` of a [`Window`] or [`Pinned`]) and keeps it in the
+//!   endpoint's table of operations in flight, released only when the
+//!   operation's completion is read or the endpoint is closed (closing
+//!   ends every outstanding operation);
+//! - objects are closed children first: an endpoint and every registration
+//!   hold an `Arc` of their domain, which closes last.
+//!
+//! Without libfabric (`cfg(chfs_libfabric)` unset by build.rs) the same
+//! types exist but cannot be made: [`Domain::open`] says why.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// `FI_ADDR_STR`: names are NUL-terminated strings.
+pub(crate) const FMT_ADDR_STR: u32 = 9;
+/// `FI_MR_VIRT_ADDR`: remote addresses are virtual addresses, not offsets.
+const MR_VIRT_ADDR: u64 = 1 << 4;
+/// `FI_ADDR_NOTAVAIL`.
+pub(crate) const ADDR_NOTAVAIL: u64 = u64::MAX;
+
+const FI_READ: u64 = 1 << 8;
+const FI_WRITE: u64 = 1 << 9;
+const FI_RECV: u64 = 1 << 10;
+const FI_SEND: u64 = 1 << 11;
+const FI_REMOTE_READ: u64 = 1 << 12;
+const FI_REMOTE_WRITE: u64 = 1 << 13;
+
+/// What the endpoint's completion queue is waited on with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitKind {
+    /// A file descriptor, polled after `fi_trywait` (FI_WAIT_FD).
+    Fd,
+    /// None: the waiter sleeps between reads.
+    Sleep,
+}
+
+/// Facts of an open domain.
+#[derive(Debug, Clone)]
+pub struct DomainAttr {
+    /// The provider as libfabric names it (`tcp;ofi_rxm`).
+    pub provider: String,
+    /// The fabric's name (for tcp, the network: `127.0.0.1/32`).
+    pub fabric: String,
+    /// The domain's name (for tcp, the interface: `lo`).
+    pub domain: String,
+    /// `FI_MR_*` bits the provider requires.
+    pub mr_mode: u64,
+    /// Largest send copied out at once (`fi_inject`).
+    pub inject_size: usize,
+    /// Largest message.
+    pub max_msg_size: u64,
+    /// The address format (`FI_SOCKADDR_IN`, ...).
+    pub addr_format: u32,
+}
+
+/// Where a peer may read or write a [`Window`]: what a request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteKey {
+    /// The address to name in `fi_read`/`fi_write` (a virtual address or
+    /// an offset, as the provider wants).
+    pub addr: u64,
+    /// The window's length in bytes.
+    pub len: u64,
+    /// The registration's key.
+    pub key: u64,
+}
+
+impl RemoteKey {
+    /// Encoded length.
+    pub const LEN: usize = 24;
+
+    /// Little-endian encoding (addr, len, key).
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.key.to_le_bytes());
+        b
+    }
+
+    /// Decodes [`RemoteKey::encode`]'s bytes.
+    pub fn decode(b: &[u8]) -> Result<RemoteKey> {
+        if b.len() != Self::LEN {
+            return Err(Error::InvalidInput(format!(
+                "a remote key is {} bytes, not {}",
+                Self::LEN,
+                b.len()
+            )));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(RemoteKey {
+            addr: word(0),
+            len: word(8),
+            key: word(16),
+        })
+    }
+}
+
+/// A completion read from an endpoint's queue.
+#[derive(Debug)]
+pub struct Completion {
+    /// The id [`Ep`]'s post gave the operation.
+    pub id: u64,
+    /// Bytes received (receives).
+    pub len: usize,
+    /// Ok, or the error (`FI_E*`, provider's code).
+    pub status: std::result::Result<(), (i32, i32)>,
+    /// The buffer the operation was posted with, given back.
+    pub buffer: Option<Buffer>,
+}
+
+/// Memory that can be registered while something else owns it: its bytes
+/// lie at one address for as long as the value lives, even when the value
+/// is moved, and never change while it is shared.
+///
+/// # Safety
+/// `as_ref()` must return the same slice (address and length) every time
+/// and after moves of the value, and the memory must stay allocated and
+/// unmodified until the value is dropped.
+pub unsafe trait StableBuf: AsRef<[u8]> + Send + Sync + 'static {}
+
+// SAFETY: a Vec's elements are on the heap; moving the Vec moves only its
+// pointer, and a Vec owned here is never changed (no &mut is handed out).
+unsafe impl StableBuf for Vec<u8> {}
+// SAFETY: as for Vec: heap memory, never changed while owned here.
+unsafe impl StableBuf for Box<[u8]> {}
+// SAFETY: shared slices are immutable and live as long as any Arc.
+unsafe impl StableBuf for Arc<[u8]> {}
+// SAFETY: Bytes are immutable views of memory kept alive by their owner
+// (shared, static or unique heap storage); moving a Bytes keeps its view.
+unsafe impl StableBuf for bytes::Bytes {}
+
+#[cfg(chfs_libfabric)]
+mod sys {
+    use std::ffi::{c_char, c_int, c_void};
+
+    /// Opaque `struct chfs_fi_domain`.
+    #[repr(C)]
+    pub struct Domain {
+        _p: [u8; 0],
+    }
+    /// Opaque `struct chfs_fi_ep`.
+    #[repr(C)]
+    pub struct Ep {
+        _p: [u8; 0],
+    }
+    /// Opaque `struct fid_mr`.
+    #[repr(C)]
+    pub struct FidMr {
+        _p: [u8; 0],
+    }
+
+    #[repr(C)]
+    pub struct DomainAttr {
+        pub mr_mode: u64,
+        pub inject_size: u64,
+        pub max_msg_size: u64,
+        pub addr_format: u32,
+        pub prov_name: [c_char; 64],
+        pub fabric_name: [c_char; 128],
+        pub domain_name: [c_char; 64],
+    }
+
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct Comp {
+        pub ctx: u64,
+        pub flags: u64,
+        pub len: u64,
+        pub src: u64,
+        pub err: i32,
+        pub prov_errno: i32,
+    }
+
+    #[repr(C)]
+    pub struct Mr {
+        pub mr: *mut FidMr,
+        pub desc: *mut c_void,
+        pub key: u64,
+    }
+
+    unsafe extern "C" {
+        pub fn chfs_fi_strerror(err: c_int) -> *const c_char;
+        pub fn chfs_fi_version() -> u32;
+        pub fn chfs_fi_domain_open(
+            prov: *const c_char,
+            node: *const c_char,
+            service: *const c_char,
+            out: *mut *mut Domain,
+            attr: *mut DomainAttr,
+        ) -> c_int;
+        pub fn chfs_fi_domain_close(d: *mut Domain);
+        pub fn chfs_fi_ep_open(
+            d: *mut Domain,
+            cq_size: usize,
+            out: *mut *mut Ep,
+            wait_kind: *mut c_int,
+        ) -> c_int;
+        pub fn chfs_fi_ep_close(e: *mut Ep);
+        pub fn chfs_fi_getname(e: *mut Ep, buf: *mut c_void, len: *mut usize) -> c_int;
+        pub fn chfs_fi_av_insert(e: *mut Ep, addr: *const c_void, fi_addr: *mut u64) -> c_int;
+        pub fn chfs_fi_av_remove(e: *mut Ep, fi_addr: u64) -> c_int;
+        pub fn chfs_fi_send(
+            e: *mut Ep,
+            buf: *const c_void,
+            len: usize,
+            desc: *mut c_void,
+            dest: u64,
+            ctx: u64,
+        ) -> isize;
+        pub fn chfs_fi_inject(e: *mut Ep, buf: *const c_void, len: usize, dest: u64) -> isize;
+        pub fn chfs_fi_recv(
+            e: *mut Ep,
+            buf: *mut c_void,
+            len: usize,
+            desc: *mut c_void,
+            ctx: u64,
+        ) -> isize;
+        pub fn chfs_fi_read(
+            e: *mut Ep,
+            buf: *mut c_void,
+            len: usize,
+            desc: *mut c_void,
+            src: u64,
+            raddr: u64,
+            key: u64,
+            ctx: u64,
+        ) -> isize;
+        pub fn chfs_fi_write(
+            e: *mut Ep,
+            buf: *const c_void,
+            len: usize,
+            desc: *mut c_void,
+            dest: u64,
+            raddr: u64,
+            key: u64,
+            ctx: u64,
+        ) -> isize;
+        pub fn chfs_fi_mr_reg(
+            d: *mut Domain,
+            buf: *const c_void,
+            len: usize,
+            access: u64,
+            requested_key: u64,
+            out: *mut Mr,
+        ) -> c_int;
+        pub fn chfs_fi_mr_close(mr: *mut FidMr);
+        pub fn chfs_fi_poll(e: *mut Ep, out: *mut Comp, max: usize, timeout_ms: c_int) -> isize;
+    }
+}
+
+/// `fi_strerror` of a libfabric error code (either sign).
+#[cfg(chfs_libfabric)]
+pub(crate) fn strerror(code: i32) -> String {
+    // SAFETY: fi_strerror returns a pointer to a static NUL-terminated
+    // string for any code.
+    let s = unsafe { std::ffi::CStr::from_ptr(sys::chfs_fi_strerror(code)) };
+    s.to_string_lossy().into_owned()
+}
+
+/// `fi_strerror` of a libfabric error code (either sign).
+#[cfg(not(chfs_libfabric))]
+pub(crate) fn strerror(code: i32) -> String {
+    std::io::Error::from_raw_os_error(code.abs()).to_string()
+}
+
+/// The libfabric version the process runs with, as "major.minor", or None
+/// in a build without libfabric.
+pub fn libfabric_version() -> Option<String> {
+    #[cfg(chfs_libfabric)]
+    {
+        // SAFETY: fi_version takes no arguments and returns a number.
+        let v = unsafe { sys::chfs_fi_version() };
+        Some(format!("{}.{}", v >> 16, v & 0xffff))
+    }
+    #[cfg(not(chfs_libfabric))]
+    None
+}
+
+/// 64 random bits from the kernel (`getrandom(2)`).
+pub(crate) fn random_u64() -> Result<u64> {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writes at most the remaining bytes of `b`.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::Call {
+                call: "getrandom",
+                code: e.raw_os_error().unwrap_or(libc::EIO),
+                message: e.to_string(),
+            });
+        }
+        got += n as usize;
+    }
+    Ok(u64::from_le_bytes(b))
+}
+
+fn call_err(call: &'static str, ret: i64) -> Error {
+    let code = i32::try_from(-ret).unwrap_or(i32::MAX);
+    Error::Call {
+        call,
+        code,
+        message: strerror(code),
+    }
+}
+
+/// An open fabric and domain of one provider.
+pub struct Domain {
+    #[cfg(chfs_libfabric)]
+    ptr: *mut sys::Domain,
+    #[cfg(not(chfs_libfabric))]
+    never: std::convert::Infallible,
+    attr: DomainAttr,
+    /// Next key to ask for where the provider does not choose keys.
+    next_key: AtomicU64,
+}
+
+// SAFETY: the domain is opened FI_THREAD_SAFE: libfabric serialises its own
+// state, so the handle may be used and dropped from any thread.
+unsafe impl Send for Domain {}
+// SAFETY: as above, concurrent calls on the domain are allowed.
+unsafe impl Sync for Domain {}
+
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain").field("attr", &self.attr).finish()
+    }
+}
+
+impl Domain {
+    /// Opens the first domain of `provider` (libfabric's name, e.g.
+    /// `tcp;ofi_rxm`) for reliable datagram endpoints with messages and
+    /// RMA, bound to `node`/`service` when given.
+    #[cfg(chfs_libfabric)]
+    pub fn open(provider: &str, node: Option<&str>, service: Option<&str>) -> Result<Arc<Domain>> {
+        use std::ffi::CString;
+        let cstr = |s: &str| {
+            CString::new(s).map_err(|_| Error::InvalidInput(format!("NUL byte in {s:?}")))
+        };
+        let prov = cstr(provider)?;
+        let node = node.map(cstr).transpose()?;
+        let service = service.map(cstr).transpose()?;
+        let mut ptr = std::ptr::null_mut();
+        let mut a = sys::DomainAttr {
+            mr_mode: 0,
+            inject_size: 0,
+            max_msg_size: 0,
+            addr_format: 0,
+            prov_name: [0; 64],
+            fabric_name: [0; 128],
+            domain_name: [0; 64],
+        };
+        // SAFETY: the strings are NUL-terminated and outlive the call (NULL
+        // for absent node/service, as fi_getinfo allows); `ptr` and `a` are
+        // live places the shim writes.
+        let ret = unsafe {
+            sys::chfs_fi_domain_open(
+                prov.as_ptr(),
+                node.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+                service.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+                &mut ptr,
+                &mut a,
+            )
+        };
+        if ret != 0 {
+            // -FI_ENODATA: no provider of that name (or no matching domain).
+            if ret == -61 {
+                return Err(Error::Unavailable(format!(
+                    "no libfabric provider {provider:?} for reliable datagram endpoints with messages and RMA{} (fi_info -l lists the providers here)",
+                    node.as_ref().map(|n| format!(" at {}", n.to_string_lossy())).unwrap_or_default()
+                )));
+            }
+            return Err(call_err("fi_getinfo/fi_fabric/fi_domain", ret.into()));
+        }
+        let name = |b: &[std::ffi::c_char]| {
+            let bytes: Vec<u8> = b
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        Ok(Arc::new(Domain {
+            ptr,
+            attr: DomainAttr {
+                provider: name(&a.prov_name),
+                fabric: name(&a.fabric_name),
+                domain: name(&a.domain_name),
+                mr_mode: a.mr_mode,
+                inject_size: usize::try_from(a.inject_size).unwrap_or(0),
+                max_msg_size: a.max_msg_size,
+                addr_format: a.addr_format,
+            },
+            next_key: AtomicU64::new(1),
+        }))
+    }
+
+    /// Opens the first domain of `provider`: in this build, never.
+    #[cfg(not(chfs_libfabric))]
+    pub fn open(
+        provider: &str,
+        _node: Option<&str>,
+        _service: Option<&str>,
+    ) -> Result<Arc<Domain>> {
+        Err(Error::Unavailable(format!(
+            "chfs-fabric was built without libfabric (no libfabric.pc found by pkg-config: install libfabric-dev and rebuild), so provider {provider:?} cannot be used"
+        )))
+    }
+
+    /// Facts of the domain.
+    pub fn attr(&self) -> &DomainAttr {
+        &self.attr
+    }
+
+    /// Registers `len` bytes at `ptr` with `access`.
+    ///
+    /// Private: the callers below own the memory and close the
+    /// registration before letting it go.
+    #[cfg(chfs_libfabric)]
+    fn register(&self, ptr: *const u8, len: usize, access: u64) -> Result<RawMr> {
+        let mut mr = sys::Mr {
+            mr: std::ptr::null_mut(),
+            desc: std::ptr::null_mut(),
+            key: 0,
+        };
+        let requested = self.next_key.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the domain is open; ptr..ptr+len is memory the caller owns
+        // and keeps until the registration is closed; `mr` is a live place.
+        let ret =
+            unsafe { sys::chfs_fi_mr_reg(self.ptr, ptr.cast(), len, access, requested, &mut mr) };
+        if ret != 0 {
+            return Err(call_err("fi_mr_reg", ret.into()));
+        }
+        Ok(RawMr {
+            mr: mr.mr,
+            desc: mr.desc,
+            key: mr.key,
+        })
+    }
+
+    #[cfg(not(chfs_libfabric))]
+    fn register(&self, _ptr: *const u8, _len: usize, _access: u64) -> Result<RawMr> {
+        match self.never {}
+    }
+
+    /// The address a peer names for byte `off` of a registration at `base`.
+    fn remote_addr(&self, base: *const u8, off: usize) -> u64 {
+        if self.attr.mr_mode & MR_VIRT_ADDR != 0 {
+            base as u64 + off as u64
+        } else {
+            off as u64
+        }
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        #[cfg(chfs_libfabric)]
+        // SAFETY: every endpoint and registration holds an Arc of the
+        // domain, so none is left when it drops; closed once here.
+        unsafe {
+            sys::chfs_fi_domain_close(self.ptr)
+        };
+    }
+}
+
+/// A registration handle; closed by its owner's Drop.
+struct RawMr {
+    #[cfg(chfs_libfabric)]
+    mr: *mut sys::FidMr,
+    #[cfg(chfs_libfabric)]
+    desc: *mut std::ffi::c_void,
+    key: u64,
+}
+
+impl RawMr {
+    #[cfg(chfs_libfabric)]
+    fn close(&mut self) {
+        // SAFETY: the registration is open and closed only here, once
+        // (the pointer is cleared).
+        unsafe { sys::chfs_fi_mr_close(self.mr) };
+        self.mr = std::ptr::null_mut();
+    }
+    #[cfg(not(chfs_libfabric))]
+    fn close(&mut self) {}
+}
+
+/// Page-aligned zeroed heap memory.
+struct RawBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+impl RawBuf {
+    fn layout(len: usize) -> Result<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(len.max(1), 4096)
+            .map_err(|e| Error::InvalidInput(format!("buffer of {len} bytes: {e}")))
+    }
+
+    fn new(len: usize) -> Result<RawBuf> {
+        let layout = Self::layout(len)?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(ptr)
+            .ok_or_else(|| Error::InvalidInput(format!("cannot allocate {len} bytes")))?;
+        Ok(RawBuf { ptr, len })
+    }
+}
+
+impl Drop for RawBuf {
+    fn drop(&mut self) {
+        let layout = Self::layout(self.len).expect("checked at allocation");
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// Registered memory owned by one holder at a time, for local use: sent
+/// from, received into, the source of an RMA write or the target of an
+/// RMA read. Posting it moves it into the endpoint; its completion gives
+/// it back, so nothing else touches it meanwhile.
+pub struct Buffer {
+    mr: RawMr,
+    mem: RawBuf,
+    domain: Arc<Domain>,
+}
+
+// SAFETY: the memory is owned and reached only through &/&mut self; the
+// registration handle may be closed from any thread (FI_THREAD_SAFE).
+unsafe impl Send for Buffer {}
+// SAFETY: &Buffer only reads the memory.
+unsafe impl Sync for Buffer {}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("len", &self.mem.len)
+            .finish()
+    }
+}
+
+impl Buffer {
+    /// Allocates and registers `len` zeroed bytes.
+    pub fn new(domain: &Arc<Domain>, len: usize) -> Result<Buffer> {
+        if len == 0 {
+            return Err(Error::InvalidInput("an empty buffer".into()));
+        }
+        let mem = RawBuf::new(len)?;
+        let mr = domain.register(
+            mem.ptr.as_ptr(),
+            len,
+            FI_SEND | FI_RECV | FI_READ | FI_WRITE,
+        )?;
+        Ok(Buffer {
+            mr,
+            mem,
+            domain: domain.clone(),
+        })
+    }
+
+    /// The domain it is registered with.
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// Always false: buffers have at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the memory is allocated, initialised (zeroed) and owned
+        // by self; the provider writes it only while the Buffer is posted,
+        // when nobody holds it.
+        unsafe { std::slice::from_raw_parts(self.mem.ptr.as_ptr(), self.mem.len) }
+    }
+}
+
+impl AsRef<[u8]> for Buffer {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for deref, and &mut self makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr.as_ptr(), self.mem.len) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // Closed before `mem` is freed (fields drop after this).
+        self.mr.close();
+    }
+}
+
+/// Registered memory that peers may read and write with RMA (its
+/// [`RemoteKey`] told to them): shared like a mapping shared with another
+/// process, so its bytes are reached by copying in and out only.
+pub struct Window {
+    mr: RawMr,
+    mem: RawBuf,
+    domain: Arc<Domain>,
+}
+
+// SAFETY: the memory is only copied in and out with raw copies; the
+// registration may be closed from any thread.
+unsafe impl Send for Window {}
+// SAFETY: as above.
+unsafe impl Sync for Window {}
+
+impl Window {
+    /// Allocates and registers `len` zeroed bytes for remote reads and
+    /// writes.
+    pub fn new(domain: &Arc<Domain>, len: usize) -> Result<Arc<Window>> {
+        if len == 0 {
+            return Err(Error::InvalidInput("an empty window".into()));
+        }
+        let mem = RawBuf::new(len)?;
+        let mr = domain.register(
+            mem.ptr.as_ptr(),
+            len,
+            FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV | FI_READ | FI_WRITE,
+        )?;
+        Ok(Arc::new(Window {
+            mr,
+            mem,
+            domain: domain.clone(),
+        }))
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// Always false: windows have at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// What a peer needs to read or write it.
+    pub fn remote_key(&self) -> RemoteKey {
+        RemoteKey {
+            addr: self.domain.remote_addr(self.mem.ptr.as_ptr(), 0),
+            len: self.mem.len as u64,
+            key: self.mr.key,
+        }
+    }
+
+    fn check(&self, off: usize, len: usize) -> Result<()> {
+        if off.checked_add(len).is_none_or(|end| end > self.mem.len) {
+            return Err(Error::InvalidInput(format!(
+                "range {off}+{len} outside a window of {} bytes",
+                self.mem.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into the window at `off`.
+    pub fn copy_in(&self, off: usize, src: &[u8]) -> Result<()> {
+        self.check(off, src.len())?;
+        // SAFETY: the range is inside the allocation (checked); the window
+        // is shared memory, written by peers only through operations its
+        // user lets them make, as with a mapping shared between processes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.mem.ptr.as_ptr().add(off), src.len())
+        };
+        Ok(())
+    }
+
+    /// Copies the window's bytes at `off` into `dst`.
+    pub fn copy_out(&self, off: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(off, dst.len())?;
+        // SAFETY: as for copy_in.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mem.ptr.as_ptr().add(off),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // Revokes remote access before `mem` is freed.
+        self.mr.close();
+    }
+}
+
+/// Registered memory someone else owns ([`StableBuf`]: a chunk's shared
+/// buffer, a Vec), kept alive by the registration: sent from, the source
+/// of RMA writes, read by peers. What the registration cache holds.
+pub struct Pinned {
+    mr: RawMr,
+    ptr: *const u8,
+    len: usize,
+    domain: Arc<Domain>,
+    _owner: Box<dyn StableBuf>,
+}
+
+// SAFETY: the owner is Send + Sync (StableBuf) and never changed; the
+// registration may be closed from any thread.
+unsafe impl Send for Pinned {}
+// SAFETY: as above; the memory is only read.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    /// Registers `owner`'s bytes (kept alive by the registration); on
+    /// failure gives `owner` back.
+    pub fn new<B: StableBuf>(
+        domain: &Arc<Domain>,
+        owner: B,
+    ) -> std::result::Result<Arc<Pinned>, (Error, B)> {
+        // The bytes stay where they are when `owner` moves (StableBuf).
+        let (ptr, len) = {
+            let bytes = owner.as_ref();
+            (bytes.as_ptr(), bytes.len())
+        };
+        if len == 0 {
+            return Err((
+                Error::InvalidInput("registering an empty buffer".into()),
+                owner,
+            ));
+        }
+        let mr = match domain.register(ptr, len, FI_SEND | FI_WRITE | FI_REMOTE_READ) {
+            Ok(mr) => mr,
+            Err(e) => return Err((e, owner)),
+        };
+        let owner: Box<dyn StableBuf> = Box::new(owner);
+        Ok(Arc::new(Pinned {
+            mr,
+            ptr,
+            len,
+            domain: domain.clone(),
+            _owner: owner,
+        }))
+    }
+
+    /// The address range it covers (start, length).
+    pub fn range(&self) -> (usize, usize) {
+        (self.ptr as usize, self.len)
+    }
+
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the owner keeps ptr..ptr+len allocated and unchanged
+        // (StableBuf) for as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// What a peer needs to read bytes `off..off+len` of it.
+    pub fn remote_key(&self, off: usize, len: usize) -> Result<RemoteKey> {
+        if off.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::InvalidInput(format!(
+                "range {off}+{len} outside {} registered bytes",
+                self.len
+            )));
+        }
+        Ok(RemoteKey {
+            addr: self.domain.remote_addr(self.ptr, off),
+            len: len as u64,
+            key: self.mr.key,
+        })
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // Closed before the owner is dropped (fields drop after this).
+        self.mr.close();
+    }
+}
+
+/// A registration closed when dropped (also when the closure that holds
+/// it panics).
+struct Exposure(RawMr);
+
+impl Drop for Exposure {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Lets peers read `buf` with RMA while `f` runs: registers it for remote
+/// reads, hands `f` the key, and closes the registration before
+/// returning, so no peer reaches the memory after the borrow ends.
+pub fn expose<R>(domain: &Arc<Domain>, buf: &[u8], f: impl FnOnce(RemoteKey) -> R) -> Result<R> {
+    if buf.is_empty() {
+        return Err(Error::InvalidInput("exposing an empty buffer".into()));
+    }
+    let mr = Exposure(domain.register(buf.as_ptr(), buf.len(), FI_REMOTE_READ)?);
+    let key = RemoteKey {
+        addr: domain.remote_addr(buf.as_ptr(), 0),
+        len: buf.len() as u64,
+        key: mr.0.key,
+    };
+    let r = f(key);
+    drop(mr);
+    Ok(r)
+}
+
+/// Lets peers write (and read) `buf` with RMA while `f` runs; as
+/// [`expose`]. `f` cannot reach `buf` (it is borrowed here), so the
+/// peer's writes race with nothing.
+pub fn expose_mut<R>(
+    domain: &Arc<Domain>,
+    buf: &mut [u8],
+    f: impl FnOnce(RemoteKey) -> R,
+) -> Result<R> {
+    if buf.is_empty() {
+        return Err(Error::InvalidInput("exposing an empty buffer".into()));
+    }
+    let ptr = buf.as_mut_ptr();
+    let mr = Exposure(domain.register(ptr, buf.len(), FI_REMOTE_READ | FI_REMOTE_WRITE)?);
+    let key = RemoteKey {
+        addr: domain.remote_addr(ptr, 0),
+        len: buf.len() as u64,
+        key: mr.0.key,
+    };
+    let r = f(key);
+    drop(mr);
+    Ok(r)
+}
+
+/// Local memory for an operation: a buffer moved in, or a shared
+/// registration.
+pub enum Local {
+    /// An owned buffer (given back in the completion).
+    Buffer(Buffer),
+    /// A window.
+    Window(Arc<Window>),
+    /// Someone else's memory, registered.
+    Pinned(Arc<Pinned>),
+}
+
+impl Local {
+    fn domain(&self) -> &Arc<Domain> {
+        match self {
+            Local::Buffer(b) => &b.domain,
+            Local::Window(w) => &w.domain,
+            Local::Pinned(p) => &p.domain,
+        }
+    }
+
+    fn span(&self) -> (*const u8, usize) {
+        match self {
+            Local::Buffer(b) => (b.mem.ptr.as_ptr(), b.mem.len),
+            Local::Window(w) => (w.mem.ptr.as_ptr(), w.mem.len),
+            Local::Pinned(p) => (p.ptr, p.len),
+        }
+    }
+
+    fn mr(&self) -> &RawMr {
+        match self {
+            Local::Buffer(b) => &b.mr,
+            Local::Window(w) => &w.mr,
+            Local::Pinned(p) => &p.mr,
+        }
+    }
+
+    fn writable(&self) -> bool {
+        !matches!(self, Local::Pinned(_))
+    }
+}
+
+/// A post that was refused: the error and the memory back.
+pub struct PostError {
+    /// Why (`Error::Call` with code `FI_EAGAIN` = 11 when the queue is full).
+    pub error: Error,
+    /// The memory given to the post.
+    pub local: Local,
+}
+
+impl PostError {
+    /// The queue was full: progress, then try again.
+    pub fn is_again(&self) -> bool {
+        matches!(self.error, Error::Call { code: 11, .. })
+    }
+}
+
+/// The kind of operation to post.
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    /// Send `len` bytes at `off` to the peer.
+    Send,
+    /// Receive into the buffer.
+    Recv,
+    /// RMA read of the peer's memory into the buffer.
+    Read(RemoteKey, u64),
+    /// RMA write of the buffer into the peer's memory.
+    Write(RemoteKey, u64),
+}
+
+/// An enabled endpoint with its address vector and completion queue.
+pub struct Ep {
+    #[cfg(chfs_libfabric)]
+    ptr: *mut sys::Ep,
+    #[cfg(not(chfs_libfabric))]
+    never: std::convert::Infallible,
+    wait: WaitKind,
+    domain: Arc<Domain>,
+    next_id: AtomicU64,
+    /// Operations in flight: their memory, released at completion.
+    inflight: Mutex<HashMap<u64, Local>>,
+    /// The addresses inserted and not removed: only these are given to
+    /// libfabric (a number from another endpoint's vector could name
+    /// nothing).
+    peers: Mutex<std::collections::HashSet<u64>>,
+}
+
+// SAFETY: the endpoint is opened on an FI_THREAD_SAFE domain; the table of
+// operations is behind a mutex.
+unsafe impl Send for Ep {}
+// SAFETY: as above.
+unsafe impl Sync for Ep {}
+
+impl Ep {
+    /// Opens an endpoint on `domain` with a completion queue of
+    /// `cq_size` entries (0: the provider's default).
+    #[cfg(chfs_libfabric)]
+    pub fn open(domain: &Arc<Domain>, cq_size: usize) -> Result<Ep> {
+        let mut ptr = std::ptr::null_mut();
+        let mut kind = 0;
+        // SAFETY: the domain is open and outlives the endpoint (the Arc
+        // kept below); out-parameters are live places.
+        let ret = unsafe { sys::chfs_fi_ep_open(domain.ptr, cq_size, &mut ptr, &mut kind) };
+        if ret != 0 {
+            return Err(call_err("fi_endpoint", ret.into()));
+        }
+        Ok(Ep {
+            ptr,
+            wait: match kind {
+                1 => WaitKind::Fd,
+                _ => WaitKind::Sleep,
+            },
+            domain: domain.clone(),
+            next_id: AtomicU64::new(1),
+            inflight: Mutex::new(HashMap::new()),
+            peers: Mutex::new(std::collections::HashSet::new()),
+        })
+    }
+
+    /// Opens an endpoint: in this build, never (no domain can be made).
+    #[cfg(not(chfs_libfabric))]
+    pub fn open(domain: &Arc<Domain>, _cq_size: usize) -> Result<Ep> {
+        match domain.never {}
+    }
+
+    /// How its completion queue is waited on.
+    pub fn wait_kind(&self) -> WaitKind {
+        self.wait
+    }
+
+    /// Its domain.
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// Its address (`fi_getname`).
+    #[cfg(chfs_libfabric)]
+    pub fn name(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; 512];
+        let mut len = buf.len();
+        // SAFETY: buf has `len` writable bytes; the shim writes at most
+        // that and stores the name's length.
+        let ret = unsafe { sys::chfs_fi_getname(self.ptr, buf.as_mut_ptr().cast(), &mut len) };
+        if ret != 0 {
+            return Err(call_err("fi_getname", ret.into()));
+        }
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// Adds a peer's address (as its [`Ep::name`] gave it) to the address
+    /// vector. `name` must be of this provider's format; its length is
+    /// checked against `own_len` (this endpoint's name), or for string
+    /// formats its terminating NUL, so libfabric never reads past it.
+    #[cfg(chfs_libfabric)]
+    pub fn insert(&self, name: &[u8], own_len: usize) -> Result<u64> {
+        let ok = if self.domain.attr.addr_format == FMT_ADDR_STR {
+            name.last() == Some(&0)
+        } else {
+            name.len() == own_len
+        };
+        if !ok {
+            return Err(Error::InvalidInput(format!(
+                "a {}-byte address for provider {} (its addresses are {})",
+                name.len(),
+                self.domain.attr.provider,
+                if self.domain.attr.addr_format == FMT_ADDR_STR {
+                    "NUL-terminated strings".to_string()
+                } else {
+                    format!("{own_len} bytes")
+                }
+            )));
+        }
+        let mut fi_addr = ADDR_NOTAVAIL;
+        // SAFETY: `name` holds a whole address of the provider's format
+        // (checked above); fi_addr is a live place.
+        let ret = unsafe { sys::chfs_fi_av_insert(self.ptr, name.as_ptr().cast(), &mut fi_addr) };
+        if ret != 0 {
+            return Err(call_err("fi_av_insert", ret.into()));
+        }
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fi_addr);
+        Ok(fi_addr)
+    }
+
+    /// Refuses an address this endpoint did not insert.
+    fn check_peer(&self, fi_addr: u64) -> Result<()> {
+        if self
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&fi_addr)
+        {
+            Ok(())
+        } else {
+            Err(Error::InvalidInput(format!(
+                "peer {fi_addr} is not in this endpoint's address vector"
+            )))
+        }
+    }
+
+    /// Removes a peer from the address vector.
+    #[cfg(chfs_libfabric)]
+    pub fn remove(&self, fi_addr: u64) -> Result<()> {
+        self.check_peer(fi_addr)?;
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fi_addr);
+        // SAFETY: the endpoint is open and the address was inserted.
+        let ret = unsafe { sys::chfs_fi_av_remove(self.ptr, fi_addr) };
+        if ret != 0 {
+            return Err(call_err("fi_av_remove", ret.into()));
+        }
+        Ok(())
+    }
+
+    /// Sends `data` copied out at once (`fi_inject`, at most the domain's
+    /// inject size): no completion, the slice is free on return.
+    #[cfg(chfs_libfabric)]
+    pub fn inject(&self, data: &[u8], dest: u64) -> Result<()> {
+        if data.len() > self.domain.attr.inject_size {
+            return Err(Error::InvalidInput(format!(
+                "{} bytes to inject, at most {}",
+                data.len(),
+                self.domain.attr.inject_size
+            )));
+        }
+        self.check_peer(dest)?;
+        // SAFETY: fi_inject copies the bytes before it returns; `dest` was
+        // inserted.
+        let ret = unsafe { sys::chfs_fi_inject(self.ptr, data.as_ptr().cast(), data.len(), dest) };
+        if ret != 0 {
+            return Err(call_err("fi_inject", ret as i64));
+        }
+        Ok(())
+    }
+
+    /// Posts `op` on `len` bytes of `local` at `off`, with `peer` (ignored
+    /// for receives). Returns the operation's id, which its completion
+    /// carries; `local` is kept until then.
+    #[cfg(chfs_libfabric)]
+    pub fn post(
+        &self,
+        op: Op,
+        local: Local,
+        off: usize,
+        len: usize,
+        peer: u64,
+    ) -> std::result::Result<u64, PostError> {
+        let refuse = |local: Local, error: Error| PostError { error, local };
+        if !Arc::ptr_eq(local.domain(), &self.domain) {
+            return Err(refuse(
+                local,
+                Error::InvalidInput("memory registered with another domain".into()),
+            ));
+        }
+        let (base, cap) = local.span();
+        if off.checked_add(len).is_none_or(|end| end > cap) {
+            return Err(refuse(
+                local,
+                Error::InvalidInput(format!("range {off}+{len} outside {cap} bytes")),
+            ));
+        }
+        let writes_local = matches!(op, Op::Recv | Op::Read(..));
+        if writes_local && !local.writable() {
+            return Err(refuse(
+                local,
+                Error::InvalidInput("receiving into memory registered read-only".into()),
+            ));
+        }
+        if !matches!(op, Op::Recv) {
+            if let Err(e) = self.check_peer(peer) {
+                return Err(refuse(local, e));
+            }
+        }
+        if let Op::Read(rk, roff) | Op::Write(rk, roff) = op {
+            if roff.checked_add(len as u64).is_none_or(|end| end > rk.len) {
+                return Err(refuse(
+                    local,
+                    Error::InvalidInput(format!(
+                        "remote range {roff}+{len} outside a {}-byte window",
+                        rk.len
+                    )),
+                ));
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: base..base+cap is registered memory owned by `local`.
+        let ptr = unsafe { base.add(off) };
+        let desc = local.mr().desc;
+        // Kept before the post: a completion may be read by another thread
+        // before the post returns.
+        let mut table = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        table.insert(id, local);
+        drop(table);
+        // SAFETY: ptr..ptr+len lies in registered memory (checked above)
+        // that the table keeps alive and, for writes into it, unshared
+        // (a Buffer moved in, or a Window whose bytes are only copied)
+        // until the completion is read or the endpoint closes; `peer` was
+        // inserted (checked above).
+        let ret = unsafe {
+            match op {
+                Op::Send => sys::chfs_fi_send(self.ptr, ptr.cast(), len, desc, peer, id),
+                Op::Recv => sys::chfs_fi_recv(self.ptr, ptr.cast_mut().cast(), len, desc, id),
+                Op::Read(rk, roff) => sys::chfs_fi_read(
+                    self.ptr,
+                    ptr.cast_mut().cast(),
+                    len,
+                    desc,
+                    peer,
+                    rk.addr + roff,
+                    rk.key,
+                    id,
+                ),
+                Op::Write(rk, roff) => sys::chfs_fi_write(
+                    self.ptr,
+                    ptr.cast(),
+                    len,
+                    desc,
+                    peer,
+                    rk.addr + roff,
+                    rk.key,
+                    id,
+                ),
+            }
+        };
+        if ret != 0 {
+            let local = self
+                .inflight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id)
+                .expect("kept above; only a completion removes it, and none came");
+            let name = match op {
+                Op::Send => "fi_send",
+                Op::Recv => "fi_recv",
+                Op::Read(..) => "fi_read",
+                Op::Write(..) => "fi_write",
+            };
+            return Err(PostError {
+                error: call_err(name, ret as i64),
+                local,
+            });
+        }
+        Ok(id)
+    }
+
+    /// Reads up to `max` completions, waiting up to `timeout_ms` without
+    /// spinning when none is ready (0: do not wait; a queue without a wait
+    /// object never waits). Drives the provider's progress.
+    #[cfg(chfs_libfabric)]
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize, timeout_ms: i32) -> Result<usize> {
+        let mut raw = [sys::Comp {
+            ctx: 0,
+            flags: 0,
+            len: 0,
+            src: 0,
+            err: 0,
+            prov_errno: 0,
+        }; 64];
+        let max = max.min(raw.len());
+        // SAFETY: raw has room for `max` entries; the shim fills at most
+        // that many.
+        let n = unsafe { sys::chfs_fi_poll(self.ptr, raw.as_mut_ptr(), max, timeout_ms) };
+        if n < 0 {
+            return Err(call_err("fi_cq_read", n as i64));
+        }
+        let n = n as usize;
+        let mut table = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        for c in &raw[..n] {
+            let buffer = match table.remove(&c.ctx) {
+                Some(Local::Buffer(b)) => Some(b),
+                _ => None,
+            };
+            out.push(Completion {
+                id: c.ctx,
+                len: usize::try_from(c.len).unwrap_or(usize::MAX),
+                status: if c.err == 0 {
+                    Ok(())
+                } else {
+                    Err((c.err, c.prov_errno))
+                },
+                buffer,
+            });
+        }
+        Ok(n)
+    }
+
+    #[cfg(not(chfs_libfabric))]
+    pub fn name(&self) -> Result<Vec<u8>> {
+        match self.never {}
+    }
+    #[cfg(not(chfs_libfabric))]
+    pub fn insert(&self, _name: &[u8], _own_len: usize) -> Result<u64> {
+        match self.never {}
+    }
+    #[cfg(not(chfs_libfabric))]
+    pub fn remove(&self, _fi_addr: u64) -> Result<()> {
+        match self.never {}
+    }
+    #[cfg(not(chfs_libfabric))]
+    pub fn inject(&self, _data: &[u8], _dest: u64) -> Result<()> {
+        match self.never {}
+    }
+    #[cfg(not(chfs_libfabric))]
+    pub fn post(
+        &self,
+        _op: Op,
+        _local: Local,
+        _off: usize,
+        _len: usize,
+        _peer: u64,
+    ) -> std::result::Result<u64, PostError> {
+        match self.never {}
+    }
+    #[cfg(not(chfs_libfabric))]
+    pub fn poll(&self, _out: &mut Vec<Completion>, _max: usize, _timeout_ms: i32) -> Result<usize> {
+        match self.never {}
+    }
+}
+
+impl Drop for Ep {
+    fn drop(&mut self) {
+        #[cfg(chfs_libfabric)]
+        // SAFETY: closed once; closing the endpoint ends its outstanding
+        // operations, and only then does the table (dropped after this
+        // body) free their memory.
+        unsafe {
+            sys::chfs_fi_ep_close(self.ptr)
+        };
+    }
+}

@@ -1,0 +1,656 @@
+//! chfs-proto frames over a fabric endpoint: a prototype of the seam
+//! doc/fabric.md describes, before the client and server use it.
+//!
+//! One message is one frame behind an 8-byte session token:
+//!
+//! ```text
+//! | token u64 | len u32 | id u64 | op u16 | flags u16 | payload (len) |
+//! ```
+//!
+//! (all little-endian; the frame is chfs-proto's, unchanged). Reliable
+//! datagram messages name no sender the receiver can trust (rxm reports
+//! none), so a server knows its sessions by token: a client's `HELLO`
+//! (token 0) carries the client's address, and the `WELCOME` answer the
+//! token the server drew for it. Replies are routed to their callers by
+//! frame id: one thread at a time reads the endpoint and files the
+//! replies of the others (the client's leader/follower pattern).
+//!
+//! Bulk data of at least `CHFS_RDMA_THRESH` bytes (32 KiB, CHFS's
+//! default) moves by RMA that the server initiates, as Mercury's bulk
+//! transfers do: the client exposes its memory for the call
+//! ([`Endpoint::expose`]) and the request carries [`FLAG_RMA`] and the
+//! [`RemoteKey`] at the end of its payload; for a `Write` the server reads
+//! the data from the client, for a `Read` it writes the data into the
+//! client's buffer and answers `Written(n)`. Not yet here: the
+//! challenge-response handshake of `chfs_proto::handshake` (it will run
+//! over HELLO/WELCOME).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chfs_proto::frame::{Header, FLAG_ERROR, HEADER_LEN, MAX_PAYLOAD};
+use chfs_proto::msg::{decode_error, encode_error};
+use chfs_proto::{ErrorReply, ProtoError, Request, Response};
+
+use crate::addr::Address;
+use crate::endpoint::{Endpoint, Peer};
+use crate::error::Error;
+use crate::ffi::{Buffer, Local, RemoteKey};
+
+/// Length of the session token in front of each frame.
+pub const TOKEN_LEN: usize = 8;
+/// Control op of a client's first message (token 0): its address.
+pub const OP_HELLO: u16 = 0xff00;
+/// Control op of the server's answer: the session's token.
+pub const OP_WELCOME: u16 = 0xff01;
+/// Request flag (fabric only; to join chfs-proto's `FLAG_*` when the
+/// transport is integrated): the bulk data is not in the frame; the
+/// payload ends with a [`RemoteKey`] naming the client's memory.
+pub const FLAG_RMA: u16 = 8;
+/// `CHFS_RDMA_THRESH`'s default, as CHFS: transfers of at least this many
+/// bytes use RMA.
+pub const RDMA_THRESH: usize = 32 * 1024;
+
+/// What an RPC over the fabric can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    /// The transport failed (timeout, dead peer, bad address).
+    #[error(transparent)]
+    Fabric(#[from] Error),
+    /// A message that is not a well-formed frame.
+    #[error("malformed message: {0}")]
+    Proto(#[from] ProtoError),
+    /// The server answered with an error.
+    #[error("server: {}", .0.message)]
+    Remote(ErrorReply),
+}
+
+impl RpcError {
+    /// The errno a caller sees.
+    pub fn errno(&self) -> i32 {
+        match self {
+            RpcError::Fabric(e) => e.errno(),
+            RpcError::Proto(_) => libc::EPROTO,
+            RpcError::Remote(r) => r.errno,
+        }
+    }
+}
+
+/// One message: token, frame header, payload.
+pub fn encode_message(token: u64, id: u64, op: u16, flags: u16, payload: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(TOKEN_LEN + HEADER_LEN + payload.len());
+    m.extend_from_slice(&token.to_le_bytes());
+    let header = Header {
+        len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
+        id,
+        op,
+        flags,
+    };
+    m.extend_from_slice(&header.encode());
+    m.extend_from_slice(payload);
+    m
+}
+
+/// Splits a message into token, header and payload, checking the
+/// frame's length against the message's.
+pub fn decode_message(m: &[u8]) -> Result<(u64, Header, Bytes), ProtoError> {
+    if m.len() < TOKEN_LEN + HEADER_LEN {
+        return Err(ProtoError::Truncated {
+            needed: TOKEN_LEN + HEADER_LEN - m.len(),
+        });
+    }
+    let token = u64::from_le_bytes(m[..TOKEN_LEN].try_into().expect("8 bytes"));
+    let head: &[u8; HEADER_LEN] = m[TOKEN_LEN..TOKEN_LEN + HEADER_LEN]
+        .try_into()
+        .expect("header bytes");
+    let header = Header::decode(head)?;
+    let payload = &m[TOKEN_LEN + HEADER_LEN..];
+    if payload.len() != header.len as usize {
+        return Err(if payload.len() < header.len as usize {
+            ProtoError::Truncated {
+                needed: header.len as usize - payload.len(),
+            }
+        } else {
+            ProtoError::FrameTooLarge {
+                len: payload.len() as u64,
+                max: header.len as u64,
+            }
+        });
+    }
+    Ok((token, header, Bytes::copy_from_slice(payload)))
+}
+
+/// A session with one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    /// The server.
+    pub peer: Peer,
+    /// The token the server gave.
+    pub token: u64,
+}
+
+#[derive(Default)]
+struct Inbox {
+    /// A thread is reading the endpoint.
+    reading: bool,
+    replies: HashMap<u64, (Header, Bytes)>,
+    /// Calls whose caller gave up: their replies are dropped.
+    abandoned: HashSet<u64>,
+    /// Messages that were no reply to anyone here.
+    strays: u64,
+}
+
+/// The client side: calls to any number of servers over one endpoint,
+/// from any number of threads.
+pub struct RpcClient {
+    ep: Arc<Endpoint>,
+    rdma_thresh: usize,
+    next_id: AtomicU64,
+    inbox: Mutex<Inbox>,
+    cv: Condvar,
+}
+
+impl RpcClient {
+    /// A client on `ep` (which it then reads: nothing else should).
+    pub fn new(ep: Arc<Endpoint>) -> RpcClient {
+        RpcClient {
+            ep,
+            rdma_thresh: RDMA_THRESH,
+            next_id: AtomicU64::new(1),
+            inbox: Mutex::new(Inbox::default()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Sets the size from which bulk data moves by RMA.
+    pub fn with_rdma_thresh(mut self, bytes: usize) -> RpcClient {
+        self.rdma_thresh = bytes.max(1);
+        self
+    }
+
+    /// Its endpoint.
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.ep
+    }
+
+    /// Messages received that answered no call waiting here.
+    pub fn strays(&self) -> u64 {
+        self.lock().strays
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a session with the server at `server`.
+    pub fn connect(&self, server: &Address, timeout: Duration) -> Result<Session, RpcError> {
+        let peer = self.ep.connect(server)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let hello = self.ep.address().to_string();
+        let m = encode_message(0, id, OP_HELLO, 0, hello.as_bytes());
+        self.ep.send(peer, &m, timeout)?;
+        let (h, payload) = self.reply(id, Instant::now() + timeout, timeout)?;
+        if h.op != OP_WELCOME || payload.len() != TOKEN_LEN {
+            return Err(RpcError::Proto(ProtoError::Malformed(
+                "the server's answer to HELLO is not a WELCOME with a token".into(),
+            )));
+        }
+        let token = u64::from_le_bytes(payload[..].try_into().expect("8 bytes"));
+        Ok(Session { peer, token })
+    }
+
+    /// Sends `req` in session `s` and waits for its response.
+    pub fn call(
+        &self,
+        s: &Session,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, RpcError> {
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        self.exchange(s, req.op(), 0, &payload, timeout)
+    }
+
+    /// Sends a `Write` whose data is `data` (the request's own `data`
+    /// left empty): in the frame below the RDMA threshold, else exposed
+    /// for the server to read.
+    pub fn write(
+        &self,
+        s: &Session,
+        req: &Request,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, RpcError> {
+        if !matches!(req, Request::Write { data, .. } if data.is_empty()) {
+            return Err(Error::InvalidInput("write() takes a Write without data".into()).into());
+        }
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        if data.len() < self.rdma_thresh {
+            // The data is the payload's tail.
+            payload.extend_from_slice(data);
+            return self.exchange(s, req.op(), 0, &payload, timeout);
+        }
+        self.ep.expose(data, |key| {
+            payload.extend_from_slice(&key.encode());
+            self.exchange(s, req.op(), FLAG_RMA, &payload, timeout)
+        })?
+    }
+
+    /// Sends a `Read` and puts its data into `dst` (at least the `len`
+    /// asked for): from the reply below the RDMA threshold, else written
+    /// by the server into `dst`, exposed for the call. Returns the bytes
+    /// placed.
+    pub fn read(
+        &self,
+        s: &Session,
+        req: &Request,
+        dst: &mut [u8],
+        timeout: Duration,
+    ) -> Result<usize, RpcError> {
+        let want = match req {
+            Request::Read { len, .. } if *len as usize <= dst.len() => *len as usize,
+            _ => {
+                return Err(Error::InvalidInput(
+                    "read() takes a Read of at most the destination's length".into(),
+                )
+                .into())
+            }
+        };
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        if want < self.rdma_thresh {
+            return match self.exchange(s, req.op(), 0, &payload, timeout)? {
+                Response::Data(d) if d.len() <= want => {
+                    dst[..d.len()].copy_from_slice(&d);
+                    Ok(d.len())
+                }
+                other => Err(unexpected(&other)),
+            };
+        }
+        let r = self.ep.expose_mut(&mut dst[..want], |key| {
+            payload.extend_from_slice(&key.encode());
+            self.exchange(s, req.op(), FLAG_RMA, &payload, timeout)
+        })??;
+        match r {
+            Response::Written(n) if n as usize <= want => Ok(n as usize),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn exchange(
+        &self,
+        s: &Session,
+        op: u16,
+        flags: u16,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, RpcError> {
+        let deadline = Instant::now() + timeout;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let m = encode_message(s.token, id, op, flags, payload);
+        self.ep.send(s.peer, &m, timeout)?;
+        let (h, payload) = self.reply(id, deadline, timeout)?;
+        if h.flags & FLAG_ERROR != 0 {
+            return Err(RpcError::Remote(decode_error(payload)?));
+        }
+        Ok(Response::decode(payload)?)
+    }
+
+    /// Waits for the reply to call `id`: reads the endpoint if no other
+    /// thread does, filing other calls' replies; else waits to be handed
+    /// it.
+    fn reply(
+        &self,
+        id: u64,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(Header, Bytes), RpcError> {
+        let mut inbox = self.lock();
+        loop {
+            if let Some(r) = inbox.replies.remove(&id) {
+                return Ok(r);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                inbox.abandoned.insert(id);
+                return Err(Error::Timeout {
+                    op: "rpc",
+                    after: timeout,
+                }
+                .into());
+            }
+            if inbox.reading {
+                inbox = self
+                    .cv
+                    .wait_timeout(inbox, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                continue;
+            }
+            inbox.reading = true;
+            drop(inbox);
+            let got = self.ep.recv(deadline - now).map(|m| decode_message(&m));
+            inbox = self.lock();
+            inbox.reading = false;
+            self.cv.notify_all();
+            match got {
+                Ok(Ok((_, h, payload))) => {
+                    if h.id == id {
+                        return Ok((h, payload));
+                    }
+                    if !inbox.abandoned.remove(&h.id) && h.id < self.next_id.load(Ordering::Relaxed)
+                    {
+                        inbox.replies.insert(h.id, (h, payload));
+                    } else {
+                        inbox.strays += 1;
+                    }
+                }
+                Ok(Err(_)) => inbox.strays += 1,
+                Err(Error::Timeout { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Buffers the pool may keep for reuse.
+const POOL_MAX: usize = 64;
+
+/// A registered buffer lent out as a chunk's memory; back to its pool
+/// when dropped (reused memory is faulted in and registered already:
+/// a fresh buffer per write measured slower than a copy).
+struct Pooled {
+    buf: Option<Buffer>,
+    len: usize,
+    pool: std::sync::Weak<Mutex<Vec<Buffer>>>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("held until drop")[..self.len]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let (Some(b), Some(pool)) = (self.buf.take(), self.pool.upgrade()) {
+            let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < POOL_MAX {
+                pool.push(b);
+            }
+        }
+    }
+}
+
+fn unexpected(r: &Response) -> RpcError {
+    RpcError::Proto(ProtoError::Malformed(format!("unexpected response {r:?}")))
+}
+
+/// Counters of a server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Sessions opened.
+    pub sessions: u64,
+    /// Requests answered (with a response or an error).
+    pub served: u64,
+    /// Messages dropped: not a frame, or of no session.
+    pub dropped: u64,
+    /// Write data read from clients by RMA.
+    pub rma_pulls: u64,
+    /// Read data written into clients by RMA.
+    pub rma_pushes: u64,
+}
+
+/// The server side: sessions and the request loop over one endpoint.
+pub struct RpcServer {
+    ep: Endpoint,
+    sessions: HashMap<u64, Peer>,
+    stats: ServerStats,
+    /// Registered buffers for RMA reads of clients' data.
+    pull_buffers: Arc<Mutex<Vec<Buffer>>>,
+}
+
+impl RpcServer {
+    /// A server on `ep`.
+    pub fn new(ep: Endpoint) -> RpcServer {
+        RpcServer {
+            ep,
+            sessions: HashMap::new(),
+            stats: ServerStats::default(),
+            pull_buffers: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Its endpoint.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ServerStats {
+        self.stats
+    }
+
+    /// Waits up to `timeout` for one message and serves it: a HELLO opens
+    /// a session, a request of a session goes to `handler` and its result
+    /// back to the session's peer (an undecodable request gets EPROTO, as
+    /// over TCP). Returns false when nothing came in time.
+    pub fn serve_one(
+        &mut self,
+        timeout: Duration,
+        handler: &mut impl FnMut(Request) -> Result<Response, ErrorReply>,
+    ) -> Result<bool, RpcError> {
+        let m = match self.ep.recv(timeout) {
+            Ok(m) => m,
+            Err(Error::Timeout { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let decoded = decode_message(&m);
+        drop(m);
+        let Ok((token, h, payload)) = decoded else {
+            self.stats.dropped += 1;
+            return Ok(true);
+        };
+        let send_timeout = Duration::from_secs(5);
+        if token == 0 {
+            if h.op != OP_HELLO {
+                self.stats.dropped += 1;
+                return Ok(true);
+            }
+            let addr = std::str::from_utf8(&payload)
+                .ok()
+                .and_then(|s| s.parse::<Address>().ok());
+            let Some(addr) = addr else {
+                self.stats.dropped += 1;
+                return Ok(true);
+            };
+            let peer = self.ep.connect(&addr)?;
+            let token = loop {
+                let t = crate::ffi::random_u64()?;
+                if t != 0 && !self.sessions.contains_key(&t) {
+                    break t;
+                }
+            };
+            self.sessions.insert(token, peer);
+            self.stats.sessions += 1;
+            let welcome = encode_message(0, h.id, OP_WELCOME, 0, &token.to_le_bytes());
+            self.ep.send(peer, &welcome, send_timeout)?;
+            return Ok(true);
+        }
+        let Some(&peer) = self.sessions.get(&token) else {
+            self.stats.dropped += 1;
+            return Ok(true);
+        };
+        let result = if h.flags & FLAG_RMA != 0 {
+            self.serve_rma(peer, h.op, payload, handler)
+        } else {
+            match Request::decode(h.op, payload) {
+                Ok(req) => handler(req),
+                Err(e) => Err(ErrorReply::new(
+                    libc::EPROTO,
+                    format!("undecodable request: {e}"),
+                )),
+            }
+        };
+        let mut out = Vec::new();
+        let flags = match &result {
+            Ok(resp) => {
+                resp.encode(&mut out);
+                0
+            }
+            Err(e) => {
+                encode_error(&mut out, e);
+                FLAG_ERROR
+            }
+        };
+        if out.len() > MAX_PAYLOAD as usize {
+            out.clear();
+            encode_error(
+                &mut out,
+                &ErrorReply::new(libc::EMSGSIZE, "response too large"),
+            );
+        }
+        let reply = encode_message(0, h.id, h.op, flags, &out);
+        self.ep.send(peer, &reply, send_timeout)?;
+        self.stats.served += 1;
+        Ok(true)
+    }
+
+    /// A request whose bulk data is in the client's memory (`FLAG_RMA`):
+    /// a `Write`'s data is read from there first; a `Read`'s answer is
+    /// written there, and `Written(n)` goes back instead.
+    fn serve_rma(
+        &mut self,
+        peer: Peer,
+        op: u16,
+        payload: Bytes,
+        handler: &mut impl FnMut(Request) -> Result<Response, ErrorReply>,
+    ) -> Result<Response, ErrorReply> {
+        let timeout = Duration::from_secs(30);
+        let fabric = |e: Error| ErrorReply::new(e.errno(), e.to_string());
+        let proto = |why: String| ErrorReply::new(libc::EPROTO, why);
+        let at = payload
+            .len()
+            .checked_sub(RemoteKey::LEN)
+            .ok_or_else(|| proto("FLAG_RMA without a remote key".into()))?;
+        let key = RemoteKey::decode(&payload[at..]).map_err(fabric)?;
+        let req = Request::decode(op, payload.slice(..at))
+            .map_err(|e| proto(format!("undecodable request: {e}")))?;
+        let len = usize::try_from(key.len).unwrap_or(usize::MAX);
+        if len > MAX_PAYLOAD as usize {
+            return Err(ErrorReply::new(
+                libc::EMSGSIZE,
+                format!("{len} bytes of bulk data"),
+            ));
+        }
+        match req {
+            Request::Write {
+                path,
+                fileid,
+                chunk_size,
+                mode,
+                idx,
+                off,
+                flags,
+                epoch,
+                data,
+            } if data.is_empty() => {
+                let pooled = {
+                    let mut pool = self.pull_buffers.lock().unwrap_or_else(|e| e.into_inner());
+                    pool.iter()
+                        .position(|b| b.len() >= len)
+                        .map(|i| pool.swap_remove(i))
+                };
+                let buf = match pooled {
+                    Some(b) => b,
+                    None => self.ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
+                };
+                let buf = self
+                    .ep
+                    .read(peer, Local::Buffer(buf), 0, len, key, 0, timeout)
+                    .map_err(fabric)?
+                    .expect("a buffer posted comes back");
+                // The registered buffer becomes the chunk's memory (no
+                // copy) and returns to the pool when the chunk lets go.
+                let data = Bytes::from_owner(Pooled {
+                    buf: Some(buf),
+                    len,
+                    pool: Arc::downgrade(&self.pull_buffers),
+                });
+                self.stats.rma_pulls += 1;
+                handler(Request::Write {
+                    path,
+                    fileid,
+                    chunk_size,
+                    mode,
+                    idx,
+                    off,
+                    flags,
+                    epoch,
+                    data,
+                })
+            }
+            req @ Request::Read { .. } => match handler(req)? {
+                Response::Data(d) => {
+                    if d.len() > len {
+                        return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
+                    }
+                    let n = d.len();
+                    if n > 0 {
+                        self.ep
+                            .write_from(peer, d, key, 0, timeout)
+                            .map_err(fabric)?;
+                        self.stats.rma_pushes += 1;
+                    }
+                    Ok(Response::Written(n as u32))
+                }
+                other => Ok(other),
+            },
+            other => Err(proto(format!("FLAG_RMA on op {}", other.op()))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let m = encode_message(0xdead_beef, 42, 7, FLAG_ERROR, b"payload");
+        let (token, h, payload) = decode_message(&m).unwrap();
+        assert_eq!(token, 0xdead_beef);
+        assert_eq!((h.id, h.op, h.flags, h.len), (42, 7, FLAG_ERROR, 7));
+        assert_eq!(&payload[..], b"payload");
+    }
+
+    #[test]
+    fn malformed_messages_are_refused() {
+        let m = encode_message(1, 2, 3, 0, b"12345");
+        assert!(matches!(
+            decode_message(&m[..10]),
+            Err(ProtoError::Truncated { .. })
+        ));
+        assert!(matches!(
+            decode_message(&m[..m.len() - 1]),
+            Err(ProtoError::Truncated { needed: 1 })
+        ));
+        let mut longer = m.clone();
+        longer.push(0);
+        assert!(matches!(
+            decode_message(&longer),
+            Err(ProtoError::FrameTooLarge { .. })
+        ));
+        let mut huge = m;
+        huge[TOKEN_LEN..TOKEN_LEN + 4].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
+        assert!(matches!(
+            decode_message(&huge),
+            Err(ProtoError::FrameTooLarge { .. })
+        ));
+    }
+}

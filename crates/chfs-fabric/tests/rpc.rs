@@ -1,0 +1,416 @@
+//! chfs-proto requests and responses over fabric endpoints (the seam's
+//! prototype, `chfs_fabric::rpc`): real encoding and decoding, sessions,
+//! replies routed to the right one of several threads, bad input, a
+//! server that is gone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chfs_fabric::rpc::{
+    decode_message, encode_message, RpcClient, RpcError, RpcServer, OP_HELLO, OP_WELCOME,
+};
+use chfs_fabric::{Config, Endpoint, Protocol, BUILT_WITH_LIBFABRIC};
+use chfs_proto::frame::FLAG_ERROR;
+use chfs_proto::msg::decode_error;
+use chfs_proto::{ErrorReply, Meta, Request, Response};
+
+const T: Duration = Duration::from_secs(10);
+
+fn open(test: &str, protocol: Protocol) -> Option<Endpoint> {
+    if !BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric (libfabric-dev)");
+        return None;
+    }
+    let mut c = Config::new(protocol);
+    if protocol == Protocol::Tcp {
+        c = c.bind("127.0.0.1", None);
+    }
+    Some(Endpoint::open(&c).unwrap_or_else(|e| panic!("{test}: {e}")))
+}
+
+/// A file system of entries and whole chunks: create, stat, write at
+/// offset 0, read, ping.
+fn handler() -> impl FnMut(Request) -> Result<Response, ErrorReply> {
+    let mut entries: HashMap<String, Meta> = HashMap::new();
+    let mut chunks: HashMap<(String, u64), Bytes> = HashMap::new();
+    move |req| match req {
+        Request::Ping => Ok(Response::Ok),
+        Request::Write {
+            path,
+            idx,
+            off,
+            data,
+            ..
+        } => {
+            if off != 0 {
+                return Err(ErrorReply::new(libc::EINVAL, "whole chunks only"));
+            }
+            let n = data.len() as u32;
+            chunks.insert((path, idx), data);
+            Ok(Response::Written(n))
+        }
+        Request::Read {
+            path,
+            idx,
+            off,
+            len,
+            ..
+        } => {
+            let c = chunks.get(&(path, idx)).cloned().unwrap_or_default();
+            let start = (off as usize).min(c.len());
+            let end = (start + len as usize).min(c.len());
+            // A slice of the stored chunk: the same memory each time.
+            Ok(Response::Data(c.slice(start..end)))
+        }
+        Request::Create {
+            path, meta, excl, ..
+        } => match entries.get(&path) {
+            Some(_) if excl => Err(ErrorReply::new(libc::EEXIST, format!("{path} exists"))),
+            Some(m) => Ok(Response::Created {
+                meta: *m,
+                created: false,
+            }),
+            None => {
+                entries.insert(path, meta);
+                Ok(Response::Created {
+                    meta,
+                    created: true,
+                })
+            }
+        },
+        Request::Stat { path } => entries
+            .get(&path)
+            .map(|m| Response::Meta(*m))
+            .ok_or_else(|| ErrorReply::new(libc::ENOENT, format!("no {path}"))),
+        other => Err(ErrorReply::new(libc::ENOSYS, format!("op {}", other.op()))),
+    }
+}
+
+/// Runs `body` with a server (in a thread, serving until `body` returns)
+/// and a client of the same protocol.
+fn with_server(
+    test: &str,
+    protocol: Protocol,
+    body: impl FnOnce(&RpcClient, chfs_fabric::rpc::Session, &chfs_fabric::Address),
+) -> Option<(chfs_fabric::rpc::ServerStats, chfs_fabric::Stats)> {
+    let server = RpcServer::new(open(test, protocol)?);
+    let client = RpcClient::new(Arc::new(open(test, protocol)?));
+    let addr = server.endpoint().address().clone();
+    let stop = AtomicBool::new(false);
+    let stats = std::thread::scope(|s| {
+        let serving = s.spawn(|| {
+            let mut server = server;
+            let mut h = handler();
+            while !stop.load(Ordering::Acquire) {
+                server
+                    .serve_one(Duration::from_millis(100), &mut h)
+                    .unwrap();
+            }
+            (server.stats(), server.endpoint().stats())
+        });
+        // Stops the server however the body ends (a failed assertion
+        // included), so the test cannot hang.
+        let stopper = StopOnDrop(&stop);
+        let session = client.connect(&addr, T).unwrap();
+        body(&client, session, &addr);
+        drop(stopper);
+        serving.join().unwrap()
+    });
+    Some(stats)
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+fn meta(size: u64) -> Meta {
+    Meta {
+        mode: libc::S_IFREG | 0o644,
+        size,
+        chunk_size: 65536,
+        fileid: 7,
+        ..Meta::default()
+    }
+}
+
+fn create(path: &str, size: u64, excl: bool) -> Request {
+    Request::Create {
+        path: path.into(),
+        meta: meta(size),
+        excl,
+        data: Bytes::new(),
+    }
+}
+
+fn requests_and_responses(protocol: Protocol, test: &str) {
+    let stats = with_server(test, protocol, |c, s, _| {
+        assert!(matches!(
+            c.call(&s, &Request::Ping, T).unwrap(),
+            Response::Ok
+        ));
+        let stat = Request::Stat { path: "/a".into() };
+        let err = c.call(&s, &stat, T).unwrap_err();
+        assert!(
+            matches!(&err, RpcError::Remote(r) if r.message == "no /a"),
+            "{err}"
+        );
+        assert_eq!(err.errno(), libc::ENOENT);
+        match c.call(&s, &create("/a", 42, true), T).unwrap() {
+            Response::Created { meta: m, created } => {
+                assert!(created);
+                assert_eq!(m, meta(42));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            c.call(&s, &create("/a", 1, true), T).unwrap_err().errno(),
+            libc::EEXIST
+        );
+        match c.call(&s, &stat, T).unwrap() {
+            Response::Meta(m) => assert_eq!(m, meta(42)),
+            other => panic!("{other:?}"),
+        }
+        let unsupported = Request::Status;
+        assert_eq!(
+            c.call(&s, &unsupported, T).unwrap_err().errno(),
+            libc::ENOSYS
+        );
+    });
+    if let Some((st, _)) = stats {
+        assert_eq!((st.sessions, st.served, st.dropped), (1, 6, 0));
+    }
+}
+
+#[test]
+fn requests_and_responses_over_tcp() {
+    requests_and_responses(Protocol::Tcp, "requests_and_responses_over_tcp");
+}
+
+#[test]
+fn requests_and_responses_over_shm() {
+    requests_and_responses(Protocol::Shm, "requests_and_responses_over_shm");
+}
+
+fn write_req(path: &str, idx: u64) -> Request {
+    Request::Write {
+        path: path.into(),
+        fileid: 7,
+        chunk_size: 4 << 20,
+        mode: libc::S_IFREG | 0o644,
+        idx,
+        off: 0,
+        flags: 0,
+        epoch: 0,
+        data: Bytes::new(),
+    }
+}
+
+fn read_req(path: &str, idx: u64, off: u32, len: u32) -> Request {
+    Request::Read {
+        path: path.into(),
+        fileid: 7,
+        idx,
+        off,
+        len,
+        chunk_size: 4 << 20,
+        flags: 0,
+        epoch: 0,
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 11) as u8)
+        .collect()
+}
+
+/// Writes and reads chunks of sizes around the RDMA threshold: below it
+/// the data is in the frames, from it on the server moves it by RMA.
+fn bulk(protocol: Protocol, test: &str) {
+    let sizes = [
+        1usize,
+        1000,
+        32 * 1024 - 1,
+        32 * 1024,
+        100_000,
+        1 << 20,
+        4 << 20,
+    ];
+    let stats = with_server(test, protocol, |c, s, _| {
+        for (i, &len) in sizes.iter().enumerate() {
+            let data = pattern(len, i as u8);
+            let r = c.write(&s, &write_req("/f", i as u64), &data, T).unwrap();
+            assert!(
+                matches!(r, Response::Written(n) if n as usize == len),
+                "{r:?}"
+            );
+            let mut back = vec![0u8; len];
+            let n = c
+                .read(&s, &read_req("/f", i as u64, 0, len as u32), &mut back, T)
+                .unwrap();
+            assert_eq!(n, len);
+            assert!(back == data, "{test}: {len} bytes came back changed");
+            // Part of it, from an offset, into a larger buffer.
+            if len > 4096 {
+                let mut part = vec![0xeeu8; len];
+                let want = (len - 4096) as u32;
+                let n = c
+                    .read(&s, &read_req("/f", i as u64, 4096, want), &mut part, T)
+                    .unwrap();
+                assert_eq!(n, want as usize);
+                assert_eq!(&part[..n], &data[4096..]);
+                assert!(part[n..].iter().all(|&b| b == 0xee));
+            }
+        }
+        // A read of more than the destination holds is refused here.
+        let err = c
+            .read(&s, &read_req("/f", 0, 0, 10), &mut [0u8; 5], T)
+            .unwrap_err();
+        assert_eq!(err.errno(), libc::EINVAL);
+        let st = c.endpoint().stats();
+        assert_eq!((st.reads, st.writes), (0, 0), "the client initiates no RMA");
+    });
+    if let Some((st, ep)) = stats {
+        // From the threshold on: 4 sizes, each written once and read
+        // whole, and 3 of them read in part (32 KiB less 4 KiB is below).
+        assert_eq!(st.rma_pulls, 4, "{st:?}");
+        assert_eq!(st.rma_pushes, 7, "{st:?}");
+        // Each chunk's memory was registered once; its part hit.
+        assert_eq!((ep.cache.misses, ep.cache.hits), (4, 3), "{ep:?}");
+        assert_eq!(ep.reg_fallbacks, 0);
+    }
+}
+
+#[test]
+fn bulk_data_inline_and_by_rma_over_tcp() {
+    bulk(Protocol::Tcp, "bulk_data_inline_and_by_rma_over_tcp");
+}
+
+#[test]
+fn bulk_data_inline_and_by_rma_over_shm() {
+    bulk(Protocol::Shm, "bulk_data_inline_and_by_rma_over_shm");
+}
+
+#[test]
+fn replies_reach_the_thread_that_asked() {
+    let (threads, each) = (4u64, 150u64);
+    let stats = with_server(
+        "replies_reach_the_thread_that_asked",
+        Protocol::Tcp,
+        |c, s, _| {
+            std::thread::scope(|sc| {
+                for t in 0..threads {
+                    sc.spawn(move || {
+                        for i in 0..each {
+                            let path = format!("/t{t}/{i}");
+                            let size = t * 1_000_000 + i;
+                            c.call(&s, &create(&path, size, true), T).unwrap();
+                            match c.call(&s, &Request::Stat { path }, T).unwrap() {
+                                Response::Meta(m) => {
+                                    assert_eq!(m.size, size, "thread {t} call {i}")
+                                }
+                                other => panic!("{other:?}"),
+                            }
+                        }
+                    });
+                }
+            });
+            assert_eq!(c.strays(), 0);
+        },
+    );
+    if let Some((st, _)) = stats {
+        assert_eq!(st.served, threads * each * 2);
+    }
+}
+
+#[test]
+fn garbage_strangers_and_bad_requests() {
+    let test = "garbage_strangers_and_bad_requests";
+    let Some(raw) = open(test, Protocol::Tcp) else {
+        return;
+    };
+    let stats = with_server(test, Protocol::Tcp, |c, s, addr| {
+        let p = raw.connect(addr).unwrap();
+        // Not a frame; a frame of no session; a HELLO that is no address.
+        raw.send(p, b"garbage", T).unwrap();
+        raw.send(p, &encode_message(12345, 1, 1, 0, b""), T)
+            .unwrap();
+        raw.send(
+            p,
+            &encode_message(0, 2, OP_HELLO, 0, b"ofi+tcp://nowhere"),
+            T,
+        )
+        .unwrap();
+        // A session of our own by hand, then a Stat without its path.
+        let hello = raw.address().to_string();
+        raw.send(p, &encode_message(0, 3, OP_HELLO, 0, hello.as_bytes()), T)
+            .unwrap();
+        let (_, h, token) = decode_message(&raw.recv(T).unwrap()).unwrap();
+        assert_eq!((h.id, h.op), (3, OP_WELCOME));
+        let token = u64::from_le_bytes(token[..].try_into().unwrap());
+        let stat_op = Request::Stat {
+            path: String::new(),
+        }
+        .op();
+        raw.send(p, &encode_message(token, 4, stat_op, 0, b""), T)
+            .unwrap();
+        let (_, h, payload) = decode_message(&raw.recv(T).unwrap()).unwrap();
+        assert_eq!(h.id, 4);
+        assert_ne!(h.flags & FLAG_ERROR, 0);
+        assert_eq!(decode_error(payload).unwrap().errno, libc::EPROTO);
+        // The real client's session still works.
+        assert!(matches!(
+            c.call(&s, &Request::Ping, T).unwrap(),
+            Response::Ok
+        ));
+    });
+    if let Some((st, _)) = stats {
+        assert_eq!((st.sessions, st.dropped, st.served), (2, 3, 2));
+    }
+}
+
+#[test]
+fn a_server_that_is_gone_fails_the_call_in_time() {
+    let test = "a_server_that_is_gone_fails_the_call_in_time";
+    let Some(ep) = open(test, Protocol::Tcp) else {
+        return;
+    };
+    let Some(client_ep) = open(test, Protocol::Tcp) else {
+        return;
+    };
+    let client = RpcClient::new(Arc::new(client_ep));
+    let addr = ep.address().clone();
+    let mut server = RpcServer::new(ep);
+    let session = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut h = handler();
+            let until = Instant::now() + T;
+            while server.stats().served < 1 && Instant::now() < until {
+                server
+                    .serve_one(Duration::from_millis(100), &mut h)
+                    .unwrap();
+            }
+        });
+        let session = client.connect(&addr, T).unwrap();
+        client.call(&session, &Request::Ping, T).unwrap();
+        session
+    });
+    drop(server);
+    let timeout = Duration::from_secs(2);
+    let t0 = Instant::now();
+    let err = client.call(&session, &Request::Ping, timeout).unwrap_err();
+    let took = t0.elapsed();
+    assert!(took < timeout + Duration::from_secs(2), "{took:?}");
+    assert!(
+        matches!(&err, RpcError::Fabric(e) if e.is_peer_failure()),
+        "{err}"
+    );
+}
