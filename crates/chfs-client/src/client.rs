@@ -104,6 +104,9 @@ struct Inner {
     fileid_seq: AtomicU32,
     /// Recently absent names (see [`Client::lookup`]); off unless enabled.
     names: crate::names::NameCache,
+    /// Paths this client changed lately: their lookups skip the contact
+    /// server (relayed lookups, `crate::relay`).
+    own: crate::relay::OwnChanges,
     /// The pool's backend directory as this host sees it, once asked
     /// (see [`Client::stagein`]).
     backend_dir: Mutex<Option<Option<std::path::PathBuf>>>,
@@ -145,6 +148,10 @@ impl Client {
         let chunk_size = AtomicU32::new(cfg.chunk_size);
         let buffering = AtomicBool::new(cfg.buf_size > 0);
         let buf_size = AtomicU64::new(cfg.buf_size as u64);
+        let own = crate::relay::OwnChanges::new(
+            cfg.lookup != crate::config::Lookup::Direct,
+            cfg.lookup_cache,
+        );
         let pool = Pool::connect(cfg)?;
         let seed = (now_ns() as u64 ^ ((std::process::id() as u64) << 32)) as u32;
         Ok(Client {
@@ -158,6 +165,7 @@ impl Client {
                 rpcs: AtomicU64::new(0),
                 fileid_seq: AtomicU32::new(seed),
                 names: Default::default(),
+                own,
                 backend_dir: Mutex::new(None),
             }),
             creds: None,
@@ -261,6 +269,15 @@ impl Client {
 
     /// One request to the owner of chunk `idx` of `path`.
     fn call_owner(&self, st: &PoolState, path: &str, idx: u64, req: &Request) -> Result<Response> {
+        use chfs_proto::msg::op;
+        if matches!(
+            req.op(),
+            op::CREATE | op::SET_SIZE | op::SET_ATTR | op::REMOVE_ENTRY | op::APPEND_RESERVE
+        ) {
+            // Changes the entry: this client's lookups of it skip the
+            // contact's cache for a while.
+            self.inner.own.changed(path);
+        }
         self.count(1);
         self.inner.pool.call(st, st.ring.owner(path, idx), req)
     }

@@ -23,6 +23,9 @@ pub(crate) struct PoolState {
     /// Per-CPU connections to local servers (CPU lanes), by server.
     lanes: Vec<Mutex<Lanes>>,
     fetched: Instant,
+    /// The contact server of each owner for lookups (None: direct; see
+    /// `crate::relay`).
+    pub(crate) contacts: Option<Vec<usize>>,
 }
 
 /// The CPU-lane connections to one server.
@@ -67,6 +70,8 @@ pub(crate) struct Pool {
     window: OnceLock<Arc<Window>>,
     /// Polling for replies, over every connection ([`crate::poll`]).
     polls: Arc<Counts>,
+    /// Chooses among candidate contact servers.
+    seed: u64,
 }
 
 fn lanes_code(l: CpuLanes) -> u8 {
@@ -103,8 +108,10 @@ impl Pool {
         }
         let polls = Arc::<Counts>::default();
         let list = fetch_list(&cfg, &cfg.servers, None, &polls)?;
-        let state = RwLock::new(Arc::new(PoolState::new(list, None)));
+        let seed = cfg.contact_seed.unwrap_or_else(crate::relay::default_seed);
+        let state = RwLock::new(Arc::new(PoolState::new(list, None, &cfg, seed)));
         Ok(Pool {
+            seed,
             lanes: AtomicU8::new(lanes_code(cfg.cpu_lanes)),
             window: OnceLock::new(),
             polls,
@@ -136,9 +143,10 @@ impl Pool {
                 conns: old.clone_conns(&list),
                 lanes: old.clone_lanes(&list),
                 fetched: Instant::now(),
+                contacts: old.contacts.clone(),
             }
         } else {
-            PoolState::new(list, Some(old))
+            PoolState::new(list, Some(old), &self.cfg, self.seed)
         };
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
         Ok(())
@@ -372,7 +380,16 @@ fn retry_safe(e: &Error, op: u16) -> bool {
 }
 
 impl PoolState {
-    fn new(list: ServerList, old: Option<&PoolState>) -> Self {
+    fn new(list: ServerList, old: Option<&PoolState>, cfg: &ClientConfig, seed: u64) -> Self {
+        let contacts = match cfg.lookup {
+            crate::config::Lookup::Direct => None,
+            l => crate::relay::contacts(
+                list.servers.len(),
+                l,
+                &crate::relay::local_servers(&list.servers),
+                seed,
+            ),
+        };
         let conns = match old {
             Some(o) => o.clone_conns(&list),
             None => list.servers.iter().map(|_| Mutex::new(None)).collect(),
@@ -386,7 +403,17 @@ impl PoolState {
             conns,
             lanes,
             fetched: Instant::now(),
+            contacts,
         }
+    }
+
+    /// The server a lookup of an entry owned by server `owner` goes to
+    /// (`owner` itself when lookups are direct).
+    pub fn contact(&self, owner: usize) -> usize {
+        self.contacts
+            .as_ref()
+            .and_then(|c| c.get(owner).copied())
+            .unwrap_or(owner)
     }
 
     fn clone_lanes(&self, list: &ServerList) -> Vec<Mutex<Lanes>> {

@@ -82,6 +82,7 @@ opcodes! {
     ADOPT_CHUNK = 29 => AdoptChunk,
     LANE = 30 => Lane,
     SHM_ATTACH = 31 => ShmAttach,
+    LOOKUP = 32 => Lookup,
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -197,6 +198,13 @@ pub struct ServerStatus {
     pub requests: u64,
     /// Of those, requests forwarded to the server owning their key.
     pub forwarded: u64,
+    /// Relayed lookups ([`Request::Lookup`]) this server answered as a
+    /// contact server, of those the ones answered from its contact cache,
+    /// and the lookups it sent to owners for them (identical lookups in
+    /// flight at once share one).
+    pub lookups: u64,
+    pub lookup_hits: u64,
+    pub lookup_forwards: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -497,6 +505,19 @@ pub enum Request {
         /// Length of the mapping.
         len: u64,
     },
+    /// A relayed lookup (`CHFS_LOOKUP_LOCAL`, `CHFS_LOOKUP_RELAY_GROUP`):
+    /// the entry of `path`, asked of a *contact* server, which answers it
+    /// itself when it owns the entry, else from its contact cache (an
+    /// answer it fetched from the owner at most `max_age_ms` ago), else by
+    /// asking the owner, one request for all identical lookups in flight.
+    /// The reply is that of [`Request::Stat`].
+    Lookup {
+        /// Normalised path.
+        path: String,
+        /// Oldest cached answer the client accepts, in ms (0: ask the
+        /// owner).
+        max_age_ms: u32,
+    },
 }
 
 /// A successful response.
@@ -733,6 +754,10 @@ impl Request {
                 out.extend_from_slice(data);
             }
             Request::Stat { path } | Request::HasChildren { path } => out.put_str(path),
+            Request::Lookup { path, max_age_ms } => {
+                out.put_str(path);
+                out.put_u32(*max_age_ms);
+            }
             Request::Write {
                 path,
                 fileid,
@@ -872,6 +897,10 @@ impl Request {
                 fd: r.u32()? as i32,
                 base: r.u64()?,
                 len: r.u64()?,
+            },
+            op::LOOKUP => Request::Lookup {
+                path: r.string()?,
+                max_age_ms: r.u32()?,
             },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
@@ -1068,6 +1097,9 @@ impl Response {
                 out.put_u64(s.cpu_ns);
                 out.put_u64(s.connections);
                 out.put_u64(s.peers);
+                out.put_u64(s.lookups);
+                out.put_u64(s.lookup_hits);
+                out.put_u64(s.lookup_forwards);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1158,6 +1190,9 @@ impl Response {
                 cpu_ns: r.u64()?,
                 connections: r.u64()?,
                 peers: r.u64()?,
+                lookups: r.u64()?,
+                lookup_hits: r.u64()?,
+                lookup_forwards: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1254,6 +1289,10 @@ mod tests {
         };
         rt(Request::Ping);
         rt(Request::Lane { cpu: 7 });
+        rt(Request::Lookup {
+            path: "/in/x".into(),
+            max_age_ms: 1000,
+        });
         rt(Request::ShmAttach {
             fd: 5,
             base: 0x7f00_0000_1000,

@@ -185,6 +185,7 @@ const REQUEST_OPS: &[u16] = &[
     op::ADOPT_CHUNK,
     op::LANE,
     op::SHM_ATTACH,
+    op::LOOKUP,
 ];
 
 /// Number of response tags (0 .. this), checked by
@@ -331,6 +332,12 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
             op::SHM_ATTACH,
             (any::<i32>(), any::<u64>(), any::<u64>())
                 .prop_map(|(fd, base, len)| Request::ShmAttach { fd, base, len })
+                .boxed(),
+        ),
+        (
+            op::LOOKUP,
+            (text(), any::<u32>())
+                .prop_map(|(path, max_age_ms)| Request::Lookup { path, max_age_ms })
                 .boxed(),
         ),
         (
@@ -562,7 +569,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 22), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 25), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -589,6 +596,9 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         cpu_ns: n[19],
                         connections: n[20],
                         peers: n[21],
+                        lookups: n[22],
+                        lookup_hits: n[23],
+                        lookup_forwards: n[24],
                         backend,
                         flush,
                     }))

@@ -74,6 +74,8 @@ pub(crate) struct Shared {
     pub placement: RwLock<Arc<Placement>>,
     pub me: String,
     pub peers: Peers,
+    /// Answers of relayed lookups fetched from owners, and those in flight.
+    pub contact: crate::relay::Contact,
     pub counters: Counters,
     pub join_lock: tokio::sync::Mutex<()>,
     pub shutdown: watch::Sender<bool>,

@@ -281,6 +281,10 @@ fn corpus() -> Vec<Request> {
             base: 0,
             len: 4096,
         },
+        Request::Lookup {
+            path: p("/fuzz/a"),
+            max_age_ms: 100,
+        },
     ]
 }
 

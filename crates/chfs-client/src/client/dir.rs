@@ -19,7 +19,7 @@ impl Client {
     /// Lists a directory (merged over all servers, each name once, sorted).
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
         let st = self.state();
-        let (p, m) = self.resolve(&st, normalize(path)?)?;
+        let (p, m) = self.resolve(&st, normalize(path)?, true)?;
         if !m.is_dir() {
             return fail(libc::ENOTDIR, format!("{p}: not a directory"));
         }

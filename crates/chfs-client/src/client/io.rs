@@ -78,8 +78,11 @@ impl Client {
             let (m, created) = if flags & libc::O_CREAT != 0 {
                 let nm = self.new_meta(libc::S_IFREG | (mode & 0o7777), cs);
                 self.create_entry(&st, &p, nm, flags & libc::O_EXCL != 0, &[])?
-            } else {
+            } else if wants_write {
                 (self.stat_meta(&st, &p)?, false)
+            } else {
+                // A read-only open is a lookup (relayed when configured).
+                (self.lookup_meta(&st, &p)?, false)
             };
             if m.is_symlink() && !created {
                 if flags & libc::O_NOFOLLOW != 0 {
@@ -284,6 +287,7 @@ impl Client {
         let mut done = 0usize;
         let mut data_chunks = false;
         s.wrote = true;
+        self.inner.own.changed(&f.path);
         let flags = rw_flags(&f.meta, true);
         while done < buf.len() {
             let pos = off + done as u64;

@@ -29,10 +29,46 @@ impl Client {
         ))
     }
 
-    /// Follows symbolic links in the last component.
-    pub(super) fn resolve(&self, st: &PoolState, mut path: String) -> Result<(String, Meta)> {
+    /// The entry of `path` for a lookup (stat, a read-only open, a
+    /// parent directory): through the contact server when lookups are
+    /// relayed (`CHFS_LOOKUP_LOCAL`, `CHFS_LOOKUP_RELAY_GROUP`), unless
+    /// this client changed the path within the contact cache's time (its
+    /// own changes are then seen at once); else from the owner. A contact
+    /// that cannot be reached (refused, reset, lost) is passed over for
+    /// the owner; one that does not answer gives ETIMEDOUT.
+    pub(super) fn lookup_meta(&self, st: &PoolState, path: &str) -> Result<Meta> {
+        let owner = st.ring.owner(path, 0);
+        let contact = st.contact(owner);
+        if contact == owner || self.inner.own.bypass(path) {
+            return self.stat_meta(st, path);
+        }
+        self.count(1);
+        let max_age_ms = self.config().lookup_cache.as_millis().min(u32::MAX as u128) as u32;
+        let req = Request::Lookup {
+            path: path.to_string(),
+            max_age_ms,
+        };
+        match self.inner.pool.call(st, contact, &req) {
+            Err(e) if crate::relay::unreachable(&e) => self.stat_meta(st, path),
+            r => expect_meta(r),
+        }
+    }
+
+    /// Follows symbolic links in the last component (the entries are
+    /// looked up, [`Client::lookup_meta`], with `relayed`).
+    pub(super) fn resolve(
+        &self,
+        st: &PoolState,
+        path: String,
+        relayed: bool,
+    ) -> Result<(String, Meta)> {
+        let mut path = path;
         for _ in 0..MAX_SYMLINKS {
-            let m = self.stat_meta(st, &path)?;
+            let m = if relayed {
+                self.lookup_meta(st, &path)?
+            } else {
+                self.stat_meta(st, &path)?
+            };
             if !m.is_symlink() {
                 return Ok((path, m));
             }
@@ -68,7 +104,7 @@ impl Client {
             Known::Ask => {}
         }
         let st = self.state();
-        let r = self.stat_meta(&st, &p);
+        let r = self.lookup_meta(&st, &p);
         let found = match &r {
             Ok(_) => true,
             Err(e) if e.errno() == libc::ENOENT => false,
@@ -105,7 +141,7 @@ impl Client {
                 return Ok(());
             }
         }
-        match self.stat_meta(st, dir) {
+        match self.lookup_meta(st, dir) {
             Ok(m) if m.is_dir() => {
                 if !ttl.is_zero() {
                     let mut d = lock(&self.inner.dirs);
@@ -476,6 +512,12 @@ impl Client {
         // The owner of the source entry first: it may refuse (cache mode) or
         // rename the backend copy; then every other server moves its chunks.
         let owner = st.ring.owner(&old, 0);
+        let own = &self.inner.own;
+        own.changed(&old);
+        own.changed(&new);
+        if src.is_dir() {
+            own.changed_below(&old);
+        }
         self.count(1);
         self.inner.pool.call(&st, owner, &req)?;
         let names = &self.inner.names;

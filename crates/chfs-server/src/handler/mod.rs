@@ -51,6 +51,11 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
             let owner = p.ring.owner(path, idx);
             if !forwarded && p.me != Some(owner) && !p.ring.is_empty() {
                 Counters::inc(&sh.counters.forwarded);
+                if req.op() != chfs_proto::msg::op::STAT {
+                    // What this server may have kept as a contact is
+                    // about to change.
+                    sh.contact.forget(path);
+                }
                 let addr = p.ring.list().servers[owner].clone();
                 return Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED)).await;
             }
@@ -139,6 +144,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 cpu_ns: chfs_sys::poll::process_cpu_ns(),
                 connections: sh.peers_open.open().0,
                 peers: sh.peers_open.open().1,
+                lookups: Counters::get(&c.lookups),
+                lookup_hits: Counters::get(&c.lookup_hits),
+                lookup_forwards: Counters::get(&c.lookup_forwards),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))
@@ -184,6 +192,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             }
             Ok(Response::Created { meta, created })
         }
+        Request::Lookup { path, max_age_ms } => Box::pin(relay_lookup(sh, path, max_age_ms)).await,
         Request::Stat { path } => match ns.entry(sh, &path)? {
             Some(m) => Ok(Response::Meta(m)),
             None if path == "/" => Ok(Response::Meta(default_root())),
@@ -552,5 +561,59 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             ns.changed(sh, &path, 0, true)?;
             Ok(Response::Count(at))
         }
+    }
+}
+
+/// A relayed lookup ([`Request::Lookup`]) at this contact server: served
+/// here when this server owns the entry (or knows no list yet), else from
+/// the contact cache, else by the one request in flight to the owner
+/// (`crate::relay`). The request to the owner is a forwarded `Stat` over
+/// the server-to-server connection (authenticated as a server); it runs
+/// in a task of its own, so that the lookups waiting for it get their
+/// answer even if the one that sent it goes away, and it ends within the
+/// server's request timeout.
+async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply {
+    use crate::relay::Step;
+    validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+    Counters::inc(&sh.counters.lookups);
+    let p = sh.placement();
+    let owner = p.ring.owner(&path, 0);
+    if p.ring.is_empty() || p.me == Some(owner) {
+        return Box::pin(serve(sh, Request::Stat { path })).await;
+    }
+    let rx = match sh
+        .contact
+        .begin(&path, Duration::from_millis(max_age_ms.into()))
+    {
+        Step::Hit(a) => {
+            Counters::inc(&sh.counters.lookup_hits);
+            return a.map(Response::Meta);
+        }
+        Step::Wait(rx) => rx,
+        Step::Lead { id, sent, rx } => {
+            Counters::inc(&sh.counters.lookup_forwards);
+            let addr = p.ring.list().servers[owner].clone();
+            let sh2 = sh.clone();
+            tokio::spawn(async move {
+                let req = Request::Stat { path: path.clone() };
+                let answer = match sh2.peers.call(&addr, &req, FLAG_FORWARDED).await {
+                    Ok(Response::Meta(m)) => Ok(m),
+                    Ok(other) => Err(ErrorReply::new(
+                        libc::EPROTO,
+                        format!("server {addr} answered a lookup of {path} with {other:?}"),
+                    )),
+                    Err(e) => Err(e),
+                };
+                sh2.contact.finish(&path, id, sent, answer);
+            });
+            rx
+        }
+    };
+    match rx.await {
+        Ok(a) => a.map(Response::Meta),
+        Err(_) => Err(ErrorReply::new(
+            libc::EIO,
+            "the lookup this one waited for was abandoned",
+        )),
     }
 }
