@@ -199,6 +199,21 @@ impl Client {
         (open.iter().filter(|l| **l).count(), open.len())
     }
 
+    /// The servers (indices in placement order) this client holds a
+    /// shared connection to now (they are opened on first use and closed
+    /// when idle, `CHFS_CONN_IDLE_SEC`).
+    pub fn connected_servers(&self) -> Vec<usize> {
+        let st = self.state();
+        self.inner
+            .pool
+            .open_connections(&st)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, open)| *open)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// Which calling threads reach servers on this host over one
     /// connection per CPU, each served by a server thread pinned to that
     /// CPU (`Request::Lane`), so a request and its reply hand over on one

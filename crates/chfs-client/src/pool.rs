@@ -266,7 +266,41 @@ impl Pool {
             counts,
         )?);
         *g = Some(c.clone());
+        drop(g);
+        self.close_idle(st, i);
         Ok(c)
+    }
+
+    /// Closes the shared connections (but that to server `except`) that
+    /// nobody is using and that have been idle for `CHFS_CONN_IDLE_SEC`:
+    /// a client keeps connections to the servers it uses, not to every
+    /// server it ever reached. Slots busy in another thread are skipped.
+    fn close_idle(&self, st: &PoolState, except: usize) {
+        let idle = self.cfg.conn_idle;
+        if idle.is_zero() {
+            return;
+        }
+        for (j, slot) in st.conns.iter().enumerate() {
+            if j == except {
+                continue;
+            }
+            if let Ok(mut g) = slot.try_lock() {
+                // Held by the slot only (no request in flight on it).
+                if g.as_ref()
+                    .is_some_and(|c| Arc::strong_count(c) == 1 && c.idle_for() >= idle)
+                {
+                    *g = None;
+                }
+            }
+        }
+    }
+
+    /// Open shared connections, by server (placement order).
+    pub fn open_connections(&self, st: &PoolState) -> Vec<bool> {
+        st.conns
+            .iter()
+            .map(|c| lock(c).as_ref().is_some_and(|c| c.alive()))
+            .collect()
     }
 
     /// One request to server `i`, sent once more on a new connection if

@@ -255,3 +255,53 @@ fn a_dead_contact_is_passed_over_and_a_hung_one_times_out() {
     let fd = b.open(&path, O_RDONLY, 0).unwrap();
     b.close(fd).unwrap();
 }
+
+/// With relay groups a client's lookups reach only the servers of its
+/// group; it connects to other servers for their data only, and closes
+/// connections idle for `CHFS_CONN_IDLE_SEC` when it opens another.
+#[test]
+fn a_relayed_client_connects_to_its_group_and_closes_idle_connections() {
+    let p = LocalPool::start(4).expect("pool");
+    let a = client(&p, |_| {});
+    for i in 0..40 {
+        let fd = a.create(&format!("/f{i}"), O_WRONLY, 0o644).unwrap();
+        a.pwrite(fd, b"x", 0).unwrap();
+        a.close(fd).unwrap();
+    }
+    let b = client(&p, |c| {
+        c.lookup = Lookup::RelayGroup(2);
+        c.contact_seed = Some(0);
+        c.conn_idle = Duration::from_millis(300);
+    });
+    // Every server is local: seed 0 makes server 0 b's own, group 0.
+    for i in 0..40 {
+        assert_eq!(b.stat(&format!("/f{i}")).unwrap().size, 1);
+    }
+    let conns = b.connected_servers();
+    assert!(
+        !conns.is_empty() && conns.iter().all(|s| s % 2 == 0),
+        "lookups reach group 0 only: {conns:?}"
+    );
+    // Data of a file owned by a server of the other group: a connection
+    // to that owner.
+    let owned_by = |odd_server: usize| {
+        (0..40)
+            .map(|i| format!("/f{i}"))
+            .find(|f| b.entry_servers(f).unwrap().0 == odd_server)
+            .expect("a file on that server")
+    };
+    let read = |f: &str| {
+        let fd = b.open(f, O_RDONLY, 0).unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(b.pread(fd, &mut buf, 0).unwrap(), 1);
+        b.close(fd).unwrap();
+    };
+    read(&owned_by(1));
+    assert!(b.connected_servers().contains(&1));
+    // Idle for longer than CHFS_CONN_IDLE_SEC: closed when the client
+    // opens its next connection.
+    std::thread::sleep(Duration::from_millis(400));
+    read(&owned_by(3));
+    let conns = b.connected_servers();
+    assert!(conns.contains(&3) && !conns.contains(&1), "{conns:?}");
+}
