@@ -222,6 +222,9 @@ pub struct PhaseFigures {
     pub server_cpu_ns: u64,
     /// Requests at the owner of the shared file (its phases only).
     pub owner_requests: Option<u64>,
+    /// Connections of the server holding most after the phase (clients,
+    /// peers; those of earlier phases included).
+    pub max_connections: u64,
 }
 
 /// Runs `chfs-bench scale`.
@@ -344,6 +347,12 @@ fn run_mode(
         }
         let wall = t.elapsed().as_secs_f64();
         let after = requests(c)?;
+        let max_connections = c
+            .server_status()
+            .iter()
+            .filter_map(|(_, s)| s.as_ref().ok().map(|s| s.connections))
+            .max()
+            .unwrap_or(0);
         // (less the one status request each server answered in between)
         let d: Vec<u64> = after
             .iter()
@@ -363,6 +372,7 @@ fn run_mode(
             total_requests: d.iter().sum(),
             server_cpu_ns: cpu,
             owner_requests: name.ends_with("-shared").then(|| d[owner]),
+            max_connections,
         });
     }
     // While every client still holds its connections.
@@ -393,15 +403,29 @@ fn min_max(v: &[u64]) -> (u64, u64) {
 /// The report.
 pub fn table(f: &[PhaseFigures], conns: &[u64], rss_kib: &[u64]) -> String {
     let mut s = format!(
-        "{:<16} {:>10} {:>13} {:>16} {:>8} {:>15} {:>14}\n",
-        "phase", "wall s", "slowest s", "busiest server", "owner", "all servers", "server us/req"
+        "{:<16} {:>10} {:>13} {:>16} {:>8} {:>15} {:>14} {:>12}\n",
+        "phase",
+        "wall s",
+        "slowest s",
+        "busiest server",
+        "owner",
+        "all servers",
+        "server us/req",
+        "max conns"
     );
     for p in f {
         let per = p.server_cpu_ns as f64 / 1e3 / p.total_requests.max(1) as f64;
         let owner = p.owner_requests.map_or("-".to_string(), |n| n.to_string());
         s += &format!(
-            "{:<16} {:>10.3} {:>13.3} {:>16} {:>8} {:>15} {:>14.1}\n",
-            p.name, p.wall_secs, p.slowest_secs, p.max_requests, owner, p.total_requests, per
+            "{:<16} {:>10.3} {:>13.3} {:>16} {:>8} {:>15} {:>14.1} {:>12}\n",
+            p.name,
+            p.wall_secs,
+            p.slowest_secs,
+            p.max_requests,
+            owner,
+            p.total_requests,
+            per,
+            p.max_connections
         );
     }
     let (cmin, cmax) = min_max(conns);
