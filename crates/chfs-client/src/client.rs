@@ -294,12 +294,28 @@ impl Client {
             self.inner.own.changed(path);
         }
         self.count(1);
-        self.inner.pool.call(st, st.ring.owner(path, idx), req)
+        self.inner.pool.call(st, st.owner(path, idx), req)
     }
 
     fn pipeline(&self, st: &PoolState, ops: Vec<Op<'_>>) -> Vec<Result<Response>> {
         self.count(ops.len());
         self.inner.pool.pipeline(st, ops)
+    }
+
+    /// Sends `req` about `path` to every server that may hold some of it
+    /// (all, or for the node-local area the server on this host).
+    fn broadcast_for(
+        &self,
+        st: &PoolState,
+        path: &str,
+        req: &Request,
+    ) -> Result<Vec<Result<Response>>> {
+        let ops: Vec<Op<'_>> = st
+            .servers_for(path)?
+            .into_iter()
+            .map(|i| Op::req(i, req))
+            .collect();
+        Ok(self.pipeline(st, ops))
     }
 
     fn broadcast(&self, st: &PoolState, req: &Request) -> Vec<Result<Response>> {

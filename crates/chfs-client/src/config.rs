@@ -35,6 +35,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_LOOKUP_RELAY_GROUP", default: "0", help: "N >= 2: group number for relayed lookups: the servers form N groups (index modulo N) and this client's lookups go to the server of its own group in the owner's row (as CHFS), which answers from its contact cache or asks the owner; 0 or 1 = direct (every lookup to the owner)" },
     Setting { env: "CHFS_LOOKUP_RELAY_GROUP_AUTO", default: "0", help: "1 = relayed lookups with the group number set automatically: the square root of the number of servers, rounded up" },
     Setting { env: "CHFS_LOOKUP_CACHE_MSEC", default: "1000", help: "with relayed lookups, the oldest answer a contact server may give this client from its cache: a change made by another client is seen after at most this long; this client's own changes at once (0 = the contact always asks the owner)" },
+    Setting { env: "CHFS_NODE_LOCAL_PREFIX", default: "/.nodelocal", help: "the node-local area: entries under this path are kept by the server on this host (the first in the list when there are several) and seen on this host only, as LLIO's node-local area; the servers must be given the same (chfsd --node-local-prefix); renames between it and the rest give EXDEV; emptied when the servers are stopped; empty = none" },
     Setting { env: "CHFS_CONN_IDLE_SEC", default: "60", help: "a connection to a server unused for this many seconds is closed when this client opens another one, so a client holds connections only to the servers it uses (its contacts, the owners of the data it touches); it is opened again on next use (0 = never closed)" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "the pool's client key (chfs-client-key:HEX) or secret, proving this process may use the pool (prefer CHFS_SECRET_FILE)" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the pool's client key or secret, as chfsctl start exports it (takes precedence over CHFS_SECRET)" },
@@ -95,6 +96,8 @@ pub struct ClientConfig {
     /// Oldest cached answer a contact server may give
     /// (`CHFS_LOOKUP_CACHE_MSEC`).
     pub lookup_cache: Duration,
+    /// The node-local area's path (`CHFS_NODE_LOCAL_PREFIX`; None: none).
+    pub node_local: Option<String>,
     /// A connection unused this long is closed when another is opened
     /// (zero: never).
     pub conn_idle: Duration,
@@ -178,6 +181,7 @@ impl Default for ClientConfig {
             lookup_cache: Duration::from_millis(1000),
             contact_seed: None,
             conn_idle: Duration::from_secs(60),
+            node_local: Some(chfs_proto::path::NODE_LOCAL_PREFIX.to_string()),
         }
     }
 }
@@ -298,6 +302,22 @@ impl ClientConfig {
         if let Some(v) = get("CHFS_LOOKUP_CACHE_MSEC") {
             let ms: u32 = num("CHFS_LOOKUP_CACHE_MSEC", &v)?;
             c.lookup_cache = Duration::from_millis(ms.into());
+        }
+        if let Some(v) = get("CHFS_NODE_LOCAL_PREFIX") {
+            c.node_local = match v.trim() {
+                "" => None,
+                p => match chfs_proto::path::normalize(p) {
+                    Ok(n) if n != "/" => Some(n),
+                    _ => {
+                        return fail(
+                            libc::EINVAL,
+                            format!(
+                            "CHFS_NODE_LOCAL_PREFIX={v:?}: expected an absolute path other than /"
+                        ),
+                        )
+                    }
+                },
+            };
         }
         if let Some(v) = get("CHFS_CONN_IDLE_SEC") {
             c.conn_idle = Duration::from_secs(num("CHFS_CONN_IDLE_SEC", &v)?);

@@ -26,7 +26,15 @@ pub(crate) struct PoolState {
     /// The contact server of each owner for lookups (None: direct; see
     /// `crate::relay`).
     pub(crate) contacts: Option<Vec<usize>>,
+    /// The server on this host that keeps the node-local area (the
+    /// first local one), and the area's path.
+    local: Option<usize>,
+    node_local: Option<String>,
 }
+
+/// The "server" of a node-local path when no server runs on this host:
+/// its requests fail with ENXIO.
+const NO_LOCAL: usize = usize::MAX;
 
 /// The CPU-lane connections to one server.
 #[derive(Default, Clone)]
@@ -144,6 +152,8 @@ impl Pool {
                 lanes: old.clone_lanes(&list),
                 fetched: Instant::now(),
                 contacts: old.contacts.clone(),
+                local: old.local,
+                node_local: old.node_local.clone(),
             }
         } else {
             PoolState::new(list, Some(old), &self.cfg, self.seed)
@@ -249,6 +259,9 @@ impl Pool {
     /// demand; with `check`, one that looks closed by its server
     /// ([`Conn::usable`]) is replaced too.
     fn shared_conn(&self, st: &PoolState, i: usize, check: bool) -> Result<Arc<Conn>> {
+        if i == NO_LOCAL {
+            return fail(libc::ENXIO, no_local_server("the node-local area"));
+        }
         let slot = st
             .conns
             .get(i)
@@ -415,14 +428,10 @@ fn retry_safe(e: &Error, op: u16) -> bool {
 
 impl PoolState {
     fn new(list: ServerList, old: Option<&PoolState>, cfg: &ClientConfig, seed: u64) -> Self {
+        let local_servers = crate::relay::local_servers(&list.servers);
         let contacts = match cfg.lookup {
             crate::config::Lookup::Direct => None,
-            l => crate::relay::contacts(
-                list.servers.len(),
-                l,
-                &crate::relay::local_servers(&list.servers),
-                seed,
-            ),
+            l => crate::relay::contacts(list.servers.len(), l, &local_servers, seed),
         };
         let conns = match old {
             Some(o) => o.clone_conns(&list),
@@ -438,6 +447,46 @@ impl PoolState {
             lanes,
             fetched: Instant::now(),
             contacts,
+            local: local_servers.first().copied(),
+            node_local: cfg.node_local.clone(),
+        }
+    }
+
+    /// Is `p` in the node-local area?
+    pub fn is_node_local(&self, p: &str) -> bool {
+        self.node_local
+            .as_deref()
+            .is_some_and(|d| chfs_proto::path::is_within(p, d))
+    }
+
+    /// The server keeping chunk `idx` of `p`: its owner, or for the
+    /// node-local area the server on this host.
+    pub fn owner(&self, p: &str, idx: u64) -> usize {
+        if self.is_node_local(p) {
+            self.local.unwrap_or(NO_LOCAL)
+        } else {
+            self.ring.owner(p, idx)
+        }
+    }
+
+    /// [`PoolState::owner`] with the path's hash already computed.
+    pub fn owner_of_hash(&self, p: &str, hash: u64, idx: u64) -> usize {
+        if self.is_node_local(p) {
+            self.local.unwrap_or(NO_LOCAL)
+        } else {
+            self.ring.owner_of_hash(hash, idx)
+        }
+    }
+
+    /// The servers that may hold chunks of `p` or entries below it: all,
+    /// or for the node-local area the server on this host.
+    pub fn servers_for(&self, p: &str) -> Result<Vec<usize>> {
+        if !self.is_node_local(p) {
+            return Ok((0..self.ring.len()).collect());
+        }
+        match self.local {
+            Some(i) => Ok(vec![i]),
+            None => fail(libc::ENXIO, no_local_server(p)),
         }
     }
 
@@ -472,6 +521,10 @@ impl PoolState {
             })
             .collect()
     }
+}
+
+fn no_local_server(p: &str) -> String {
+    format!("{p}: no chfsd of the pool runs on this host to keep the node-local area (CHFS_NODE_LOCAL_PREFIX)")
 }
 
 fn fetch_list(

@@ -205,6 +205,10 @@ pub struct ServerStatus {
     pub lookups: u64,
     pub lookup_hits: u64,
     pub lookup_forwards: u64,
+    /// Entries in this server's node-local area, and the bytes of its
+    /// files.
+    pub node_local_entries: u64,
+    pub node_local_bytes: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1100,6 +1104,8 @@ impl Response {
                 out.put_u64(s.lookups);
                 out.put_u64(s.lookup_hits);
                 out.put_u64(s.lookup_forwards);
+                out.put_u64(s.node_local_entries);
+                out.put_u64(s.node_local_bytes);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1193,6 +1199,8 @@ impl Response {
                 lookups: r.u64()?,
                 lookup_hits: r.u64()?,
                 lookup_forwards: r.u64()?,
+                node_local_entries: r.u64()?,
+                node_local_bytes: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),

@@ -569,7 +569,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 25), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 27), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -599,6 +599,8 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         lookups: n[22],
                         lookup_hits: n[23],
                         lookup_forwards: n[24],
+                        node_local_entries: n[25],
+                        node_local_bytes: n[26],
                         backend,
                         flush,
                     }))

@@ -873,6 +873,8 @@ fn responses() {
         lookups: 0x16,
         lookup_hits: 0x17,
         lookup_forwards: 0x18,
+        node_local_entries: 0x19,
+        node_local_bytes: 0x1a,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -920,6 +922,8 @@ fn responses() {
                 "1600000000000000",  // lookups
                 "1700000000000000",  // lookup_hits
                 "1800000000000000",  // lookup_forwards
+                "1900000000000000",  // node_local_entries
+                "1a00000000000000",  // node_local_bytes
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes

@@ -132,6 +132,20 @@ pub struct Config {
     )]
     pub lookup_cache_msec: u64,
 
+    /// The node-local area: entries under this path are kept by a server
+    /// on the node of the client that creates them and are visible on
+    /// that node only (clients send them to their local server, which
+    /// never forwards them, moves them to another server or writes them
+    /// to the backend); every server has its own, emptied when it is
+    /// asked to stop. Clients must use the same prefix
+    /// (CHFS_NODE_LOCAL_PREFIX). Empty: no node-local area.
+    #[arg(
+        long = "node-local-prefix",
+        env = "CHFS_NODE_LOCAL_PREFIX",
+        default_value = chfs_proto::path::NODE_LOCAL_PREFIX
+    )]
+    pub node_local_prefix: String,
+
     /// Write the server's address to this file once it serves.
     #[arg(short = 'S', long = "server-info-file")]
     pub info_file: Option<PathBuf>,

@@ -26,7 +26,7 @@ impl Client {
     pub fn entry_servers(&self, path: &str) -> Result<(usize, usize)> {
         let st = self.state();
         let p = chfs_proto::path::normalize(path)?;
-        let owner = st.ring.owner(&p, 0);
+        let owner = st.owner(&p, 0);
         Ok((owner, st.contact(owner)))
     }
 

@@ -143,7 +143,7 @@ impl Client {
             size: len,
             chunk_size: m.chunk_size,
         };
-        for r in self.broadcast(st, &req) {
+        for r in self.broadcast_for(st, p, &req)? {
             r?;
         }
         let r = self.call_owner(

@@ -42,7 +42,11 @@ impl Client {
     ) -> Result<BTreeMap<String, (Meta, bool)>> {
         let mut all = BTreeMap::new();
         let n = st.ring.len();
-        let mut after: Vec<Option<String>> = vec![Some(String::new()); n];
+        // (the node-local area: the server on this host only)
+        let mine = st.servers_for(p)?;
+        let mut after: Vec<Option<String>> = (0..n)
+            .map(|i| mine.contains(&i).then(String::new))
+            .collect();
         while after.iter().any(Option::is_some) {
             let servers: Vec<usize> = (0..n).filter(|&i| after[i].is_some()).collect();
             let ops = servers

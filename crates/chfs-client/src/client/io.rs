@@ -209,7 +209,7 @@ impl Client {
         let n = st.ring.len();
         let mut owners = Vec::new();
         for idx in 0..=size / chunk_size.max(1) as u64 {
-            let o = st.ring.owner(path, idx);
+            let o = st.owner(path, idx);
             if !owners.contains(&o) {
                 owners.push(o);
                 if owners.len() >= n {
@@ -309,7 +309,7 @@ impl Client {
                 },
             );
             ops.push(Op {
-                server: st.ring.owner_of_hash(f.hash, idx),
+                server: st.owner_of_hash(&f.path, f.hash, idx),
                 op: op::WRITE,
                 head,
                 tail: &buf[done..done + n],
@@ -324,7 +324,7 @@ impl Client {
         let publish = s.eager_publish && data_chunks && full_end > s.published;
         if publish {
             ops.push(Op::req(
-                st.ring.owner_of_hash(f.hash, 0),
+                st.owner_of_hash(&f.path, f.hash, 0),
                 &Request::SetSize {
                     path: f.path.clone(),
                     size: full_end,
@@ -558,7 +558,7 @@ impl Client {
                 flags,
                 epoch: f.meta.epoch(),
             };
-            ops.push(Op::req(st.ring.owner_of_hash(f.hash, idx), &req));
+            ops.push(Op::req(st.owner_of_hash(&f.path, f.hash, idx), &req));
             spans.push((done, n));
             done += n;
         }

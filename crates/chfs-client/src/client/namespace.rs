@@ -37,8 +37,12 @@ impl Client {
     /// that cannot be reached (refused, reset, lost) is passed over for
     /// the owner; one that does not answer gives ETIMEDOUT.
     pub(super) fn lookup_meta(&self, st: &PoolState, path: &str) -> Result<Meta> {
-        let owner = st.ring.owner(path, 0);
-        let contact = st.contact(owner);
+        let owner = st.owner(path, 0);
+        let contact = if st.is_node_local(path) {
+            owner
+        } else {
+            st.contact(owner)
+        };
         if contact == owner || self.inner.own.bypass(path) {
             return self.stat_meta(st, path);
         }
@@ -311,12 +315,13 @@ impl Client {
     }
 
     fn check_empty(&self, st: &PoolState, p: &str) -> Result<()> {
-        for r in self.broadcast(
+        for r in self.broadcast_for(
             st,
+            p,
             &Request::HasChildren {
                 path: p.to_string(),
             },
-        ) {
+        )? {
             match r? {
                 Response::Bool(false) => {}
                 Response::Bool(true) => {
@@ -351,15 +356,16 @@ impl Client {
     fn remove_data_chunks(&self, st: &PoolState, p: &str, m: &Meta, size: u64) -> Result<()> {
         let cs = m.chunk_size.max(1) as u64;
         let nchunks = size.div_ceil(cs);
-        let mut servers: Vec<usize> = if m.flags & FLAG_STRAY != 0 || nchunks > st.ring.len() as u64
-        {
+        let mut servers: Vec<usize> = if st.is_node_local(p) {
+            st.servers_for(p)?
+        } else if m.flags & FLAG_STRAY != 0 || nchunks > st.ring.len() as u64 {
             // (with consistent hashing the owners of the first n data
             // chunks need not be all n servers)
             (0..st.ring.len()).collect()
         } else if nchunks <= 1 {
             return Ok(());
         } else {
-            (1..nchunks).map(|i| st.ring.owner(p, i)).collect()
+            (1..nchunks).map(|i| st.owner(p, i)).collect()
         };
         servers.sort_unstable();
         servers.dedup();
@@ -470,6 +476,12 @@ impl Client {
         if old == "/" || new == "/" {
             return fail(libc::EBUSY, "cannot rename the root directory");
         }
+        if st.is_node_local(&old) != st.is_node_local(&new) {
+            return fail(
+                libc::EXDEV,
+                format!("{old} -> {new}: between the node-local area and the shared namespace"),
+            );
+        }
         let src = self.stat_meta(&st, &old)?;
         if old == new {
             return Ok(());
@@ -511,7 +523,7 @@ impl Client {
         };
         // The owner of the source entry first: it may refuse (cache mode) or
         // rename the backend copy; then every other server moves its chunks.
-        let owner = st.ring.owner(&old, 0);
+        let owner = st.owner(&old, 0);
         let own = &self.inner.own;
         own.changed(&old);
         own.changed(&new);
@@ -527,7 +539,9 @@ impl Client {
             names.forget_below(&old);
             names.forget_below(&new);
         }
-        let others = (0..st.ring.len())
+        let others = st
+            .servers_for(&old)?
+            .into_iter()
             .filter(|&i| i != owner)
             .map(|i| Op::req(i, &req))
             .collect();

@@ -49,7 +49,8 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
             validate(path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             let p = sh.placement();
             let owner = p.ring.owner(path, idx);
-            if !forwarded && p.me != Some(owner) && !p.ring.is_empty() {
+            // (the node-local area is this server's: never forwarded)
+            if !forwarded && p.me != Some(owner) && !p.ring.is_empty() && !sh.is_node_local(path) {
                 Counters::inc(&sh.counters.forwarded);
                 if req.op() != chfs_proto::msg::op::STAT {
                     // What this server may have kept as a contact is
@@ -68,7 +69,11 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
 
 async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
     let st = &sh.store;
-    let ns = Ns::of(sh);
+    // The node-local area is never cached from or written to the backend.
+    let ns = match path_of(&req) {
+        Some(p) if sh.is_node_local(p) => Ns::Plain,
+        _ => Ns::of(sh),
+    };
     ns.touch(&req);
     match req {
         Request::Ping => Ok(Response::Ok),
@@ -144,6 +149,8 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 cpu_ns: chfs_sys::poll::process_cpu_ns(),
                 connections: sh.peers_open.open().0,
                 peers: sh.peers_open.open().1,
+                node_local_entries: node_local_usage(sh).0,
+                node_local_bytes: node_local_usage(sh).1,
                 lookups: Counters::get(&c.lookups),
                 lookup_hits: Counters::get(&c.lookup_hits),
                 lookup_forwards: Counters::get(&c.lookup_forwards),
@@ -153,6 +160,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::Shutdown => {
             info!("shutdown requested");
+            discard_node_local(sh);
             let s = sh.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -196,6 +204,13 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         Request::Stat { path } => match ns.entry(sh, &path)? {
             Some(m) => Ok(Response::Meta(m)),
             None if path == "/" => Ok(Response::Meta(default_root())),
+            // Every server has its node-local area's directory, without
+            // an entry (sticky and open to all, as /tmp).
+            None if sh.node_local.as_deref() == Some(path.as_str()) => {
+                let mut m = default_root();
+                m.mode = libc::S_IFDIR | 0o1777;
+                Ok(Response::Meta(m))
+            }
             None => Err(ErrorReply::new(
                 libc::ENOENT,
                 format!("{path}: no such file or directory"),
@@ -417,6 +432,12 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     "/: cannot remove the root directory",
                 ));
             }
+            if sh.node_local.as_deref() == Some(path.as_str()) {
+                return Err(ErrorReply::new(
+                    libc::EBUSY,
+                    format!("{path}: the node-local area cannot be removed"),
+                ));
+            }
             if let Some(r) = ns.remove(sh, &path, kind) {
                 return r;
             }
@@ -578,7 +599,7 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
     Counters::inc(&sh.counters.lookups);
     let p = sh.placement();
     let owner = p.ring.owner(&path, 0);
-    if p.ring.is_empty() || p.me == Some(owner) {
+    if p.ring.is_empty() || p.me == Some(owner) || sh.is_node_local(&path) {
         return Box::pin(serve(sh, Request::Stat { path })).await;
     }
     let rx = match sh
@@ -616,4 +637,52 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
             "the lookup this one waited for was abandoned",
         )),
     }
+}
+
+/// The path a request is about (for the node-local rule), if one.
+fn path_of(req: &Request) -> Option<&str> {
+    match req {
+        Request::Readdir { path, .. }
+        | Request::ReaddirDirs { path, .. }
+        | Request::HasChildren { path }
+        | Request::RemoveChunks { path, .. }
+        | Request::TruncateChunks { path, .. }
+        | Request::Lookup { path, .. } => Some(path),
+        Request::RenameMove { old, .. } => Some(old),
+        r => r.key().map(|(p, _)| p),
+    }
+}
+
+/// Entries and bytes (file sizes) of this server's node-local area.
+fn node_local_usage(sh: &Shared) -> (u64, u64) {
+    let Some(dir) = sh.node_local.as_deref() else {
+        return (0, 0);
+    };
+    let st = &sh.store;
+    let paths = st.paths_below(dir).unwrap_or_default();
+    let bytes = paths
+        .iter()
+        .filter_map(|p| st.meta(p, 0).ok().flatten())
+        .filter(|m| m.is_reg())
+        .map(|m| m.size)
+        .sum();
+    (paths.len() as u64, bytes)
+}
+
+/// Removes everything in this server's node-local area (the server is
+/// asked to stop: `chfsctl stop`); the area's directory stays.
+fn discard_node_local(sh: &Shared) {
+    let Some(dir) = sh.node_local.as_deref() else {
+        return;
+    };
+    let st = &sh.store;
+    let mut paths = st.paths_below(dir).unwrap_or_default();
+    // Deepest first.
+    paths.sort_by(|a, b| b.cmp(a));
+    let n = paths.len();
+    for p in paths {
+        let _ = st.remove_chunks(&p, 1);
+        let _ = st.remove(&p, 0, &mut |_| Ok(()));
+    }
+    info!(entries = n, "node-local area discarded");
 }
