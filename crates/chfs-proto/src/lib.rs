@@ -27,7 +27,7 @@ pub use msg::{Request, Response};
 /// `ServerStatus::since`/`lost`; 5: challenge-response handshake with
 /// roles, `Response::Sized`; 6: `SetSize::stray`, errnos in the flush and
 /// rebalance states, `ServerStatus::forwarded`/`reads`/`writes`; 8:
-/// `Lookup`, `ServerStatus::lookups`/`lookup_hits`/`lookup_forwards`/
+/// `Lookup`, `WatchStat`, `Invalidate`, `ServerStatus::lookups`/`lookup_hits`/`lookup_forwards`/
 /// `node_local_entries`/`node_local_bytes`).
 pub const PROTOCOL_VERSION: u16 = 8;
 

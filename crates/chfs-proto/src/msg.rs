@@ -83,6 +83,8 @@ opcodes! {
     LANE = 30 => Lane,
     SHM_ATTACH = 31 => ShmAttach,
     LOOKUP = 32 => Lookup,
+    WATCH_STAT = 33 => WatchStat,
+    INVALIDATE = 34 => Invalidate,
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -522,6 +524,25 @@ pub enum Request {
         /// owner).
         max_age_ms: u32,
     },
+    /// A contact server asks the owner for the entry of `path` (server to
+    /// server, for a [`Request::Lookup`]) and will keep the answer for up
+    /// to `keep_ms`: until then the owner tells `contact` of a change of
+    /// the entry ([`Request::Invalidate`]) before it answers the change.
+    /// The reply is that of [`Request::Stat`].
+    WatchStat {
+        /// Normalised path.
+        path: String,
+        /// The contact server's address.
+        contact: String,
+        /// How long the contact may keep the answer, in ms.
+        keep_ms: u32,
+    },
+    /// The owner of the entry of `path` changed it (server to server):
+    /// the contact server drops what it keeps of it.
+    Invalidate {
+        /// Normalised path.
+        path: String,
+    },
 }
 
 /// A successful response.
@@ -714,6 +735,7 @@ impl Request {
         match self {
             Request::Create { path, .. }
             | Request::Stat { path }
+            | Request::WatchStat { path, .. }
             | Request::SetSize { path, .. }
             | Request::SetAttr { path, .. }
             | Request::RemoveEntry { path, .. }
@@ -762,6 +784,16 @@ impl Request {
                 out.put_str(path);
                 out.put_u32(*max_age_ms);
             }
+            Request::WatchStat {
+                path,
+                contact,
+                keep_ms,
+            } => {
+                out.put_str(path);
+                out.put_str(contact);
+                out.put_u32(*keep_ms);
+            }
+            Request::Invalidate { path } => out.put_str(path),
             Request::Write {
                 path,
                 fileid,
@@ -906,6 +938,12 @@ impl Request {
                 path: r.string()?,
                 max_age_ms: r.u32()?,
             },
+            op::WATCH_STAT => Request::WatchStat {
+                path: r.string()?,
+                contact: r.string()?,
+                keep_ms: r.u32()?,
+            },
+            op::INVALIDATE => Request::Invalidate { path: r.string()? },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -1300,6 +1338,14 @@ mod tests {
         rt(Request::Lookup {
             path: "/in/x".into(),
             max_age_ms: 1000,
+        });
+        rt(Request::WatchStat {
+            path: "/in/x".into(),
+            contact: "h:1".into(),
+            keep_ms: 1000,
+        });
+        rt(Request::Invalidate {
+            path: "/in/x".into(),
         });
         rt(Request::ShmAttach {
             fd: 5,

@@ -186,6 +186,8 @@ const REQUEST_OPS: &[u16] = &[
     op::LANE,
     op::SHM_ATTACH,
     op::LOOKUP,
+    op::WATCH_STAT,
+    op::INVALIDATE,
 ];
 
 /// Number of response tags (0 .. this), checked by
@@ -339,6 +341,20 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
             (text(), any::<u32>())
                 .prop_map(|(path, max_age_ms)| Request::Lookup { path, max_age_ms })
                 .boxed(),
+        ),
+        (
+            op::WATCH_STAT,
+            (text(), text(), any::<u32>())
+                .prop_map(|(path, contact, keep_ms)| Request::WatchStat {
+                    path,
+                    contact,
+                    keep_ms,
+                })
+                .boxed(),
+        ),
+        (
+            op::INVALIDATE,
+            text().prop_map(|path| Request::Invalidate { path }).boxed(),
         ),
         (
             op::JOIN,

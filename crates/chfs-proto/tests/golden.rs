@@ -344,10 +344,12 @@ fn request_name(r: &Request) -> &'static str {
         Request::Lane { .. } => "Lane",
         Request::ShmAttach { .. } => "ShmAttach",
         Request::Lookup { .. } => "Lookup",
+        Request::WatchStat { .. } => "WatchStat",
+        Request::Invalidate { .. } => "Invalidate",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 29] = [
+const REQUEST_VARIANTS: [&str; 31] = [
     "Ping",
     "GetServers",
     "Join",
@@ -377,6 +379,8 @@ const REQUEST_VARIANTS: [&str; 29] = [
     "Lane",
     "ShmAttach",
     "Lookup",
+    "WatchStat",
+    "Invalidate",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -716,6 +720,24 @@ fn requests() {
                 "03000000 2f696e", // path: u32 length, bytes
                 "e8030000",        // max_age_ms u32
             ]),
+        ),
+        (
+            Request::WatchStat {
+                path: "/in".into(),
+                contact: "h:1".into(),
+                keep_ms: 500,
+            },
+            33,
+            Some(vec![
+                "03000000 2f696e", // path
+                "03000000 683a31", // contact
+                "f4010000",        // keep_ms u32
+            ]),
+        ),
+        (
+            Request::Invalidate { path: "/in".into() },
+            34,
+            Some(vec!["03000000 2f696e"]),
         ),
     ];
     for (i, (req, opcode, want)) in cases.iter().enumerate() {

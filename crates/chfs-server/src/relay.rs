@@ -6,6 +6,14 @@
 //! (`handler::relay_lookup`) sends the requests; this module only keeps
 //! the state.
 //!
+//! Invalidation: the contact asks the owner with `WatchStat`, and the
+//! owner remembers it ([`Watchers`]) for as long as the contact may keep
+//! the answer; when the entry changes, the owner tells it
+//! (`Invalidate`) before it answers the change. An answer in flight
+//! when its invalidation arrives is handed to the lookups waiting for it
+//! but not kept. A contact the owner cannot reach keeps its answer until
+//! it expires.
+//!
 //! Freshness: an answer is stamped with the time its request to the owner
 //! was *sent* (the owner read its entry after that), and a lookup takes
 //! it only when that is at most `min(its max age, the server's cap)` ago.
@@ -60,6 +68,9 @@ pub(crate) struct Contact {
     cap: Duration,
     cache: Mutex<HashMap<String, Cached>>,
     inflight: Mutex<HashMap<String, InFlight>>,
+    /// When paths in flight were invalidated (their answers then are not
+    /// kept).
+    invalidated: Mutex<HashMap<String, Instant>>,
     next: std::sync::atomic::AtomicU64,
 }
 
@@ -70,7 +81,22 @@ impl Contact {
             cap,
             cache: Mutex::default(),
             inflight: Mutex::default(),
+            invalidated: Mutex::default(),
             next: Default::default(),
+        }
+    }
+
+    /// The longest time an answer is kept.
+    pub fn cap(&self) -> Duration {
+        self.cap
+    }
+
+    /// The owner of `path` changed it: what is kept is dropped, and an
+    /// answer in flight is not kept.
+    pub fn invalidate(&self, path: &str) {
+        lock(&self.cache).remove(path);
+        if lock(&self.inflight).contains_key(path) {
+            lock(&self.invalidated).insert(path.to_string(), Instant::now());
         }
     }
 
@@ -110,10 +136,19 @@ impl Contact {
     /// the answer when it is worth keeping and hands it to every lookup
     /// waiting for it.
     pub fn finish(&self, path: &str, id: u64, sent: Instant, answer: Answer) {
-        let keep = match &answer {
-            Ok(_) => true,
-            Err(e) => e.errno == libc::ENOENT,
+        let stale = {
+            let mut inv = lock(&self.invalidated);
+            let stale = inv.get(path).is_some_and(|&t| t >= sent);
+            if lock(&self.inflight).get(path).is_none_or(|f| f.id == id) {
+                inv.remove(path);
+            }
+            stale
         };
+        let keep = !stale
+            && match &answer {
+                Ok(_) => true,
+                Err(e) => e.errno == libc::ENOENT,
+            };
         if keep && !self.cap.is_zero() {
             let mut cache = lock(&self.cache);
             if cache.len() >= CAPACITY && !cache.contains_key(path) {
@@ -151,6 +186,75 @@ impl Contact {
         if !self.cap.is_zero() {
             lock(&self.cache).remove(path);
         }
+    }
+}
+
+/// At an owner: the contact servers that keep an answer about a path
+/// (until when), to be told when it changes.
+#[derive(Default)]
+pub(crate) struct Watchers {
+    /// Any contact ever asked (else nothing is looked up: no cost while
+    /// lookups are not relayed).
+    used: std::sync::atomic::AtomicBool,
+    by_path: Mutex<HashMap<String, Vec<(String, Instant)>>>,
+}
+
+impl Watchers {
+    /// `contact` keeps an answer about `path` for `keep`.
+    pub fn watch(&self, path: &str, contact: &str, keep: Duration) {
+        if keep.is_zero() {
+            return;
+        }
+        self.used.store(true, std::sync::atomic::Ordering::Relaxed);
+        let until = Instant::now() + keep;
+        let mut m = lock(&self.by_path);
+        if m.len() >= CAPACITY && !m.contains_key(path) {
+            let now = Instant::now();
+            m.retain(|_, v| v.iter().any(|(_, t)| *t > now));
+            if m.len() >= CAPACITY {
+                // (their contacts' answers expire on their own)
+                m.clear();
+            }
+        }
+        let v = m.entry(path.to_string()).or_default();
+        match v.iter_mut().find(|(c, _)| c == contact) {
+            Some(w) => w.1 = w.1.max(until),
+            None => v.push((contact.to_string(), until)),
+        }
+    }
+
+    /// Has any contact ever asked?
+    pub fn used(&self) -> bool {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The contacts still keeping an answer about `path` or (with
+    /// `below`) a path inside it, by path; forgotten here.
+    pub fn take(&self, path: &str, below: bool) -> Vec<(String, Vec<String>)> {
+        let now = Instant::now();
+        let mut m = lock(&self.by_path);
+        let paths: Vec<String> = if below {
+            m.keys()
+                .filter(|p| chfs_proto::path::is_within(p, path))
+                .cloned()
+                .collect()
+        } else if m.contains_key(path) {
+            vec![path.to_string()]
+        } else {
+            return Vec::new();
+        };
+        paths
+            .into_iter()
+            .filter_map(|p| {
+                let v = m.remove(&p)?;
+                let live: Vec<String> = v
+                    .into_iter()
+                    .filter(|(_, t)| *t > now)
+                    .map(|(c, _)| c)
+                    .collect();
+                (!live.is_empty()).then_some((p, live))
+            })
+            .collect()
     }
 }
 
@@ -217,6 +321,49 @@ mod tests {
             c.begin("/a", Duration::from_secs(5)),
             Step::Lead { .. }
         ));
+    }
+
+    #[test]
+    fn an_answer_invalidated_in_flight_is_given_but_not_kept() {
+        let c = Contact::new(Duration::from_secs(10));
+        let Step::Lead { id, sent, rx } = c.begin("/a", Duration::from_secs(5)) else {
+            panic!()
+        };
+        c.invalidate("/a");
+        c.finish("/a", id, sent, Ok(meta(1)));
+        assert_eq!(rx.blocking_recv().unwrap().unwrap().size, 1);
+        let Step::Lead { id, sent, .. } = c.begin("/a", Duration::from_secs(5)) else {
+            panic!("not kept");
+        };
+        c.finish("/a", id, sent, Ok(meta(2)));
+        assert!(matches!(c.begin("/a", Duration::from_secs(5)), Step::Hit(Ok(m)) if m.size == 2));
+        c.invalidate("/a");
+        assert!(matches!(
+            c.begin("/a", Duration::from_secs(5)),
+            Step::Lead { .. }
+        ));
+    }
+
+    #[test]
+    fn watchers_are_taken_once_and_expire() {
+        let w = Watchers::default();
+        assert!(!w.used());
+        w.watch("/d/a", "c1:1", Duration::from_secs(10));
+        w.watch("/d/a", "c2:1", Duration::from_secs(10));
+        w.watch("/d/b", "c1:1", Duration::from_millis(1));
+        w.watch("/e", "c1:1", Duration::from_secs(10));
+        assert!(w.used());
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(
+            w.take("/d/a", false),
+            vec![(
+                "/d/a".to_string(),
+                vec!["c1:1".to_string(), "c2:1".to_string()]
+            )]
+        );
+        assert!(w.take("/d/a", false).is_empty(), "taken once");
+        assert!(w.take("/d", true).is_empty(), "/d/b expired");
+        assert_eq!(w.take("/", true).len(), 1);
     }
 
     #[test]

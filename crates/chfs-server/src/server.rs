@@ -227,6 +227,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         peers: Peers::new(cred, Duration::from_millis(cfg.rpc_timeout_msec.max(1))),
         contact: crate::relay::Contact::new(Duration::from_millis(cfg.lookup_cache_msec)),
         node_local,
+        watchers: Default::default(),
         counters: Counters::default(),
         join_lock: Default::default(),
         shutdown,

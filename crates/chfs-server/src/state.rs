@@ -76,6 +76,8 @@ pub(crate) struct Shared {
     pub peers: Peers,
     /// Answers of relayed lookups fetched from owners, and those in flight.
     pub contact: crate::relay::Contact,
+    /// Contact servers keeping answers about entries held here.
+    pub watchers: crate::relay::Watchers,
     /// The node-local area's path (None: none).
     pub node_local: Option<String>,
     pub counters: Counters,

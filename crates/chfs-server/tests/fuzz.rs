@@ -285,6 +285,12 @@ fn corpus() -> Vec<Request> {
             path: p("/fuzz/a"),
             max_age_ms: 100,
         },
+        Request::WatchStat {
+            path: p("/fuzz/a"),
+            contact: "127.0.0.1:1".into(),
+            keep_ms: 100,
+        },
+        Request::Invalidate { path: p("/fuzz/a") },
     ]
 }
 

@@ -28,7 +28,7 @@ use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus};
 use chfs_proto::path::validate;
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::Chunk;
-use tracing::{debug_span, info, Instrument};
+use tracing::{debug, debug_span, info, Instrument};
 
 use crate::metrics::Counters;
 use crate::state::Shared;
@@ -67,7 +67,64 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
     .await
 }
 
+/// Serves one request here; a change of an entry that contact servers
+/// keep answers about is told to them before it is answered.
 async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
+    if !sh.watchers.used() {
+        return serve_here(sh, req).await;
+    }
+    // (path, and everything below it)
+    let changes: Vec<(String, bool)> = match &req {
+        Request::Create { path, .. }
+        | Request::SetSize { path, .. }
+        | Request::SetAttr { path, .. }
+        | Request::RemoveEntry { path, .. }
+        | Request::AppendReserve { path, .. } => vec![(path.clone(), false)],
+        Request::Write { path, idx: 0, .. }
+        | Request::PutChunk { path, idx: 0, .. }
+        | Request::AdoptChunk { path, idx: 0, .. } => vec![(path.clone(), false)],
+        // (entries moved within this server appear under the new name
+        // without a request of their own)
+        Request::RenameMove { old, new, .. } => vec![(old.clone(), true), (new.clone(), true)],
+        _ => Vec::new(),
+    };
+    let r = serve_here(sh, req).await;
+    if r.is_ok() {
+        for (path, below) in changes {
+            tell_contacts(sh, &path, below).await;
+        }
+    }
+    r
+}
+
+/// Longest wait for a contact server to acknowledge an invalidation (one
+/// that does not keeps its answer until it expires).
+const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
+
+/// Tells the contact servers keeping answers about `path` (or, with
+/// `below`, paths inside it) that it changed, and waits for them.
+async fn tell_contacts(sh: &Arc<Shared>, path: &str, below: bool) {
+    let mut waits = Vec::new();
+    for (p, contacts) in sh.watchers.take(path, below) {
+        for c in contacts {
+            let sh = sh.clone();
+            let req = Request::Invalidate { path: p.clone() };
+            waits.push(tokio::spawn(async move {
+                let r =
+                    tokio::time::timeout(INVALIDATE_WAIT, sh.peers.call(&c, &req, FLAG_FORWARDED))
+                        .await;
+                if !matches!(r, Ok(Ok(_))) {
+                    debug!(contact = %c, "a contact server was not told of a change");
+                }
+            }));
+        }
+    }
+    for w in waits {
+        let _ = w.await;
+    }
+}
+
+async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
     let st = &sh.store;
     // The node-local area is never cached from or written to the backend.
     let ns = match path_of(&req) {
@@ -201,6 +258,20 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             Ok(Response::Created { meta, created })
         }
         Request::Lookup { path, max_age_ms } => Box::pin(relay_lookup(sh, path, max_age_ms)).await,
+        Request::WatchStat {
+            path,
+            contact,
+            keep_ms,
+        } => {
+            sh.watchers
+                .watch(&path, &contact, Duration::from_millis(keep_ms.into()));
+            Box::pin(serve_here(sh, Request::Stat { path })).await
+        }
+        Request::Invalidate { path } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            sh.contact.invalidate(&path);
+            Ok(Response::Ok)
+        }
         Request::Stat { path } => match ns.entry(sh, &path)? {
             Some(m) => Ok(Response::Meta(m)),
             None if path == "/" => Ok(Response::Meta(default_root())),
@@ -600,7 +671,7 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
     let p = sh.placement();
     let owner = p.ring.owner(&path, 0);
     if p.ring.is_empty() || p.me == Some(owner) || sh.is_node_local(&path) {
-        return Box::pin(serve(sh, Request::Stat { path })).await;
+        return Box::pin(serve_here(sh, Request::Stat { path })).await;
     }
     let rx = match sh
         .contact
@@ -615,8 +686,14 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
             Counters::inc(&sh.counters.lookup_forwards);
             let addr = p.ring.list().servers[owner].clone();
             let sh2 = sh.clone();
+            let keep_ms = sh.contact.cap().as_millis().min(u32::MAX as u128) as u32;
+            let me = sh.me.clone();
             tokio::spawn(async move {
-                let req = Request::Stat { path: path.clone() };
+                let req = Request::WatchStat {
+                    path: path.clone(),
+                    contact: me,
+                    keep_ms,
+                };
                 let answer = match sh2.peers.call(&addr, &req, FLAG_FORWARDED).await {
                     Ok(Response::Meta(m)) => Ok(m),
                     Ok(other) => Err(ErrorReply::new(
