@@ -1,5 +1,8 @@
 //! Request handling: [`handle`] serves one request, forwarding it to the
-//! owner of its key; `serve` has one match arm per request kind. The
+//! owner of its key (but for the node-local area); `serve` tells the
+//! contact servers watching an entry of its change (relayed lookups,
+//! `crate::relay`) around `serve_here`, which has one match arm per
+//! request kind; `relay_lookup` answers a relayed lookup. The
 //! helpers are grouped by concern, each module using only those above it
 //! in this list:
 //!
