@@ -59,11 +59,13 @@ fn node_local_entries_stay_on_the_local_server() {
         after[local].0,
         "a rename moves nothing away"
     );
-    // The other servers' areas are their own: not one of these entries.
+    // A parallel find (chfind: each server's part of a directory) sees
+    // this node's area on its server only.
     for i in (0..4).filter(|&i| i != local) {
         assert!(c.readdir_index(AREA, i).unwrap().is_empty(), "server {i}");
     }
     assert_eq!(c.readdir_index(AREA, local).unwrap().len(), 1);
+    assert_eq!(c.readdir_dirs_index(AREA, local).unwrap().len(), 1);
     // Between the area and the shared namespace: EXDEV, both ways.
     assert_eq!(c.rename(&moved, "/out").unwrap_err().errno(), libc::EXDEV);
     let fd = c.create("/shared", O_WRONLY, 0o644).unwrap();

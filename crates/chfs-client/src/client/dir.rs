@@ -117,6 +117,11 @@ impl Client {
                 format!("server index {index} out of range (0..{})", st.ring.len()),
             );
         }
+        if st.is_node_local(&p) && !st.servers_for(&p)?.contains(&index) {
+            // Another server's node-local area is another node's: this
+            // node's part of it is on its own server only.
+            return Ok(Vec::new());
+        }
         let mut out = Vec::new();
         let mut after = String::new();
         loop {
