@@ -176,6 +176,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::Status => {
             let s = st.stats();
+            let (node_local_entries, node_local_bytes) = node_local_usage(sh);
             // An unbounded store reports what its medium can still take,
             // so `df` shows real free space rather than 100% used.
             let capacity = if s.capacity == 0 {
@@ -209,8 +210,8 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 cpu_ns: chfs_sys::poll::process_cpu_ns(),
                 connections: sh.peers_open.open().0,
                 peers: sh.peers_open.open().1,
-                node_local_entries: node_local_usage(sh).0,
-                node_local_bytes: node_local_usage(sh).1,
+                node_local_entries,
+                node_local_bytes,
                 lookups: Counters::get(&c.lookups),
                 lookup_hits: Counters::get(&c.lookup_hits),
                 lookup_forwards: Counters::get(&c.lookup_forwards),
