@@ -4,6 +4,9 @@
 //! A local pool of `--servers` chfsd and `--clients` client processes
 //! (each a `chfs-bench scale-worker`, driven over its standard input and
 //! output so that every phase starts in all of them at once) run:
+//! - `open-shared`: every client opens (read-only) and closes one file:
+//!   lookups only, all of one entry;
+//! - `open-distinct`: every client opens and closes its own file;
 //! - `storm-shared`: every client opens, stats and reads one file (the
 //!   shared input of a job: the owner of its entry serves every client);
 //! - `storm-distinct`: every client opens, stats and reads its own file
@@ -14,9 +17,10 @@
 //! For each phase: its wall time, the slowest client's time, and the
 //! requests the servers served (from `status`: the busiest server and the
 //! total); after the phases, the connections each server holds and its
-//! memory (RSS). The figures are the baseline for placement at scale
-//! (lookup relay groups and a contact cache bound the owner's requests in
-//! a storm).
+//! memory (RSS). The phases run once per lookup mode of `--lookup`
+//! (direct, `CHFS_LOOKUP_LOCAL`, relay groups), each with new client
+//! processes, so the figures show what relayed lookups and the contact
+//! cache change.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -45,6 +49,28 @@ pub struct ScaleArgs {
     /// Size of the files the storms read, bytes.
     #[arg(long, default_value_t = 4096)]
     pub size: usize,
+    /// Lookup modes to run the phases in, comma separated: `direct`,
+    /// `local` (CHFS_LOOKUP_LOCAL=1), `auto` (CHFS_LOOKUP_RELAY_GROUP_AUTO=1)
+    /// or a group number N (CHFS_LOOKUP_RELAY_GROUP=N).
+    #[arg(long, default_value = "direct,auto", value_delimiter = ',')]
+    pub lookup: Vec<String>,
+}
+
+/// The client environment of a `--lookup` mode.
+fn lookup_env(mode: &str) -> Result<Vec<(&'static str, String)>> {
+    Ok(match mode {
+        "direct" => vec![],
+        "local" => vec![("CHFS_LOOKUP_LOCAL", "1".into())],
+        "auto" => vec![("CHFS_LOOKUP_RELAY_GROUP_AUTO", "1".into())],
+        n if n.parse::<u32>().is_ok_and(|g| g >= 2) => {
+            vec![("CHFS_LOOKUP_RELAY_GROUP", n.into())]
+        }
+        other => {
+            return Err(BenchError::Config(format!(
+                "--lookup {other}: expected direct, local, auto or a group number >= 2"
+            )))
+        }
+    })
 }
 
 /// `chfs-bench scale-worker` (started by `scale`; not for users).
@@ -85,9 +111,17 @@ fn open_stat_read(c: &Client, path: &str, size: usize) -> chfs_client::Result<()
     Ok(())
 }
 
+/// Opens `path` read-only and closes it.
+fn open_close(c: &Client, path: &str) -> chfs_client::Result<()> {
+    let fd = c.open(path, O_RDONLY, 0)?;
+    c.close(fd)
+}
+
 /// One phase in one client.
 fn phase(c: &Client, name: &str, a: &WorkerArgs) -> chfs_client::Result<()> {
     match name {
+        "open-shared" => open_close(c, &format!("{ROOT}/shared")),
+        "open-distinct" => open_close(c, &format!("{ROOT}/d{}", a.rank)),
         "storm-shared" => open_stat_read(c, &format!("{ROOT}/shared"), a.size),
         "storm-distinct" => open_stat_read(c, &format!("{ROOT}/d{}", a.rank), a.size),
         "mdtest-easy" => {
@@ -118,6 +152,11 @@ fn phase(c: &Client, name: &str, a: &WorkerArgs) -> chfs_client::Result<()> {
 /// standard input runs it and answers `ok SECONDS` or `err MESSAGE`.
 pub fn run_worker(a: &WorkerArgs) -> Result<()> {
     let c = chfs_client::ClientConfig::from_env()
+        .map(|mut cfg| {
+            // Spreads the clients over their candidate contact servers.
+            cfg.contact_seed = Some(a.rank as u64);
+            cfg
+        })
         .and_then(Client::connect)
         .map_err(|e| BenchError::chfs("connect", "pool", e))?;
     let mut out = std::io::stdout().lock();
@@ -181,6 +220,11 @@ pub struct PhaseFigures {
     pub total_requests: u64,
     /// CPU time of all servers together, ns.
     pub server_cpu_ns: u64,
+    /// Requests at the owner of the shared file (its phases only).
+    pub owner_requests: Option<u64>,
+    /// Connections of the server holding most after the phase (clients,
+    /// peers; those of earlier phases included).
+    pub max_connections: u64,
 }
 
 /// Runs `chfs-bench scale`.
@@ -211,6 +255,29 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
         "chfs-bench scale: {} servers, {} client processes, {} files each in mdtest-easy, {}-byte storm files",
         a.servers, a.clients, a.files, a.size
     );
+    for mode in &a.lookup {
+        let env = lookup_env(mode)?;
+        println!("\nlookups: {mode}");
+        let (figures, conns, rss) = run_mode(a, &pool, &cred, &c, &env)?;
+        print!("{}", table(&figures, &conns, &rss));
+    }
+    pool.stop();
+    Ok(())
+}
+
+/// Figures of one lookup mode: the phases, the connections of each
+/// server and its RSS (KiB) after them.
+type ModeFigures = (Vec<PhaseFigures>, Vec<u64>, Vec<u64>);
+
+/// Runs the phases with new client processes whose environment has
+/// `env` (a lookup mode) besides the pool's.
+fn run_mode(
+    a: &ScaleArgs,
+    pool: &LocalPool,
+    cred: &PoolCredential,
+    c: &Client,
+    env: &[(&'static str, String)],
+) -> Result<ModeFigures> {
     let exe = std::env::current_exe().map_err(io("find chfs-bench"))?;
     let mut workers = Vec::with_capacity(a.clients);
     for rank in 0..a.clients {
@@ -222,6 +289,10 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
                 "--size",
                 &a.size.to_string(),
             ])
+            .env_remove("CHFS_LOOKUP_LOCAL")
+            .env_remove("CHFS_LOOKUP_RELAY_GROUP")
+            .env_remove("CHFS_LOOKUP_RELAY_GROUP_AUTO")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("CHFS_SERVER", pool.server_string())
             .env_remove("CHFS_SECRET")
             .stdin(Stdio::piped())
@@ -249,9 +320,18 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
             return Err(BenchError::Config(format!("scale worker: {l}")));
         }
     }
+    let (owner, _) = c
+        .entry_servers(&format!("{ROOT}/shared"))
+        .map_err(|e| BenchError::chfs("placement", ROOT, e))?;
     let mut figures = Vec::new();
-    for name in ["storm-shared", "storm-distinct", "mdtest-easy"] {
-        let before = requests(&c)?;
+    for name in [
+        "open-shared",
+        "open-distinct",
+        "storm-shared",
+        "storm-distinct",
+        "mdtest-easy",
+    ] {
+        let before = requests(c)?;
         let t = Instant::now();
         for w in &mut workers {
             writeln!(w.stdin, "{name}").map_err(io("write"))?;
@@ -266,7 +346,13 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
             }
         }
         let wall = t.elapsed().as_secs_f64();
-        let after = requests(&c)?;
+        let after = requests(c)?;
+        let max_connections = c
+            .server_status()
+            .iter()
+            .filter_map(|(_, s)| s.as_ref().ok().map(|s| s.connections))
+            .max()
+            .unwrap_or(0);
         // (less the one status request each server answered in between)
         let d: Vec<u64> = after
             .iter()
@@ -285,6 +371,8 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
             max_requests: d.iter().copied().max().unwrap_or(0),
             total_requests: d.iter().sum(),
             server_cpu_ns: cpu,
+            owner_requests: name.ends_with("-shared").then(|| d[owner]),
+            max_connections,
         });
     }
     // While every client still holds its connections.
@@ -298,9 +386,9 @@ pub fn run(a: &ScaleArgs) -> Result<()> {
         .map(rss_kib)
         .collect();
     drop(workers);
-    print!("{}", table(&figures, &conns, &rss));
-    pool.stop();
-    Ok(())
+    // The servers see the workers' connections close.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    Ok((figures, conns, rss))
 }
 
 pub use chfs_localpool::rss_kib;
@@ -315,14 +403,29 @@ fn min_max(v: &[u64]) -> (u64, u64) {
 /// The report.
 pub fn table(f: &[PhaseFigures], conns: &[u64], rss_kib: &[u64]) -> String {
     let mut s = format!(
-        "{:<16} {:>10} {:>13} {:>16} {:>15} {:>14}\n",
-        "phase", "wall s", "slowest s", "busiest server", "all servers", "server us/req"
+        "{:<16} {:>10} {:>13} {:>16} {:>8} {:>15} {:>14} {:>12}\n",
+        "phase",
+        "wall s",
+        "slowest s",
+        "busiest server",
+        "owner",
+        "all servers",
+        "server us/req",
+        "max conns"
     );
     for p in f {
         let per = p.server_cpu_ns as f64 / 1e3 / p.total_requests.max(1) as f64;
+        let owner = p.owner_requests.map_or("-".to_string(), |n| n.to_string());
         s += &format!(
-            "{:<16} {:>10.3} {:>13.3} {:>16} {:>15} {:>14.1}\n",
-            p.name, p.wall_secs, p.slowest_secs, p.max_requests, p.total_requests, per
+            "{:<16} {:>10.3} {:>13.3} {:>16} {:>8} {:>15} {:>14.1} {:>12}\n",
+            p.name,
+            p.wall_secs,
+            p.slowest_secs,
+            p.max_requests,
+            owner,
+            p.total_requests,
+            per,
+            p.max_connections
         );
     }
     let (cmin, cmax) = min_max(conns);

@@ -298,30 +298,54 @@ fn floor_measures_each_transport_and_a_servers_no_op() {
 #[test]
 fn scale_counts_what_each_server_serves() {
     let (o, _) = bench(
-        &["scale", "--servers", "4", "--clients", "8", "--files", "10"],
+        &[
+            "scale",
+            "--servers",
+            "4",
+            "--clients",
+            "8",
+            "--files",
+            "10",
+            "--lookup",
+            "direct,auto",
+        ],
         &[],
     );
-    let row = |name: &str| -> Vec<u64> {
-        let l = o
+    let (direct, relayed) = o
+        .split_once("lookups: auto")
+        .unwrap_or_else(|| panic!("no relayed run in\n{o}"));
+    // (busiest server, owner of the shared file, all servers)
+    let row = |section: &str, name: &str| -> Vec<Option<u64>> {
+        let l = section
             .lines()
             .find(|l| l.starts_with(name))
             .unwrap_or_else(|| panic!("no {name} in\n{o}"));
         l.split_whitespace()
             .skip(3)
-            .take(2)
-            .map(|w| w.parse().unwrap())
+            .take(3)
+            .map(|w| w.parse().ok())
             .collect()
     };
-    // Each client opens (one lookup), stats and reads its file: three
-    // requests. The shared file's owner serves all of them (no relay
-    // groups yet); one file each spreads them over the servers.
-    assert_eq!(row("storm-shared"), [24, 24], "{o}");
-    let distinct = row("storm-distinct");
-    assert_eq!(distinct[1], 24, "{o}");
-    assert!(distinct[0] < 24, "{o}");
+    // Direct: each client opens (one lookup), stats and reads its file:
+    // three requests. The shared file's owner serves all of them; one
+    // file each spreads them over the servers.
+    assert_eq!(
+        row(direct, "storm-shared"),
+        [Some(24), Some(24), Some(24)],
+        "{o}"
+    );
+    assert_eq!(row(direct, "open-shared")[1], Some(8), "{o}");
+    let distinct = row(direct, "storm-distinct");
+    assert_eq!(distinct[2], Some(24), "{o}");
+    assert!(distinct[0] < Some(24), "{o}");
+    assert_eq!(distinct[1], None, "{o}");
+    // Relay groups of 2 (the square root of 4): the owner serves the
+    // lookups of its own group's 4 clients and one for the other group.
+    let open = row(relayed, "open-shared");
+    assert!(open[1].unwrap() <= 8 / 2 + 2, "{o}");
     // 8 x 10 creates, stats and unlinks, and the directories.
-    assert!(row("mdtest-easy")[1] >= 240, "{o}");
-    let conns = o
+    assert!(row(direct, "mdtest-easy")[2] >= Some(240), "{o}");
+    let conns = direct
         .lines()
         .find_map(|l| l.strip_prefix("connections per server: "))
         .unwrap_or_else(|| panic!("{o}"));

@@ -293,11 +293,10 @@ pub unsafe extern "C" fn chfs_init(server: *const c_char) -> c_int {
         log(
             7,
             format_args!(
-                "chfs_init: rdma_thresh {}, lookup_local {}, relay_group {} (auto {}), backend {:?}, subdir {}",
+                "chfs_init: rdma_thresh {}, lookup {:?} (contact cache {:?}), backend {:?}, subdir {}",
                 s.rdma_thresh,
-                s.lookup_local,
-                s.relay_group,
-                s.relay_group_auto,
+                s.client.lookup,
+                s.client.lookup_cache,
                 s.backend_path,
                 s.subdir_path
             ),

@@ -71,19 +71,19 @@ pub const ENV_VARS: &[EnvVar] = &[
         name: "CHFS_LOOKUP_LOCAL",
         default: "0",
         values: "0 or 1",
-        effect: "no effect yet: clients always look chunks up themselves (direct lookup)",
+        effect: "relayed lookups: open and stat go to a server on this host (its contact cache or the owner), see the client settings (chfs_client::config::SETTINGS)",
     },
     EnvVar {
         name: "CHFS_LOOKUP_RELAY_GROUP",
         default: "0",
         values: "integer >= 0",
-        effect: "no effect yet: no relay lookup",
+        effect: "group number for relayed lookups (N >= 2; 0 or 1 = direct): open and stat go to a server of this process's group, see the client settings",
     },
     EnvVar {
         name: "CHFS_LOOKUP_RELAY_GROUP_AUTO",
         default: "0",
         values: "0 or 1",
-        effect: "no effect yet: no relay lookup",
+        effect: "1 = relayed lookups with the group number set automatically (ceil(sqrt(servers)))",
     },
     EnvVar {
         name: "CHFS_BACKEND_PATH",
@@ -151,12 +151,6 @@ pub struct Settings {
     pub log_level: Option<u8>,
     /// `CHFS_RDMA_THRESH` (accepted, unused).
     pub rdma_thresh: u64,
-    /// `CHFS_LOOKUP_LOCAL` (accepted, unused).
-    pub lookup_local: bool,
-    /// `CHFS_LOOKUP_RELAY_GROUP` (accepted, unused).
-    pub relay_group: u32,
-    /// `CHFS_LOOKUP_RELAY_GROUP_AUTO` (accepted, unused).
-    pub relay_group_auto: bool,
     /// `CHFS_BACKEND_PATH` (accepted, unused by the library).
     pub backend_path: Option<PathBuf>,
     /// `CHFS_SUBDIR_PATH`, normalised (`/` when unset).
@@ -283,18 +277,6 @@ impl Settings {
             Some(v) => parse_int("CHFS_RDMA_THRESH", &v, "expected a size in bytes")?,
             None => ov.rdma_thresh.unwrap_or(32768),
         };
-        let lookup_local = get("CHFS_LOOKUP_LOCAL")
-            .map(|v| parse_bool("CHFS_LOOKUP_LOCAL", &v))
-            .transpose()?
-            .unwrap_or(false);
-        let relay_group = get("CHFS_LOOKUP_RELAY_GROUP")
-            .map(|v| parse_int("CHFS_LOOKUP_RELAY_GROUP", &v, "expected an integer >= 0"))
-            .transpose()?
-            .unwrap_or(0);
-        let relay_group_auto = get("CHFS_LOOKUP_RELAY_GROUP_AUTO")
-            .map(|v| parse_bool("CHFS_LOOKUP_RELAY_GROUP_AUTO", &v))
-            .transpose()?
-            .unwrap_or(false);
         let backend_path = match get("CHFS_BACKEND_PATH") {
             Some(v) => {
                 let p = PathBuf::from(&v);
@@ -329,9 +311,6 @@ impl Settings {
             client,
             log_level,
             rdma_thresh,
-            lookup_local,
-            relay_group,
-            relay_group_auto,
             backend_path,
             subdir_path,
             posix_flags,
@@ -425,7 +404,7 @@ mod tests {
         assert_eq!(s.client.chunk_size, 4096, "env wins over the setter");
         assert_eq!(s.client.buf_size, 1000, "setter used where env is unset");
         assert_eq!(s.log_level, Some(4));
-        assert!(s.lookup_local);
+        assert_eq!(s.client.lookup, chfs_client::Lookup::Local);
         assert_eq!(s.subdir_path, "/stage/in");
         assert_eq!(s.rdma_thresh, 32768, "empty value = unset");
         assert!(!s.posix_flags, "CHFS calling conventions by default");

@@ -264,6 +264,48 @@ fn two_processes_write_one_file_at_disjoint_offsets() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("verified 800000 bytes"));
 }
 
+/// The node-local area through the C API: two processes write a file in
+/// `/.nodelocal`, a third verifies it, and every one of its chunks lies on
+/// the server of this host that keeps the area (the first), none on the
+/// other.
+#[test]
+fn node_local_files_through_the_c_api_stay_on_the_local_server() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("writer", tmp.path());
+    let pool = p.pool(2);
+    let c = rust_client(&pool);
+    let entries = |c: &Client| -> Vec<u64> {
+        c.server_status()
+            .into_iter()
+            .map(|(_, s)| s.unwrap().entries)
+            .collect()
+    };
+    let before = entries(&c);
+    let path = format!("{}/w", chfs_proto::path::NODE_LOCAL_PREFIX);
+    for rank in ["0", "1"] {
+        check(clean(&exe).env("CHFS_SERVER", pool.server_string()).args([
+            path.as_str(),
+            rank,
+            "2",
+            "10000",
+            "40",
+        ]));
+    }
+    let out = check(clean(&exe).env("CHFS_SERVER", pool.server_string()).args([
+        path.as_str(),
+        "verify",
+        "2",
+        "10000",
+        "40",
+    ]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verified 800000 bytes"));
+    let after = entries(&c);
+    // 800,000 bytes in 64 KiB chunks: 13 chunks, all on server 0.
+    assert_eq!(after[0] - before[0], 13, "{before:?} -> {after:?}");
+    assert_eq!(after[1], before[1], "{before:?} -> {after:?}");
+}
+
 #[test]
 fn buf_size_aggregates_small_writes_into_few_requests() {
     let p = Prefix::install();

@@ -107,6 +107,9 @@ struct Inner {
     fileid_seq: AtomicU32,
     /// Recently absent names (see [`Client::lookup`]); off unless enabled.
     names: crate::names::NameCache,
+    /// Paths this client changed lately: their lookups skip the contact
+    /// server (relayed lookups, `crate::relay`).
+    own: crate::relay::OwnChanges,
     /// The pool's backend directory as this host sees it, once asked
     /// (see [`Client::stagein`]).
     backend_dir: Mutex<Option<Option<std::path::PathBuf>>>,
@@ -148,6 +151,10 @@ impl Client {
         let chunk_size = AtomicU32::new(cfg.chunk_size);
         let buffering = AtomicBool::new(cfg.buf_size > 0);
         let buf_size = AtomicU64::new(cfg.buf_size as u64);
+        let own = crate::relay::OwnChanges::new(
+            cfg.lookup != crate::config::Lookup::Direct,
+            cfg.lookup_cache,
+        );
         let pool = Pool::connect(cfg)?;
         let seed = (now_ns() as u64 ^ ((std::process::id() as u64) << 32)) as u32;
         Ok(Client {
@@ -161,6 +168,7 @@ impl Client {
                 rpcs: AtomicU64::new(0),
                 fileid_seq: AtomicU32::new(seed),
                 names: Default::default(),
+                own,
                 backend_dir: Mutex::new(None),
             }),
             creds: None,
@@ -192,6 +200,21 @@ impl Client {
             .filter_map(|c| lock(c).as_ref().map(|c| c.is_local()))
             .collect();
         (open.iter().filter(|l| **l).count(), open.len())
+    }
+
+    /// The servers (indices in placement order) this client holds a
+    /// shared connection to now (they are opened on first use and closed
+    /// when idle, `CHFS_CONN_IDLE_SEC`).
+    pub fn connected_servers(&self) -> Vec<usize> {
+        let st = self.state();
+        self.inner
+            .pool
+            .open_connections(&st)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, open)| *open)
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// Which calling threads reach servers on this host over one
@@ -264,13 +287,38 @@ impl Client {
 
     /// One request to the owner of chunk `idx` of `path`.
     fn call_owner(&self, st: &PoolState, path: &str, idx: u64, req: &Request) -> Result<Response> {
+        use chfs_proto::msg::op;
+        if matches!(
+            req.op(),
+            op::CREATE | op::SET_SIZE | op::SET_ATTR | op::REMOVE_ENTRY | op::APPEND_RESERVE
+        ) {
+            // Changes the entry: this client's lookups of it skip the
+            // contact's cache for a while.
+            self.inner.own.changed(path);
+        }
         self.count(1);
-        self.inner.pool.call(st, st.ring.owner(path, idx), req)
+        self.inner.pool.call(st, st.owner(path, idx), req)
     }
 
     fn pipeline(&self, st: &PoolState, ops: Vec<Op<'_>>) -> Vec<Result<Response>> {
         self.count(ops.len());
         self.inner.pool.pipeline(st, ops)
+    }
+
+    /// Sends `req` about `path` to every server that may hold some of it
+    /// (all, or for the node-local area the server on this host).
+    fn broadcast_for(
+        &self,
+        st: &PoolState,
+        path: &str,
+        req: &Request,
+    ) -> Result<Vec<Result<Response>>> {
+        let ops: Vec<Op<'_>> = st
+            .servers_for(path)?
+            .into_iter()
+            .map(|i| Op::req(i, req))
+            .collect();
+        Ok(self.pipeline(st, ops))
     }
 
     fn broadcast(&self, st: &PoolState, req: &Request) -> Vec<Result<Response>> {

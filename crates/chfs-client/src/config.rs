@@ -31,6 +31,12 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_CMA", default: "1", help: "let servers on this host that run as the same user copy large writes (16 KiB and up) straight from this process's memory with process_vm_readv instead of through the socket, or from a shared-memory window the process set up (chfuse's ring buffers) with cache-bypassing stores (0 = always through the socket)" },
     Setting { env: "CHFS_CPU_LANES", default: "auto", help: "reach servers on this host over one connection per CPU of the calling thread, each served by a server thread pinned to that CPU, so a request and its reply stay on one CPU: auto = for threads pinned to one CPU (MPI ranks bound to cores), 1 = for every thread, 0 = never" },
     Setting { env: "CHFS_POLL_USEC", default: "auto", help: "longest time in microseconds a caller waiting for a reply asks its socket without sleeping (bounded adaptive polling: the window shrinks to nothing while replies take longer and grows back when they come quickly; never on a CPU lane): auto = 100 where the process may run on two or more CPUs, else 0; 0 = never poll" },
+    Setting { env: "CHFS_LOOKUP_LOCAL", default: "0", help: "1 = connect to the local chfsd only for lookups: open and stat go to a server on this host (one of them, by local rank, when there are several), which answers from its contact cache or asks the entry's owner, one request for identical lookups in flight; data and changes still go to their owners; no server on this host = direct" },
+    Setting { env: "CHFS_LOOKUP_RELAY_GROUP", default: "0", help: "N >= 2: group number for relayed lookups: the servers form N groups (index modulo N) and this client's lookups go to the server of its own group in the owner's row (as CHFS), which answers from its contact cache or asks the owner; 0 or 1 = direct (every lookup to the owner)" },
+    Setting { env: "CHFS_LOOKUP_RELAY_GROUP_AUTO", default: "0", help: "1 = relayed lookups with the group number set automatically: the square root of the number of servers, rounded up" },
+    Setting { env: "CHFS_LOOKUP_CACHE_MSEC", default: "1000", help: "with relayed lookups, the oldest answer a contact server may give this client from its cache (owners tell contacts of changes, so changes are seen at once; this bounds what a contact the owner could not reach may give, and for this long this client's lookups of paths it changed skip the contact); 0 = the contact always asks the owner" },
+    Setting { env: "CHFS_NODE_LOCAL_PREFIX", default: "/.nodelocal", help: "the node-local area: entries under this path are kept by the server on this host (the first in the list when there are several) and seen on this host only, as LLIO's node-local area; the servers must be given the same (chfsd --node-local-prefix); renames between it and the rest give EXDEV; emptied when the servers are stopped; empty = none" },
+    Setting { env: "CHFS_CONN_IDLE_SEC", default: "60", help: "a connection to a server unused for this many seconds is closed when this client opens another one, so a client holds connections only to the servers it uses (its contacts, the owners of the data it touches); it is opened again on next use (0 = never closed)" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "the pool's client key (chfs-client-key:HEX) or secret, proving this process may use the pool (prefer CHFS_SECRET_FILE)" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the pool's client key or secret, as chfsctl start exports it (takes precedence over CHFS_SECRET)" },
 ];
@@ -84,6 +90,37 @@ pub struct ClientConfig {
     pub cpu_lanes: CpuLanes,
     /// How long a caller waiting for a reply polls (`CHFS_POLL_USEC`).
     pub poll: Polling,
+    /// Where lookups (open, stat) go (`CHFS_LOOKUP_LOCAL`,
+    /// `CHFS_LOOKUP_RELAY_GROUP`, `CHFS_LOOKUP_RELAY_GROUP_AUTO`).
+    pub lookup: Lookup,
+    /// Oldest cached answer a contact server may give
+    /// (`CHFS_LOOKUP_CACHE_MSEC`).
+    pub lookup_cache: Duration,
+    /// The node-local area's path (`CHFS_NODE_LOCAL_PREFIX`; None: none).
+    pub node_local: Option<String>,
+    /// A connection unused this long is closed when another is opened
+    /// (zero: never).
+    pub conn_idle: Duration,
+    /// Which of several candidate contact servers this client uses (the
+    /// local server among several on this host, the group): by default
+    /// the process's local rank in an MPI or Slurm job, else its pid.
+    pub contact_seed: Option<u64>,
+}
+
+/// Where a client sends lookups (see `crate::relay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Lookup {
+    /// To the owner of the entry (CHFS's direct lookup).
+    Direct,
+    /// To a server on this host (`CHFS_LOOKUP_LOCAL=1`).
+    Local,
+    /// To a server of this client's relay group of this many
+    /// (`CHFS_LOOKUP_RELAY_GROUP=N`).
+    RelayGroup(u32),
+    /// Relay groups, as many as the square root of the number of servers
+    /// (`CHFS_LOOKUP_RELAY_GROUP_AUTO=1`).
+    RelayAuto,
 }
 
 /// Polling for replies before sleeping (`CHFS_POLL_USEC`; see the
@@ -140,7 +177,21 @@ impl Default for ClientConfig {
             cma: true,
             cpu_lanes: CpuLanes::Pinned,
             poll: Polling::Auto,
+            lookup: Lookup::Direct,
+            lookup_cache: Duration::from_millis(1000),
+            contact_seed: None,
+            conn_idle: Duration::from_secs(60),
+            node_local: Some(chfs_proto::path::NODE_LOCAL_PREFIX.to_string()),
         }
+    }
+}
+
+/// A 0-or-1 setting; anything else is an error naming the variable.
+fn flag(name: &str, v: &str) -> Result<bool> {
+    match v.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => fail(libc::EINVAL, format!("{name}={v:?}: expected 0 or 1")),
     }
 }
 
@@ -226,6 +277,51 @@ impl ClientConfig {
         if let Some(v) = get("CHFS_DIR_CACHE_MSEC") {
             c.dir_cache = Duration::from_millis(num("CHFS_DIR_CACHE_MSEC", &v)?);
         }
+        let local = get("CHFS_LOOKUP_LOCAL")
+            .map(|v| flag("CHFS_LOOKUP_LOCAL", &v))
+            .transpose()?
+            .unwrap_or(false);
+        let group: u32 = get("CHFS_LOOKUP_RELAY_GROUP")
+            .map(|v| num("CHFS_LOOKUP_RELAY_GROUP", &v))
+            .transpose()?
+            .unwrap_or(0);
+        let auto = get("CHFS_LOOKUP_RELAY_GROUP_AUTO")
+            .map(|v| flag("CHFS_LOOKUP_RELAY_GROUP_AUTO", &v))
+            .transpose()?
+            .unwrap_or(false);
+        // As CHFS: local first, then relay groups (automatic first).
+        c.lookup = if local {
+            Lookup::Local
+        } else if auto {
+            Lookup::RelayAuto
+        } else if group >= 2 {
+            Lookup::RelayGroup(group)
+        } else {
+            Lookup::Direct
+        };
+        if let Some(v) = get("CHFS_LOOKUP_CACHE_MSEC") {
+            let ms: u32 = num("CHFS_LOOKUP_CACHE_MSEC", &v)?;
+            c.lookup_cache = Duration::from_millis(ms.into());
+        }
+        if let Some(v) = get("CHFS_NODE_LOCAL_PREFIX") {
+            c.node_local = match v.trim() {
+                "" => None,
+                p => match chfs_proto::path::normalize(p) {
+                    Ok(n) if n != "/" => Some(n),
+                    _ => {
+                        return fail(
+                            libc::EINVAL,
+                            format!(
+                            "CHFS_NODE_LOCAL_PREFIX={v:?}: expected an absolute path other than /"
+                        ),
+                        )
+                    }
+                },
+            };
+        }
+        if let Some(v) = get("CHFS_CONN_IDLE_SEC") {
+            c.conn_idle = Duration::from_secs(num("CHFS_CONN_IDLE_SEC", &v)?);
+        }
         if let Some(f) = get("CHFS_SECRET_FILE") {
             match std::fs::read(&f) {
                 Ok(s) => c.secret = String::from_utf8_lossy(&s).trim_end().as_bytes().to_vec(),
@@ -297,5 +393,55 @@ mod tests {
         let e = ClientConfig::from_lookup(|k| (k == "CHFS_CHUNK_SIZE").then(|| "0".into()))
             .unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL);
+    }
+
+    #[test]
+    fn lookup_settings() {
+        let cfg = |kv: &[(&str, &str)]| {
+            let kv: Vec<(String, String)> = kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            ClientConfig::from_lookup(move |k| {
+                kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+            })
+        };
+        assert_eq!(cfg(&[]).unwrap().lookup, Lookup::Direct);
+        assert_eq!(
+            cfg(&[("CHFS_LOOKUP_RELAY_GROUP", "4")]).unwrap().lookup,
+            Lookup::RelayGroup(4)
+        );
+        assert_eq!(
+            cfg(&[("CHFS_LOOKUP_RELAY_GROUP", "1")]).unwrap().lookup,
+            Lookup::Direct
+        );
+        assert_eq!(
+            cfg(&[
+                ("CHFS_LOOKUP_RELAY_GROUP", "4"),
+                ("CHFS_LOOKUP_RELAY_GROUP_AUTO", "1")
+            ])
+            .unwrap()
+            .lookup,
+            Lookup::RelayAuto
+        );
+        assert_eq!(
+            cfg(&[("CHFS_LOOKUP_LOCAL", "1"), ("CHFS_LOOKUP_RELAY_GROUP", "4")])
+                .unwrap()
+                .lookup,
+            Lookup::Local
+        );
+        let c = cfg(&[("CHFS_LOOKUP_CACHE_MSEC", "250")]).unwrap();
+        assert_eq!(c.lookup_cache, Duration::from_millis(250));
+        for (k, v) in [
+            ("CHFS_LOOKUP_LOCAL", "2"),
+            ("CHFS_LOOKUP_LOCAL", "yes"),
+            ("CHFS_LOOKUP_RELAY_GROUP", "-3"),
+            ("CHFS_LOOKUP_RELAY_GROUP_AUTO", "on"),
+            ("CHFS_LOOKUP_CACHE_MSEC", "soon"),
+        ] {
+            let e = cfg(&[(k, v)]).unwrap_err();
+            assert_eq!(e.errno(), libc::EINVAL, "{k}={v}");
+            assert!(e.message().contains(k), "{e}");
+        }
     }
 }

@@ -451,6 +451,14 @@ impl Conn {
         self.alive.load(Ordering::Acquire)
     }
 
+    /// How long since the connection last sent or received.
+    pub fn idle_for(&self) -> std::time::Duration {
+        let last = self.last_io.load(Ordering::Relaxed);
+        std::time::Duration::from_nanos(
+            (self.opened.elapsed().as_nanos() as u64).saturating_sub(last),
+        )
+    }
+
     fn note_io(&self) {
         self.last_io
             .store(self.opened.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -14,13 +14,14 @@ mod error;
 mod names;
 pub mod poll;
 mod pool;
+mod relay;
 mod shm;
 mod stream;
 mod types;
 
 pub use chfs_proto::msg::FlushState;
 pub use client::{Client, ClientStats, StageSource, WalkError};
-pub use config::{ClientConfig, CpuLanes, Polling};
+pub use config::{ClientConfig, CpuLanes, Lookup, Polling};
 pub use error::{Error, Result};
 pub use shm::SharedBuffer;
 pub use types::{DirEntry, Stat, StatFs, TimeSet, Whence};

@@ -23,7 +23,18 @@ pub(crate) struct PoolState {
     /// Per-CPU connections to local servers (CPU lanes), by server.
     lanes: Vec<Mutex<Lanes>>,
     fetched: Instant,
+    /// The contact server of each owner for lookups (None: direct; see
+    /// `crate::relay`).
+    pub(crate) contacts: Option<Vec<usize>>,
+    /// The server on this host that keeps the node-local area (the
+    /// first local one), and the area's path.
+    local: Option<usize>,
+    node_local: Option<String>,
 }
+
+/// The "server" of a node-local path when no server runs on this host:
+/// its requests fail with ENXIO.
+const NO_LOCAL: usize = usize::MAX;
 
 /// The CPU-lane connections to one server.
 #[derive(Default, Clone)]
@@ -67,6 +78,8 @@ pub(crate) struct Pool {
     window: OnceLock<Arc<Window>>,
     /// Polling for replies, over every connection ([`crate::poll`]).
     polls: Arc<Counts>,
+    /// Chooses among candidate contact servers.
+    seed: u64,
 }
 
 fn lanes_code(l: CpuLanes) -> u8 {
@@ -103,8 +116,10 @@ impl Pool {
         }
         let polls = Arc::<Counts>::default();
         let list = fetch_list(&cfg, &cfg.servers, None, &polls)?;
-        let state = RwLock::new(Arc::new(PoolState::new(list, None)));
+        let seed = cfg.contact_seed.unwrap_or_else(crate::relay::default_seed);
+        let state = RwLock::new(Arc::new(PoolState::new(list, None, &cfg, seed)));
         Ok(Pool {
+            seed,
             lanes: AtomicU8::new(lanes_code(cfg.cpu_lanes)),
             window: OnceLock::new(),
             polls,
@@ -136,9 +151,12 @@ impl Pool {
                 conns: old.clone_conns(&list),
                 lanes: old.clone_lanes(&list),
                 fetched: Instant::now(),
+                contacts: old.contacts.clone(),
+                local: old.local,
+                node_local: old.node_local.clone(),
             }
         } else {
-            PoolState::new(list, Some(old))
+            PoolState::new(list, Some(old), &self.cfg, self.seed)
         };
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
         Ok(())
@@ -241,6 +259,9 @@ impl Pool {
     /// demand; with `check`, one that looks closed by its server
     /// ([`Conn::usable`]) is replaced too.
     fn shared_conn(&self, st: &PoolState, i: usize, check: bool) -> Result<Arc<Conn>> {
+        if i == NO_LOCAL {
+            return fail(libc::ENXIO, no_local_server("the node-local area"));
+        }
         let slot = st
             .conns
             .get(i)
@@ -258,7 +279,41 @@ impl Pool {
             counts,
         )?);
         *g = Some(c.clone());
+        drop(g);
+        self.close_idle(st, i);
         Ok(c)
+    }
+
+    /// Closes the shared connections (but that to server `except`) that
+    /// nobody is using and that have been idle for `CHFS_CONN_IDLE_SEC`:
+    /// a client keeps connections to the servers it uses, not to every
+    /// server it ever reached. Slots busy in another thread are skipped.
+    fn close_idle(&self, st: &PoolState, except: usize) {
+        let idle = self.cfg.conn_idle;
+        if idle.is_zero() {
+            return;
+        }
+        for (j, slot) in st.conns.iter().enumerate() {
+            if j == except {
+                continue;
+            }
+            if let Ok(mut g) = slot.try_lock() {
+                // Held by the slot only (no request in flight on it).
+                if g.as_ref()
+                    .is_some_and(|c| Arc::strong_count(c) == 1 && c.idle_for() >= idle)
+                {
+                    *g = None;
+                }
+            }
+        }
+    }
+
+    /// Open shared connections, by server (placement order).
+    pub fn open_connections(&self, st: &PoolState) -> Vec<bool> {
+        st.conns
+            .iter()
+            .map(|c| lock(c).as_ref().is_some_and(|c| c.alive()))
+            .collect()
     }
 
     /// One request to server `i`, sent once more on a new connection if
@@ -372,7 +427,12 @@ fn retry_safe(e: &Error, op: u16) -> bool {
 }
 
 impl PoolState {
-    fn new(list: ServerList, old: Option<&PoolState>) -> Self {
+    fn new(list: ServerList, old: Option<&PoolState>, cfg: &ClientConfig, seed: u64) -> Self {
+        let local_servers = crate::relay::local_servers(&list.servers);
+        let contacts = match cfg.lookup {
+            crate::config::Lookup::Direct => None,
+            l => crate::relay::contacts(list.servers.len(), l, &local_servers, seed),
+        };
         let conns = match old {
             Some(o) => o.clone_conns(&list),
             None => list.servers.iter().map(|_| Mutex::new(None)).collect(),
@@ -386,7 +446,57 @@ impl PoolState {
             conns,
             lanes,
             fetched: Instant::now(),
+            contacts,
+            local: local_servers.first().copied(),
+            node_local: cfg.node_local.clone(),
         }
+    }
+
+    /// Is `p` in the node-local area?
+    pub fn is_node_local(&self, p: &str) -> bool {
+        self.node_local
+            .as_deref()
+            .is_some_and(|d| chfs_proto::path::is_within(p, d))
+    }
+
+    /// The server keeping chunk `idx` of `p`: its owner, or for the
+    /// node-local area the server on this host.
+    pub fn owner(&self, p: &str, idx: u64) -> usize {
+        if self.is_node_local(p) {
+            self.local.unwrap_or(NO_LOCAL)
+        } else {
+            self.ring.owner(p, idx)
+        }
+    }
+
+    /// [`PoolState::owner`] with the path's hash already computed.
+    pub fn owner_of_hash(&self, p: &str, hash: u64, idx: u64) -> usize {
+        if self.is_node_local(p) {
+            self.local.unwrap_or(NO_LOCAL)
+        } else {
+            self.ring.owner_of_hash(hash, idx)
+        }
+    }
+
+    /// The servers that may hold chunks of `p` or entries below it: all,
+    /// or for the node-local area the server on this host.
+    pub fn servers_for(&self, p: &str) -> Result<Vec<usize>> {
+        if !self.is_node_local(p) {
+            return Ok((0..self.ring.len()).collect());
+        }
+        match self.local {
+            Some(i) => Ok(vec![i]),
+            None => fail(libc::ENXIO, no_local_server(p)),
+        }
+    }
+
+    /// The server a lookup of an entry owned by server `owner` goes to
+    /// (`owner` itself when lookups are direct).
+    pub fn contact(&self, owner: usize) -> usize {
+        self.contacts
+            .as_ref()
+            .and_then(|c| c.get(owner).copied())
+            .unwrap_or(owner)
     }
 
     fn clone_lanes(&self, list: &ServerList) -> Vec<Mutex<Lanes>> {
@@ -411,6 +521,10 @@ impl PoolState {
             })
             .collect()
     }
+}
+
+fn no_local_server(p: &str) -> String {
+    format!("{p}: no chfsd of the pool runs on this host to keep the node-local area (CHFS_NODE_LOCAL_PREFIX)")
 }
 
 fn fetch_list(

@@ -668,3 +668,73 @@ fn df_of_servers_without_a_size_shows_free_memory_per_server() {
         .unwrap();
     assert!(pct < 50, "{out}");
 }
+
+/// The node-local area through the mount, with relayed lookups: tools
+/// write, list and read files in `.nodelocal`; their chunks are all on the
+/// chfsd of this host (the first), not one on the others; `mv` out of the
+/// area copies (EXDEV), and lookups of the shared file went through a
+/// contact server.
+#[test]
+fn node_local_area_and_relayed_lookups_through_the_mount() {
+    let pool = pool(3);
+    // (no negative lookup cache: names another client creates are looked
+    // up at once)
+    let m = Mount::new_env(
+        &pool,
+        &["--negative-timeout", "0"],
+        &[("CHFS_LOOKUP_RELAY_GROUP", "3")],
+    );
+    let c = chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: vec![pool.addrs()[0].clone()],
+        ..Default::default()
+    })
+    .unwrap();
+    let entries = || -> Vec<(u64, u64, u64)> {
+        c.server_status()
+            .into_iter()
+            .map(|(_, s)| {
+                let s = s.unwrap();
+                (s.entries, s.node_local_entries, s.lookups)
+            })
+            .collect()
+    };
+    let before = entries();
+    let area = m.p(".nodelocal");
+    let local = tempfile::tempdir().unwrap();
+    let src = local.path().join("src.bin");
+    std::fs::write(&src, pattern(300_000, 9)).unwrap();
+    sh(&format!(
+        "mkdir -p {a}/job && cp {s} {a}/job/in.bin && cmp {s} {a}/job/in.bin && ls {a}/job | grep -qx in.bin",
+        a = q(&area),
+        s = q(&src)
+    ));
+    let after = entries();
+    // The directory and 5 chunks of 64 KiB, on server 0 only.
+    assert_eq!(after[0].0 - before[0].0, 6, "{before:?} -> {after:?}");
+    assert_eq!(after[0].1, 2, "{after:?}");
+    for i in 1..3 {
+        assert_eq!(after[i].0, before[i].0, "server {i}: {after:?}");
+    }
+    // Out of the area: mv copies across the EXDEV.
+    sh(&format!(
+        "mv {a}/job/in.bin {o} && cmp {s} {o} && test ! -e {a}/job/in.bin",
+        a = q(&area),
+        o = q(&m.p("out.bin")),
+        s = q(&src)
+    ));
+    assert_eq!(entries()[0].1, 1, "only the directory is left");
+    // Files another client made: the mount looks them up through its
+    // contact server (those its contact does not own).
+    for i in 0..10 {
+        let fd = c
+            .create(&format!("/shared{i}"), chfs_client::flags::O_WRONLY, 0o644)
+            .unwrap();
+        c.close(fd).unwrap();
+        sh(&format!(
+            "stat {} >/dev/null",
+            q(&m.p(&format!("shared{i}")))
+        ));
+    }
+    let looked: u64 = entries().iter().map(|e| e.2).sum();
+    assert!(looked > 0, "{:?}", entries());
+}

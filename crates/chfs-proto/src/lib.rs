@@ -26,8 +26,10 @@ pub use msg::{Request, Response};
 /// `ServerList::since`, `Join::fresh`, `SetSize::if_size`,
 /// `ServerStatus::since`/`lost`; 5: challenge-response handshake with
 /// roles, `Response::Sized`; 6: `SetSize::stray`, errnos in the flush and
-/// rebalance states, `ServerStatus::forwarded`/`reads`/`writes`).
-pub const PROTOCOL_VERSION: u16 = 7;
+/// rebalance states, `ServerStatus::forwarded`/`reads`/`writes`; 8:
+/// `Lookup`, `WatchStat`, `Invalidate`, `ServerStatus::lookups`/`lookup_hits`/`lookup_forwards`/
+/// `node_local_entries`/`node_local_bytes`).
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

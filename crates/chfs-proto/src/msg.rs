@@ -82,6 +82,9 @@ opcodes! {
     ADOPT_CHUNK = 29 => AdoptChunk,
     LANE = 30 => Lane,
     SHM_ATTACH = 31 => ShmAttach,
+    LOOKUP = 32 => Lookup,
+    WATCH_STAT = 33 => WatchStat,
+    INVALIDATE = 34 => Invalidate,
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -197,6 +200,17 @@ pub struct ServerStatus {
     pub requests: u64,
     /// Of those, requests forwarded to the server owning their key.
     pub forwarded: u64,
+    /// Relayed lookups ([`Request::Lookup`]) this server answered as a
+    /// contact server, of those the ones answered from its contact cache,
+    /// and the lookups it sent to owners for them (identical lookups in
+    /// flight at once share one).
+    pub lookups: u64,
+    pub lookup_hits: u64,
+    pub lookup_forwards: u64,
+    /// Entries in this server's node-local area, and the bytes of its
+    /// files.
+    pub node_local_entries: u64,
+    pub node_local_bytes: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -497,6 +511,38 @@ pub enum Request {
         /// Length of the mapping.
         len: u64,
     },
+    /// A relayed lookup (`CHFS_LOOKUP_LOCAL`, `CHFS_LOOKUP_RELAY_GROUP`):
+    /// the entry of `path`, asked of a *contact* server, which answers it
+    /// itself when it owns the entry, else from its contact cache (an
+    /// answer it fetched from the owner at most `max_age_ms` ago), else by
+    /// asking the owner, one request for all identical lookups in flight.
+    /// The reply is that of [`Request::Stat`].
+    Lookup {
+        /// Normalised path.
+        path: String,
+        /// Oldest cached answer the client accepts, in ms (0: ask the
+        /// owner).
+        max_age_ms: u32,
+    },
+    /// A contact server asks the owner for the entry of `path` (server to
+    /// server, for a [`Request::Lookup`]) and will keep the answer for up
+    /// to `keep_ms`: until then the owner tells `contact` of a change of
+    /// the entry ([`Request::Invalidate`]) before it answers the change.
+    /// The reply is that of [`Request::Stat`].
+    WatchStat {
+        /// Normalised path.
+        path: String,
+        /// The contact server's address.
+        contact: String,
+        /// How long the contact may keep the answer, in ms.
+        keep_ms: u32,
+    },
+    /// The owner of the entry of `path` changed it (server to server):
+    /// the contact server drops what it keeps of it.
+    Invalidate {
+        /// Normalised path.
+        path: String,
+    },
 }
 
 /// A successful response.
@@ -689,6 +735,7 @@ impl Request {
         match self {
             Request::Create { path, .. }
             | Request::Stat { path }
+            | Request::WatchStat { path, .. }
             | Request::SetSize { path, .. }
             | Request::SetAttr { path, .. }
             | Request::RemoveEntry { path, .. }
@@ -733,6 +780,20 @@ impl Request {
                 out.extend_from_slice(data);
             }
             Request::Stat { path } | Request::HasChildren { path } => out.put_str(path),
+            Request::Lookup { path, max_age_ms } => {
+                out.put_str(path);
+                out.put_u32(*max_age_ms);
+            }
+            Request::WatchStat {
+                path,
+                contact,
+                keep_ms,
+            } => {
+                out.put_str(path);
+                out.put_str(contact);
+                out.put_u32(*keep_ms);
+            }
+            Request::Invalidate { path } => out.put_str(path),
             Request::Write {
                 path,
                 fileid,
@@ -873,6 +934,16 @@ impl Request {
                 base: r.u64()?,
                 len: r.u64()?,
             },
+            op::LOOKUP => Request::Lookup {
+                path: r.string()?,
+                max_age_ms: r.u32()?,
+            },
+            op::WATCH_STAT => Request::WatchStat {
+                path: r.string()?,
+                contact: r.string()?,
+                keep_ms: r.u32()?,
+            },
+            op::INVALIDATE => Request::Invalidate { path: r.string()? },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -1068,6 +1139,11 @@ impl Response {
                 out.put_u64(s.cpu_ns);
                 out.put_u64(s.connections);
                 out.put_u64(s.peers);
+                out.put_u64(s.lookups);
+                out.put_u64(s.lookup_hits);
+                out.put_u64(s.lookup_forwards);
+                out.put_u64(s.node_local_entries);
+                out.put_u64(s.node_local_bytes);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1158,6 +1234,11 @@ impl Response {
                 cpu_ns: r.u64()?,
                 connections: r.u64()?,
                 peers: r.u64()?,
+                lookups: r.u64()?,
+                lookup_hits: r.u64()?,
+                lookup_forwards: r.u64()?,
+                node_local_entries: r.u64()?,
+                node_local_bytes: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1254,6 +1335,18 @@ mod tests {
         };
         rt(Request::Ping);
         rt(Request::Lane { cpu: 7 });
+        rt(Request::Lookup {
+            path: "/in/x".into(),
+            max_age_ms: 1000,
+        });
+        rt(Request::WatchStat {
+            path: "/in/x".into(),
+            contact: "h:1".into(),
+            keep_ms: 1000,
+        });
+        rt(Request::Invalidate {
+            path: "/in/x".into(),
+        });
         rt(Request::ShmAttach {
             fd: 5,
             base: 0x7f00_0000_1000,

@@ -130,6 +130,12 @@ pub fn join(dir: &str, name: &str) -> String {
 }
 
 /// Is `path` equal to `dir` or below it?
+/// The default path of the node-local area (entries kept on a server of
+/// the creating node and seen there only; `CHFS_NODE_LOCAL_PREFIX`,
+/// `chfsd --node-local-prefix`).
+pub const NODE_LOCAL_PREFIX: &str = "/.nodelocal";
+
+/// Is `path` the directory `dir` or inside it?
 pub fn is_within(path: &str, dir: &str) -> bool {
     dir == "/"
         || path == dir

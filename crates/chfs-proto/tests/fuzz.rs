@@ -185,6 +185,9 @@ const REQUEST_OPS: &[u16] = &[
     op::ADOPT_CHUNK,
     op::LANE,
     op::SHM_ATTACH,
+    op::LOOKUP,
+    op::WATCH_STAT,
+    op::INVALIDATE,
 ];
 
 /// Number of response tags (0 .. this), checked by
@@ -332,6 +335,26 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
             (any::<i32>(), any::<u64>(), any::<u64>())
                 .prop_map(|(fd, base, len)| Request::ShmAttach { fd, base, len })
                 .boxed(),
+        ),
+        (
+            op::LOOKUP,
+            (text(), any::<u32>())
+                .prop_map(|(path, max_age_ms)| Request::Lookup { path, max_age_ms })
+                .boxed(),
+        ),
+        (
+            op::WATCH_STAT,
+            (text(), text(), any::<u32>())
+                .prop_map(|(path, contact, keep_ms)| Request::WatchStat {
+                    path,
+                    contact,
+                    keep_ms,
+                })
+                .boxed(),
+        ),
+        (
+            op::INVALIDATE,
+            text().prop_map(|path| Request::Invalidate { path }).boxed(),
         ),
         (
             op::JOIN,
@@ -562,7 +585,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 22), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 27), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -589,6 +612,11 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         cpu_ns: n[19],
                         connections: n[20],
                         peers: n[21],
+                        lookups: n[22],
+                        lookup_hits: n[23],
+                        lookup_forwards: n[24],
+                        node_local_entries: n[25],
+                        node_local_bytes: n[26],
                         backend,
                         flush,
                     }))

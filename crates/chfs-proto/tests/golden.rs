@@ -197,7 +197,7 @@ fn with_meta<'a>(head: &[&'a str], meta_hex: &[&'a str], tail: &[&'a str]) -> Ve
 fn protocol_constants() {
     // A bump of the version is a deliberate edit of this line, made with
     // the literals below that changed.
-    assert_eq!(PROTOCOL_VERSION, 7);
+    assert_eq!(PROTOCOL_VERSION, 8);
     assert_eq!(MAGIC, *b"CHFS-RS\x01");
     assert_eq!(HEADER_LEN, 16);
     assert_eq!(META_LEN, 64);
@@ -343,10 +343,13 @@ fn request_name(r: &Request) -> &'static str {
         Request::AdoptChunk { .. } => "AdoptChunk",
         Request::Lane { .. } => "Lane",
         Request::ShmAttach { .. } => "ShmAttach",
+        Request::Lookup { .. } => "Lookup",
+        Request::WatchStat { .. } => "WatchStat",
+        Request::Invalidate { .. } => "Invalidate",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 28] = [
+const REQUEST_VARIANTS: [&str; 31] = [
     "Ping",
     "GetServers",
     "Join",
@@ -375,6 +378,9 @@ const REQUEST_VARIANTS: [&str; 28] = [
     "AdoptChunk",
     "Lane",
     "ShmAttach",
+    "Lookup",
+    "WatchStat",
+    "Invalidate",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -704,6 +710,35 @@ fn requests() {
                 "0000300000000000", // len u64
             ]),
         ),
+        (
+            Request::Lookup {
+                path: "/in".into(),
+                max_age_ms: 1000,
+            },
+            32,
+            Some(vec![
+                "03000000 2f696e", // path: u32 length, bytes
+                "e8030000",        // max_age_ms u32
+            ]),
+        ),
+        (
+            Request::WatchStat {
+                path: "/in".into(),
+                contact: "h:1".into(),
+                keep_ms: 500,
+            },
+            33,
+            Some(vec![
+                "03000000 2f696e", // path
+                "03000000 683a31", // contact
+                "f4010000",        // keep_ms u32
+            ]),
+        ),
+        (
+            Request::Invalidate { path: "/in".into() },
+            34,
+            Some(vec!["03000000 2f696e"]),
+        ),
     ];
     for (i, (req, opcode, want)) in cases.iter().enumerate() {
         let name = request_name(req);
@@ -857,6 +892,11 @@ fn responses() {
         cpu_ns: 0x13,
         connections: 0x14,
         peers: 0x15,
+        lookups: 0x16,
+        lookup_hits: 0x17,
+        lookup_forwards: 0x18,
+        node_local_entries: 0x19,
+        node_local_bytes: 0x1a,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -901,6 +941,11 @@ fn responses() {
                 "1300000000000000",  // cpu_ns
                 "1400000000000000",  // connections
                 "1500000000000000",  // peers
+                "1600000000000000",  // lookups
+                "1700000000000000",  // lookup_hits
+                "1800000000000000",  // lookup_forwards
+                "1900000000000000",  // node_local_entries
+                "1a00000000000000",  // node_local_bytes
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes
@@ -1124,7 +1169,7 @@ fn handshake_messages() {
         &hello.encode(),
         &[
             "434846532d525301", // magic "CHFS-RS\x01"
-            "0700",             // version u16
+            "0800",             // version u16
             "02",               // role (server)
             "01",               // has_key
             "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", // nonce
@@ -1142,7 +1187,7 @@ fn handshake_messages() {
         &open.encode(),
         &[
             "434846532d525301", // magic
-            "0700",             // version
+            "0800",             // version
             "00000000",         // status i32
             "0000",             // message length u16, no message
             "00",               // auth: open
@@ -1162,7 +1207,7 @@ fn handshake_messages() {
         &challenge.encode(),
         &[
             "434846532d525301", // magic
-            "0700",             // version
+            "0800",             // version
             "00000000",         // status
             "0000",             // message length
             "01",               // auth: challenge
@@ -1176,7 +1221,7 @@ fn handshake_messages() {
         &refusal.encode(),
         &[
             "434846532d525301", // magic
-            "0700",             // version
+            "0800",             // version
             "0d000000",         // status (EACCES)
             "0200 6e6f",        // message "no"; no auth byte after a refusal
         ],
@@ -1188,13 +1233,13 @@ fn handshake_messages() {
         &version_refusal(3).encode(),
         &[
             "434846532d525301", // magic
-            "0700",             // the acceptor's version
+            "0800",             // the acceptor's version
             "47000000",         // status (EPROTO)
             "7200",             // message length (114)
-            // "protocol version 3 not supported: this server speaks version 7
+            // "protocol version 3 not supported: this server speaks version 8
             // (use client and server of the same chfs-rs release)"
             "70726f746f636f6c2076657273696f6e2033206e6f7420737570706f727465643a20",
-            "746869732073657276657220737065616b732076657273696f6e203720",
+            "746869732073657276657220737065616b732076657273696f6e203820",
             "2875736520636c69656e7420616e6420736572766572206f66207468652073616d65",
             "20636866732d72732072656c6561736529",
         ],
@@ -1298,7 +1343,7 @@ fn handshake_keys_and_proofs() {
             &[1; 32],
             &[2; 32],
         ),
-        &["c1885085bdea19f02eeb1041f12b773f044976ce4afea461cfc286a8b664e95f"],
+        &["9d7b03397eb28daefe0c4d00a141e4e688e23855a8d9bcb3b3999c60e6aafda7"],
     );
     g.finish();
 }

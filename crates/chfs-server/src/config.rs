@@ -118,6 +118,34 @@ pub struct Config {
     )]
     pub rpc_timeout_msec: u64,
 
+    /// As a contact server of relayed lookups (clients with
+    /// CHFS_LOOKUP_LOCAL or CHFS_LOOKUP_RELAY_GROUP): the longest time in
+    /// milliseconds an answer fetched from an entry's owner is kept and
+    /// given to later lookups of that path (each client asks for at most
+    /// its own CHFS_LOOKUP_CACHE_MSEC). 0 = no cache: every relayed lookup
+    /// goes to the owner, identical ones in flight at once still sharing
+    /// one request.
+    #[arg(
+        long = "lookup-cache-msec",
+        env = "CHFSD_LOOKUP_CACHE_MSEC",
+        default_value_t = 1000
+    )]
+    pub lookup_cache_msec: u64,
+
+    /// The node-local area: entries under this path are kept by a server
+    /// on the node of the client that creates them and are visible on
+    /// that node only (clients send them to their local server, which
+    /// never forwards them, moves them to another server or writes them
+    /// to the backend); every server has its own, emptied when it is
+    /// asked to stop. Clients must use the same prefix
+    /// (CHFS_NODE_LOCAL_PREFIX). Empty: no node-local area.
+    #[arg(
+        long = "node-local-prefix",
+        env = "CHFS_NODE_LOCAL_PREFIX",
+        default_value = chfs_proto::path::NODE_LOCAL_PREFIX
+    )]
+    pub node_local_prefix: String,
+
     /// Write the server's address to this file once it serves.
     #[arg(short = 'S', long = "server-info-file")]
     pub info_file: Option<PathBuf>,

@@ -10,7 +10,8 @@
 //! 1. foundations, which know nothing of a running server: `metrics`,
 //!    `net`, `local_io`, `shm`, `backend` ← `cache` ← `config` ← `limits`,
 //!    `park` (polling before a runtime worker sleeps);
-//!    `peer` (server-to-server calls; `net`, `local_io`);
+//!    `peer` (server-to-server calls; `net`, `local_io`) ← `relay` (the
+//!    contact cache of relayed lookups);
 //! 2. `state`: what every connection and request shares (`Shared`:
 //!    store, placement, peers, counters, limits, cache mode);
 //! 3. `handler`: serving one request (`common` ← `namespace`, `pool`,
@@ -35,6 +36,7 @@ pub mod metrics;
 pub mod net;
 mod park;
 mod peer;
+mod relay;
 mod server;
 mod shm;
 mod state;

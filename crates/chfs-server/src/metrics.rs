@@ -33,6 +33,12 @@ pub struct Counters {
     pub idle_closed: AtomicU64,
     /// Requests that waited for their connection's in-flight or memory budget.
     pub throttled: AtomicU64,
+    /// Relayed lookups answered as a contact server.
+    pub lookups: AtomicU64,
+    /// Of those, answered from the contact cache.
+    pub lookup_hits: AtomicU64,
+    /// Lookups sent to owners for them.
+    pub lookup_forwards: AtomicU64,
 }
 
 impl Counters {

@@ -186,6 +186,24 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
             None
         }
     };
+    let node_local = match cfg.node_local_prefix.trim() {
+        "" => None,
+        p => match chfs_proto::path::normalize(p) {
+            Ok(n) if n != "/" => Some(n),
+            Ok(_) => {
+                return Err(ServerError::Config(
+                    "--node-local-prefix /: the node-local area cannot be the whole namespace"
+                        .into(),
+                ))
+            }
+            Err(e) => {
+                return Err(ServerError::Config(format!(
+                    "--node-local-prefix {p}: {}",
+                    e.message
+                )))
+            }
+        },
+    };
     let (store, fresh) = open_store(&cfg)?;
     let cache = open_cache(&cfg, &*store)?;
     let want = cfg.listen_addr();
@@ -207,6 +225,9 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         })),
         me: me.clone(),
         peers: Peers::new(cred, Duration::from_millis(cfg.rpc_timeout_msec.max(1))),
+        contact: crate::relay::Contact::new(Duration::from_millis(cfg.lookup_cache_msec)),
+        node_local,
+        watchers: Default::default(),
         counters: Counters::default(),
         join_lock: Default::default(),
         shutdown,

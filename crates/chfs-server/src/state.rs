@@ -74,6 +74,12 @@ pub(crate) struct Shared {
     pub placement: RwLock<Arc<Placement>>,
     pub me: String,
     pub peers: Peers,
+    /// Answers of relayed lookups fetched from owners, and those in flight.
+    pub contact: crate::relay::Contact,
+    /// Contact servers keeping answers about entries held here.
+    pub watchers: crate::relay::Watchers,
+    /// The node-local area's path (None: none).
+    pub node_local: Option<String>,
     pub counters: Counters,
     pub join_lock: tokio::sync::Mutex<()>,
     pub shutdown: watch::Sender<bool>,
@@ -98,6 +104,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Is `path` in the node-local area (kept here, never forwarded,
+    /// moved or written back)?
+    pub fn is_node_local(&self, path: &str) -> bool {
+        self.node_local
+            .as_deref()
+            .is_some_and(|d| chfs_proto::path::is_within(path, d))
+    }
+
     pub fn placement(&self) -> Arc<Placement> {
         self.placement
             .read()

@@ -165,6 +165,14 @@ fn roles_limit_what_a_connection_may_ask() {
             meta: Meta::default(),
             data: Bytes::new(),
         },
+        // A relayed lookup's server-to-server part: registering as a
+        // contact and dropping a contact's answers.
+        Request::WatchStat {
+            path: "/x".into(),
+            contact: "10.9.9.9:1".into(),
+            keep_ms: 1000,
+        },
+        Request::Invalidate { path: "/x".into() },
     ];
     for (i, req) in refused.iter().enumerate() {
         let r = call(&mut s, 10 + i as u64, req);
@@ -181,8 +189,20 @@ fn roles_limit_what_a_connection_may_ask() {
         &payload,
     );
     assert_eq!(reply(&mut s, 30).unwrap_err().0, libc::EPERM);
-    // File operations are the client's.
+    // File operations are the client's, relayed lookups too (the contact
+    // asks the owner as a server).
     assert!(call(&mut s, 31, &Request::Stat { path: "/".into() }).is_ok());
+    for i in 0..8 {
+        let r = call(
+            &mut s,
+            40 + i,
+            &Request::Lookup {
+                path: format!("/relayed{i}"),
+                max_age_ms: 1000,
+            },
+        );
+        assert_eq!(r.unwrap_err().0, libc::ENOENT, "the owner's answer");
+    }
     // The client key cannot pretend to be a server or the administrator.
     let mut s2 = raw(addr);
     assert_eq!(
@@ -198,7 +218,11 @@ fn roles_limit_what_a_connection_may_ask() {
         Ok(Response::Status(st)) => *st,
         other => panic!("{other:?}"),
     };
-    assert!(status.denied >= 8, "{status:?}");
+    assert!(status.denied >= 10, "{status:?}");
+    assert!(
+        status.lookups >= 8 && status.lookup_forwards >= 1,
+        "{status:?}"
+    );
     assert_eq!(call(&mut a, 4, &Request::Shutdown), Ok(Response::Ok));
 }
 

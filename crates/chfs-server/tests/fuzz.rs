@@ -281,6 +281,16 @@ fn corpus() -> Vec<Request> {
             base: 0,
             len: 4096,
         },
+        Request::Lookup {
+            path: p("/fuzz/a"),
+            max_age_ms: 100,
+        },
+        Request::WatchStat {
+            path: p("/fuzz/a"),
+            contact: "127.0.0.1:1".into(),
+            keep_ms: 100,
+        },
+        Request::Invalidate { path: p("/fuzz/a") },
     ]
 }
 

@@ -11,6 +11,7 @@ const LAYERS: &[&[&str]] = &[
     &["cache"],
     &["config"],
     &["limits", "park", "peer"],
+    &["relay"],
     &["state"],
     &["handler::common"],
     &["handler::namespace", "handler::pool", "handler::rebalance"],

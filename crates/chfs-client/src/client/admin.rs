@@ -20,6 +20,16 @@ impl Client {
         self.state().ring.list().servers.clone()
     }
 
+    /// The index (placement order) of the server owning the entry of
+    /// `path`, and the one this client's lookups of it go to (its contact
+    /// server; the owner when lookups are not relayed).
+    pub fn entry_servers(&self, path: &str) -> Result<(usize, usize)> {
+        let st = self.state();
+        let p = chfs_proto::path::normalize(path)?;
+        let owner = st.owner(&p, 0);
+        Ok((owner, st.contact(owner)))
+    }
+
     /// A request that does nothing, answered by server `index` (in
     /// placement order): one round trip through the same path as every
     /// other request (connection, CPU lane, polling), for measuring it.

@@ -24,7 +24,7 @@ impl Client {
     /// `stat(2)`: follows a final symbolic link.
     pub fn stat(&self, path: &str) -> Result<Stat> {
         let st = self.state();
-        let (p, m) = self.resolve(&st, normalize(path)?)?;
+        let (p, m) = self.resolve(&st, normalize(path)?, true)?;
         Ok(self.to_stat(&p, m))
     }
 
@@ -32,7 +32,7 @@ impl Client {
     pub fn lstat(&self, path: &str) -> Result<Stat> {
         let st = self.state();
         let p = normalize(path)?;
-        let m = self.stat_meta(&st, &p)?;
+        let m = self.lookup_meta(&st, &p)?;
         Ok(self.to_stat(&p, m))
     }
 
@@ -40,7 +40,7 @@ impl Client {
         let st = self.state();
         let mut p = normalize(path)?;
         if follow {
-            p = self.resolve(&st, p)?.0;
+            p = self.resolve(&st, p, false)?.0;
         }
         if attr.atime != TimeSet::Omit || attr.mtime != TimeSet::Omit {
             // Publish our unwritten data first, or publishing it later
@@ -109,7 +109,7 @@ impl Client {
     /// `truncate(2)`.
     pub fn truncate(&self, path: &str, len: u64) -> Result<()> {
         let st = self.state();
-        let (p, m) = self.resolve(&st, normalize(path)?)?;
+        let (p, m) = self.resolve(&st, normalize(path)?, false)?;
         self.truncate_resolved(&st, &p, &m, len).map(drop)
     }
 
@@ -143,7 +143,7 @@ impl Client {
             size: len,
             chunk_size: m.chunk_size,
         };
-        for r in self.broadcast(st, &req) {
+        for r in self.broadcast_for(st, p, &req)? {
             r?;
         }
         let r = self.call_owner(

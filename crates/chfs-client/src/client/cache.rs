@@ -159,7 +159,7 @@ impl Client {
                     flags: rw_flags(m, false) | chfs_proto::msg::rw::FETCH_ONLY,
                     epoch: m.epoch(),
                 };
-                Op::req(st.ring.owner_of_hash(hash, idx), &req)
+                Op::req(st.owner_of_hash(p, hash, idx), &req)
             })
             .collect();
         for r in self.pipeline(st, ops) {

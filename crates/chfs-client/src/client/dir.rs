@@ -19,7 +19,7 @@ impl Client {
     /// Lists a directory (merged over all servers, each name once, sorted).
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
         let st = self.state();
-        let (p, m) = self.resolve(&st, normalize(path)?)?;
+        let (p, m) = self.resolve(&st, normalize(path)?, true)?;
         if !m.is_dir() {
             return fail(libc::ENOTDIR, format!("{p}: not a directory"));
         }
@@ -42,7 +42,11 @@ impl Client {
     ) -> Result<BTreeMap<String, (Meta, bool)>> {
         let mut all = BTreeMap::new();
         let n = st.ring.len();
-        let mut after: Vec<Option<String>> = vec![Some(String::new()); n];
+        // (the node-local area: the server on this host only)
+        let mine = st.servers_for(p)?;
+        let mut after: Vec<Option<String>> = (0..n)
+            .map(|i| mine.contains(&i).then(String::new))
+            .collect();
         while after.iter().any(Option::is_some) {
             let servers: Vec<usize> = (0..n).filter(|&i| after[i].is_some()).collect();
             let ops = servers
@@ -112,6 +116,11 @@ impl Client {
                 libc::EINVAL,
                 format!("server index {index} out of range (0..{})", st.ring.len()),
             );
+        }
+        if st.is_node_local(&p) && !st.servers_for(&p)?.contains(&index) {
+            // Another server's node-local area is another node's: this
+            // node's part of it is on its own server only.
+            return Ok(Vec::new());
         }
         let mut out = Vec::new();
         let mut after = String::new();

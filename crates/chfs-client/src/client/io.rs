@@ -78,8 +78,11 @@ impl Client {
             let (m, created) = if flags & libc::O_CREAT != 0 {
                 let nm = self.new_meta(libc::S_IFREG | (mode & 0o7777), cs);
                 self.create_entry(&st, &p, nm, flags & libc::O_EXCL != 0, &[])?
-            } else {
+            } else if wants_write {
                 (self.stat_meta(&st, &p)?, false)
+            } else {
+                // A read-only open is a lookup (relayed when configured).
+                (self.lookup_meta(&st, &p)?, false)
             };
             if m.is_symlink() && !created {
                 if flags & libc::O_NOFOLLOW != 0 {
@@ -206,7 +209,7 @@ impl Client {
         let n = st.ring.len();
         let mut owners = Vec::new();
         for idx in 0..=size / chunk_size.max(1) as u64 {
-            let o = st.ring.owner(path, idx);
+            let o = st.owner(path, idx);
             if !owners.contains(&o) {
                 owners.push(o);
                 if owners.len() >= n {
@@ -284,6 +287,7 @@ impl Client {
         let mut done = 0usize;
         let mut data_chunks = false;
         s.wrote = true;
+        self.inner.own.changed(&f.path);
         let flags = rw_flags(&f.meta, true);
         while done < buf.len() {
             let pos = off + done as u64;
@@ -305,7 +309,7 @@ impl Client {
                 },
             );
             ops.push(Op {
-                server: st.ring.owner_of_hash(f.hash, idx),
+                server: st.owner_of_hash(&f.path, f.hash, idx),
                 op: op::WRITE,
                 head,
                 tail: &buf[done..done + n],
@@ -320,7 +324,7 @@ impl Client {
         let publish = s.eager_publish && data_chunks && full_end > s.published;
         if publish {
             ops.push(Op::req(
-                st.ring.owner_of_hash(f.hash, 0),
+                st.owner_of_hash(&f.path, f.hash, 0),
                 &Request::SetSize {
                     path: f.path.clone(),
                     size: full_end,
@@ -554,7 +558,7 @@ impl Client {
                 flags,
                 epoch: f.meta.epoch(),
             };
-            ops.push(Op::req(st.ring.owner_of_hash(f.hash, idx), &req));
+            ops.push(Op::req(st.owner_of_hash(&f.path, f.hash, idx), &req));
             spans.push((done, n));
             done += n;
         }

@@ -29,10 +29,50 @@ impl Client {
         ))
     }
 
-    /// Follows symbolic links in the last component.
-    pub(super) fn resolve(&self, st: &PoolState, mut path: String) -> Result<(String, Meta)> {
+    /// The entry of `path` for a lookup (stat, a read-only open, a
+    /// parent directory): through the contact server when lookups are
+    /// relayed (`CHFS_LOOKUP_LOCAL`, `CHFS_LOOKUP_RELAY_GROUP`), unless
+    /// this client changed the path within the contact cache's time (its
+    /// own changes are then seen at once); else from the owner. A contact
+    /// that cannot be reached (refused, reset, lost) is passed over for
+    /// the owner; one that does not answer gives ETIMEDOUT.
+    pub(super) fn lookup_meta(&self, st: &PoolState, path: &str) -> Result<Meta> {
+        let owner = st.owner(path, 0);
+        let contact = if st.is_node_local(path) {
+            owner
+        } else {
+            st.contact(owner)
+        };
+        if contact == owner || self.inner.own.bypass(path) {
+            return self.stat_meta(st, path);
+        }
+        self.count(1);
+        let max_age_ms = self.config().lookup_cache.as_millis().min(u32::MAX as u128) as u32;
+        let req = Request::Lookup {
+            path: path.to_string(),
+            max_age_ms,
+        };
+        match self.inner.pool.call(st, contact, &req) {
+            Err(e) if crate::relay::unreachable(&e) => self.stat_meta(st, path),
+            r => expect_meta(r),
+        }
+    }
+
+    /// Follows symbolic links in the last component (the entries are
+    /// looked up, [`Client::lookup_meta`], with `relayed`).
+    pub(super) fn resolve(
+        &self,
+        st: &PoolState,
+        path: String,
+        relayed: bool,
+    ) -> Result<(String, Meta)> {
+        let mut path = path;
         for _ in 0..MAX_SYMLINKS {
-            let m = self.stat_meta(st, &path)?;
+            let m = if relayed {
+                self.lookup_meta(st, &path)?
+            } else {
+                self.stat_meta(st, &path)?
+            };
             if !m.is_symlink() {
                 return Ok((path, m));
             }
@@ -68,7 +108,7 @@ impl Client {
             Known::Ask => {}
         }
         let st = self.state();
-        let r = self.stat_meta(&st, &p);
+        let r = self.lookup_meta(&st, &p);
         let found = match &r {
             Ok(_) => true,
             Err(e) if e.errno() == libc::ENOENT => false,
@@ -105,7 +145,7 @@ impl Client {
                 return Ok(());
             }
         }
-        match self.stat_meta(st, dir) {
+        match self.lookup_meta(st, dir) {
             Ok(m) if m.is_dir() => {
                 if !ttl.is_zero() {
                     let mut d = lock(&self.inner.dirs);
@@ -275,12 +315,13 @@ impl Client {
     }
 
     fn check_empty(&self, st: &PoolState, p: &str) -> Result<()> {
-        for r in self.broadcast(
+        for r in self.broadcast_for(
             st,
+            p,
             &Request::HasChildren {
                 path: p.to_string(),
             },
-        ) {
+        )? {
             match r? {
                 Response::Bool(false) => {}
                 Response::Bool(true) => {
@@ -315,15 +356,16 @@ impl Client {
     fn remove_data_chunks(&self, st: &PoolState, p: &str, m: &Meta, size: u64) -> Result<()> {
         let cs = m.chunk_size.max(1) as u64;
         let nchunks = size.div_ceil(cs);
-        let mut servers: Vec<usize> = if m.flags & FLAG_STRAY != 0 || nchunks > st.ring.len() as u64
-        {
+        let mut servers: Vec<usize> = if st.is_node_local(p) {
+            st.servers_for(p)?
+        } else if m.flags & FLAG_STRAY != 0 || nchunks > st.ring.len() as u64 {
             // (with consistent hashing the owners of the first n data
             // chunks need not be all n servers)
             (0..st.ring.len()).collect()
         } else if nchunks <= 1 {
             return Ok(());
         } else {
-            (1..nchunks).map(|i| st.ring.owner(p, i)).collect()
+            (1..nchunks).map(|i| st.owner(p, i)).collect()
         };
         servers.sort_unstable();
         servers.dedup();
@@ -434,6 +476,12 @@ impl Client {
         if old == "/" || new == "/" {
             return fail(libc::EBUSY, "cannot rename the root directory");
         }
+        if st.is_node_local(&old) != st.is_node_local(&new) {
+            return fail(
+                libc::EXDEV,
+                format!("{old} -> {new}: between the node-local area and the shared namespace"),
+            );
+        }
         let src = self.stat_meta(&st, &old)?;
         if old == new {
             return Ok(());
@@ -475,7 +523,13 @@ impl Client {
         };
         // The owner of the source entry first: it may refuse (cache mode) or
         // rename the backend copy; then every other server moves its chunks.
-        let owner = st.ring.owner(&old, 0);
+        let owner = st.owner(&old, 0);
+        let own = &self.inner.own;
+        own.changed(&old);
+        own.changed(&new);
+        if src.is_dir() {
+            own.changed_below(&old);
+        }
         self.count(1);
         self.inner.pool.call(&st, owner, &req)?;
         let names = &self.inner.names;
@@ -485,7 +539,9 @@ impl Client {
             names.forget_below(&old);
             names.forget_below(&new);
         }
-        let others = (0..st.ring.len())
+        let others = st
+            .servers_for(&old)?
+            .into_iter()
             .filter(|&i| i != owner)
             .map(|i| Op::req(i, &req))
             .collect();

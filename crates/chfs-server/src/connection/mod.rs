@@ -113,9 +113,12 @@ impl Access {
         };
         let only = match op {
             _ if forwarded => "servers of the pool (forwarded requests)",
-            op::JOIN | op::UPDATE_SERVERS | op::ADOPT_CHUNK | op::PUT_CHUNK => {
-                "servers of the pool"
-            }
+            op::JOIN
+            | op::UPDATE_SERVERS
+            | op::ADOPT_CHUNK
+            | op::PUT_CHUNK
+            | op::WATCH_STAT
+            | op::INVALIDATE => "servers of the pool",
             op::SHUTDOWN | op::REBALANCE if role == Role::Client => {
                 "the pool's administrator (chfsctl, with the pool secret)"
             }

@@ -1,5 +1,8 @@
 //! Request handling: [`handle`] serves one request, forwarding it to the
-//! owner of its key; `serve` has one match arm per request kind. The
+//! owner of its key (but for the node-local area); `serve` tells the
+//! contact servers watching an entry of its change (relayed lookups,
+//! `crate::relay`) around `serve_here`, which has one match arm per
+//! request kind; `relay_lookup` answers a relayed lookup. The
 //! helpers are grouped by concern, each module using only those above it
 //! in this list:
 //!
@@ -28,7 +31,7 @@ use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus};
 use chfs_proto::path::validate;
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::Chunk;
-use tracing::{debug_span, info, Instrument};
+use tracing::{debug, debug_span, info, Instrument};
 
 use crate::metrics::Counters;
 use crate::state::Shared;
@@ -49,8 +52,14 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
             validate(path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             let p = sh.placement();
             let owner = p.ring.owner(path, idx);
-            if !forwarded && p.me != Some(owner) && !p.ring.is_empty() {
+            // (the node-local area is this server's: never forwarded)
+            if !forwarded && p.me != Some(owner) && !p.ring.is_empty() && !sh.is_node_local(path) {
                 Counters::inc(&sh.counters.forwarded);
+                if req.op() != chfs_proto::msg::op::STAT {
+                    // What this server may have kept as a contact is
+                    // about to change.
+                    sh.contact.forget(path);
+                }
                 let addr = p.ring.list().servers[owner].clone();
                 return Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED)).await;
             }
@@ -61,9 +70,70 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
     .await
 }
 
+/// Serves one request here; a change of an entry that contact servers
+/// keep answers about is told to them before it is answered.
 async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
+    if !sh.watchers.used() {
+        return serve_here(sh, req).await;
+    }
+    // (path, and everything below it)
+    let changes: Vec<(String, bool)> = match &req {
+        Request::Create { path, .. }
+        | Request::SetSize { path, .. }
+        | Request::SetAttr { path, .. }
+        | Request::RemoveEntry { path, .. }
+        | Request::AppendReserve { path, .. } => vec![(path.clone(), false)],
+        Request::Write { path, idx: 0, .. }
+        | Request::PutChunk { path, idx: 0, .. }
+        | Request::AdoptChunk { path, idx: 0, .. } => vec![(path.clone(), false)],
+        // (entries moved within this server appear under the new name
+        // without a request of their own)
+        Request::RenameMove { old, new, .. } => vec![(old.clone(), true), (new.clone(), true)],
+        _ => Vec::new(),
+    };
+    let r = serve_here(sh, req).await;
+    if r.is_ok() {
+        for (path, below) in changes {
+            tell_contacts(sh, &path, below).await;
+        }
+    }
+    r
+}
+
+/// Longest wait for a contact server to acknowledge an invalidation (one
+/// that does not keeps its answer until it expires).
+const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
+
+/// Tells the contact servers keeping answers about `path` (or, with
+/// `below`, paths inside it) that it changed, and waits for them.
+async fn tell_contacts(sh: &Arc<Shared>, path: &str, below: bool) {
+    let mut waits = Vec::new();
+    for (p, contacts) in sh.watchers.take(path, below) {
+        for c in contacts {
+            let sh = sh.clone();
+            let req = Request::Invalidate { path: p.clone() };
+            waits.push(tokio::spawn(async move {
+                let r =
+                    tokio::time::timeout(INVALIDATE_WAIT, sh.peers.call(&c, &req, FLAG_FORWARDED))
+                        .await;
+                if !matches!(r, Ok(Ok(_))) {
+                    debug!(contact = %c, "a contact server was not told of a change");
+                }
+            }));
+        }
+    }
+    for w in waits {
+        let _ = w.await;
+    }
+}
+
+async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
     let st = &sh.store;
-    let ns = Ns::of(sh);
+    // The node-local area is never cached from or written to the backend.
+    let ns = match path_of(&req) {
+        Some(p) if sh.is_node_local(p) => Ns::Plain,
+        _ => Ns::of(sh),
+    };
     ns.touch(&req);
     match req {
         Request::Ping => Ok(Response::Ok),
@@ -106,6 +176,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         }
         Request::Status => {
             let s = st.stats();
+            let (node_local_entries, node_local_bytes) = node_local_usage(sh);
             // An unbounded store reports what its medium can still take,
             // so `df` shows real free space rather than 100% used.
             let capacity = if s.capacity == 0 {
@@ -139,12 +210,18 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                 cpu_ns: chfs_sys::poll::process_cpu_ns(),
                 connections: sh.peers_open.open().0,
                 peers: sh.peers_open.open().1,
+                node_local_entries,
+                node_local_bytes,
+                lookups: Counters::get(&c.lookups),
+                lookup_hits: Counters::get(&c.lookup_hits),
+                lookup_forwards: Counters::get(&c.lookup_forwards),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))
         }
         Request::Shutdown => {
             info!("shutdown requested");
+            discard_node_local(sh);
             let s = sh.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -184,9 +261,31 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             }
             Ok(Response::Created { meta, created })
         }
+        Request::Lookup { path, max_age_ms } => Box::pin(relay_lookup(sh, path, max_age_ms)).await,
+        Request::WatchStat {
+            path,
+            contact,
+            keep_ms,
+        } => {
+            sh.watchers
+                .watch(&path, &contact, Duration::from_millis(keep_ms.into()));
+            Box::pin(serve_here(sh, Request::Stat { path })).await
+        }
+        Request::Invalidate { path } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            sh.contact.invalidate(&path);
+            Ok(Response::Ok)
+        }
         Request::Stat { path } => match ns.entry(sh, &path)? {
             Some(m) => Ok(Response::Meta(m)),
             None if path == "/" => Ok(Response::Meta(default_root())),
+            // Every server has its node-local area's directory, without
+            // an entry (sticky and open to all, as /tmp).
+            None if sh.node_local.as_deref() == Some(path.as_str()) => {
+                let mut m = default_root();
+                m.mode = libc::S_IFDIR | 0o1777;
+                Ok(Response::Meta(m))
+            }
             None => Err(ErrorReply::new(
                 libc::ENOENT,
                 format!("{path}: no such file or directory"),
@@ -408,6 +507,12 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
                     "/: cannot remove the root directory",
                 ));
             }
+            if sh.node_local.as_deref() == Some(path.as_str()) {
+                return Err(ErrorReply::new(
+                    libc::EBUSY,
+                    format!("{path}: the node-local area cannot be removed"),
+                ));
+            }
             if let Some(r) = ns.remove(sh, &path, kind) {
                 return r;
             }
@@ -553,4 +658,112 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
             Ok(Response::Count(at))
         }
     }
+}
+
+/// A relayed lookup ([`Request::Lookup`]) at this contact server: served
+/// here when this server owns the entry (or knows no list yet), else from
+/// the contact cache, else by the one request in flight to the owner
+/// (`crate::relay`). The request to the owner is a forwarded `Stat` over
+/// the server-to-server connection (authenticated as a server); it runs
+/// in a task of its own, so that the lookups waiting for it get their
+/// answer even if the one that sent it goes away, and it ends within the
+/// server's request timeout.
+async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply {
+    use crate::relay::Step;
+    validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+    Counters::inc(&sh.counters.lookups);
+    let p = sh.placement();
+    let owner = p.ring.owner(&path, 0);
+    if p.ring.is_empty() || p.me == Some(owner) || sh.is_node_local(&path) {
+        return Box::pin(serve_here(sh, Request::Stat { path })).await;
+    }
+    let rx = match sh
+        .contact
+        .begin(&path, Duration::from_millis(max_age_ms.into()))
+    {
+        Step::Hit(a) => {
+            Counters::inc(&sh.counters.lookup_hits);
+            return a.map(Response::Meta);
+        }
+        Step::Wait(rx) => rx,
+        Step::Lead { id, sent, rx } => {
+            Counters::inc(&sh.counters.lookup_forwards);
+            let addr = p.ring.list().servers[owner].clone();
+            let sh2 = sh.clone();
+            let keep_ms = sh.contact.cap().as_millis().min(u32::MAX as u128) as u32;
+            let me = sh.me.clone();
+            tokio::spawn(async move {
+                let req = Request::WatchStat {
+                    path: path.clone(),
+                    contact: me,
+                    keep_ms,
+                };
+                let answer = match sh2.peers.call(&addr, &req, FLAG_FORWARDED).await {
+                    Ok(Response::Meta(m)) => Ok(m),
+                    Ok(other) => Err(ErrorReply::new(
+                        libc::EPROTO,
+                        format!("server {addr} answered a lookup of {path} with {other:?}"),
+                    )),
+                    Err(e) => Err(e),
+                };
+                sh2.contact.finish(&path, id, sent, answer);
+            });
+            rx
+        }
+    };
+    match rx.await {
+        Ok(a) => a.map(Response::Meta),
+        Err(_) => Err(ErrorReply::new(
+            libc::EIO,
+            "the lookup this one waited for was abandoned",
+        )),
+    }
+}
+
+/// The path a request is about (for the node-local rule), if one.
+fn path_of(req: &Request) -> Option<&str> {
+    match req {
+        Request::Readdir { path, .. }
+        | Request::ReaddirDirs { path, .. }
+        | Request::HasChildren { path }
+        | Request::RemoveChunks { path, .. }
+        | Request::TruncateChunks { path, .. }
+        | Request::Lookup { path, .. } => Some(path),
+        Request::RenameMove { old, .. } => Some(old),
+        r => r.key().map(|(p, _)| p),
+    }
+}
+
+/// Entries and bytes (file sizes) of this server's node-local area.
+fn node_local_usage(sh: &Shared) -> (u64, u64) {
+    let Some(dir) = sh.node_local.as_deref() else {
+        return (0, 0);
+    };
+    let st = &sh.store;
+    let paths = st.paths_below(dir).unwrap_or_default();
+    let bytes = paths
+        .iter()
+        .filter_map(|p| st.meta(p, 0).ok().flatten())
+        .filter(|m| m.is_reg())
+        .map(|m| m.size)
+        .sum();
+    (paths.len() as u64, bytes)
+}
+
+/// Removes everything in this server's node-local area (the server is
+/// asked to stop: `chfsctl stop`); the area's directory stays.
+fn discard_node_local(sh: &Shared) {
+    let Some(dir) = sh.node_local.as_deref() else {
+        return;
+    };
+    let st = &sh.store;
+    let mut paths = st.paths_below(dir).unwrap_or_default();
+    // Deepest first.
+    paths.sort_by(|a, b| b.cmp(a));
+    let n = paths.len();
+    for p in paths {
+        let _ = st.remove_chunks(&p, 1);
+        let _ = st.remove(&p, 0, &mut |_| Ok(()));
+    }
+    info!(entries = n, "node-local area discarded");
 }

@@ -71,8 +71,27 @@ pub(super) async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: 
     for p in [old, new] {
         validate(p).map_err(|e| ErrorReply::new(e.errno, e.message))?;
     }
+    // The node-local area stays on this server (the client refuses a
+    // rename between it and the shared namespace: EXDEV).
+    if sh.is_node_local(old) != sh.is_node_local(new) {
+        return Err(ErrorReply::new(
+            libc::EXDEV,
+            format!("{old} -> {new}: between the node-local area and the shared namespace"),
+        ));
+    }
+    if sh
+        .node_local
+        .as_deref()
+        .is_some_and(|d| d == old || d == new)
+    {
+        return Err(ErrorReply::new(
+            libc::EBUSY,
+            format!("{old} -> {new}: the node-local area cannot be renamed"),
+        ));
+    }
     let st = &sh.store;
-    let cache = sh.cache.as_deref();
+    // (the node-local area is never in the backend)
+    let cache = sh.cache.as_deref().filter(|_| !sh.is_node_local(old));
     if let Some(c) = cache {
         if sh.placement().owns(old) {
             if let Some(m) = st.meta(old, 0).map_err(|e| store_err(old, e))? {
@@ -94,6 +113,7 @@ pub(super) async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: 
         paths.extend(st.paths_below(old).map_err(|e| store_err(old, e))?);
     }
     let place = sh.placement();
+    let local = sh.is_node_local(new);
     let mut moved = 0u64;
     for p in paths {
         let target = format!("{new}{}", &p[old.len()..]);
@@ -105,7 +125,7 @@ pub(super) async fn rename_move(sh: &Arc<Shared>, old: &str, new: &str, is_dir: 
                 c.forget_one(&p, idx);
             }
             let owner = place.ring.owner(&target, idx);
-            let r = if place.me == Some(owner) {
+            let r = if local || place.me == Some(owner) {
                 sh.put_chunk(&target, idx, chunk.clone())
                     .map_err(|e| store_err(&target, e))
             } else {

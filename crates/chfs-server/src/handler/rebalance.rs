@@ -65,6 +65,10 @@ async fn pass(sh: &Arc<Shared>) {
     let (mut moved, mut kept, mut failed) = (0u64, 0u64, 0u64);
     let mut last_error = (0, String::new());
     for p in paths {
+        if sh.is_node_local(&p) {
+            // Kept on this node whatever the list.
+            continue;
+        }
         let idxs = match st.chunk_indices(&p) {
             Ok(i) => i,
             Err(e) => {
