@@ -105,10 +105,13 @@ impl Client {
                     } else {
                         match self.readdir_index(&dir, idx) {
                             Ok(entries) => {
+                                // One buffer for the full paths; only
+                                // directories to descend into are kept.
+                                let mut full = String::new();
                                 for e in entries {
-                                    let full = chfs_proto::path::join(&dir, &e.name);
+                                    chfs_proto::path::join_into(&mut full, &dir, &e.name);
                                     if visit(&full, &e) && e.stat.is_dir() {
-                                        subdirs.push(full);
+                                        subdirs.push(full.clone());
                                     }
                                 }
                             }
