@@ -310,6 +310,47 @@ fn large_directory_listing_pages_with_each_entry_own_header() {
     }
 }
 
+/// Names short enough to be kept inline in the directory index and longer
+/// ones, ASCII and not, list in `str` order in pages of one, and are
+/// removed by name.
+#[test]
+fn directory_listing_orders_short_and_long_names_as_str() {
+    let mut names: Vec<String> = ["a", "b", "é", "ab", "a-b", "z"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for n in 20..26 {
+        names.push("a".repeat(n));
+        names.push(format!("{}b", "a".repeat(n)));
+        names.push(format!("{}é", "a".repeat(n)));
+    }
+    for (s, _dir) in engines() {
+        for n in &names {
+            s.create(&format!("/d/{n}"), file_meta(1), b"", true)
+                .unwrap();
+        }
+        let list = |s: &Arc<dyn Store>| {
+            let (mut after, mut seen) = (String::new(), Vec::new());
+            loop {
+                let (page, done) = s.list_dir("/d", &after, 1).unwrap();
+                seen.extend(page.iter().map(|e| e.0.clone()));
+                if done {
+                    return seen;
+                }
+                after = page.last().unwrap().0.clone();
+            }
+        };
+        let mut want = names.clone();
+        want.sort();
+        assert_eq!(list(&s), want);
+        for n in ["a".repeat(23), "a".repeat(22), "é".to_string()] {
+            s.remove(&format!("/d/{n}"), 0, &mut |_| Ok(())).unwrap();
+            want.retain(|w| *w != n);
+        }
+        assert_eq!(list(&s), want);
+    }
+}
+
 #[test]
 fn directory_listing_pages_in_name_order() {
     for (s, _dir) in engines() {
