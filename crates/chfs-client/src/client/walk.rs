@@ -32,6 +32,10 @@ struct Queue {
     pending: usize,
 }
 
+/// Reads one (directory, server) item of a walk; returns the directories
+/// to descend into.
+type Item<'a> = dyn FnMut(&str, usize) -> Result<Vec<String>, WalkError> + 'a;
+
 impl Client {
     /// Walks the tree below the directory `root` (normalized; the root
     /// itself is not visited) with `threads` threads. `examine(i)` says
@@ -127,7 +131,7 @@ impl Client {
         q: &Mutex<Queue>,
         cv: &Condvar,
         n: usize,
-        item: &mut dyn FnMut(&str, usize) -> Result<Vec<String>, WalkError>,
+        item: &mut Item<'_>,
         errors: &Mutex<Vec<WalkError>>,
     ) {
         let lock = || q.lock().unwrap_or_else(|p| p.into_inner());
