@@ -7,10 +7,12 @@ chfs-localpool, chfuse and the client's `seqbw` example).
    ``readinto``/``write`` and the default buffered ``read``), and the same
    from the Rust client (``seqbw``), alternating, best of N each.
 2. ``fsspec.filesystem("chfs").find`` over a tree of N entries against
-   ``os.walk`` over the same tree through a chfuse mount of the pool.
+   ``os.walk`` over the same tree through a chfuse mount of the pool, and
+   chfind (the same walk from Rust, a process of its own); with the CPU
+   time the servers spent per listed entry during each.
 
     cargo build --release -p chfs-server -p chfs-localpool -p chfs-fuse \\
-        -p chfs-client --example seqbw
+        -p chfs-ctl -p chfs-client --example seqbw
     python3 -m pip install ./python
     python3 python/bench.py [--size-mib 1024] [--entries 100000] [--json out.json]
 
@@ -65,6 +67,27 @@ class Pool:
         if "CHFS_SERVER" not in self.env:
             self.stop()
             sys.exit("bench: chfs-localpool did not start")
+
+    def server_cpu(self) -> float:
+        """CPU seconds the pool's servers (chfs-localpool's children) have
+        used so far: the sum over their threads of the scheduler's run
+        time (ns; /proc/PID/stat counts in 10 ms ticks)."""
+        total = 0
+        for t in os.listdir(f"/proc/{self.proc.pid}/task"):
+            with open(f"/proc/{self.proc.pid}/task/{t}/children") as f:
+                pids = f.read().split()
+            for pid in pids:
+                try:
+                    tasks = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue
+                for task in tasks:
+                    try:
+                        with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                            total += int(f.read().split()[0])
+                    except OSError:
+                        pass
+        return total / 1e9
 
     def stop(self):
         if self.proc.poll() is None:
@@ -130,13 +153,18 @@ def make_tree(client, root: str, entries: int, per_dir: int = 1000) -> int:
     return dirs + files
 
 
-def timed(f, repeat: int):
+def timed(f, repeat: int, pool=None, per: int = 1):
+    """Best time of `repeat` runs of `f` and its last result; with `pool`,
+    also the servers' CPU time per run divided by `per` (entries)."""
     best, out = None, None
+    cpu0 = pool.server_cpu() if pool else 0.0
     for _ in range(repeat):
         t = time.perf_counter()
         out = f()
         dt = time.perf_counter() - t
         best = dt if best is None else min(best, dt)
+    if pool:
+        return best, out, (pool.server_cpu() - cpu0) / repeat / per
     return best, out
 
 
@@ -183,9 +211,30 @@ def main() -> None:
         n = make_tree(client, "/tree", a.entries)
         results["tree_create_s"] = time.perf_counter() - t
         fs = fsspec.filesystem("chfs")
-        t_find, found = timed(lambda: fs.find("/tree", withdirs=True), a.repeat)
+        fs.find("/tree", withdirs=True)  # warm-up
+        t_find, found, cpu_find = timed(
+            lambda: fs.find("/tree", withdirs=True), a.repeat, pool, n
+        )
         assert len(found) == n + 1, (len(found), n)
         results["fsspec_find_s"] = t_find
+        results["fsspec_find_server_cpu_ns_per_entry"] = cpu_find * 1e9
+        chfind = tool(a.bin_dir, "chfind")
+
+        def run_chfind():
+            out = subprocess.run(
+                [chfind, "-q", "-v", "/tree"], check=True, capture_output=True, text=True
+            )
+            # "chfind: N entries examined, M matched, T s, ..." (its own walk time)
+            return float(out.stderr.split(", ")[2].split()[0]), out.stdout
+
+        t_chfind, cpu_chfind = None, pool.server_cpu()
+        for _ in range(a.repeat):
+            t, out = run_chfind()
+            assert out.split()[-1] == f"{n + 1}/{n + 1}", out
+            t_chfind = t if t_chfind is None else min(t_chfind, t)
+        cpu_chfind = (pool.server_cpu() - cpu_chfind) / a.repeat / n
+        results["chfind_s"] = t_chfind
+        results["chfind_server_cpu_ns_per_entry"] = cpu_chfind * 1e9
         t_cfind, _ = timed(lambda: client.find("/tree", dirs=True), a.repeat)
         results["client_find_s"] = t_cfind
         t_pywalk, walked = timed(
@@ -201,9 +250,11 @@ def main() -> None:
             def walk_mount():
                 return sum(len(d) + len(f) for _, d, f in os.walk(f"{mnt}/tree"))
 
-            t_walk, walked = timed(walk_mount, a.repeat)
+            walk_mount()  # warm-up
+            t_walk, walked, cpu_walk = timed(walk_mount, a.repeat, pool, n)
             assert walked == n, (walked, n)
             results["os_walk_mount_s"] = t_walk
+            results["os_walk_server_cpu_ns_per_entry"] = cpu_walk * 1e9
     finally:
         if fuse:
             subprocess.run(["fusermount3", "-u", fuse], check=False)
@@ -223,12 +274,14 @@ def main() -> None:
     for k, (w, r) in seq.items():
         print(f"{k:<22}{w:>14.0f}{r:>14.0f}{100 * w / rust_w:>13.0f}%{100 * r / rust_r:>12.0f}%")
     print(f"\nlisting {n} entries (tree made in {results['tree_create_s']:.1f} s), best of {a.repeat}")
-    print(f"{'fsspec fs.find':<34}{t_find:>8.3f} s")
+    print(f"{'':<34}{'':>10}  server CPU per entry")
+    print(f"{'fsspec fs.find':<34}{t_find:>8.3f} s  {cpu_find * 1e9:>6.0f} ns")
+    print(f"{'chfind (its own walk time)':<34}{t_chfind:>8.3f} s  {cpu_chfind * 1e9:>6.0f} ns")
     print(f"{'chfs.Client.find':<34}{t_cfind:>8.3f} s")
     print(f"{'chfs.Client.walk (one dir a time)':<34}{t_pywalk:>8.3f} s")
     if "os_walk_mount_s" in results:
         t_walk = results["os_walk_mount_s"]
-        print(f"{'os.walk over the chfuse mount':<34}{t_walk:>8.3f} s")
+        print(f"{'os.walk over the chfuse mount':<34}{t_walk:>8.3f} s  {cpu_walk * 1e9:>6.0f} ns")
         print(f"fs.find is {t_walk / t_find:.1f}x faster than os.walk over the mount")
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))

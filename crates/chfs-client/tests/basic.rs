@@ -587,3 +587,68 @@ fn a_read_sees_writes_buffered_on_another_descriptor_of_the_file() {
     c.close(r).unwrap();
     c.close(w).unwrap();
 }
+
+/// The parallel walk visits every entry once, with any number of threads:
+/// a directory listed in several pages by each server, a chain of nested
+/// directories (one new item at a time), and a subtree it is told not to
+/// descend into; each thread's state gets the entries it visited.
+#[test]
+fn walk_parallel_visits_every_entry_once() {
+    let (_p, c) = pool(2);
+    let mut want = Vec::new();
+    let touch = |p: String| {
+        let fd = c.create(&p, O_WRONLY, 0o644).unwrap();
+        c.close(fd).unwrap();
+        p
+    };
+    c.mkdir("/w", 0o755).unwrap();
+    c.mkdir("/w/big", 0o755).unwrap();
+    want.push("/w/big".to_string());
+    // More than two pages (4,096 names) on each of the two servers.
+    for i in 0..9000 {
+        want.push(touch(format!("/w/big/f{i:05}")));
+    }
+    let mut chain = "/w".to_string();
+    for i in 0..30 {
+        chain = format!("{chain}/c{i}");
+        c.mkdir(&chain, 0o755).unwrap();
+        want.push(chain.clone());
+        want.push(touch(format!("{chain}/x")));
+    }
+    for d in 0..20 {
+        let dir = format!("/w/d{d}");
+        c.mkdir(&dir, 0o755).unwrap();
+        want.push(dir.clone());
+        for f in 0..10 {
+            want.push(touch(format!("{dir}/f{f}")));
+        }
+    }
+    want.sort();
+    for threads in [1, 3, 16] {
+        let (states, errors) = c.walk_parallel_with(
+            "/w",
+            threads,
+            &|_| true,
+            &Vec::new,
+            &|seen: &mut Vec<String>, full, e| {
+                assert_eq!(full.rsplit('/').next(), Some(e.name.as_str()));
+                seen.push(full.to_string());
+                true
+            },
+        );
+        assert!(errors.is_empty(), "{threads} threads");
+        assert_eq!(states.len(), threads);
+        let mut seen: Vec<String> = states.into_iter().flatten().collect();
+        seen.sort();
+        assert_eq!(seen, want, "{threads} threads");
+    }
+    // Not descending into /w/c0/c1: nothing below it is visited.
+    let count = std::sync::atomic::AtomicUsize::new(0);
+    let errors = c.walk_parallel("/w", 4, &|_| true, &|full, _| {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        full != "/w/c0/c1"
+    });
+    assert!(errors.is_empty());
+    let below = want.iter().filter(|p| p.starts_with("/w/c0/c1/")).count();
+    assert_eq!(count.into_inner(), want.len() - below);
+}

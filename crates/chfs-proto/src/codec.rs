@@ -69,11 +69,27 @@ impl Reader {
         Ok(self.buf.split_to(n))
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
-        let b = self.take(N)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(&b);
-        Ok(a)
+    /// The next `n` bytes, copied by `f` out of the buffer (no new
+    /// reference to it: a `Bytes` slice costs two atomic operations on the
+    /// buffer's count, as much as decoding a whole field).
+    fn copied<T>(&mut self, n: usize, f: impl FnOnce(&[u8]) -> T) -> Result<T, ProtoError> {
+        let Some(b) = self.buf.get(..n) else {
+            return Err(ProtoError::Truncated {
+                needed: n - self.buf.len(),
+            });
+        };
+        let v = f(b);
+        bytes::Buf::advance(&mut self.buf, n);
+        Ok(v)
+    }
+
+    /// Reads `N` raw bytes into an array.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
+        self.copied(N, |b| {
+            let mut a = [0u8; N];
+            a.copy_from_slice(b);
+            a
+        })
     }
 
     /// Reads a `u8`.
@@ -119,8 +135,8 @@ impl Reader {
     }
     /// Reads a length-prefixed UTF-8 string.
     pub fn string(&mut self) -> Result<String, ProtoError> {
-        let b = self.bytes()?;
-        String::from_utf8(b.to_vec())
+        let n = self.u32()? as usize;
+        self.copied(n, |b| std::str::from_utf8(b).map(str::to_owned))?
             .map_err(|_| ProtoError::Malformed("string is not UTF-8".into()))
     }
     /// Fails unless every byte was consumed.

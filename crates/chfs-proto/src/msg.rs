@@ -597,7 +597,7 @@ fn put_meta(out: &mut Vec<u8>, m: &Meta) {
 }
 
 fn get_meta(r: &mut Reader) -> Result<Meta, ProtoError> {
-    Meta::decode(&r.raw(META_LEN)?)
+    Meta::decode(&r.array::<META_LEN>()?)
 }
 
 fn put_list(out: &mut Vec<u8>, l: &ServerList) {

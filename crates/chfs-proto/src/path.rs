@@ -122,11 +122,20 @@ pub fn file_name(path: &str) -> &str {
 
 /// Joins a directory and a name.
 pub fn join(dir: &str, name: &str) -> String {
-    if dir == "/" {
-        format!("/{name}")
-    } else {
-        format!("{dir}/{name}")
+    let mut p = String::with_capacity(dir.len() + 1 + name.len());
+    join_into(&mut p, dir, name);
+    p
+}
+
+/// [`join`] into `out` (cleared first): a buffer reused for many names of
+/// one directory allocates once.
+pub fn join_into(out: &mut String, dir: &str, name: &str) {
+    out.clear();
+    if dir != "/" {
+        out.push_str(dir);
     }
+    out.push('/');
+    out.push_str(name);
 }
 
 /// Is `path` equal to `dir` or below it?
@@ -181,6 +190,11 @@ mod tests {
         assert_eq!(file_name("/a/b"), "b");
         assert_eq!(join("/", "x"), "/x");
         assert_eq!(join("/a", "x"), "/a/x");
+        let mut buf = String::from("/left/over/from/before");
+        join_into(&mut buf, "/a", "x");
+        assert_eq!(buf, "/a/x");
+        join_into(&mut buf, "/", "y");
+        assert_eq!(buf, "/y");
         assert!(is_within("/a/b", "/a"));
         assert!(!is_within("/ab", "/a"));
         assert!(is_within("/a", "/a"));

@@ -12,7 +12,6 @@
 //! reserved before a record grows and given back when a change fails;
 //! directory listings come from the [`DirIndex`] of the entries.
 
-use std::collections::HashMap;
 use std::sync::MutexGuard;
 
 use bytes::Bytes;
@@ -20,7 +19,7 @@ use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
 use crate::chunkmap::ChunkMap;
-use crate::dirindex::{lock, shard_of, DirIndex, Shard, SHARDS};
+use crate::dirindex::{lock, shard_of, DirIndex, PathMap, Shard, SHARDS};
 use crate::usage::{Striped, Usage};
 use crate::{corrupt, Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
@@ -179,7 +178,7 @@ pub(crate) fn parts_len(parts: &[Part<'_>]) -> Result<u64> {
     Ok(len)
 }
 
-type Files<R> = HashMap<String, ChunkMap<R>>;
+type Files<R> = PathMap<ChunkMap<R>>;
 
 /// Indexes a record found at open: (path, chunk index, record) → the
 /// version of the key that lost to another, to be freed.
@@ -237,7 +236,9 @@ impl<M: Medium> Indexed<M> {
     /// An empty index over `medium`, counting bytes in `usage`.
     pub(crate) fn over(medium: M, usage: Usage) -> Self {
         Self {
-            files: (0..SHARDS).map(|_| Shard::new(HashMap::new())).collect(),
+            files: (0..SHARDS)
+                .map(|_| Shard::new(PathMap::default()))
+                .collect(),
             dirs: DirIndex::new(),
             entries: Striped::new(0),
             usage,
@@ -612,15 +613,64 @@ impl<M: Medium> Store for Indexed<M> {
     }
 
     fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)> {
-        let names = self.dirs.names(dir, after, max);
+        let mut names = self.dirs.names(dir, after, max);
         let done = names.len() <= max;
-        let mut out = Vec::with_capacity(names.len().min(max));
-        for name in names.into_iter().take(max) {
-            let path = chfs_proto::path::join(dir, &name);
-            if let Some(m) = self.meta(&path, 0)? {
-                out.push((name, m));
+        names.truncate(max);
+        // Each name's entry is looked up in the path index with its shard's
+        // lock taken once for all the names of the page in that shard, and
+        // the paths are made in one buffer: no allocation and no lock per
+        // entry. The lookups of a shard follow one another without atomic
+        // operations in between, so the CPU overlaps their cache misses
+        // (each lookup misses on its bucket and key: the page's entries lie
+        // all over the index).
+        let prefix = if dir == "/" { "" } else { dir };
+        let mut paths = String::with_capacity(
+            names
+                .iter()
+                .map(|n| prefix.len() + 1 + n.len())
+                .sum::<usize>(),
+        );
+        let mut spans = Vec::with_capacity(names.len());
+        let mut shards = Vec::with_capacity(names.len());
+        let mut count = [0usize; SHARDS + 1];
+        for n in &names {
+            let start = paths.len();
+            paths.push_str(prefix);
+            paths.push('/');
+            paths.push_str(n);
+            let sh = shard_of(&paths[start..], SHARDS);
+            spans.push(start..paths.len());
+            shards.push(sh as u8);
+            count[sh + 1] += 1;
+        }
+        // The page's positions grouped by shard (a counting sort).
+        for s in 1..=SHARDS {
+            count[s] += count[s - 1];
+        }
+        let mut order = vec![0u32; names.len()];
+        for (i, &sh) in shards.iter().enumerate() {
+            order[count[sh as usize]] = i as u32;
+            count[sh as usize] += 1;
+        }
+        let mut metas: Vec<Option<Meta>> = vec![None; names.len()];
+        let mut k = 0;
+        while k < order.len() {
+            let sh = shards[order[k] as usize];
+            let files = lock(&self.files[sh as usize]);
+            while let Some(&i) = order.get(k).filter(|&&i| shards[i as usize] == sh) {
+                let i = i as usize;
+                metas[i] = files
+                    .get(&paths[spans[i].clone()])
+                    .and_then(|c| c.get(&0))
+                    .map(|r| *r.meta());
+                k += 1;
             }
         }
+        let out = names
+            .into_iter()
+            .zip(metas)
+            .filter_map(|(n, m)| Some((n, m?)))
+            .collect();
         Ok((out, done))
     }
 

@@ -211,6 +211,146 @@ fn concurrent_disjoint_writes_to_one_chunk_all_land() {
     }
 }
 
+/// A large directory (its entries in every shard of the index) listed in
+/// pages of several sizes: every name once, in order, each with its own
+/// header; entries created and removed between pages show up (after the
+/// cursor) or not as they should. The same in the root directory.
+#[test]
+fn large_directory_listing_pages_with_each_entry_own_header() {
+    const N: u32 = 1500;
+    for (s, _dir) in engines() {
+        for dir in ["/big", "/"] {
+            let path = |i: u32| chfs_proto::path::join(dir, &format!("e{i:05}"));
+            for i in 0..N {
+                // Odd entries are directories, and each file's size says
+                // which it is: a header given to the wrong name shows.
+                let m = if i % 2 == 1 {
+                    Meta {
+                        mode: libc::S_IFDIR | 0o755,
+                        ..Default::default()
+                    }
+                } else {
+                    Meta {
+                        size: i as u64,
+                        ..file_meta(i)
+                    }
+                };
+                s.create(&path(i), m, b"", true).unwrap();
+            }
+            // Data chunks and deeper entries are not listed.
+            s.write(&path(2), 1, 0, b"x", &file_meta(2)).unwrap();
+            s.create(&format!("{}/inner", path(1)), file_meta(9), b"", true)
+                .unwrap();
+            let check = |name: &str, m: &Meta| {
+                let i: u32 = name[1..].parse().unwrap();
+                if i % 2 == 1 {
+                    assert!(m.is_dir(), "{name}");
+                } else {
+                    assert!(m.is_reg(), "{name}");
+                    assert_eq!((m.size, m.fileid), (i as u64, i), "{name}");
+                }
+            };
+            for max in [1, 7, 100, 1499, 1500, 4096] {
+                let (mut after, mut seen) = (String::new(), Vec::new());
+                loop {
+                    let (page, done) = s.list_dir(dir, &after, max).unwrap();
+                    assert!(page.len() <= max);
+                    for (n, m) in &page {
+                        check(n, m);
+                        seen.push(n.clone());
+                    }
+                    if done {
+                        break;
+                    }
+                    after = page.last().unwrap().0.clone();
+                }
+                let want: Vec<String> = (0..N).map(|i| format!("e{i:05}")).collect();
+                assert_eq!(seen, want, "max {max}");
+            }
+            // Changes between pages: after a page ending at e00099, remove
+            // e00050 (listed) and e00500 (not yet), add e00099a (after the
+            // cursor) and e00000a (before it).
+            let (page, done) = s.list_dir(dir, "", 100).unwrap();
+            assert!(!done);
+            let cursor = page.last().unwrap().0.clone();
+            assert_eq!(cursor, "e00099");
+            s.remove(&path(50), 0, &mut |_| Ok(())).unwrap();
+            s.remove(&path(500), 0, &mut |_| Ok(())).unwrap();
+            let added = Meta {
+                size: 7,
+                ..file_meta(7)
+            };
+            for n in ["e00099a", "e00000a"] {
+                s.create(&chfs_proto::path::join(dir, n), added, b"", true)
+                    .unwrap();
+            }
+            let (mut after, mut rest) = (cursor, Vec::new());
+            loop {
+                let (page, done) = s.list_dir(dir, &after, 64).unwrap();
+                for (n, m) in &page {
+                    if n == "e00099a" {
+                        assert_eq!(m.size, 7);
+                    } else {
+                        check(n, m);
+                    }
+                    rest.push(n.clone());
+                }
+                if done {
+                    break;
+                }
+                after = page.last().unwrap().0.clone();
+            }
+            let mut want: Vec<String> = (100..N)
+                .filter(|&i| i != 500)
+                .map(|i| format!("e{i:05}"))
+                .collect();
+            want.insert(0, "e00099a".to_string());
+            assert_eq!(rest, want);
+        }
+    }
+}
+
+/// Names short enough to be kept inline in the directory index and longer
+/// ones, ASCII and not, list in `str` order in pages of one, and are
+/// removed by name.
+#[test]
+fn directory_listing_orders_short_and_long_names_as_str() {
+    let mut names: Vec<String> = ["a", "b", "é", "ab", "a-b", "z"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for n in 20..26 {
+        names.push("a".repeat(n));
+        names.push(format!("{}b", "a".repeat(n)));
+        names.push(format!("{}é", "a".repeat(n)));
+    }
+    for (s, _dir) in engines() {
+        for n in &names {
+            s.create(&format!("/d/{n}"), file_meta(1), b"", true)
+                .unwrap();
+        }
+        let list = |s: &Arc<dyn Store>| {
+            let (mut after, mut seen) = (String::new(), Vec::new());
+            loop {
+                let (page, done) = s.list_dir("/d", &after, 1).unwrap();
+                seen.extend(page.iter().map(|e| e.0.clone()));
+                if done {
+                    return seen;
+                }
+                after = page.last().unwrap().0.clone();
+            }
+        };
+        let mut want = names.clone();
+        want.sort();
+        assert_eq!(list(&s), want);
+        for n in ["a".repeat(23), "a".repeat(22), "é".to_string()] {
+            s.remove(&format!("/d/{n}"), 0, &mut |_| Ok(())).unwrap();
+            want.retain(|w| *w != n);
+        }
+        assert_eq!(list(&s), want);
+    }
+}
+
 #[test]
 fn directory_listing_pages_in_name_order() {
     for (s, _dir) in engines() {

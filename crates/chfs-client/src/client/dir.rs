@@ -124,6 +124,7 @@ impl Client {
         }
         let mut out = Vec::new();
         let mut after = String::new();
+        let mut full = String::new();
         loop {
             let (path, from, max) = (p.clone(), after.clone(), READDIR_PAGE);
             let req = if dirs {
@@ -145,8 +146,9 @@ impl Client {
                     if let Some(l) = entries.last() {
                         after = l.name.clone();
                     }
+                    out.reserve(entries.len());
                     for e in entries {
-                        let full = path::join(&p, &e.name);
+                        path::join_into(&mut full, &p, &e.name);
                         out.push(DirEntry {
                             stat: Stat::from_meta(&full, &e.meta),
                             name: e.name,
