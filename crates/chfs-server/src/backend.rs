@@ -316,15 +316,16 @@ impl Backend {
     }
 
     /// Writes the bytes of a data chunk at `off` of a backend file, creating
-    /// it (and missing parents) if needed; never moves its mtime backwards.
+    /// it (and missing parents) if needed. The file's mtime ends as the
+    /// later of the chunk's and what the backend file had before this write
+    /// (which chunk 0 may have set to the file's own mtime already), never
+    /// the time of the write-back: the chunks of a file are flushed by
+    /// several servers in any order.
     pub fn write_chunk(&self, path: &str, off: u64, data: &[u8], meta: &Meta) -> io::Result<()> {
         let fd = self.open_for_write(path, meta.mode)?;
+        let before = mtime_ns(&Self::fstat(&fd)?);
         Self::pwrite_all(&fd, data, off)?;
-        let st = Self::fstat(&fd)?;
-        if meta.mtime > mtime_ns(&st) {
-            Self::set_times(&fd, None, meta.mtime)?;
-        }
-        Ok(())
+        Self::set_times(&fd, None, before.max(meta.mtime))
     }
 
     /// Makes the backend entry match a chfs entry (chunk 0): type, chunk-0
@@ -561,5 +562,49 @@ pub fn meta_from_stat(st: &BStat, chunk_size: u32, fileid: u32) -> Meta {
         atime: st.st_atime * 1_000_000_000 + st.st_atime_nsec,
         fileid,
         crc: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_meta(mtime: i64) -> Meta {
+        Meta {
+            mode: libc::S_IFREG | 0o644,
+            size: 8,
+            mtime,
+            atime: mtime,
+            ctime: mtime,
+            ..Default::default()
+        }
+    }
+
+    fn backend_mtime(b: &Backend, path: &str) -> i64 {
+        mtime_ns(&b.lstat(path).unwrap().unwrap())
+    }
+
+    /// A file's chunks reach the backend from several servers in any order;
+    /// its mtime must end as the file's, not as the time of the write-back.
+    #[test]
+    fn a_chunk_written_back_after_chunk_zero_keeps_the_files_mtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Backend::open(dir.path()).unwrap();
+        let file = 1_600_000_000_123_456_789; // the file's mtime (chunk 0)
+        let older = file - 5_000_000_000; // chunk 1 was written before
+        b.write_entry("/f", &file_meta(file), Some(b"abcd"))
+            .unwrap();
+        b.write_chunk("/f", 4, b"efgh", &file_meta(older)).unwrap();
+        assert_eq!(backend_mtime(&b, "/f"), file);
+        // The other order: the chunk first (creating the file), then chunk 0.
+        b.write_chunk("/g", 4, b"efgh", &file_meta(older)).unwrap();
+        b.write_entry("/g", &file_meta(file), Some(b"abcd"))
+            .unwrap();
+        assert_eq!(backend_mtime(&b, "/g"), file);
+        assert_eq!(std::fs::read(dir.path().join("g")).unwrap(), b"abcdefgh");
+        // A chunk newer than what the backend has moves the mtime forward.
+        let newer = file + 7_000_000_000;
+        b.write_chunk("/f", 0, b"ABCD", &file_meta(newer)).unwrap();
+        assert_eq!(backend_mtime(&b, "/f"), newer);
     }
 }
