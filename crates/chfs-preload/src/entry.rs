@@ -53,6 +53,16 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if owned::has(fd) {
+        if client_thread() {
+            owned::remove(fd);
+            // SAFETY: the client closes a descriptor of its own.
+            return unsafe { real::close(fd) };
+        }
+        // The program closes the library's descriptor (a close loop):
+        // it stays open, and the call succeeds.
+        return 0;
+    }
     if ours(fd).is_none() {
         // SAFETY: libc's close with the caller's descriptor.
         return unsafe { real::close(fd) };
@@ -72,6 +82,11 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    if owned::has(fd) && client_thread() {
+        // SAFETY: libc's dup of the client's own descriptor.
+        let n = unsafe { real::dup(fd) };
+        return if n >= 0 { hold(n) } else { n };
+    }
     let Some(f) = ours(fd) else {
         // SAFETY: libc's dup.
         return unsafe { real::dup(fd) };
@@ -88,6 +103,11 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 }
 
 fn dup_onto(old: c_int, new: c_int, real_dup: impl FnOnce() -> c_int) -> c_int {
+    if owned::has(new) && !client_thread() {
+        // The number is the client's (a socket, the kept /dev/null).
+        set_errno(libc::EBUSY);
+        return -1;
+    }
     let from = ours(old);
     if from.is_none() && ours(new).is_none() {
         return real_dup();
@@ -128,8 +148,108 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     dup_onto(old, new, || unsafe { real::dup3(old, new, flags) })
 }
 
+/// Closes the program's descriptors in `first..=last` (`flags` as
+/// close_range's): chfs-rs files are released as by `close`; the
+/// library's own descriptors are left out.
+fn close_span(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
+    if first > last {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_uint == 0 && !inside() {
+        // chfs-rs files in the range are closed as close would.
+        let files: Vec<_> = fds::numbers()
+            .into_iter()
+            .filter(|&fd| (first..=last).contains(&(fd as c_uint)))
+            .collect();
+        if !files.is_empty() {
+            run(|| {
+                for fd in files {
+                    if let Some(f) = fds::take(fd) {
+                        let _ = release(f);
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+    let keep = if client_thread() {
+        Vec::new()
+    } else {
+        owned::within(first, last)
+    };
+    // The range without the library's descriptors, piece by piece.
+    let mut from = u64::from(first);
+    for k in keep {
+        if k as u64 > from && close_piece(from as c_uint, k as c_uint - 1, flags) != 0 {
+            return -1;
+        }
+        from = k as u64 + 1;
+    }
+    if from <= u64::from(last) {
+        return close_piece(from as c_uint, last, flags);
+    }
+    0
+}
+
+/// libc's close_range; on a kernel without it (before 5.9), the open
+/// descriptors in the range one by one, as glibc's closefrom does.
+fn close_piece(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
+    // SAFETY: libc's close_range on numbers that are not the library's.
+    let r = unsafe { real::close_range(first, last, flags) };
+    if r == 0 || errno() != libc::ENOSYS || flags != 0 {
+        return r;
+    }
+    let open: Vec<c_int> = {
+        let _in = Inside::enter();
+        let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+            return r;
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|&fd: &c_int| (first..=last).contains(&(fd as c_uint)))
+            .collect()
+    };
+    for fd in open {
+        // SAFETY: libc's close of a descriptor that is not the library's
+        // (the one read_dir used is closed already).
+        unsafe { real::close(fd) };
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    close_span(first, last, flags as c_uint)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    let saved = errno();
+    close_span(low.max(0) as c_uint, c_uint::MAX, 0);
+    set_errno(saved);
+}
+
+/// The client's sockets are the library's (see [`owned`]); the
+/// program's own go to libc untouched.
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: libc's socket with the caller's arguments.
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    if fd >= 0 && client_thread() {
+        return hold(fd);
+    }
+    fd
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn chfs_preload_fcntl(fd: c_int, cmd: c_int, arg: *mut c_void) -> c_int {
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && owned::has(fd) && client_thread() {
+        // The client duplicates a socket of its own (a stream's
+        // try_clone): the copy is the library's too.
+        // SAFETY: libc's fcntl with the client's arguments.
+        let n = unsafe { real::fcntl(fd, cmd, arg) };
+        return if n >= 0 { hold(n) } else { n };
+    }
     let Some(f) = ours(fd) else {
         // SAFETY: libc's fcntl with the caller's arguments.
         return unsafe { real::fcntl(fd, cmd, arg) };

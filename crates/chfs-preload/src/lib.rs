@@ -205,13 +205,18 @@ unsafe fn route(path: *const c_char) -> Route {
 
 struct Live {
     client: Client,
-    pid: u32,
-    /// Bumped for every client made (a forked child makes its own).
+    /// [`FORKS`] when it was made: a forked child makes its own.
+    forks: u64,
+    /// Bumped for every client made.
     gen: u64,
 }
 
 static LIVE: RwLock<Option<Live>> = RwLock::new(None);
 static GEN: AtomicU64 = AtomicU64::new(0);
+/// Forks this process descends from (bumped in the child by a
+/// `pthread_atfork` handler, registered before the first client is
+/// made): one atomic load per call where `getpid` was a system call.
+static FORKS: AtomicU64 = AtomicU64::new(0);
 static UMASK: AtomicU32 = AtomicU32::new(0o022);
 static SETUP: Once = Once::new();
 
@@ -230,15 +235,15 @@ fn process_umask() -> u32 {
 
 /// The client of this process, connected on first use.
 fn client() -> R<(Client, u64)> {
-    let pid = std::process::id();
+    let forks = FORKS.load(Ordering::Acquire);
     if let Some(l) = &*LIVE.read().unwrap_or_else(|e| e.into_inner()) {
-        if l.pid == pid {
+        if l.forks == forks {
             return Ok((l.client.clone(), l.gen));
         }
     }
     let mut g = LIVE.write().unwrap_or_else(|e| e.into_inner());
     if let Some(l) = &*g {
-        if l.pid == pid {
+        if l.forks == forks {
             return Ok((l.client.clone(), l.gen));
         }
     }
@@ -247,7 +252,7 @@ fn client() -> R<(Client, u64)> {
         // must not print them into the host program's stderr.
         std::panic::set_hook(Box::new(|_| {}));
         // SAFETY: registers plain extern "C" functions without arguments.
-        unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+        unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
         // SAFETY: as above; `at_exit` runs once, at exit(3).
         unsafe { libc::atexit(at_exit) };
     });
@@ -261,7 +266,7 @@ fn client() -> R<(Client, u64)> {
     let gen = GEN.fetch_add(1, Ordering::Relaxed) + 1;
     *g = Some(Live {
         client: client.clone(),
-        pid,
+        forks,
         gen,
     });
     Ok((client, gen))
@@ -271,8 +276,16 @@ fn client() -> R<(Client, u64)> {
 fn live() -> Option<(Client, u64)> {
     let g = LIVE.read().unwrap_or_else(|e| e.into_inner());
     g.as_ref()
-        .filter(|l| l.pid == std::process::id())
+        .filter(|l| l.forks == FORKS.load(Ordering::Acquire))
         .map(|l| (l.client.clone(), l.gen))
+}
+
+/// `pthread_atfork` child handler: this process needs a client of its
+/// own; the parent's sockets, inherited, are no longer the client's
+/// (the program may close them).
+extern "C" fn in_child() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
+    owned::forget_all();
 }
 
 /// `pthread_atfork` prepare handler: buffered writes reach the servers and
@@ -402,6 +415,16 @@ mod fds {
         t.remove(&fd)
     }
 
+    /// The descriptor numbers of chfs-rs files.
+    pub(super) fn numbers() -> Vec<c_int> {
+        TABLE
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
     pub(super) fn all() -> Vec<Arc<OpenFile>> {
         TABLE
             .read()
@@ -410,6 +433,124 @@ mod fds {
             .cloned()
             .collect()
     }
+}
+
+/// Descriptors the library holds itself: the client's sockets and the
+/// kept `/dev/null` descriptor. A program closing every descriptor (a
+/// daemon, a shell, an MPI launcher: a `close` loop, `close_range`,
+/// `closefrom`) would otherwise cut the client off, or worse, the number
+/// would be handed to one of the program's files and the client would
+/// send its requests there. A `close` of one by the program succeeds and
+/// does nothing; `close_range`/`closefrom` leave them out; `dup2`/`dup3`
+/// onto one fails with `EBUSY`. Sockets are moved to high numbers when
+/// made ([`hold`]), out of the way of programs that choose
+/// numbers.
+mod owned {
+    use super::*;
+
+    #[allow(clippy::declare_interior_mutable_const)]
+    const ZERO: AtomicU64 = AtomicU64::new(0);
+    static BITS: [AtomicU64; fds::MAX / 64] = [ZERO; fds::MAX / 64];
+    static ANY: AtomicBool = AtomicBool::new(false);
+
+    fn bit(fd: c_int) -> Option<(usize, u64)> {
+        let i = usize::try_from(fd).ok().filter(|&i| i < fds::MAX)?;
+        Some((i / 64, 1u64 << (i % 64)))
+    }
+
+    pub(super) fn add(fd: c_int) {
+        if let Some((w, b)) = bit(fd) {
+            BITS[w].fetch_or(b, Ordering::Release);
+            ANY.store(true, Ordering::Release);
+        }
+    }
+
+    pub(super) fn remove(fd: c_int) {
+        if let Some((w, b)) = bit(fd) {
+            BITS[w].fetch_and(!b, Ordering::Release);
+        }
+    }
+
+    #[inline]
+    pub(super) fn has(fd: c_int) -> bool {
+        ANY.load(Ordering::Acquire)
+            && bit(fd).is_some_and(|(w, b)| BITS[w].load(Ordering::Acquire) & b != 0)
+    }
+
+    /// Ours among `first..=last`, in order.
+    pub(super) fn within(first: c_uint, last: c_uint) -> Vec<c_int> {
+        if !ANY.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let hi = (last as usize).min(fds::MAX - 1);
+        (first as usize..=hi)
+            .filter(|&i| BITS[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0)
+            .map(|i| i as c_int)
+            .collect()
+    }
+
+    /// In a forked child: the sockets inherited from the parent are not
+    /// this process's client's (the kept `/dev/null` descriptor still is).
+    pub(super) fn forget_all() {
+        for w in &BITS {
+            w.store(0, Ordering::Release);
+        }
+        let t = TEMPLATE.load(Ordering::Acquire);
+        if t >= 0 {
+            add(t);
+        }
+    }
+}
+
+/// Is this thread inside the client (for descriptors it makes)? Unlike
+/// [`inside`], false while the thread's locals are being destroyed.
+fn client_thread() -> bool {
+    INSIDE.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Where the client's sockets are moved: below 1024 (`select` limits),
+/// near the top of what the descriptor limit allows, where programs that
+/// pick numbers (`dup2` onto 3, 4, ...; shells use 10 and up and 255)
+/// do not look.
+fn high_base() -> c_int {
+    static BASE: AtomicU32 = AtomicU32::new(0);
+    let b = BASE.load(Ordering::Relaxed);
+    if b != 0 {
+        return b as c_int;
+    }
+    // SAFETY: getrlimit writes the struct it is given.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur.min(1024) as u32
+    } else {
+        1024
+    };
+    let b = if soft >= 512 { soft - 128 } else { soft / 2 }.max(3);
+    BASE.store(b, Ordering::Relaxed);
+    b as c_int
+}
+
+/// A descriptor the library keeps (a client socket, the kept
+/// `/dev/null`): moved to a high number and marked as the library's.
+fn hold(fd: c_int) -> c_int {
+    // SAFETY: libc's fcntl(F_DUPFD_CLOEXEC) on the new socket.
+    let hi = unsafe {
+        real::fcntl(
+            fd,
+            libc::F_DUPFD_CLOEXEC,
+            high_base() as usize as *mut c_void,
+        )
+    };
+    let fd = if hi >= 0 {
+        // SAFETY: the original number, now duplicated.
+        unsafe { real::close(fd) };
+        hi
+    } else {
+        fd
+    };
+    owned::add(fd);
+    fd
 }
 
 /// The chfs-rs file of `fd` when the call is to be ours.
@@ -493,9 +634,14 @@ fn dup_template(cloexec: bool) -> Option<c_int> {
         // SAFETY: the duplicate just made.
         unsafe { real::close(fd) };
     }
-    // Not ours any more: forget the number (never close it: it is the
-    // program's now).
-    let _ = TEMPLATE.compare_exchange(t, -1, Ordering::AcqRel, Ordering::Relaxed);
+    // Not ours any more (closed behind our back, e.g. by a system call):
+    // forget the number (never close it: it is the program's now).
+    if TEMPLATE
+        .compare_exchange(t, -1, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        owned::remove(t);
+    }
     None
 }
 
@@ -509,10 +655,12 @@ fn reserve(cloexec: bool) -> R<c_int> {
                 let _ = NULL_ID.set(id);
                 if NULL_ID.get() == Some(&id) {
                     if let Ok(t) = open_null(libc::O_RDWR | libc::O_CLOEXEC) {
+                        let t = hold(t);
                         if TEMPLATE
                             .compare_exchange(-1, t, Ordering::AcqRel, Ordering::Relaxed)
                             .is_err()
                         {
+                            owned::remove(t);
                             // SAFETY: the descriptor just opened.
                             unsafe { real::close(t) };
                         }

@@ -98,6 +98,9 @@ real! {
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn close(fd: c_int) -> c_int;
+    fn close_range(first: c_uint, last: c_uint, flags: c_uint) -> c_int;
+    fn closefrom(low: c_int) -> ();
+    fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
     fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;

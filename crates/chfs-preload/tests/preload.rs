@@ -666,3 +666,32 @@ sys.exit(0)
     assert_eq!(read_all(&c, "/raw"), vec![b'x'; 10000]);
     assert_eq!(read_all(&c, "/text"), vec![b'y'; 5000]);
 }
+
+/// A program that closes every descriptor from 3 up (a close loop,
+/// close_range, closefrom) and goes on using chfs-rs files
+/// (tests/c/closeall.c): its own descriptors are closed, chfs-rs ones
+/// too; the client's sockets stay open (a local file given one of their
+/// numbers would be written by the client: the program then fills every
+/// free number with a local file and checks that it stays empty), and
+/// `dup2` onto one fails with EBUSY.
+#[test]
+fn closing_every_descriptor_leaves_the_clients_own() {
+    let e = Env::new();
+    let c = e.client();
+    let exe = e.compile("cc", "closeall");
+    for mode in ["loop", "range", "from"] {
+        let out = e
+            .cmd(exe.to_str().unwrap())
+            .args([&e.m(&format!("/{mode}")), mode])
+            .output()
+            .unwrap();
+        let out = checked(out, &format!("closeall {mode}"));
+        let s = String::from_utf8_lossy(&out.stdout);
+        let filled: usize = s
+            .strip_prefix("ok ")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("closeall {mode}: {s}"));
+        assert!(filled > 40, "closeall {mode}: only {filled} numbers filled");
+        assert_eq!(read_all(&c, &format!("/{mode}/b")).len(), 200_000);
+    }
+}
