@@ -46,12 +46,6 @@ pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe { creat(path, mode) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if owned::has(fd) {
         if client_thread() {
@@ -325,12 +319,6 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: of
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { pread64(fd, buf, n, off) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn __pread64_chk(
     fd: c_int,
     buf: *mut c_void,
@@ -347,18 +335,6 @@ pub unsafe extern "C" fn __pread64_chk(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __pread_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    off: off_t,
-    buflen: size_t,
-) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { __pread64_chk(fd, buf, n, off, buflen) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
     by_fd(
         fd,
@@ -367,12 +343,6 @@ pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off:
         // SAFETY: `buf` is readable for `n` bytes.
         |c, cfd, _| Ok(c.pwrite(cfd, unsafe { in_buf(buf, n) }?, offset(off)?)? as ssize_t),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { pwrite64(fd, buf, n, off) }
 }
 
 fn iov_total(v: &[libc::iovec]) -> usize {
@@ -433,17 +403,6 @@ pub unsafe extern "C" fn preadv64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn preadv(
-    fd: c_int,
-    iov: *const libc::iovec,
-    cnt: c_int,
-    off: off_t,
-) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { preadv64(fd, iov, cnt, off) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn pwritev64(
     fd: c_int,
     iov: *const libc::iovec,
@@ -463,17 +422,6 @@ pub unsafe extern "C" fn pwritev64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwritev(
-    fd: c_int,
-    iov: *const libc::iovec,
-    cnt: c_int,
-    off: off_t,
-) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { pwritev64(fd, iov, cnt, off) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, w: c_int) -> off_t {
     by_fd(
         fd,
@@ -484,12 +432,6 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, w: c_int) -> off_t {
             off_t::try_from(p).map_err(|_| Error::new(libc::EOVERFLOW, "offset".to_string()))
         },
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lseek(fd: c_int, off: off_t, w: c_int) -> off_t {
-    // SAFETY: same contract.
-    unsafe { lseek64(fd, off, w) }
 }
 
 #[no_mangle]
@@ -523,12 +465,6 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { ftruncate64(fd, len) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int {
     by_fd(
         fd,
@@ -536,12 +472,6 @@ pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: of
         || unsafe { real::fallocate(fd, mode, off, len) },
         |_, _, _| err(libc::EOPNOTSUPP, "fallocate"),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { fallocate64(fd, mode, off, len) }
 }
 
 /// posix_fallocate returns the error number instead of setting errno.
@@ -552,12 +482,6 @@ pub unsafe extern "C" fn posix_fallocate64(fd: c_int, off: off_t, len: off_t) ->
         return unsafe { real::posix_fallocate(fd, off, len) };
     }
     libc::EOPNOTSUPP
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { posix_fallocate64(fd, off, len) }
 }
 
 #[no_mangle]
@@ -572,12 +496,6 @@ pub unsafe extern "C" fn posix_fadvise64(
         return unsafe { real::posix_fadvise(fd, off, len, advice) };
     }
     0
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int {
-    // SAFETY: same contract.
-    unsafe { posix_fadvise64(fd, off, len, advice) }
 }
 
 /// mmap of a chfs-rs descriptor: ENODEV (as for a file system without
@@ -599,19 +517,6 @@ pub unsafe extern "C" fn mmap64(
     unsafe { real::mmap(addr, len, prot, flags, fd, off) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn mmap(
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: off_t,
-) -> *mut c_void {
-    // SAFETY: same contract.
-    unsafe { mmap64(addr, len, prot, flags, fd, off) }
-}
-
 /// In-kernel copies cannot reach the pool: EINVAL, so callers (Python's
 /// shutil, coreutils) fall back to read and write.
 #[no_mangle]
@@ -622,12 +527,6 @@ pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: 
     }
     // SAFETY: libc's sendfile.
     unsafe { real::sendfile(out, inp, off, n) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { sendfile64(out, inp, off, n) }
 }
 
 #[no_mangle]
@@ -653,7 +552,7 @@ fn stat_path(p: &str, follow: bool, out: *mut libc::stat) -> R<c_int> {
     let (c, _) = client()?;
     let s = if follow { c.stat(p)? } else { c.lstat(p)? };
     // SAFETY: `out` is the caller's struct stat.
-    unsafe { put(out, to_c_stat(&s)) }
+    unsafe { cabi::put(out, to_c_stat(&s), "struct stat") }.map(|()| 0)
 }
 
 #[no_mangle]
@@ -670,12 +569,6 @@ pub unsafe extern "C" fn stat(path: *const c_char, st: *mut libc::stat) -> c_int
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn stat64(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { stat(path, st) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn lstat(path: *const c_char, st: *mut libc::stat) -> c_int {
     // SAFETY: the caller's C string.
     unsafe {
@@ -689,26 +582,14 @@ pub unsafe extern "C" fn lstat(path: *const c_char, st: *mut libc::stat) -> c_in
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn lstat64(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { lstat(path, st) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fstat(fd: c_int, st: *mut libc::stat) -> c_int {
     by_fd(
         fd,
         // SAFETY: libc's fstat.
         || unsafe { real::fstat(fd, st) },
         // SAFETY: `st` is the caller's struct stat.
-        |c, cfd, _| unsafe { put(st, to_c_stat(&c.fstat(cfd)?)) },
+        |c, cfd, _| unsafe { cabi::put(st, to_c_stat(&c.fstat(cfd)?), "struct stat") }.map(|()| 0),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { fstat(fd, st) }
 }
 
 #[no_mangle]
@@ -736,17 +617,6 @@ pub unsafe extern "C" fn fstatat(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fstatat64(
-    dirfd: c_int,
-    path: *const c_char,
-    st: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { fstatat(dirfd, path, st, flags) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn statx(
     dirfd: c_int,
     path: *const c_char,
@@ -760,7 +630,7 @@ pub unsafe extern "C" fn statx(
             return run(|| {
                 let s = with(&f, |c, cfd| c.fstat(cfd))?;
                 // SAFETY: `st` is the caller's struct statx.
-                unsafe { put(st, to_statx(&s)) }
+                unsafe { cabi::put(st, to_statx(&s), "struct statx") }.map(|()| 0)
             });
         }
     }
@@ -777,7 +647,7 @@ pub unsafe extern "C" fn statx(
                 } else {
                     c.stat(p)?
                 };
-                put(st, to_statx(&s))
+                cabi::put(st, to_statx(&s), "struct statx").map(|()| 0)
             },
         )
     }
@@ -797,12 +667,6 @@ pub unsafe extern "C" fn __xstat(ver: c_int, path: *const c_char, st: *mut libc:
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __xstat64(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __xstat(ver, path, st) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn __lxstat(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
     // SAFETY: the caller's C string.
     unsafe {
@@ -816,12 +680,6 @@ pub unsafe extern "C" fn __lxstat(ver: c_int, path: *const c_char, st: *mut libc
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __lxstat64(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __lxstat(ver, path, st) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int {
     if ours(fd).is_none() {
         // SAFETY: libc's __fxstat.
@@ -829,12 +687,6 @@ pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, st: *mut libc::stat) ->
     }
     // SAFETY: as fstat.
     unsafe { fstat(fd, st) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn __fxstat64(ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __fxstat(ver, fd, st) }
 }
 
 #[no_mangle]
@@ -856,32 +708,10 @@ pub unsafe extern "C" fn __fxstatat(
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn __fxstatat64(
-    ver: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    st: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __fxstatat(ver, dirfd, path, st, flags) }
-}
-
 fn statvfs_of(c: &Client, out: *mut libc::statvfs) -> R<c_int> {
-    let fs = c.statfs()?;
-    const BS: u64 = 4096;
-    // SAFETY: plain old data; all-zero is valid.
-    let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
-    v.f_bsize = BS as _;
-    v.f_frsize = BS as _;
-    v.f_blocks = (fs.total / BS) as _;
-    v.f_bfree = (fs.free / BS) as _;
-    v.f_bavail = (fs.free / BS) as _;
-    v.f_files = fs.entries as _;
-    v.f_namemax = 255;
+    let v = c.statfs()?.to_statvfs();
     // SAFETY: the caller's struct statvfs.
-    unsafe { put(out, v) }
+    unsafe { cabi::put(out, v, "struct statvfs") }.map(|()| 0)
 }
 
 #[no_mangle]
@@ -902,12 +732,6 @@ pub unsafe extern "C" fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn statvfs64(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { statvfs(path, buf) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
     // SAFETY: libc's fstatvfs.
     by_fd(
@@ -915,12 +739,6 @@ pub unsafe extern "C" fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
         || unsafe { real::fstatvfs(fd, buf) },
         |c, _, _| statvfs_of(c, buf),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { fstatvfs(fd, buf) }
 }
 
 // ----- names ---------------------------------------------------------------
@@ -1100,18 +918,6 @@ pub unsafe extern "C" fn renameat(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn renameat2(
-    d1: c_int,
-    from: *const c_char,
-    d2: c_int,
-    to: *const c_char,
-    flags: c_uint,
-) -> c_int {
-    // SAFETY: the caller's C strings.
-    unsafe { rename_any(d1, from, d2, to, flags) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn truncate64(path: *const c_char, len: off_t) -> c_int {
     // SAFETY: the caller's C string.
     unsafe {
@@ -1122,12 +928,6 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off_t) -> c_int {
             |p| client()?.0.truncate(p, offset(len)?).map(|()| 0),
         )
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { truncate64(path, len) }
 }
 
 #[no_mangle]
@@ -1317,7 +1117,7 @@ pub unsafe extern "C" fn utimensat(
             path,
             |d, p| real::utimensat(d, p, t, flags),
             |p| {
-                let (a, m) = times(t)?;
+                let (a, m) = cabi::timespecs(t)?;
                 client()?.0.utimens(p, a, m).map(|_| 0)
             },
         )
@@ -1332,7 +1132,7 @@ pub unsafe extern "C" fn futimens(fd: c_int, t: *const libc::timespec) -> c_int 
         || unsafe { real::futimens(fd, t) },
         |c, _, f| {
             // SAFETY: `t` is NULL or two timespecs.
-            let (a, m) = unsafe { times(t) }?;
+            let (a, m) = unsafe { cabi::timespecs(t) }?;
             c.utimens(&f.path, a, m).map(|_| 0)
         },
     )
@@ -1770,4 +1570,34 @@ pub unsafe extern "C" fn fexecve(
     publish_open_files();
     // SAFETY: libc's fexecve with the caller's arguments.
     unsafe { real::fexecve(fd, argv, envp) }
+}
+
+// Second names of the functions above: the 64-bit-offset variants are
+// the same functions on 64-bit Linux.
+twins! {
+    creat64 = creat(path: *const c_char, mode: mode_t) -> c_int;
+    pread = pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
+    __pread_chk = __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t;
+    pwrite = pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t;
+    preadv = preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t;
+    pwritev = pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t;
+    lseek = lseek64(fd: c_int, off: off_t, w: c_int) -> off_t;
+    ftruncate = ftruncate64(fd: c_int, len: off_t) -> c_int;
+    fallocate = fallocate64(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int;
+    posix_fallocate = posix_fallocate64(fd: c_int, off: off_t, len: off_t) -> c_int;
+    posix_fadvise = posix_fadvise64(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int;
+    mmap = mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
+    sendfile = sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+    stat64 = stat(path: *const c_char, st: *mut libc::stat) -> c_int;
+    lstat64 = lstat(path: *const c_char, st: *mut libc::stat) -> c_int;
+    fstat64 = fstat(fd: c_int, st: *mut libc::stat) -> c_int;
+    fstatat64 = fstatat(dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int;
+    __xstat64 = __xstat(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int;
+    __lxstat64 = __lxstat(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int;
+    __fxstat64 = __fxstat(ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int;
+    __fxstatat64 = __fxstatat(ver: c_int, dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int;
+    statvfs64 = statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int;
+    fstatvfs64 = fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int;
+    renameat2 = rename_any(d1: c_int, from: *const c_char, d2: c_int, to: *const c_char, flags: c_uint) -> c_int;
+    truncate = truncate64(path: *const c_char, len: off_t) -> c_int;
 }

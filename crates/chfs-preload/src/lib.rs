@@ -36,7 +36,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock};
 
-use chfs_client::{Client, ClientConfig, Error, Stat, TimeSet, Whence};
+use chfs_client::cabi::{self, id, in_buf, out_buf};
+use chfs_client::{Client, ClientConfig, Error, Stat, Whence};
 use libc::{mode_t, off_t, size_t, ssize_t, AT_FDCWD, DIR, FILE};
 use real::Fail;
 
@@ -767,43 +768,6 @@ fn to_statx(s: &Stat) -> libc::statx {
     x
 }
 
-/// # Safety
-/// `out` is NULL or writable for one `T`.
-unsafe fn put<T>(out: *mut T, v: T) -> R<c_int> {
-    if out.is_null() {
-        return err(libc::EFAULT, "NULL result pointer");
-    }
-    // SAFETY: non-NULL and writable by the caller's contract.
-    unsafe { out.write(v) };
-    Ok(0)
-}
-
-/// # Safety
-/// `buf` is valid for `n` bytes (or `n` is 0).
-unsafe fn out_buf<'a>(buf: *mut c_void, n: size_t) -> R<&'a mut [u8]> {
-    if n == 0 {
-        return Ok(&mut []);
-    }
-    if buf.is_null() {
-        return err(libc::EFAULT, "NULL buffer");
-    }
-    // SAFETY: the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) })
-}
-
-/// # Safety
-/// `buf` is valid for `n` bytes (or `n` is 0).
-unsafe fn in_buf<'a>(buf: *const c_void, n: size_t) -> R<&'a [u8]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if buf.is_null() {
-        return err(libc::EFAULT, "NULL buffer");
-    }
-    // SAFETY: the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts(buf.cast(), n) })
-}
-
 fn offset(off: off_t) -> R<u64> {
     u64::try_from(off).map_err(|_| Error::new(libc::EINVAL, format!("negative offset {off}")))
 }
@@ -854,35 +818,6 @@ fn whence(w: c_int) -> R<Whence> {
     }
 }
 
-fn time_set(t: &libc::timespec) -> R<TimeSet> {
-    match t.tv_nsec {
-        libc::UTIME_NOW => Ok(TimeSet::Now),
-        libc::UTIME_OMIT => Ok(TimeSet::Omit),
-        n if (0..1_000_000_000).contains(&n) => t
-            .tv_sec
-            .checked_mul(1_000_000_000)
-            .and_then(|s| s.checked_add(n))
-            .map(TimeSet::At)
-            .ok_or_else(|| Error::new(libc::EINVAL, "time out of range".to_string())),
-        _ => err(libc::EINVAL, "tv_nsec out of range"),
-    }
-}
-
-/// # Safety
-/// `t` is NULL or points to two timespecs.
-unsafe fn times(t: *const libc::timespec) -> R<(TimeSet, TimeSet)> {
-    if t.is_null() {
-        return Ok((TimeSet::Now, TimeSet::Now));
-    }
-    // SAFETY: the caller's contract.
-    let t = unsafe { std::slice::from_raw_parts(t, 2) };
-    Ok((time_set(&t[0])?, time_set(&t[1])?))
-}
-
-fn id(v: u32) -> Option<u32> {
-    (v != u32::MAX).then_some(v)
-}
-
 // ----- helpers for the entry points -------------------------------------
 
 /// A call with a path: libc's `pass(dirfd, path)` or the pool's
@@ -918,6 +853,18 @@ fn by_fd<T: Fail>(
             chfs(&c, cfd, &f)
         }),
     }
+}
+
+/// Entry points that are another's under a second name, with the same
+/// arguments (`stat64` is `stat` on 64-bit Linux, ...).
+macro_rules! twins {
+    ($($name:ident = $target:ident($($a:ident: $t:ty),* $(,)?) -> $r:ty;)*) => { $(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            // SAFETY: the twin's contract, which is this function's.
+            unsafe { $target($($a),*) }
+        }
+    )* };
 }
 
 mod entry;
