@@ -427,7 +427,11 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, w: c_int) -> off_t {
         fd,
         // SAFETY: libc's lseek.
         || unsafe { real::lseek64(fd, off, w) },
-        |c, cfd, _| {
+        |c, cfd, f| {
+            if f.dir && off == 0 && w == libc::SEEK_SET {
+                // Rewinds getdents64.
+                *lock(&f.list) = None;
+            }
             let p = c.seek(cfd, off, whence(w)?)?;
             off_t::try_from(p).map_err(|_| Error::new(libc::EOVERFLOW, "offset".to_string()))
         },
@@ -515,35 +519,6 @@ pub unsafe extern "C" fn mmap64(
     }
     // SAFETY: libc's mmap with the caller's arguments.
     unsafe { real::mmap(addr, len, prot, flags, fd, off) }
-}
-
-/// In-kernel copies cannot reach the pool: EINVAL, so callers (Python's
-/// shutil, coreutils) fall back to read and write.
-#[no_mangle]
-pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
-    if ours(out).is_some() || ours(inp).is_some() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: libc's sendfile.
-    unsafe { real::sendfile(out, inp, off, n) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn copy_file_range(
-    inp: c_int,
-    oi: *mut off_t,
-    out: c_int,
-    oo: *mut off_t,
-    n: size_t,
-    flags: c_uint,
-) -> ssize_t {
-    if ours(out).is_some() || ours(inp).is_some() {
-        set_errno(libc::EXDEV);
-        return -1;
-    }
-    // SAFETY: libc's copy_file_range.
-    unsafe { real::copy_file_range(inp, oi, out, oo, n, flags) }
 }
 
 // ----- status --------------------------------------------------------------
@@ -1312,7 +1287,7 @@ pub unsafe extern "C" fn __getcwd_chk(
 struct Dir {
     fd: c_int,
     path: String,
-    entries: Vec<(CString, u8, u64)>,
+    entries: Vec<Entry>,
     pos: usize,
     ent: libc::dirent64,
 }
@@ -1320,7 +1295,7 @@ struct Dir {
 static DIRS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 static NDIRS: AtomicUsize = AtomicUsize::new(0);
 
-fn our_dir(d: *mut DIR) -> bool {
+pub(crate) fn our_dir(d: *mut DIR) -> bool {
     NDIRS.load(Ordering::Acquire) != 0 && !inside() && lock(&DIRS).contains(&(d as usize))
 }
 
@@ -1337,7 +1312,7 @@ fn d_type(mode: u32) -> u8 {
     }
 }
 
-fn listing(path: &str) -> R<Vec<(CString, u8, u64)>> {
+pub(crate) fn listing(path: &str) -> R<Vec<Entry>> {
     let (c, _) = client()?;
     let here = c.stat(path)?;
     let mut v = vec![
@@ -1415,26 +1390,45 @@ pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut DIR {
     })
 }
 
+/// `e` as a `struct dirent64` whose successor is at `next`.
+pub(crate) fn fill_dirent(out: &mut libc::dirent64, e: &Entry, next: usize) {
+    let (name, ty, ino) = e;
+    out.d_ino = *ino;
+    out.d_off = next as i64;
+    out.d_reclen = std::mem::size_of::<libc::dirent64>() as u16;
+    out.d_type = *ty;
+    let b = name.as_bytes();
+    let n = b.len().min(out.d_name.len() - 1);
+    for (dst, &src) in out.d_name.iter_mut().zip(&b[..n]) {
+        *dst = src as c_char;
+    }
+    out.d_name[n] = 0;
+}
+
+/// The next entry of our stream `d` into `out` (false at the end).
+///
+/// # Safety
+/// `d` is ours ([`our_dir`]) and not used concurrently.
+pub(crate) unsafe fn next_into(d: *mut DIR, out: Option<&mut libc::dirent64>) -> bool {
+    // SAFETY: the caller's contract.
+    let d = unsafe { dir(d) };
+    let Some(e) = d.entries.get(d.pos) else {
+        return false;
+    };
+    d.pos += 1;
+    fill_dirent(out.unwrap_or(&mut d.ent), e, d.pos);
+    true
+}
+
 unsafe fn next_entry(d: *mut DIR) -> *mut libc::dirent64 {
     run(|| {
         // SAFETY: checked by the caller with our_dir.
-        let d = unsafe { dir(d) };
-        let Some((name, ty, ino)) = d.entries.get(d.pos) else {
-            return Ok(std::ptr::null_mut());
-        };
-        d.pos += 1;
-        let e = &mut d.ent;
-        e.d_ino = *ino;
-        e.d_off = d.pos as i64;
-        e.d_reclen = std::mem::size_of::<libc::dirent64>() as u16;
-        e.d_type = *ty;
-        let b = name.as_bytes();
-        let n = b.len().min(e.d_name.len() - 1);
-        for (dst, &src) in e.d_name.iter_mut().zip(&b[..n]) {
-            *dst = src as c_char;
+        if unsafe { next_into(d, None) } {
+            // SAFETY: as above.
+            Ok(&mut unsafe { dir(d) }.ent as *mut libc::dirent64)
+        } else {
+            Ok(std::ptr::null_mut())
         }
-        e.d_name[n] = 0;
-        Ok(e as *mut libc::dirent64)
     })
 }
 
@@ -1587,7 +1581,6 @@ twins! {
     posix_fallocate = posix_fallocate64(fd: c_int, off: off_t, len: off_t) -> c_int;
     posix_fadvise = posix_fadvise64(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int;
     mmap = mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
-    sendfile = sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
     stat64 = stat(path: *const c_char, st: *mut libc::stat) -> c_int;
     lstat64 = lstat(path: *const c_char, st: *mut libc::stat) -> c_int;
     fstat64 = fstat(fd: c_int, st: *mut libc::stat) -> c_int;

@@ -341,7 +341,13 @@ struct OpenFile {
     flags: c_int,
     dir: bool,
     h: Mutex<Handle>,
+    /// A directory's listing for `getdents64` and the next entry's index
+    /// (taken at the first call, dropped by `lseek` to 0).
+    list: Mutex<Option<(Vec<Entry>, usize)>>,
 }
+
+/// A directory entry as the C views report it: name, `d_type`, `d_ino`.
+type Entry = (CString, u8, u64);
 
 struct Handle {
     /// Client generation `cfd` belongs to.
@@ -705,6 +711,7 @@ fn chfs_open(path: &str, flags: c_int, mode: u32) -> R<c_int> {
             flags,
             dir,
             h: Mutex::new(Handle { gen, cfd, pos: 0 }),
+            list: Mutex::new(None),
         }),
     );
     Ok(kfd)
@@ -868,4 +875,5 @@ macro_rules! twins {
 }
 
 mod entry;
+mod more;
 mod stdio;

@@ -695,3 +695,50 @@ fn closing_every_descriptor_leaves_the_clients_own() {
         assert_eq!(read_all(&c, &format!("/{mode}/b")).len(), 200_000);
     }
 }
+
+/// The calls interposed last, through a C program (tests/c/calls.c):
+/// statfs/fstatfs (the pool's numbers, f_type "chfs"), link/linkat (EPERM
+/// in the pool as through the mount, EXDEV across, libc's elsewhere),
+/// mknod/mknodat (regular files; FIFOs EPERM, mkfifo too), utime/utimes/
+/// lutimes/futimes/futimesat, readdir_r, scandir/scandir64 (filter and
+/// sort), getdents64 (small buffer, lseek to 0), sendfile both ways (with
+/// and without an offset), copy_file_range (offsets and positions),
+/// splice through a pipe, and posix_spawnp of `cat` while a written file
+/// is still open with CHFS_BUF_SIZE (published before the spawn); then
+/// `cp` (copy_file_range in coreutils 9) inside the prefix, and `_exit`/
+/// `_Exit` without close (published).
+#[test]
+fn statfs_link_mknod_utimes_scandir_getdents_copies_spawn_exit() {
+    let e = Env::new();
+    let c = e.client();
+    let exe = e.compile("cc", "calls");
+    let local = e.tmp.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let run = |args: &[&str]| {
+        let out = e
+            .cmd(exe.to_str().unwrap())
+            .args(args)
+            .env("CHFS_CHUNK_SIZE", "4096")
+            .env("CHFS_BUF_SIZE", "65536")
+            .output()
+            .unwrap();
+        checked(out, &format!("calls {args:?}"))
+    };
+    let out = run(&[&e.m("/c"), local.to_str().unwrap()]);
+    assert_eq!(out.stdout, b"ok\n");
+    let pat = |n: usize| -> Vec<u8> { (0..n).map(|i| b'A' + (i % 53) as u8).collect() };
+    assert!(read_all(&c, "/c/big") == pat(300_000));
+    assert!(read_all(&c, "/c/back") == pat(300_000));
+    assert!(c.stat("/c/n").unwrap().mode & libc::S_IFMT == libc::S_IFREG);
+    assert!(c.stat("/c/g").is_err() && c.stat("/c/p").is_err());
+
+    e.ok("cp", &[&e.m("/c/big"), &e.m("/c/big.cp")]);
+    assert!(read_all(&c, "/c/big.cp") == pat(300_000));
+
+    for flag in ["--exit", "--Exit"] {
+        let p = format!("/exit{flag}");
+        run(&[flag, &e.m(&p)]);
+        let got = read_all(&c, &p);
+        assert!(got == pat(10_000), "{flag}: {} bytes read back", got.len());
+    }
+}
