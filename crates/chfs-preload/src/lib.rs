@@ -596,14 +596,10 @@ fn client_flags(flags: c_int) -> c_int {
     f
 }
 
-/// A descriptor of `/dev/null` kept (close-on-exec) to be duplicated for
-/// each chfs-rs file: `fcntl(F_DUPFD)` and an `fstat` cost ~0.6 us where
-/// opening `/dev/null` costs ~2.5 us, a fifth of a create.
+/// A descriptor of `/dev/null` kept (close-on-exec, one of [`owned`]) to
+/// be duplicated for each chfs-rs file: `fcntl(F_DUPFD)` costs ~0.3 us
+/// where opening `/dev/null` costs ~2.5 us, a fifth of a create.
 static TEMPLATE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-/// `(st_dev, st_ino)` of `/dev/null`, to check that `TEMPLATE` still is it
-/// (the program may have closed that number, e.g. with `close_range`, and
-/// the kernel may have given it to another file since).
-static NULL_ID: OnceLock<(u64, u64)> = OnceLock::new();
 
 fn open_null(flags: c_int) -> R<c_int> {
     // SAFETY: a NUL-terminated literal path.
@@ -614,14 +610,11 @@ fn open_null(flags: c_int) -> R<c_int> {
     Ok(fd)
 }
 
-fn file_id(fd: c_int) -> Option<(u64, u64)> {
-    // SAFETY: `struct stat` is plain old data; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: libc's fstat on a descriptor number, into `st`.
-    (unsafe { real::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
-}
-
-/// A duplicate of `TEMPLATE` if it still is `/dev/null`.
+/// A duplicate of `TEMPLATE`. The program cannot close it or put
+/// another file on its number ([`owned`]: close, close_range, closefrom,
+/// dup2 and dup3 leave it alone), so it is not checked with `fstat` each
+/// time (a third system call per open): only a raw system call could
+/// replace it, and one that closes it is seen here (EBADF).
 fn dup_template(cloexec: bool) -> Option<c_int> {
     let t = TEMPLATE.load(Ordering::Acquire);
     if t < 0 {
@@ -634,15 +627,10 @@ fn dup_template(cloexec: bool) -> Option<c_int> {
     };
     // SAFETY: libc's fcntl(F_DUPFD[_CLOEXEC], 0) on a descriptor number.
     let fd = unsafe { real::fcntl(t, cmd, std::ptr::null_mut()) };
-    if fd >= 0 && file_id(fd).is_some_and(|id| Some(&id) == NULL_ID.get()) {
+    if fd >= 0 {
         return Some(fd);
     }
-    if fd >= 0 {
-        // SAFETY: the duplicate just made.
-        unsafe { real::close(fd) };
-    }
-    // Not ours any more (closed behind our back, e.g. by a system call):
-    // forget the number (never close it: it is the program's now).
+    // Closed behind our back (a raw system call): forget the number.
     if TEMPLATE
         .compare_exchange(t, -1, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
@@ -658,20 +646,15 @@ fn reserve(cloexec: bool) -> R<c_int> {
         Some(fd) => fd,
         None => {
             let fd = open_null(libc::O_RDWR | if cloexec { libc::O_CLOEXEC } else { 0 })?;
-            if let Some(id) = file_id(fd) {
-                let _ = NULL_ID.set(id);
-                if NULL_ID.get() == Some(&id) {
-                    if let Ok(t) = open_null(libc::O_RDWR | libc::O_CLOEXEC) {
-                        let t = hold(t);
-                        if TEMPLATE
-                            .compare_exchange(-1, t, Ordering::AcqRel, Ordering::Relaxed)
-                            .is_err()
-                        {
-                            owned::remove(t);
-                            // SAFETY: the descriptor just opened.
-                            unsafe { real::close(t) };
-                        }
-                    }
+            if let Ok(t) = open_null(libc::O_RDWR | libc::O_CLOEXEC) {
+                let t = hold(t);
+                if TEMPLATE
+                    .compare_exchange(-1, t, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+                {
+                    owned::remove(t);
+                    // SAFETY: the descriptor just opened.
+                    unsafe { real::close(t) };
                 }
             }
             fd
