@@ -1,7 +1,7 @@
 //! The interposed functions added after the first two milestones:
 //! `statfs`, `link`, `mknod`/`mkfifo`, the `utime` family, `readdir_r`,
 //! `scandir`, `getdents64`, in-kernel copies (`sendfile`,
-//! `copy_file_range`, `splice`) and `posix_spawn`/`_exit`.
+//! `copy_file_range`, `splice`) and `posix_spawn`/`system`/`popen`/`_exit`.
 
 use super::entry::{fill_dirent, listing, our_dir};
 use super::*;
@@ -661,6 +661,24 @@ pub unsafe extern "C" fn posix_spawnp(
     publish_open_files();
     // SAFETY: libc's posix_spawnp with the caller's arguments.
     unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
+}
+
+/// `system` and `popen` start `/bin/sh` through glibc's internal spawn:
+/// open files are published first, as for exec.
+#[no_mangle]
+pub unsafe extern "C" fn system(cmd: *const c_char) -> c_int {
+    if !cmd.is_null() {
+        publish_open_files();
+    }
+    // SAFETY: libc's system with the caller's command.
+    unsafe { real::system(cmd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut FILE {
+    publish_open_files();
+    // SAFETY: libc's popen with the caller's arguments.
+    unsafe { real::popen(cmd, mode) }
 }
 
 /// libc's `_exit` or `_Exit` (`name` NUL-terminated); the exit_group

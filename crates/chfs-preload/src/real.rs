@@ -201,6 +201,8 @@ real! {
     fn scandirat(dirfd: c_int, path: *const c_char, list: *mut *mut *mut libc::dirent64, filter: crate::more::Filter, compar: crate::more::Compar) -> c_int;
     fn getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     fn splice(inp: c_int, oi: *mut off_t, out: c_int, oo: *mut off_t, n: size_t, flags: c_uint) -> ssize_t;
+    fn system(cmd: *const c_char) -> c_int;
+    fn popen(cmd: *const c_char, mode: *const c_char) -> *mut FILE;
     fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int;

@@ -703,8 +703,9 @@ fn closing_every_descriptor_leaves_the_clients_own() {
 /// lutimes/futimes/futimesat, readdir_r, scandir/scandir64 (filter and
 /// sort), getdents64 (small buffer, lseek to 0), sendfile both ways (with
 /// and without an offset), copy_file_range (offsets and positions),
-/// splice through a pipe, and posix_spawnp of `cat` while a written file
-/// is still open with CHFS_BUF_SIZE (published before the spawn); then
+/// splice through a pipe, and posix_spawnp, system and popen of `cat`
+/// while a written file is still open with CHFS_BUF_SIZE (published
+/// before the spawn); then
 /// `cp` (copy_file_range in coreutils 9) inside the prefix, and `_exit`/
 /// `_Exit` without close (published).
 #[test]

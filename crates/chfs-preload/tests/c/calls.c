@@ -1,6 +1,6 @@
 /* The calls interposed last: statfs, link, mknod/mkfifo, the utime family,
    readdir_r, scandir, getdents64, sendfile, copy_file_range, splice,
-   posix_spawnp, _exit/_Exit.
+   posix_spawnp, system, popen, _exit/_Exit.
    usage: calls DIR LOCALDIR   (DIR under the prefix, new; LOCALDIR local)
           calls --exit PATH    (writes 10,000 bytes to PATH, _exit(0))
           calls --Exit PATH    (the same with _Exit)
@@ -333,6 +333,31 @@ static void spawn(const char *dir, const char *local)
     int status;
     CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
     check_pattern(outp, 0, 10000);
+    close(fd);
+
+    /* system and popen (glibc's spawn /bin/sh internally) */
+    char *f2 = cat(dir, "systemed");
+    fd = open(f2, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    CHECK(fd >= 0);
+    CHECK(write(fd, buf, 7000) == 7000);
+    char *sout = cat(local, "system.out");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "cat '%s' > '%s'", f2, sout);
+    CHECK(system(cmd) == 0);
+    check_pattern(sout, 0, 7000);
+    CHECK(write(fd, buf + 7000, 3000) == 3000);
+    snprintf(cmd, sizeof cmd, "cat '%s'", f2);
+    FILE *pp = popen(cmd, "r");
+    CHECK(pp != NULL);
+    long got = 0;
+    char rb[4096];
+    size_t k;
+    while ((k = fread(rb, 1, sizeof rb, pp)) > 0) {
+        for (size_t i = 0; i < k; i++)
+            CHECK(rb[i] == pat(got + (long)i));
+        got += (long)k;
+    }
+    CHECK(pclose(pp) == 0 && got == 10000);
     close(fd);
     free(buf);
 }
