@@ -135,6 +135,21 @@ pub fn id(v: u32) -> Option<u32> {
 /// `f_type` of `statfs(2)` for chfs-rs (`"chfs"`).
 pub const FS_MAGIC: i64 = 0x6368_6673;
 
+/// The fields `struct statvfs` and `struct statfs` share, from
+/// [`StatFs::counts`].
+macro_rules! fill_counts {
+    ($v:ident, $s:expr) => {
+        let (blocks, free, files, ffree) = $s.counts();
+        $v.f_bsize = Self::BLOCK as _;
+        $v.f_frsize = Self::BLOCK as _;
+        $v.f_blocks = blocks as _;
+        $v.f_bfree = free as _;
+        $v.f_bavail = free as _;
+        $v.f_files = files as _;
+        $v.f_ffree = ffree as _;
+    };
+}
+
 impl StatFs {
     /// Block size of [`StatFs::to_statvfs`] and [`StatFs::to_statfs`].
     pub const BLOCK: u64 = 4096;
@@ -152,15 +167,8 @@ impl StatFs {
     pub fn to_statvfs(&self) -> libc::statvfs {
         // SAFETY: `struct statvfs` is plain old data; all-zero is valid.
         let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
-        let (blocks, free, files, ffree) = self.counts();
-        v.f_bsize = Self::BLOCK as _;
-        v.f_frsize = Self::BLOCK as _;
-        v.f_blocks = blocks as _;
-        v.f_bfree = free as _;
-        v.f_bavail = free as _;
-        v.f_files = files as _;
-        v.f_ffree = ffree as _;
-        v.f_favail = ffree as _;
+        fill_counts!(v, self);
+        v.f_favail = v.f_ffree;
         v.f_namemax = chfs_proto::path::MAX_NAME as _;
         v
     }
@@ -169,15 +177,8 @@ impl StatFs {
     pub fn to_statfs(&self) -> libc::statfs {
         // SAFETY: `struct statfs` is plain old data; all-zero is valid.
         let mut v: libc::statfs = unsafe { std::mem::zeroed() };
-        let (blocks, free, files, ffree) = self.counts();
+        fill_counts!(v, self);
         v.f_type = FS_MAGIC as _;
-        v.f_bsize = Self::BLOCK as _;
-        v.f_frsize = Self::BLOCK as _;
-        v.f_blocks = blocks as _;
-        v.f_bfree = free as _;
-        v.f_bavail = free as _;
-        v.f_files = files as _;
-        v.f_ffree = ffree as _;
         v.f_namelen = chfs_proto::path::MAX_NAME as _;
         v
     }

@@ -531,32 +531,6 @@ fn stat_path(p: &str, follow: bool, out: *mut libc::stat) -> R<c_int> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn stat(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::stat(p, st),
-            |p| stat_path(p, true, st),
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lstat(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::lstat(p, st),
-            |p| stat_path(p, false, st),
-        )
-    }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fstat(fd: c_int, st: *mut libc::stat) -> c_int {
     by_fd(
         fd,
@@ -719,19 +693,6 @@ pub unsafe extern "C" fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
 // ----- names ---------------------------------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::access(p, mode),
-            |p| client()?.0.access(p, mode).map(|()| 0),
-        )
-    }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn faccessat(
     dirfd: c_int,
     path: *const c_char,
@@ -786,19 +747,6 @@ fn chfs_mkdir(p: &str, mode: mode_t) -> R<c_int> {
     let (c, _) = client()?;
     c.mkdir(p, mode & 0o7777 & !UMASK.load(Ordering::Relaxed))
         .map(|()| 0)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::mkdir(p, mode),
-            |p| chfs_mkdir(p, mode),
-        )
-    }
 }
 
 #[no_mangle]
@@ -946,19 +894,6 @@ fn chfs_readlink(p: &str, buf: *mut c_char, n: size_t) -> R<ssize_t> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::readlink(p, buf, n),
-            |p| chfs_readlink(p, buf, n),
-        )
-    }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn readlinkat(
     dirfd: c_int,
     path: *const c_char,
@@ -1016,32 +951,6 @@ pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
         || unsafe { real::fchmod(fd, mode) },
         |c, _, f| c.chmod(&f.path, mode & 0o7777).map(|_| 0),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn chown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::chown(p, uid, gid),
-            |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0),
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::lchown(p, uid, gid),
-            |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0),
-        )
-    }
 }
 
 #[no_mangle]
@@ -1120,23 +1029,13 @@ fn no_xattr<T>() -> R<T> {
     err(libc::ENOTSUP, "extended attributes")
 }
 
-macro_rules! xattr_path {
-    ($($name:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => { $(
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(path: *const c_char, $($a: $t),*) -> $r {
-            // SAFETY: the caller's C string.
-            unsafe { by_path(AT_FDCWD, path, |_, p| real::$name(p, $($a),*), |_| no_xattr()) }
-        }
-    )* };
-}
-
-xattr_path! {
-    getxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t;
-    lgetxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t;
-    listxattr(list: *mut c_char, n: size_t) -> ssize_t;
-    llistxattr(list: *mut c_char, n: size_t) -> ssize_t;
-    setxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
-    lsetxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
+path_fns! {
+    getxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t = |_p| no_xattr();
+    lgetxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t = |_p| no_xattr();
+    listxattr(list: *mut c_char, n: size_t) -> ssize_t = |_p| no_xattr();
+    llistxattr(list: *mut c_char, n: size_t) -> ssize_t = |_p| no_xattr();
+    setxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int = |_p| no_xattr();
+    lsetxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int = |_p| no_xattr();
 }
 
 #[no_mangle]
@@ -1519,51 +1418,23 @@ pub unsafe extern "C" fn seekdir(d: *mut DIR, loc: c_long) {
 // execvp and friends call its internal execve, so each is interposed
 // (execl, execlp, execle in shim.c build the argv and call these).
 
-#[no_mangle]
-pub unsafe extern "C" fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execve with the caller's arguments.
-    unsafe { real::execve(path, argv, envp) }
+publish_first! {
+    execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    execv(path: *const c_char, argv: *const *const c_char) -> c_int;
+    execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+    execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execv with the caller's arguments.
-    unsafe { real::execv(path, argv) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execvp with the caller's arguments.
-    unsafe { real::execvp(file, argv) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execvpe with the caller's arguments.
-    unsafe { real::execvpe(file, argv, envp) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fexecve(
-    fd: c_int,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's fexecve with the caller's arguments.
-    unsafe { real::fexecve(fd, argv, envp) }
+// Calls with a path first whose chfs-rs side is one expression.
+path_fns! {
+    stat(st: *mut libc::stat) -> c_int = |p| stat_path(p, true, st);
+    lstat(st: *mut libc::stat) -> c_int = |p| stat_path(p, false, st);
+    access(mode: c_int) -> c_int = |p| client()?.0.access(p, mode).map(|()| 0);
+    mkdir(mode: mode_t) -> c_int = |p| chfs_mkdir(p, mode);
+    readlink(buf: *mut c_char, n: size_t) -> ssize_t = |p| chfs_readlink(p, buf, n);
+    chown(uid: libc::uid_t, gid: libc::gid_t) -> c_int = |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0);
+    lchown(uid: libc::uid_t, gid: libc::gid_t) -> c_int = |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0);
 }
 
 // Second names of the functions above: the 64-bit-offset variants are

@@ -857,6 +857,33 @@ macro_rules! twins {
     )* };
 }
 
+/// Entry points whose first argument is a path (from the current
+/// directory): libc's function of the same name, or under the prefix
+/// `$chfs` with the chfs-rs path as `$p`.
+macro_rules! path_fns {
+    ($($name:ident($($a:ident: $t:ty),* $(,)?) -> $r:ty = |$p:ident| $chfs:expr;)*) => { $(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, $($a: $t),*) -> $r {
+            // SAFETY: the caller's C string and arguments, passed on.
+            unsafe { by_path(AT_FDCWD, path, |_, q| real::$name(q, $($a),*), |$p| $chfs) }
+        }
+    )* };
+}
+
+/// Entry points that start another program image (exec, spawn): every
+/// open chfs-rs file's buffered writes and size are published first
+/// (the new image has its own client), then libc's function runs.
+macro_rules! publish_first {
+    ($($name:ident($($a:ident: $t:ty),* $(,)?) -> $r:ty;)*) => { $(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            publish_open_files();
+            // SAFETY: libc's function with the caller's arguments.
+            unsafe { real::$name($($a),*) }
+        }
+    )* };
+}
+
 mod entry;
 mod more;
 mod stdio;

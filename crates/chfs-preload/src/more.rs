@@ -220,17 +220,10 @@ unsafe fn chfs_utime(p: &str, t: *const libc::utimbuf) -> R<c_int> {
     client()?.0.utimens(p, a, m).map(|_| 0)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn utime(path: *const c_char, t: *const libc::utimbuf) -> c_int {
-    // SAFETY: the caller's C string and struct utimbuf.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::utime(p, t),
-            |p| chfs_utime(p, t),
-        )
-    }
+path_fns! {
+    utime(t: *const libc::utimbuf) -> c_int = |p| chfs_utime(p, t);
+    utimes(t: *const libc::timeval) -> c_int = |p| chfs_utimes(p, t);
+    lutimes(t: *const libc::timeval) -> c_int = |p| chfs_utimes(p, t);
 }
 
 /// `utimes`/`lutimes`/`futimesat` on a chfs-rs path (the pool's
@@ -242,32 +235,6 @@ unsafe fn chfs_utimes(p: &str, t: *const libc::timeval) -> R<c_int> {
     // SAFETY: the caller's contract.
     let (a, m) = unsafe { cabi::timevals(t) }?;
     client()?.0.utimens(p, a, m).map(|_| 0)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn utimes(path: *const c_char, t: *const libc::timeval) -> c_int {
-    // SAFETY: the caller's C string and timevals.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::utimes(p, t),
-            |p| chfs_utimes(p, t),
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lutimes(path: *const c_char, t: *const libc::timeval) -> c_int {
-    // SAFETY: the caller's C string and timevals.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::lutimes(p, t),
-            |p| chfs_utimes(p, t),
-        )
-    }
 }
 
 #[no_mangle]
@@ -434,22 +401,9 @@ pub unsafe extern "C" fn scandirat(
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn scandir(
-    path: *const c_char,
-    list: *mut *mut *mut libc::dirent64,
-    filter: Filter,
-    compar: Compar,
-) -> c_int {
-    // SAFETY: the caller's C string and scandir's contract.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::scandir(p, list, filter, compar),
-            |p| chfs_scandir(p, list, filter, compar),
-        )
-    }
+path_fns! {
+    scandir(list: *mut *mut *mut libc::dirent64, filter: Filter, compar: Compar) -> c_int =
+        |p| chfs_scandir(p, list, filter, compar);
 }
 
 /// `getdents64` of a chfs-rs directory descriptor: `struct
@@ -591,6 +545,28 @@ pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: 
     unsafe { copy_through(inp, off, out, std::ptr::null_mut(), n, false) }
 }
 
+/// `copy_file_range` (`once` false: until `n` bytes or the end; flags
+/// must be 0) and `splice` (`once`: one read and its write), whose
+/// arguments are the same: libc's (`pass`), or through a buffer.
+///
+/// # Safety
+/// `oi` and `oo` are NULL or the caller's offsets.
+unsafe fn copy_or_pass(
+    inp: c_int,
+    oi: *mut off_t,
+    out: c_int,
+    oo: *mut off_t,
+    n: size_t,
+    once: bool,
+    pass: impl FnOnce() -> ssize_t,
+) -> ssize_t {
+    if ours(out).is_none() && ours(inp).is_none() {
+        return pass();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { copy_through(inp, oi, out, oo, n, once) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn copy_file_range(
     inp: c_int,
@@ -600,16 +576,17 @@ pub unsafe extern "C" fn copy_file_range(
     n: size_t,
     flags: c_uint,
 ) -> ssize_t {
-    if ours(out).is_none() && ours(inp).is_none() {
-        // SAFETY: libc's copy_file_range.
-        return unsafe { real::copy_file_range(inp, oi, out, oo, n, flags) };
-    }
-    if flags != 0 {
+    if flags != 0 && (ours(out).is_some() || ours(inp).is_some()) {
         set_errno(libc::EINVAL);
         return -1;
     }
-    // SAFETY: `oi` and `oo` are NULL or the caller's offsets.
-    unsafe { copy_through(inp, oi, out, oo, n, false) }
+    // SAFETY: the caller's offsets; libc's copy_file_range with its
+    // arguments.
+    unsafe {
+        copy_or_pass(inp, oi, out, oo, n, false, || {
+            real::copy_file_range(inp, oi, out, oo, n, flags)
+        })
+    }
 }
 
 /// splice between a pipe and a chfs-rs descriptor: one read of at most
@@ -623,62 +600,37 @@ pub unsafe extern "C" fn splice(
     n: size_t,
     flags: c_uint,
 ) -> ssize_t {
-    if ours(out).is_none() && ours(inp).is_none() {
-        // SAFETY: libc's splice.
-        return unsafe { real::splice(inp, oi, out, oo, n, flags) };
+    // SAFETY: the caller's offsets; libc's splice with its arguments.
+    unsafe {
+        copy_or_pass(inp, oi, out, oo, n, true, || {
+            real::splice(inp, oi, out, oo, n, flags)
+        })
     }
-    // SAFETY: `oi` and `oo` are NULL or the caller's offsets.
-    unsafe { copy_through(inp, oi, out, oo, n, true) }
 }
 
 // ----- posix_spawn, _exit ---------------------------------------------------------
 
-/// The child execs: open files are published first, as for exec
-/// (glibc's posix_spawn calls its internal exec).
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut libc::pid_t,
-    path: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's posix_spawn with the caller's arguments.
-    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut libc::pid_t,
-    file: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's posix_spawnp with the caller's arguments.
-    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
-}
-
-/// `system` and `popen` start `/bin/sh` through glibc's internal spawn:
-/// open files are published first, as for exec.
-#[no_mangle]
-pub unsafe extern "C" fn system(cmd: *const c_char) -> c_int {
-    if !cmd.is_null() {
-        publish_open_files();
-    }
-    // SAFETY: libc's system with the caller's command.
-    unsafe { real::system(cmd) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut FILE {
-    publish_open_files();
-    // SAFETY: libc's popen with the caller's arguments.
-    unsafe { real::popen(cmd, mode) }
+// The child execs (glibc's posix_spawn calls its internal exec).
+publish_first! {
+    posix_spawn(
+        pid: *mut libc::pid_t,
+        path: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    posix_spawnp(
+        pid: *mut libc::pid_t,
+        file: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    // system and popen start /bin/sh through glibc's internal spawn.
+    system(cmd: *const c_char) -> c_int;
+    popen(cmd: *const c_char, mode: *const c_char) -> *mut FILE;
 }
 
 /// libc's `_exit` or `_Exit` (`name` NUL-terminated); the exit_group
