@@ -147,6 +147,12 @@ enum Route {
 }
 
 fn classify(m: &str, full: &str) -> Route {
+    // Most paths need no normalising: one allocation instead of three.
+    if paths::is_normal(full) {
+        if let Some(p) = paths::strip(m, full) {
+            return Route::Chfs(p);
+        }
+    }
     let n = paths::normalize_abs(full);
     match paths::strip(m, &n) {
         Some(p) => Route::Chfs(p),
