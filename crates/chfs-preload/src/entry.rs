@@ -57,8 +57,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         // it stays open, and the call succeeds.
         return 0;
     }
-    if ours(fd).is_none() {
-        // SAFETY: libc's close with the caller's descriptor.
+    if ours(fd).is_none() || foreign_child() {
+        // SAFETY: libc's close with the caller's descriptor (in a vfork
+        // child, its own kernel descriptor only: the table is the
+        // parent's).
         return unsafe { real::close(fd) };
     }
     run(|| {
@@ -81,7 +83,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
         let n = unsafe { real::dup(fd) };
         return if n >= 0 { hold(n) } else { n };
     }
-    let Some(f) = ours(fd) else {
+    let Some(f) = ours(fd).filter(|_| !foreign_child()) else {
         // SAFETY: libc's dup.
         return unsafe { real::dup(fd) };
     };
@@ -103,7 +105,7 @@ fn dup_onto(old: c_int, new: c_int, real_dup: impl FnOnce() -> c_int) -> c_int {
         return -1;
     }
     let from = ours(old);
-    if from.is_none() && ours(new).is_none() {
+    if from.is_none() && ours(new).is_none() || foreign_child() {
         return real_dup();
     }
     run(|| {
@@ -149,6 +151,10 @@ fn close_span(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
     if first > last {
         set_errno(libc::EINVAL);
         return -1;
+    }
+    if foreign_child() {
+        // A vfork child (Python's subprocess): its own kernel descriptors.
+        return close_piece(first, last, flags);
     }
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_uint == 0 && !inside() {
         // chfs-rs files in the range are closed as close would.
@@ -248,6 +254,10 @@ pub unsafe extern "C" fn chfs_preload_fcntl(fd: c_int, cmd: c_int, arg: *mut c_v
         // SAFETY: libc's fcntl with the caller's arguments.
         return unsafe { real::fcntl(fd, cmd, arg) };
     };
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && foreign_child() {
+        // SAFETY: as above (a vfork child's own kernel descriptor).
+        return unsafe { real::fcntl(fd, cmd, arg) };
+    }
     match cmd {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => run(|| {
             // SAFETY: libc's fcntl on our reserved descriptor.
@@ -1082,6 +1092,9 @@ pub unsafe extern "C" fn fsetxattr(
 // ----- current directory ---------------------------------------------------
 
 fn enter_dir(p: &str) -> R<c_int> {
+    if foreign_child() {
+        return err(libc::ENOTSUP, "chdir into the prefix in a vfork child");
+    }
     let s = client()?.0.stat(p)?;
     if !s.is_dir() {
         return err(libc::ENOTDIR, "not a directory");
@@ -1100,7 +1113,7 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
             path,
             |_, p| {
                 let r = real::chdir(p);
-                if r == 0 {
+                if r == 0 && CWD_IN.load(Ordering::Acquire) && !foreign_child() {
                     CWD_IN.store(false, Ordering::Release);
                 }
                 r
@@ -1122,7 +1135,7 @@ pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
         None => {
             // SAFETY: libc's fchdir.
             let r = unsafe { real::fchdir(fd) };
-            if r == 0 {
+            if r == 0 && CWD_IN.load(Ordering::Acquire) && !foreign_child() {
                 CWD_IN.store(false, Ordering::Release);
             }
             r

@@ -224,6 +224,23 @@ static GEN: AtomicU64 = AtomicU64::new(0);
 /// `pthread_atfork` handler, registered before the first client is
 /// made): one atomic load per call where `getpid` was a system call.
 static FORKS: AtomicU64 = AtomicU64::new(0);
+/// This process's id, from the first client on (and in a forked child,
+/// its own): see [`foreign_child`].
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// Is this a child that shares the parent's memory (`vfork`, which
+/// Python's subprocess uses, or `clone`/`_Fork` without the atfork
+/// handlers)? Its changes to the descriptor table, the current directory
+/// or the client would be the parent's: such a child closes, duplicates
+/// and changes directory in the kernel only. A `getpid` system call, made
+/// only on those rarer paths (closing or duplicating a chfs-rs
+/// descriptor, `close_range`, leaving a chfs-rs current directory, exec,
+/// `_exit`).
+pub(crate) fn foreign_child() -> bool {
+    let p = PID.load(Ordering::Acquire);
+    // SAFETY: getpid has no preconditions.
+    p != 0 && p != unsafe { libc::getpid() } as u32
+}
 static UMASK: AtomicU32 = AtomicU32::new(0o022);
 static SETUP: Once = Once::new();
 
@@ -262,6 +279,8 @@ fn client() -> R<(Client, u64)> {
         unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
         // SAFETY: as above; `at_exit` runs once, at exit(3).
         unsafe { libc::atexit(at_exit) };
+        // SAFETY: getpid has no preconditions.
+        PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     });
     UMASK.store(process_umask(), Ordering::Relaxed);
     let client = Client::connect(ClientConfig::from_env()?)?;
@@ -292,6 +311,8 @@ fn live() -> Option<(Client, u64)> {
 /// (the program may close them).
 extern "C" fn in_child() {
     FORKS.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: getpid has no preconditions.
+    PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     owned::forget_all();
 }
 
@@ -320,8 +341,14 @@ extern "C" fn before_fork() {
 
 /// Every open chfs-rs file's buffered writes and size reach the servers
 /// (a process that ends or execs without closing its files loses nothing).
+/// Not in a vfork child: the files are its parent's, which goes on with
+/// them (and the child's descriptor table, where the client's sockets may
+/// already be closed, is not the parent's); the program it execs sees
+/// what the parent has published, as a process on another node would.
 pub(crate) fn publish_open_files() {
-    before_fork();
+    if !foreign_child() {
+        before_fork();
+    }
 }
 
 /// `atexit` handler: stdio streams first (exit(3) flushes them only after

@@ -650,8 +650,9 @@ fn end(name: &'static [u8], status: c_int) -> ! {
     }
 }
 
-/// `_exit` skips the atexit handlers: open files are published here
-/// (a forked child without a client of its own has nothing to publish).
+/// `_exit` skips the atexit handlers: open files are published here (a
+/// forked child without a client of its own has nothing to publish, nor
+/// has a vfork child: its parent goes on with them).
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
     publish_open_files();

@@ -635,6 +635,49 @@ fn exec_publishes_writes_and_the_new_image_has_its_own_preload() {
     );
 }
 
+/// Python's subprocess (vfork, then close_range in the child) while a
+/// chfs-rs file is open with buffered writes: the parent's descriptor
+/// table is not the child's to change (it was: the file's descriptor was
+/// released and later writes went to /dev/null). The child sees what the
+/// parent published (here by fsync), as a process on another node would.
+#[test]
+fn python_subprocess_with_a_file_open() {
+    let e = Env::new();
+    let c = e.client();
+    let script = format!(
+        r#"
+import os, subprocess
+m = {m:?}
+fd = os.open(m + "/sub", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+os.write(fd, b"a" * 10000)
+os.fsync(fd)
+out = subprocess.run(["cat", m + "/sub"], check=True, capture_output=True).stdout
+assert out == b"a" * 10000, len(out)
+os.write(fd, b"b" * 10000)
+assert os.fstat(fd).st_size == 20000
+os.close(fd)
+print("ok")
+"#,
+        m = e.mount
+    );
+    let out = e
+        .cmd("python3")
+        .args(["-c", &script])
+        .env("CHFS_CHUNK_SIZE", "4096")
+        .env("CHFS_BUF_SIZE", "65536")
+        .output()
+        .unwrap();
+    assert_eq!(checked(out, "python3").stdout, b"ok\n");
+    let got = read_all(&c, "/sub");
+    assert!(
+        got.len() == 20000
+            && got[..10000].iter().all(|&b| b == b'a')
+            && got[10000..].iter().all(|&b| b == b'b'),
+        "{} bytes",
+        got.len()
+    );
+}
+
 /// A program that writes and exits without closing (stdio stream and
 /// descriptor, with client write buffering) loses nothing: the preload
 /// flushes stdio and publishes open files at exit(3).

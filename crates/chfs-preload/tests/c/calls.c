@@ -1,6 +1,6 @@
 /* The calls interposed last: statfs, link, mknod/mkfifo, the utime family,
    readdir_r, scandir, getdents64, sendfile, copy_file_range, splice,
-   posix_spawnp, system, popen, _exit/_Exit.
+   posix_spawnp, system, popen, a vfork child, _exit/_Exit.
    usage: calls DIR LOCALDIR   (DIR under the prefix, new; LOCALDIR local)
           calls --exit PATH    (writes 10,000 bytes to PATH, _exit(0))
           calls --Exit PATH    (the same with _Exit)
@@ -362,6 +362,44 @@ static void spawn(const char *dir, const char *local)
     free(buf);
 }
 
+/* A vfork child (Python's subprocess uses vfork) shares the parent's
+   memory: its close, close_range, dup2 and chdir must not change the
+   parent's descriptor table or current directory. */
+static void vfork_child(const char *dir)
+{
+    char *f = cat(dir, "vforked");
+    int fd = open(f, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    int fd2 = open(f, O_RDONLY);
+    CHECK(fd >= 0 && fd2 >= 0);
+    CHECK(write(fd, "0123456789", 10) == 10);
+    CHECK(chdir(dir) == 0);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDONLY);
+        close(fd);
+        dup2(null, fd2);
+        close_range(3, ~0U, 0);
+        (void)chdir("/");
+        _exit(0);
+    }
+    CHECK(pid > 0);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The parent's descriptors and directory are as they were. */
+    CHECK(write(fd, "abcdefghij", 10) == 10);
+    struct stat st;
+    CHECK(fstat(fd, &st) == 0 && st.st_size == 20);
+    CHECK(close(fd) == 0);
+    char buf[32];
+    CHECK(pread(fd2, buf, sizeof buf, 0) == 20);
+    CHECK(memcmp(buf, "0123456789abcdefghij", 20) == 0);
+    CHECK(close(fd2) == 0);
+    CHECK(stat("vforked", &st) == 0 && st.st_size == 20);
+    char cwd[4096];
+    CHECK(getcwd(cwd, sizeof cwd) != NULL && strcmp(cwd, dir) == 0);
+    CHECK(chdir("/") == 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && (strcmp(argv[1], "--exit") == 0 || strcmp(argv[1], "--Exit") == 0)) {
@@ -379,6 +417,7 @@ int main(int argc, char **argv)
     listings(argv[1]);
     copies(argv[1], argv[2]);
     spawn(argv[1], argv[2]);
+    vfork_child(argv[1]);
     printf("ok\n");
     return 0;
 }
