@@ -233,10 +233,20 @@ static PID: AtomicU32 = AtomicU32::new(0);
 /// handlers)? Its changes to the descriptor table, the current directory
 /// or the client would be the parent's: such a child closes, duplicates
 /// and changes directory in the kernel only. A `getpid` system call, made
-/// only on those rarer paths (closing or duplicating a chfs-rs
-/// descriptor, `close_range`, leaving a chfs-rs current directory, exec,
-/// `_exit`).
+/// only in a program that has called `vfork` (shim.c notes it) and only
+/// on those paths (closing or duplicating a chfs-rs descriptor,
+/// `close_range`, leaving a chfs-rs current directory, exec, `_exit`).
+/// A raw `clone` or glibc's `_Fork` without a `vfork` before is not seen.
 pub(crate) fn foreign_child() -> bool {
+    extern "C" {
+        /// In shim.c: has the program called vfork (always 1 where the
+        /// shim cannot tell)?
+        fn chfs_preload_vfork_seen() -> c_int;
+    }
+    // SAFETY: reads a flag; no arguments.
+    if unsafe { chfs_preload_vfork_seen() } == 0 {
+        return false;
+    }
     let p = PID.load(Ordering::Acquire);
     // SAFETY: getpid has no preconditions.
     p != 0 && p != unsafe { libc::getpid() } as u32
