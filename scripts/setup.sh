@@ -16,8 +16,9 @@ need=()
 # slurmd slurmctld slurm-client munge: chfsctl's srun test, which runs its own
 # one-node Slurm cluster (crates/chfs-ctl/tests/slurm.rs). man-db (and its
 # groff-base): the install test renders the manual pages scripts/install.sh
-# writes (crates/chfs-ctl/tests/install.rs).
-for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps openmpi-bin libopenmpi-dev libclang-dev slurmd slurmctld slurm-client munge man-db groff-base; do
+# writes (crates/chfs-ctl/tests/install.rs). python3, coreutils and tar: the
+# programs the LD_PRELOAD tests run (crates/chfs-preload/tests/preload.rs).
+for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps openmpi-bin libopenmpi-dev libclang-dev slurmd slurmctld slurm-client munge man-db groff-base python3 coreutils tar findutils; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
