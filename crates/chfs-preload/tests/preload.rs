@@ -93,6 +93,20 @@ impl Env {
         String::from_utf8(self.ok(prog, args).stdout).unwrap()
     }
 
+    /// `prog args` with 4 KiB chunks and client write buffering
+    /// (`CHFS_BUF_SIZE=65536`): writes beyond the first chunk and buffered
+    /// ones show whether they were published; checked to succeed.
+    fn buffered(&self, prog: &str, args: &[&str]) -> Output {
+        let out = self
+            .cmd(prog)
+            .args(args)
+            .env("CHFS_CHUNK_SIZE", "4096")
+            .env("CHFS_BUF_SIZE", "65536")
+            .output()
+            .unwrap();
+        checked(out, &format!("{prog} {args:?}"))
+    }
+
     /// Compiles tests/c/NAME.c with `compiler` into the temporary directory.
     fn compile(&self, compiler: &str, name: &str) -> PathBuf {
         let exe = self.tmp.path().join(name);
@@ -660,14 +674,7 @@ print("ok")
 "#,
         m = e.mount
     );
-    let out = e
-        .cmd("python3")
-        .args(["-c", &script])
-        .env("CHFS_CHUNK_SIZE", "4096")
-        .env("CHFS_BUF_SIZE", "65536")
-        .output()
-        .unwrap();
-    assert_eq!(checked(out, "python3").stdout, b"ok\n");
+    assert_eq!(e.buffered("python3", &["-c", &script]).stdout, b"ok\n");
     let got = read_all(&c, "/sub");
     assert!(
         got.len() == 20000
@@ -698,14 +705,7 @@ sys.exit(0)
 "#,
         m = e.mount
     );
-    let out = e
-        .cmd("python3")
-        .args(["-c", &script])
-        .env("CHFS_CHUNK_SIZE", "4096")
-        .env("CHFS_BUF_SIZE", "65536")
-        .output()
-        .unwrap();
-    checked(out, "python3");
+    e.buffered("python3", &["-c", &script]);
     assert_eq!(read_all(&c, "/raw"), vec![b'x'; 10000]);
     assert_eq!(read_all(&c, "/text"), vec![b'y'; 5000]);
 }
@@ -758,16 +758,7 @@ fn statfs_link_mknod_utimes_scandir_getdents_copies_spawn_exit() {
     let exe = e.compile("cc", "calls");
     let local = e.tmp.path().join("local");
     std::fs::create_dir(&local).unwrap();
-    let run = |args: &[&str]| {
-        let out = e
-            .cmd(exe.to_str().unwrap())
-            .args(args)
-            .env("CHFS_CHUNK_SIZE", "4096")
-            .env("CHFS_BUF_SIZE", "65536")
-            .output()
-            .unwrap();
-        checked(out, &format!("calls {args:?}"))
-    };
+    let run = |args: &[&str]| e.buffered(exe.to_str().unwrap(), args);
     let out = run(&[&e.m("/c"), local.to_str().unwrap()]);
     assert_eq!(out.stdout, b"ok\n");
     let pat = |n: usize| -> Vec<u8> { (0..n).map(|i| b'A' + (i % 53) as u8).collect() };
