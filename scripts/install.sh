@@ -8,7 +8,8 @@
 #   PREFIX/share/doc/chfs-rs/  the doc/ pages and io500-chfind.sh (IO500's
 #                      find phase, doc/io500.md)
 #   PREFIX/lib/libchfs.so*, PREFIX/include/chfs.h, PREFIX/lib/pkgconfig/chfs.pc
-#   PREFIX/lib/libchfs_preload.so (LD_PRELOAD interposer), when built
+#   PREFIX/lib/libchfs_preload.so (the LD_PRELOAD interposer: unmodified
+#                      programs reach the pool under CHFS_MOUNTPOINT)
 # so that `pkg-config --cflags --libs chfs` is all a C build needs and
 # `man chfsctl` works once PREFIX/bin is on the PATH.
 #
@@ -70,6 +71,8 @@ for p in "${programs[@]}"; do
 done
 have_lib=0
 if [[ -f "$from/libchfs.so" ]]; then have_lib=1; else missing+=(libchfs.so); fi
+have_preload=0
+if [[ -f "$from/libchfs_preload.so" ]]; then have_preload=1; else missing+=(libchfs_preload.so); fi
 if [[ ${#missing[@]} -gt 0 ]]; then
     if [[ $partial == 0 ]]; then
         echo "install.sh: not built in $from: ${missing[*]}" >&2
@@ -77,7 +80,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     fi
     echo "install.sh: not in $from, not installed: ${missing[*]}" >&2
 fi
-[[ ${#install_progs[@]} -gt 0 || $have_lib == 1 ]] || { echo "install.sh: nothing to install in $from" >&2; exit 1; }
+[[ ${#install_progs[@]} -gt 0 || $have_lib == 1 || $have_preload == 1 ]] || { echo "install.sh: nothing to install in $from" >&2; exit 1; }
 
 mkdir -p "$prefix"
 prefix="$(cd "$prefix" && pwd)"
@@ -124,8 +127,8 @@ if [[ $have_lib == 1 ]]; then
     chmod 644 "$prefix/lib/pkgconfig/chfs.pc"
 fi
 
-# The LD_PRELOAD interposer, beside libchfs, when it was built.
-if [[ -f "$from/libchfs_preload.so" ]]; then
+# The LD_PRELOAD interposer, beside libchfs.
+if [[ $have_preload == 1 ]]; then
     install -d "$prefix/lib"
     install -m 755 "$from/libchfs_preload.so" "$prefix/lib/libchfs_preload.so"
 fi
@@ -134,3 +137,4 @@ echo "installed chfs-rs $version under $prefix"
 echo "  export PATH=$prefix/bin:\$PATH            # man finds the pages through it"
 echo "  export MANPATH=$prefix/share/man:         # if man does not (the last : keeps the system's pages)"
 [[ $have_lib == 0 ]] || echo "  export PKG_CONFIG_PATH=$prefix/lib/pkgconfig\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}"
+[[ $have_preload == 0 ]] || echo "  LD_PRELOAD=$prefix/lib/libchfs_preload.so CHFS_MOUNTPOINT=/chfs PROGRAM ...   # paths under /chfs go to the pool"

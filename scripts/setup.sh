@@ -21,7 +21,9 @@ need=()
 # writes (crates/chfs-ctl/tests/install.rs). libfabric-dev: the fabric
 # transport (crates/chfs-fabric, found through pkg-config; its tests use
 # the tcp and shm providers), libfabric-bin: fi_info, to see the providers.
-for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps openmpi-bin libopenmpi-dev libclang-dev slurmd slurmctld slurm-client munge man-db groff-base libfabric-dev libfabric-bin; do
+# python3, coreutils and tar: the programs the LD_PRELOAD tests run
+# (crates/chfs-preload/tests/preload.rs).
+for pkg in fuse3 libfuse3-dev pkg-config gcc g++ binutils libc6-dev make iproute2 openssh-server openssh-client util-linux procps openmpi-bin libopenmpi-dev libclang-dev slurmd slurmctld slurm-client munge man-db groff-base libfabric-dev libfabric-bin python3 coreutils tar findutils; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

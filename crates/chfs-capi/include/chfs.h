@@ -190,7 +190,9 @@ int chfs_utimens(const char *path, const struct timespec times[2]);
 int chfs_lstat(const char *path, struct stat *st);
 int chfs_fstat(int fd, struct stat *st);
 int chfs_ftruncate(int fd, off_t len);
-/* Capacity of the whole file system (all servers); `path` must exist. */
+/* Capacity of the whole file system (all servers); `path` must exist.
+ * 4 KiB blocks; f_files is the entries stored plus the free blocks and
+ * f_ffree the free blocks, as the mount's statfs reports. */
 int chfs_statfs(const char *path, struct statvfs *buf);
 /* Regular files, FIFOs, sockets and device nodes (stored as entries). */
 int chfs_mknod(const char *path, mode_t mode, dev_t dev);

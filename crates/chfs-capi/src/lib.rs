@@ -34,7 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, Once, RwLock};
 
-use chfs_client::{Client, Error, Stat, TimeSet, Whence};
+use chfs_client::{cabi, Client, Error, Stat, Whence};
 use libc::{mode_t, off_t, size_t, ssize_t};
 
 use settings::{Overrides, Settings};
@@ -163,19 +163,7 @@ fn client() -> R<Client> {
     }
 }
 
-/// A C string argument as `&str`.
-///
-/// # Safety
-/// `p` is NULL or points to a NUL-terminated string that outlives the call.
-unsafe fn cstr<'a>(p: *const c_char, what: &str) -> R<&'a str> {
-    if p.is_null() {
-        return Err(Error::new(libc::EFAULT, format!("{what} is NULL")));
-    }
-    // SAFETY: non-NULL, NUL-terminated by the caller's contract.
-    let c = unsafe { CStr::from_ptr(p) };
-    c.to_str()
-        .map_err(|_| Error::new(libc::EINVAL, format!("{what} is not valid UTF-8")))
-}
+use chfs_client::cabi::{cstr, in_buf, out_buf};
 
 fn to_c_stat(s: &Stat) -> libc::stat {
     s.to_libc()
@@ -186,12 +174,8 @@ fn to_c_stat(s: &Stat) -> libc::stat {
 /// # Safety
 /// `out` is NULL or points to writable memory for one `struct stat`.
 unsafe fn put_stat(out: *mut libc::stat, s: &Stat) -> R<()> {
-    if out.is_null() {
-        return Err(Error::new(libc::EFAULT, "struct stat pointer is NULL"));
-    }
-    // SAFETY: non-NULL and writable by the caller's contract.
-    unsafe { out.write(to_c_stat(s)) };
-    Ok(())
+    // SAFETY: the caller's contract.
+    unsafe { chfs_client::cabi::put(out, to_c_stat(s), "struct stat") }
 }
 
 fn offset(off: off_t) -> R<u64> {
@@ -529,35 +513,6 @@ pub extern "C" fn chfs_close(fd: c_int) -> c_int {
     ffi("chfs_close", -1, || client()?.close(fd).map(|()| 0))
 }
 
-/// # Safety
-/// `buf` is NULL (only with `size` 0) or valid for `size` bytes.
-unsafe fn in_buf<'a>(buf: *const c_void, size: size_t) -> R<&'a [u8]> {
-    if size == 0 {
-        return Ok(&[]);
-    }
-    if buf.is_null() {
-        return Err(Error::new(libc::EFAULT, "buffer is NULL"));
-    }
-    let size = size.min(isize::MAX as usize);
-    // SAFETY: non-NULL and readable for `size` bytes by contract.
-    Ok(unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) })
-}
-
-/// # Safety
-/// `buf` is NULL (only with `size` 0) or valid for writing `size` bytes.
-unsafe fn out_buf<'a>(buf: *mut c_void, size: size_t) -> R<&'a mut [u8]> {
-    if size == 0 {
-        return Ok(&mut []);
-    }
-    if buf.is_null() {
-        return Err(Error::new(libc::EFAULT, "buffer is NULL"));
-    }
-    let size = size.min(isize::MAX as usize);
-    // SAFETY: non-NULL and writable for `size` bytes by contract; the
-    // caller does not access it during the call.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), size) })
-}
-
 /// Writes at `offset`.
 #[no_mangle]
 pub unsafe extern "C" fn chfs_pwrite(
@@ -844,27 +799,8 @@ pub unsafe extern "C" fn chfs_chown(
     ffi("chfs_chown", -1, || {
         // SAFETY: C string by contract.
         let p = unsafe { cstr(path, "path") }?;
-        let u = (uid != libc::uid_t::MAX).then_some(uid);
-        let g = (gid != libc::gid_t::MAX).then_some(gid);
-        client()?.chown(p, u, g).map(|_| 0)
+        client()?.chown(p, cabi::id(uid), cabi::id(gid)).map(|_| 0)
     })
-}
-
-fn time_set(t: &libc::timespec) -> R<TimeSet> {
-    match t.tv_nsec {
-        libc::UTIME_NOW => Ok(TimeSet::Now),
-        libc::UTIME_OMIT => Ok(TimeSet::Omit),
-        n if (0..1_000_000_000).contains(&n) => t
-            .tv_sec
-            .checked_mul(1_000_000_000)
-            .and_then(|s| s.checked_add(n))
-            .map(TimeSet::At)
-            .ok_or_else(|| Error::new(libc::EINVAL, "time out of range")),
-        n => Err(Error::new(
-            libc::EINVAL,
-            format!("tv_nsec {n} out of range"),
-        )),
-    }
 }
 
 /// `utimensat(2)` without following links: `times` NULL sets both to now.
@@ -873,13 +809,8 @@ pub unsafe extern "C" fn chfs_utimens(path: *const c_char, times: *const libc::t
     ffi("chfs_utimens", -1, || {
         // SAFETY: C string by contract.
         let p = unsafe { cstr(path, "path") }?;
-        let (a, m) = if times.is_null() {
-            (TimeSet::Now, TimeSet::Now)
-        } else {
-            // SAFETY: `times` points to two timespecs by contract.
-            let t = unsafe { std::slice::from_raw_parts(times, 2) };
-            (time_set(&t[0])?, time_set(&t[1])?)
-        };
+        // SAFETY: `times` is NULL or points to two timespecs by contract.
+        let (a, m) = unsafe { cabi::timespecs(times) }?;
         client()?.utimens(p, a, m).map(|_| 0)
     })
 }
@@ -890,24 +821,11 @@ pub unsafe extern "C" fn chfs_statfs(path: *const c_char, buf: *mut libc::statvf
     ffi("chfs_statfs", -1, || {
         // SAFETY: C string by contract.
         let p = unsafe { cstr(path, "path") }?;
-        if buf.is_null() {
-            return Err(Error::new(libc::EFAULT, "struct statvfs pointer is NULL"));
-        }
         let c = client()?;
         c.stat(p)?;
-        let fs = c.statfs()?;
-        const BS: u64 = 4096;
-        // SAFETY: plain old data; all-zero is valid.
-        let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
-        v.f_bsize = BS as _;
-        v.f_frsize = BS as _;
-        v.f_blocks = (fs.total / BS) as _;
-        v.f_bfree = (fs.free / BS) as _;
-        v.f_bavail = (fs.free / BS) as _;
-        v.f_files = fs.entries as _;
-        v.f_namemax = chfs_proto::path::MAX_NAME as _;
-        // SAFETY: non-NULL and writable by contract.
-        unsafe { buf.write(v) };
+        let v = c.statfs()?.to_statvfs();
+        // SAFETY: writable by contract.
+        unsafe { cabi::put(buf, v, "struct statvfs") }?;
         Ok(0)
     })
 }
@@ -983,21 +901,6 @@ mod tests {
         assert_eq!(
             std::io::Error::last_os_error().raw_os_error(),
             Some(libc::EIO)
-        );
-    }
-
-    #[test]
-    fn utime_specials() {
-        let t = |s, n| libc::timespec {
-            tv_sec: s,
-            tv_nsec: n,
-        };
-        assert_eq!(time_set(&t(0, libc::UTIME_NOW)).unwrap(), TimeSet::Now);
-        assert_eq!(time_set(&t(0, libc::UTIME_OMIT)).unwrap(), TimeSet::Omit);
-        assert_eq!(time_set(&t(2, 5)).unwrap(), TimeSet::At(2_000_000_005));
-        assert_eq!(
-            time_set(&t(2, 1_000_000_000)).unwrap_err().errno(),
-            libc::EINVAL
         );
     }
 }

@@ -7,6 +7,7 @@
 //! and keeps a file-descriptor table. Errors are [`Error`]s carrying the
 //! errno a POSIX caller expects. The library never prints or exits.
 
+pub mod cabi;
 mod client;
 pub mod config;
 mod conn;

@@ -27,8 +27,9 @@ const PAGES: [(&str, u8); 10] = [
 ];
 
 /// A directory of the built programs, as `install.sh --from` takes it:
-/// this crate's, chfsd, and the other crates' programs and libchfs.so
-/// where they have been built (`cargo test --workspace` builds them all).
+/// this crate's, chfsd, and the other crates' programs, libchfs.so and
+/// libchfs_preload.so where they have been built (`cargo test --workspace`
+/// builds them all).
 fn built() -> (tempfile::TempDir, Vec<&'static str>, Vec<&'static str>) {
     let d = tempfile::tempdir().unwrap();
     let target = bin("chfsctl").parent().unwrap().to_path_buf();
@@ -49,9 +50,13 @@ fn built() -> (tempfile::TempDir, Vec<&'static str>, Vec<&'static str>) {
             lacking.push(name);
         }
     }
-    let lib = target.join("libchfs.so");
-    if lib.is_file() {
-        std::os::unix::fs::symlink(&lib, d.path().join("libchfs.so")).unwrap();
+    for lib in ["libchfs.so", "libchfs_preload.so"] {
+        if target.join(lib).is_file() {
+            std::os::unix::fs::symlink(target.join(lib), d.path().join(lib)).unwrap();
+            have.push(lib);
+        } else {
+            lacking.push(lib);
+        }
     }
     (d, have, lacking)
 }
@@ -128,6 +133,11 @@ fn install_puts_programs_pages_and_documents_under_the_prefix() {
         ] {
             assert!(shown.contains(want), "{name}: no {want:?} in\n{shown}");
         }
+    }
+    // The LD_PRELOAD interposer, beside libchfs.
+    if have.contains(&"libchfs_preload.so") {
+        let l = p.join("lib/libchfs_preload.so");
+        assert!(std::fs::metadata(&l).unwrap().permissions().mode() & 0o111 != 0);
     }
     for d in ["chfsctl.md", "chfind.md", "cache-mode.md"] {
         assert!(p.join("share/doc/chfs-rs").join(d).is_file(), "{d}");

@@ -46,15 +46,21 @@ pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe { creat(path, mode) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if ours(fd).is_none() {
-        // SAFETY: libc's close with the caller's descriptor.
+    if owned::has(fd) {
+        if client_thread() {
+            owned::remove(fd);
+            // SAFETY: the client closes a descriptor of its own.
+            return unsafe { real::close(fd) };
+        }
+        // The program closes the library's descriptor (a close loop):
+        // it stays open, and the call succeeds.
+        return 0;
+    }
+    if ours(fd).is_none() || foreign_child() {
+        // SAFETY: libc's close with the caller's descriptor (in a vfork
+        // child, its own kernel descriptor only: the table is the
+        // parent's).
         return unsafe { real::close(fd) };
     }
     run(|| {
@@ -72,7 +78,12 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    let Some(f) = ours(fd) else {
+    if owned::has(fd) && client_thread() {
+        // SAFETY: libc's dup of the client's own descriptor.
+        let n = unsafe { real::dup(fd) };
+        return if n >= 0 { hold(n) } else { n };
+    }
+    let Some(f) = ours(fd).filter(|_| !foreign_child()) else {
         // SAFETY: libc's dup.
         return unsafe { real::dup(fd) };
     };
@@ -88,8 +99,13 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 }
 
 fn dup_onto(old: c_int, new: c_int, real_dup: impl FnOnce() -> c_int) -> c_int {
+    if owned::has(new) && !client_thread() {
+        // The number is the client's (a socket, the kept /dev/null).
+        set_errno(libc::EBUSY);
+        return -1;
+    }
     let from = ours(old);
-    if from.is_none() && ours(new).is_none() {
+    if from.is_none() && ours(new).is_none() || foreign_child() {
         return real_dup();
     }
     run(|| {
@@ -128,12 +144,120 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     dup_onto(old, new, || unsafe { real::dup3(old, new, flags) })
 }
 
+/// Closes the program's descriptors in `first..=last` (`flags` as
+/// close_range's): chfs-rs files are released as by `close`; the
+/// library's own descriptors are left out.
+fn close_span(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
+    if first > last {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if foreign_child() {
+        // A vfork child (Python's subprocess): its own kernel descriptors.
+        return close_piece(first, last, flags);
+    }
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_uint == 0 && !inside() {
+        // chfs-rs files in the range are closed as close would.
+        let files: Vec<_> = fds::numbers()
+            .into_iter()
+            .filter(|&fd| (first..=last).contains(&(fd as c_uint)))
+            .collect();
+        if !files.is_empty() {
+            run(|| {
+                for fd in files {
+                    if let Some(f) = fds::take(fd) {
+                        let _ = release(f);
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+    let keep = if client_thread() {
+        Vec::new()
+    } else {
+        owned::within(first, last)
+    };
+    // The range without the library's descriptors, piece by piece.
+    let mut from = u64::from(first);
+    for k in keep {
+        if k as u64 > from && close_piece(from as c_uint, k as c_uint - 1, flags) != 0 {
+            return -1;
+        }
+        from = k as u64 + 1;
+    }
+    if from <= u64::from(last) {
+        return close_piece(from as c_uint, last, flags);
+    }
+    0
+}
+
+/// libc's close_range; on a kernel without it (before 5.9), the open
+/// descriptors in the range one by one, as glibc's closefrom does.
+fn close_piece(first: c_uint, last: c_uint, flags: c_uint) -> c_int {
+    // SAFETY: libc's close_range on numbers that are not the library's.
+    let r = unsafe { real::close_range(first, last, flags) };
+    if r == 0 || errno() != libc::ENOSYS || flags != 0 {
+        return r;
+    }
+    let open: Vec<c_int> = {
+        let _in = Inside::enter();
+        let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+            return r;
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|&fd: &c_int| (first..=last).contains(&(fd as c_uint)))
+            .collect()
+    };
+    for fd in open {
+        // SAFETY: libc's close of a descriptor that is not the library's
+        // (the one read_dir used is closed already).
+        unsafe { real::close(fd) };
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    close_span(first, last, flags as c_uint)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    let saved = errno();
+    close_span(low.max(0) as c_uint, c_uint::MAX, 0);
+    set_errno(saved);
+}
+
+/// The client's sockets are the library's (see [`owned`]); the
+/// program's own go to libc untouched.
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: libc's socket with the caller's arguments.
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    if fd >= 0 && client_thread() {
+        return hold(fd);
+    }
+    fd
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn chfs_preload_fcntl(fd: c_int, cmd: c_int, arg: *mut c_void) -> c_int {
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && owned::has(fd) && client_thread() {
+        // The client duplicates a socket of its own (a stream's
+        // try_clone): the copy is the library's too.
+        // SAFETY: libc's fcntl with the client's arguments.
+        let n = unsafe { real::fcntl(fd, cmd, arg) };
+        return if n >= 0 { hold(n) } else { n };
+    }
     let Some(f) = ours(fd) else {
         // SAFETY: libc's fcntl with the caller's arguments.
         return unsafe { real::fcntl(fd, cmd, arg) };
     };
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && foreign_child() {
+        // SAFETY: as above (a vfork child's own kernel descriptor).
+        return unsafe { real::fcntl(fd, cmd, arg) };
+    }
     match cmd {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => run(|| {
             // SAFETY: libc's fcntl on our reserved descriptor.
@@ -205,12 +329,6 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: of
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { pread64(fd, buf, n, off) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn __pread64_chk(
     fd: c_int,
     buf: *mut c_void,
@@ -227,18 +345,6 @@ pub unsafe extern "C" fn __pread64_chk(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __pread_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    n: size_t,
-    off: off_t,
-    buflen: size_t,
-) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { __pread64_chk(fd, buf, n, off, buflen) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
     by_fd(
         fd,
@@ -247,12 +353,6 @@ pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off:
         // SAFETY: `buf` is readable for `n` bytes.
         |c, cfd, _| Ok(c.pwrite(cfd, unsafe { in_buf(buf, n) }?, offset(off)?)? as ssize_t),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { pwrite64(fd, buf, n, off) }
 }
 
 fn iov_total(v: &[libc::iovec]) -> usize {
@@ -313,17 +413,6 @@ pub unsafe extern "C" fn preadv64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn preadv(
-    fd: c_int,
-    iov: *const libc::iovec,
-    cnt: c_int,
-    off: off_t,
-) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { preadv64(fd, iov, cnt, off) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn pwritev64(
     fd: c_int,
     iov: *const libc::iovec,
@@ -343,33 +432,20 @@ pub unsafe extern "C" fn pwritev64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pwritev(
-    fd: c_int,
-    iov: *const libc::iovec,
-    cnt: c_int,
-    off: off_t,
-) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { pwritev64(fd, iov, cnt, off) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, w: c_int) -> off_t {
     by_fd(
         fd,
         // SAFETY: libc's lseek.
         || unsafe { real::lseek64(fd, off, w) },
-        |c, cfd, _| {
+        |c, cfd, f| {
+            if f.dir && off == 0 && w == libc::SEEK_SET {
+                // Rewinds getdents64.
+                *lock(&f.list) = None;
+            }
             let p = c.seek(cfd, off, whence(w)?)?;
             off_t::try_from(p).map_err(|_| Error::new(libc::EOVERFLOW, "offset".to_string()))
         },
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lseek(fd: c_int, off: off_t, w: c_int) -> off_t {
-    // SAFETY: same contract.
-    unsafe { lseek64(fd, off, w) }
 }
 
 #[no_mangle]
@@ -403,12 +479,6 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { ftruncate64(fd, len) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int {
     by_fd(
         fd,
@@ -416,12 +486,6 @@ pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: of
         || unsafe { real::fallocate(fd, mode, off, len) },
         |_, _, _| err(libc::EOPNOTSUPP, "fallocate"),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { fallocate64(fd, mode, off, len) }
 }
 
 /// posix_fallocate returns the error number instead of setting errno.
@@ -432,12 +496,6 @@ pub unsafe extern "C" fn posix_fallocate64(fd: c_int, off: off_t, len: off_t) ->
         return unsafe { real::posix_fallocate(fd, off, len) };
     }
     libc::EOPNOTSUPP
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { posix_fallocate64(fd, off, len) }
 }
 
 #[no_mangle]
@@ -452,12 +510,6 @@ pub unsafe extern "C" fn posix_fadvise64(
         return unsafe { real::posix_fadvise(fd, off, len, advice) };
     }
     0
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int {
-    // SAFETY: same contract.
-    unsafe { posix_fadvise64(fd, off, len, advice) }
 }
 
 /// mmap of a chfs-rs descriptor: ENODEV (as for a file system without
@@ -479,99 +531,13 @@ pub unsafe extern "C" fn mmap64(
     unsafe { real::mmap(addr, len, prot, flags, fd, off) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn mmap(
-    addr: *mut c_void,
-    len: size_t,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: off_t,
-) -> *mut c_void {
-    // SAFETY: same contract.
-    unsafe { mmap64(addr, len, prot, flags, fd, off) }
-}
-
-/// In-kernel copies cannot reach the pool: EINVAL, so callers (Python's
-/// shutil, coreutils) fall back to read and write.
-#[no_mangle]
-pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
-    if ours(out).is_some() || ours(inp).is_some() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: libc's sendfile.
-    unsafe { real::sendfile(out, inp, off, n) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
-    // SAFETY: same contract.
-    unsafe { sendfile64(out, inp, off, n) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn copy_file_range(
-    inp: c_int,
-    oi: *mut off_t,
-    out: c_int,
-    oo: *mut off_t,
-    n: size_t,
-    flags: c_uint,
-) -> ssize_t {
-    if ours(out).is_some() || ours(inp).is_some() {
-        set_errno(libc::EXDEV);
-        return -1;
-    }
-    // SAFETY: libc's copy_file_range.
-    unsafe { real::copy_file_range(inp, oi, out, oo, n, flags) }
-}
-
 // ----- status --------------------------------------------------------------
 
 fn stat_path(p: &str, follow: bool, out: *mut libc::stat) -> R<c_int> {
     let (c, _) = client()?;
     let s = if follow { c.stat(p)? } else { c.lstat(p)? };
     // SAFETY: `out` is the caller's struct stat.
-    unsafe { put(out, to_c_stat(&s)) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn stat(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::stat(p, st),
-            |p| stat_path(p, true, st),
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn stat64(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { stat(path, st) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lstat(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::lstat(p, st),
-            |p| stat_path(p, false, st),
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lstat64(path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { lstat(path, st) }
+    unsafe { cabi::put(out, to_c_stat(&s), "struct stat") }.map(|()| 0)
 }
 
 #[no_mangle]
@@ -581,14 +547,8 @@ pub unsafe extern "C" fn fstat(fd: c_int, st: *mut libc::stat) -> c_int {
         // SAFETY: libc's fstat.
         || unsafe { real::fstat(fd, st) },
         // SAFETY: `st` is the caller's struct stat.
-        |c, cfd, _| unsafe { put(st, to_c_stat(&c.fstat(cfd)?)) },
+        |c, cfd, _| unsafe { cabi::put(st, to_c_stat(&c.fstat(cfd)?), "struct stat") }.map(|()| 0),
     )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { fstat(fd, st) }
 }
 
 #[no_mangle]
@@ -616,17 +576,6 @@ pub unsafe extern "C" fn fstatat(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fstatat64(
-    dirfd: c_int,
-    path: *const c_char,
-    st: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { fstatat(dirfd, path, st, flags) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn statx(
     dirfd: c_int,
     path: *const c_char,
@@ -640,7 +589,7 @@ pub unsafe extern "C" fn statx(
             return run(|| {
                 let s = with(&f, |c, cfd| c.fstat(cfd))?;
                 // SAFETY: `st` is the caller's struct statx.
-                unsafe { put(st, to_statx(&s)) }
+                unsafe { cabi::put(st, to_statx(&s), "struct statx") }.map(|()| 0)
             });
         }
     }
@@ -657,7 +606,7 @@ pub unsafe extern "C" fn statx(
                 } else {
                     c.stat(p)?
                 };
-                put(st, to_statx(&s))
+                cabi::put(st, to_statx(&s), "struct statx").map(|()| 0)
             },
         )
     }
@@ -677,12 +626,6 @@ pub unsafe extern "C" fn __xstat(ver: c_int, path: *const c_char, st: *mut libc:
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __xstat64(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __xstat(ver, path, st) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn __lxstat(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
     // SAFETY: the caller's C string.
     unsafe {
@@ -696,12 +639,6 @@ pub unsafe extern "C" fn __lxstat(ver: c_int, path: *const c_char, st: *mut libc
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __lxstat64(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __lxstat(ver, path, st) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int {
     if ours(fd).is_none() {
         // SAFETY: libc's __fxstat.
@@ -709,12 +646,6 @@ pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, st: *mut libc::stat) ->
     }
     // SAFETY: as fstat.
     unsafe { fstat(fd, st) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn __fxstat64(ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __fxstat(ver, fd, st) }
 }
 
 #[no_mangle]
@@ -736,32 +667,10 @@ pub unsafe extern "C" fn __fxstatat(
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn __fxstatat64(
-    ver: c_int,
-    dirfd: c_int,
-    path: *const c_char,
-    st: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { __fxstatat(ver, dirfd, path, st, flags) }
-}
-
 fn statvfs_of(c: &Client, out: *mut libc::statvfs) -> R<c_int> {
-    let fs = c.statfs()?;
-    const BS: u64 = 4096;
-    // SAFETY: plain old data; all-zero is valid.
-    let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
-    v.f_bsize = BS as _;
-    v.f_frsize = BS as _;
-    v.f_blocks = (fs.total / BS) as _;
-    v.f_bfree = (fs.free / BS) as _;
-    v.f_bavail = (fs.free / BS) as _;
-    v.f_files = fs.entries as _;
-    v.f_namemax = 255;
+    let v = c.statfs()?.to_statvfs();
     // SAFETY: the caller's struct statvfs.
-    unsafe { put(out, v) }
+    unsafe { cabi::put(out, v, "struct statvfs") }.map(|()| 0)
 }
 
 #[no_mangle]
@@ -782,12 +691,6 @@ pub unsafe extern "C" fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn statvfs64(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { statvfs(path, buf) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
     // SAFETY: libc's fstatvfs.
     by_fd(
@@ -797,26 +700,7 @@ pub unsafe extern "C" fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-    // SAFETY: same layout on 64-bit Linux.
-    unsafe { fstatvfs(fd, buf) }
-}
-
 // ----- names ---------------------------------------------------------------
-
-#[no_mangle]
-pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::access(p, mode),
-            |p| client()?.0.access(p, mode).map(|()| 0),
-        )
-    }
-}
 
 #[no_mangle]
 pub unsafe extern "C" fn faccessat(
@@ -873,19 +757,6 @@ fn chfs_mkdir(p: &str, mode: mode_t) -> R<c_int> {
     let (c, _) = client()?;
     c.mkdir(p, mode & 0o7777 & !UMASK.load(Ordering::Relaxed))
         .map(|()| 0)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::mkdir(p, mode),
-            |p| chfs_mkdir(p, mode),
-        )
-    }
 }
 
 #[no_mangle]
@@ -980,18 +851,6 @@ pub unsafe extern "C" fn renameat(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn renameat2(
-    d1: c_int,
-    from: *const c_char,
-    d2: c_int,
-    to: *const c_char,
-    flags: c_uint,
-) -> c_int {
-    // SAFETY: the caller's C strings.
-    unsafe { rename_any(d1, from, d2, to, flags) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn truncate64(path: *const c_char, len: off_t) -> c_int {
     // SAFETY: the caller's C string.
     unsafe {
@@ -1002,12 +861,6 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off_t) -> c_int {
             |p| client()?.0.truncate(p, offset(len)?).map(|()| 0),
         )
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
-    // SAFETY: same contract.
-    unsafe { truncate64(path, len) }
 }
 
 #[no_mangle]
@@ -1048,19 +901,6 @@ fn chfs_readlink(p: &str, buf: *mut c_char, n: size_t) -> R<ssize_t> {
     let k = t.len().min(out.len());
     out[..k].copy_from_slice(&t.as_bytes()[..k]);
     Ok(k as ssize_t)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::readlink(p, buf, n),
-            |p| chfs_readlink(p, buf, n),
-        )
-    }
 }
 
 #[no_mangle]
@@ -1124,32 +964,6 @@ pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn chown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::chown(p, uid, gid),
-            |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0),
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
-    // SAFETY: the caller's C string.
-    unsafe {
-        by_path(
-            AT_FDCWD,
-            path,
-            |_, p| real::lchown(p, uid, gid),
-            |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0),
-        )
-    }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fchownat(
     dirfd: c_int,
     path: *const c_char,
@@ -1197,7 +1011,7 @@ pub unsafe extern "C" fn utimensat(
             path,
             |d, p| real::utimensat(d, p, t, flags),
             |p| {
-                let (a, m) = times(t)?;
+                let (a, m) = cabi::timespecs(t)?;
                 client()?.0.utimens(p, a, m).map(|_| 0)
             },
         )
@@ -1212,7 +1026,7 @@ pub unsafe extern "C" fn futimens(fd: c_int, t: *const libc::timespec) -> c_int 
         || unsafe { real::futimens(fd, t) },
         |c, _, f| {
             // SAFETY: `t` is NULL or two timespecs.
-            let (a, m) = unsafe { times(t) }?;
+            let (a, m) = unsafe { cabi::timespecs(t) }?;
             c.utimens(&f.path, a, m).map(|_| 0)
         },
     )
@@ -1225,23 +1039,13 @@ fn no_xattr<T>() -> R<T> {
     err(libc::ENOTSUP, "extended attributes")
 }
 
-macro_rules! xattr_path {
-    ($($name:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => { $(
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(path: *const c_char, $($a: $t),*) -> $r {
-            // SAFETY: the caller's C string.
-            unsafe { by_path(AT_FDCWD, path, |_, p| real::$name(p, $($a),*), |_| no_xattr()) }
-        }
-    )* };
-}
-
-xattr_path! {
-    getxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t;
-    lgetxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t;
-    listxattr(list: *mut c_char, n: size_t) -> ssize_t;
-    llistxattr(list: *mut c_char, n: size_t) -> ssize_t;
-    setxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
-    lsetxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
+path_fns! {
+    getxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t = |_p| no_xattr();
+    lgetxattr(name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t = |_p| no_xattr();
+    listxattr(list: *mut c_char, n: size_t) -> ssize_t = |_p| no_xattr();
+    llistxattr(list: *mut c_char, n: size_t) -> ssize_t = |_p| no_xattr();
+    setxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int = |_p| no_xattr();
+    lsetxattr(name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int = |_p| no_xattr();
 }
 
 #[no_mangle]
@@ -1288,6 +1092,9 @@ pub unsafe extern "C" fn fsetxattr(
 // ----- current directory ---------------------------------------------------
 
 fn enter_dir(p: &str) -> R<c_int> {
+    if foreign_child() {
+        return err(libc::ENOTSUP, "chdir into the prefix in a vfork child");
+    }
     let s = client()?.0.stat(p)?;
     if !s.is_dir() {
         return err(libc::ENOTDIR, "not a directory");
@@ -1306,7 +1113,7 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
             path,
             |_, p| {
                 let r = real::chdir(p);
-                if r == 0 {
+                if r == 0 && CWD_IN.load(Ordering::Acquire) && !foreign_child() {
                     CWD_IN.store(false, Ordering::Release);
                 }
                 r
@@ -1328,7 +1135,7 @@ pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
         None => {
             // SAFETY: libc's fchdir.
             let r = unsafe { real::fchdir(fd) };
-            if r == 0 {
+            if r == 0 && CWD_IN.load(Ordering::Acquire) && !foreign_child() {
                 CWD_IN.store(false, Ordering::Release);
             }
             r
@@ -1392,7 +1199,7 @@ pub unsafe extern "C" fn __getcwd_chk(
 struct Dir {
     fd: c_int,
     path: String,
-    entries: Vec<(CString, u8, u64)>,
+    entries: Vec<Entry>,
     pos: usize,
     ent: libc::dirent64,
 }
@@ -1400,7 +1207,7 @@ struct Dir {
 static DIRS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 static NDIRS: AtomicUsize = AtomicUsize::new(0);
 
-fn our_dir(d: *mut DIR) -> bool {
+pub(crate) fn our_dir(d: *mut DIR) -> bool {
     NDIRS.load(Ordering::Acquire) != 0 && !inside() && lock(&DIRS).contains(&(d as usize))
 }
 
@@ -1417,7 +1224,7 @@ fn d_type(mode: u32) -> u8 {
     }
 }
 
-fn listing(path: &str) -> R<Vec<(CString, u8, u64)>> {
+pub(crate) fn listing(path: &str) -> R<Vec<Entry>> {
     let (c, _) = client()?;
     let here = c.stat(path)?;
     let mut v = vec![
@@ -1495,26 +1302,45 @@ pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut DIR {
     })
 }
 
+/// `e` as a `struct dirent64` whose successor is at `next`.
+pub(crate) fn fill_dirent(out: &mut libc::dirent64, e: &Entry, next: usize) {
+    let (name, ty, ino) = e;
+    out.d_ino = *ino;
+    out.d_off = next as i64;
+    out.d_reclen = std::mem::size_of::<libc::dirent64>() as u16;
+    out.d_type = *ty;
+    let b = name.as_bytes();
+    let n = b.len().min(out.d_name.len() - 1);
+    for (dst, &src) in out.d_name.iter_mut().zip(&b[..n]) {
+        *dst = src as c_char;
+    }
+    out.d_name[n] = 0;
+}
+
+/// The next entry of our stream `d` into `out` (false at the end).
+///
+/// # Safety
+/// `d` is ours ([`our_dir`]) and not used concurrently.
+pub(crate) unsafe fn next_into(d: *mut DIR, out: Option<&mut libc::dirent64>) -> bool {
+    // SAFETY: the caller's contract.
+    let d = unsafe { dir(d) };
+    let Some(e) = d.entries.get(d.pos) else {
+        return false;
+    };
+    d.pos += 1;
+    fill_dirent(out.unwrap_or(&mut d.ent), e, d.pos);
+    true
+}
+
 unsafe fn next_entry(d: *mut DIR) -> *mut libc::dirent64 {
     run(|| {
         // SAFETY: checked by the caller with our_dir.
-        let d = unsafe { dir(d) };
-        let Some((name, ty, ino)) = d.entries.get(d.pos) else {
-            return Ok(std::ptr::null_mut());
-        };
-        d.pos += 1;
-        let e = &mut d.ent;
-        e.d_ino = *ino;
-        e.d_off = d.pos as i64;
-        e.d_reclen = std::mem::size_of::<libc::dirent64>() as u16;
-        e.d_type = *ty;
-        let b = name.as_bytes();
-        let n = b.len().min(e.d_name.len() - 1);
-        for (dst, &src) in e.d_name.iter_mut().zip(&b[..n]) {
-            *dst = src as c_char;
+        if unsafe { next_into(d, None) } {
+            // SAFETY: as above.
+            Ok(&mut unsafe { dir(d) }.ent as *mut libc::dirent64)
+        } else {
+            Ok(std::ptr::null_mut())
         }
-        e.d_name[n] = 0;
-        Ok(e as *mut libc::dirent64)
     })
 }
 
@@ -1605,49 +1431,50 @@ pub unsafe extern "C" fn seekdir(d: *mut DIR, loc: c_long) {
 // execvp and friends call its internal execve, so each is interposed
 // (execl, execlp, execle in shim.c build the argv and call these).
 
-#[no_mangle]
-pub unsafe extern "C" fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execve with the caller's arguments.
-    unsafe { real::execve(path, argv, envp) }
+publish_first! {
+    execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    execv(path: *const c_char, argv: *const *const c_char) -> c_int;
+    execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+    execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execv with the caller's arguments.
-    unsafe { real::execv(path, argv) }
+// Calls with a path first whose chfs-rs side is one expression.
+path_fns! {
+    stat(st: *mut libc::stat) -> c_int = |p| stat_path(p, true, st);
+    lstat(st: *mut libc::stat) -> c_int = |p| stat_path(p, false, st);
+    access(mode: c_int) -> c_int = |p| client()?.0.access(p, mode).map(|()| 0);
+    mkdir(mode: mode_t) -> c_int = |p| chfs_mkdir(p, mode);
+    readlink(buf: *mut c_char, n: size_t) -> ssize_t = |p| chfs_readlink(p, buf, n);
+    chown(uid: libc::uid_t, gid: libc::gid_t) -> c_int = |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0);
+    lchown(uid: libc::uid_t, gid: libc::gid_t) -> c_int = |p| client()?.0.chown(p, id(uid), id(gid)).map(|_| 0);
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execvp with the caller's arguments.
-    unsafe { real::execvp(file, argv) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's execvpe with the caller's arguments.
-    unsafe { real::execvpe(file, argv, envp) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fexecve(
-    fd: c_int,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    publish_open_files();
-    // SAFETY: libc's fexecve with the caller's arguments.
-    unsafe { real::fexecve(fd, argv, envp) }
+// Second names of the functions above: the 64-bit-offset variants are
+// the same functions on 64-bit Linux.
+twins! {
+    creat64 = creat(path: *const c_char, mode: mode_t) -> c_int;
+    pread = pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
+    __pread_chk = __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t;
+    pwrite = pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t;
+    preadv = preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t;
+    pwritev = pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t;
+    lseek = lseek64(fd: c_int, off: off_t, w: c_int) -> off_t;
+    ftruncate = ftruncate64(fd: c_int, len: off_t) -> c_int;
+    fallocate = fallocate64(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int;
+    posix_fallocate = posix_fallocate64(fd: c_int, off: off_t, len: off_t) -> c_int;
+    posix_fadvise = posix_fadvise64(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int;
+    mmap = mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
+    stat64 = stat(path: *const c_char, st: *mut libc::stat) -> c_int;
+    lstat64 = lstat(path: *const c_char, st: *mut libc::stat) -> c_int;
+    fstat64 = fstat(fd: c_int, st: *mut libc::stat) -> c_int;
+    fstatat64 = fstatat(dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int;
+    __xstat64 = __xstat(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int;
+    __lxstat64 = __lxstat(ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int;
+    __fxstat64 = __fxstat(ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int;
+    __fxstatat64 = __fxstatat(ver: c_int, dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int;
+    statvfs64 = statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int;
+    fstatvfs64 = fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int;
+    renameat2 = rename_any(d1: c_int, from: *const c_char, d2: c_int, to: *const c_char, flags: c_uint) -> c_int;
+    truncate = truncate64(path: *const c_char, len: off_t) -> c_int;
 }

@@ -36,7 +36,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, RwLock};
 
-use chfs_client::{Client, ClientConfig, Error, Stat, TimeSet, Whence};
+use chfs_client::cabi::{self, id, in_buf, out_buf};
+use chfs_client::{Client, ClientConfig, Error, Stat, Whence};
 use libc::{mode_t, off_t, size_t, ssize_t, AT_FDCWD, DIR, FILE};
 use real::Fail;
 
@@ -146,6 +147,12 @@ enum Route {
 }
 
 fn classify(m: &str, full: &str) -> Route {
+    // Most paths need no normalising: one allocation instead of three.
+    if paths::is_normal(full) {
+        if let Some(p) = paths::strip(m, full) {
+            return Route::Chfs(p);
+        }
+    }
     let n = paths::normalize_abs(full);
     match paths::strip(m, &n) {
         Some(p) => Route::Chfs(p),
@@ -205,13 +212,45 @@ unsafe fn route(path: *const c_char) -> Route {
 
 struct Live {
     client: Client,
-    pid: u32,
-    /// Bumped for every client made (a forked child makes its own).
+    /// [`FORKS`] when it was made: a forked child makes its own.
+    forks: u64,
+    /// Bumped for every client made.
     gen: u64,
 }
 
 static LIVE: RwLock<Option<Live>> = RwLock::new(None);
 static GEN: AtomicU64 = AtomicU64::new(0);
+/// Forks this process descends from (bumped in the child by a
+/// `pthread_atfork` handler, registered before the first client is
+/// made): one atomic load per call where `getpid` was a system call.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+/// This process's id, from the first client on (and in a forked child,
+/// its own): see [`foreign_child`].
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// Is this a child that shares the parent's memory (`vfork`, which
+/// Python's subprocess uses, or `clone`/`_Fork` without the atfork
+/// handlers)? Its changes to the descriptor table, the current directory
+/// or the client would be the parent's: such a child closes, duplicates
+/// and changes directory in the kernel only. A `getpid` system call, made
+/// only in a program that has called `vfork` (shim.c notes it) and only
+/// on those paths (closing or duplicating a chfs-rs descriptor,
+/// `close_range`, leaving a chfs-rs current directory, exec, `_exit`).
+/// A raw `clone` or glibc's `_Fork` without a `vfork` before is not seen.
+pub(crate) fn foreign_child() -> bool {
+    extern "C" {
+        /// In shim.c: has the program called vfork (always 1 where the
+        /// shim cannot tell)?
+        fn chfs_preload_vfork_seen() -> c_int;
+    }
+    // SAFETY: reads a flag; no arguments.
+    if unsafe { chfs_preload_vfork_seen() } == 0 {
+        return false;
+    }
+    let p = PID.load(Ordering::Acquire);
+    // SAFETY: getpid has no preconditions.
+    p != 0 && p != unsafe { libc::getpid() } as u32
+}
 static UMASK: AtomicU32 = AtomicU32::new(0o022);
 static SETUP: Once = Once::new();
 
@@ -230,15 +269,15 @@ fn process_umask() -> u32 {
 
 /// The client of this process, connected on first use.
 fn client() -> R<(Client, u64)> {
-    let pid = std::process::id();
+    let forks = FORKS.load(Ordering::Acquire);
     if let Some(l) = &*LIVE.read().unwrap_or_else(|e| e.into_inner()) {
-        if l.pid == pid {
+        if l.forks == forks {
             return Ok((l.client.clone(), l.gen));
         }
     }
     let mut g = LIVE.write().unwrap_or_else(|e| e.into_inner());
     if let Some(l) = &*g {
-        if l.pid == pid {
+        if l.forks == forks {
             return Ok((l.client.clone(), l.gen));
         }
     }
@@ -247,9 +286,11 @@ fn client() -> R<(Client, u64)> {
         // must not print them into the host program's stderr.
         std::panic::set_hook(Box::new(|_| {}));
         // SAFETY: registers plain extern "C" functions without arguments.
-        unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+        unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
         // SAFETY: as above; `at_exit` runs once, at exit(3).
         unsafe { libc::atexit(at_exit) };
+        // SAFETY: getpid has no preconditions.
+        PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     });
     UMASK.store(process_umask(), Ordering::Relaxed);
     let client = Client::connect(ClientConfig::from_env()?)?;
@@ -261,7 +302,7 @@ fn client() -> R<(Client, u64)> {
     let gen = GEN.fetch_add(1, Ordering::Relaxed) + 1;
     *g = Some(Live {
         client: client.clone(),
-        pid,
+        forks,
         gen,
     });
     Ok((client, gen))
@@ -271,8 +312,18 @@ fn client() -> R<(Client, u64)> {
 fn live() -> Option<(Client, u64)> {
     let g = LIVE.read().unwrap_or_else(|e| e.into_inner());
     g.as_ref()
-        .filter(|l| l.pid == std::process::id())
+        .filter(|l| l.forks == FORKS.load(Ordering::Acquire))
         .map(|l| (l.client.clone(), l.gen))
+}
+
+/// `pthread_atfork` child handler: this process needs a client of its
+/// own; the parent's sockets, inherited, are no longer the client's
+/// (the program may close them).
+extern "C" fn in_child() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: getpid has no preconditions.
+    PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
+    owned::forget_all();
 }
 
 /// `pthread_atfork` prepare handler: buffered writes reach the servers and
@@ -300,8 +351,14 @@ extern "C" fn before_fork() {
 
 /// Every open chfs-rs file's buffered writes and size reach the servers
 /// (a process that ends or execs without closing its files loses nothing).
+/// Not in a vfork child: the files are its parent's, which goes on with
+/// them (and the child's descriptor table, where the client's sockets may
+/// already be closed, is not the parent's); the program it execs sees
+/// what the parent has published, as a process on another node would.
 pub(crate) fn publish_open_files() {
-    before_fork();
+    if !foreign_child() {
+        before_fork();
+    }
 }
 
 /// `atexit` handler: stdio streams first (exit(3) flushes them only after
@@ -327,7 +384,13 @@ struct OpenFile {
     flags: c_int,
     dir: bool,
     h: Mutex<Handle>,
+    /// A directory's listing for `getdents64` and the next entry's index
+    /// (taken at the first call, dropped by `lseek` to 0).
+    list: Mutex<Option<(Vec<Entry>, usize)>>,
 }
+
+/// A directory entry as the C views report it: name, `d_type`, `d_ino`.
+type Entry = (CString, u8, u64);
 
 struct Handle {
     /// Client generation `cfd` belongs to.
@@ -402,6 +465,16 @@ mod fds {
         t.remove(&fd)
     }
 
+    /// The descriptor numbers of chfs-rs files.
+    pub(super) fn numbers() -> Vec<c_int> {
+        TABLE
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
     pub(super) fn all() -> Vec<Arc<OpenFile>> {
         TABLE
             .read()
@@ -410,6 +483,124 @@ mod fds {
             .cloned()
             .collect()
     }
+}
+
+/// Descriptors the library holds itself: the client's sockets and the
+/// kept `/dev/null` descriptor. A program closing every descriptor (a
+/// daemon, a shell, an MPI launcher: a `close` loop, `close_range`,
+/// `closefrom`) would otherwise cut the client off, or worse, the number
+/// would be handed to one of the program's files and the client would
+/// send its requests there. A `close` of one by the program succeeds and
+/// does nothing; `close_range`/`closefrom` leave them out; `dup2`/`dup3`
+/// onto one fails with `EBUSY`. Sockets are moved to high numbers when
+/// made ([`hold`]), out of the way of programs that choose
+/// numbers.
+mod owned {
+    use super::*;
+
+    #[allow(clippy::declare_interior_mutable_const)]
+    const ZERO: AtomicU64 = AtomicU64::new(0);
+    static BITS: [AtomicU64; fds::MAX / 64] = [ZERO; fds::MAX / 64];
+    static ANY: AtomicBool = AtomicBool::new(false);
+
+    fn bit(fd: c_int) -> Option<(usize, u64)> {
+        let i = usize::try_from(fd).ok().filter(|&i| i < fds::MAX)?;
+        Some((i / 64, 1u64 << (i % 64)))
+    }
+
+    pub(super) fn add(fd: c_int) {
+        if let Some((w, b)) = bit(fd) {
+            BITS[w].fetch_or(b, Ordering::Release);
+            ANY.store(true, Ordering::Release);
+        }
+    }
+
+    pub(super) fn remove(fd: c_int) {
+        if let Some((w, b)) = bit(fd) {
+            BITS[w].fetch_and(!b, Ordering::Release);
+        }
+    }
+
+    #[inline]
+    pub(super) fn has(fd: c_int) -> bool {
+        ANY.load(Ordering::Acquire)
+            && bit(fd).is_some_and(|(w, b)| BITS[w].load(Ordering::Acquire) & b != 0)
+    }
+
+    /// Ours among `first..=last`, in order.
+    pub(super) fn within(first: c_uint, last: c_uint) -> Vec<c_int> {
+        if !ANY.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let hi = (last as usize).min(fds::MAX - 1);
+        (first as usize..=hi)
+            .filter(|&i| BITS[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0)
+            .map(|i| i as c_int)
+            .collect()
+    }
+
+    /// In a forked child: the sockets inherited from the parent are not
+    /// this process's client's (the kept `/dev/null` descriptor still is).
+    pub(super) fn forget_all() {
+        for w in &BITS {
+            w.store(0, Ordering::Release);
+        }
+        let t = TEMPLATE.load(Ordering::Acquire);
+        if t >= 0 {
+            add(t);
+        }
+    }
+}
+
+/// Is this thread inside the client (for descriptors it makes)? Unlike
+/// [`inside`], false while the thread's locals are being destroyed.
+fn client_thread() -> bool {
+    INSIDE.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Where the client's sockets are moved: below 1024 (`select` limits),
+/// near the top of what the descriptor limit allows, where programs that
+/// pick numbers (`dup2` onto 3, 4, ...; shells use 10 and up and 255)
+/// do not look.
+fn high_base() -> c_int {
+    static BASE: AtomicU32 = AtomicU32::new(0);
+    let b = BASE.load(Ordering::Relaxed);
+    if b != 0 {
+        return b as c_int;
+    }
+    // SAFETY: getrlimit writes the struct it is given.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur.min(1024) as u32
+    } else {
+        1024
+    };
+    let b = if soft >= 512 { soft - 128 } else { soft / 2 }.max(3);
+    BASE.store(b, Ordering::Relaxed);
+    b as c_int
+}
+
+/// A descriptor the library keeps (a client socket, the kept
+/// `/dev/null`): moved to a high number and marked as the library's.
+fn hold(fd: c_int) -> c_int {
+    // SAFETY: libc's fcntl(F_DUPFD_CLOEXEC) on the new socket.
+    let hi = unsafe {
+        real::fcntl(
+            fd,
+            libc::F_DUPFD_CLOEXEC,
+            high_base() as usize as *mut c_void,
+        )
+    };
+    let fd = if hi >= 0 {
+        // SAFETY: the original number, now duplicated.
+        unsafe { real::close(fd) };
+        hi
+    } else {
+        fd
+    };
+    owned::add(fd);
+    fd
 }
 
 /// The chfs-rs file of `fd` when the call is to be ours.
@@ -448,14 +639,10 @@ fn client_flags(flags: c_int) -> c_int {
     f
 }
 
-/// A descriptor of `/dev/null` kept (close-on-exec) to be duplicated for
-/// each chfs-rs file: `fcntl(F_DUPFD)` and an `fstat` cost ~0.6 us where
-/// opening `/dev/null` costs ~2.5 us, a fifth of a create.
+/// A descriptor of `/dev/null` kept (close-on-exec, one of [`owned`]) to
+/// be duplicated for each chfs-rs file: `fcntl(F_DUPFD)` costs ~0.3 us
+/// where opening `/dev/null` costs ~2.5 us, a fifth of a create.
 static TEMPLATE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-/// `(st_dev, st_ino)` of `/dev/null`, to check that `TEMPLATE` still is it
-/// (the program may have closed that number, e.g. with `close_range`, and
-/// the kernel may have given it to another file since).
-static NULL_ID: OnceLock<(u64, u64)> = OnceLock::new();
 
 fn open_null(flags: c_int) -> R<c_int> {
     // SAFETY: a NUL-terminated literal path.
@@ -466,14 +653,11 @@ fn open_null(flags: c_int) -> R<c_int> {
     Ok(fd)
 }
 
-fn file_id(fd: c_int) -> Option<(u64, u64)> {
-    // SAFETY: `struct stat` is plain old data; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: libc's fstat on a descriptor number, into `st`.
-    (unsafe { real::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
-}
-
-/// A duplicate of `TEMPLATE` if it still is `/dev/null`.
+/// A duplicate of `TEMPLATE`. The program cannot close it or put
+/// another file on its number ([`owned`]: close, close_range, closefrom,
+/// dup2 and dup3 leave it alone), so it is not checked with `fstat` each
+/// time (a third system call per open): only a raw system call could
+/// replace it, and one that closes it is seen here (EBADF).
 fn dup_template(cloexec: bool) -> Option<c_int> {
     let t = TEMPLATE.load(Ordering::Acquire);
     if t < 0 {
@@ -486,16 +670,16 @@ fn dup_template(cloexec: bool) -> Option<c_int> {
     };
     // SAFETY: libc's fcntl(F_DUPFD[_CLOEXEC], 0) on a descriptor number.
     let fd = unsafe { real::fcntl(t, cmd, std::ptr::null_mut()) };
-    if fd >= 0 && file_id(fd).is_some_and(|id| Some(&id) == NULL_ID.get()) {
+    if fd >= 0 {
         return Some(fd);
     }
-    if fd >= 0 {
-        // SAFETY: the duplicate just made.
-        unsafe { real::close(fd) };
+    // Closed behind our back (a raw system call): forget the number.
+    if TEMPLATE
+        .compare_exchange(t, -1, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        owned::remove(t);
     }
-    // Not ours any more: forget the number (never close it: it is the
-    // program's now).
-    let _ = TEMPLATE.compare_exchange(t, -1, Ordering::AcqRel, Ordering::Relaxed);
     None
 }
 
@@ -505,18 +689,15 @@ fn reserve(cloexec: bool) -> R<c_int> {
         Some(fd) => fd,
         None => {
             let fd = open_null(libc::O_RDWR | if cloexec { libc::O_CLOEXEC } else { 0 })?;
-            if let Some(id) = file_id(fd) {
-                let _ = NULL_ID.set(id);
-                if NULL_ID.get() == Some(&id) {
-                    if let Ok(t) = open_null(libc::O_RDWR | libc::O_CLOEXEC) {
-                        if TEMPLATE
-                            .compare_exchange(-1, t, Ordering::AcqRel, Ordering::Relaxed)
-                            .is_err()
-                        {
-                            // SAFETY: the descriptor just opened.
-                            unsafe { real::close(t) };
-                        }
-                    }
+            if let Ok(t) = open_null(libc::O_RDWR | libc::O_CLOEXEC) {
+                let t = hold(t);
+                if TEMPLATE
+                    .compare_exchange(-1, t, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+                {
+                    owned::remove(t);
+                    // SAFETY: the descriptor just opened.
+                    unsafe { real::close(t) };
                 }
             }
             fd
@@ -556,6 +737,7 @@ fn chfs_open(path: &str, flags: c_int, mode: u32) -> R<c_int> {
             flags,
             dir,
             h: Mutex::new(Handle { gen, cfd, pos: 0 }),
+            list: Mutex::new(None),
         }),
     );
     Ok(kfd)
@@ -619,43 +801,6 @@ fn to_statx(s: &Stat) -> libc::statx {
     x
 }
 
-/// # Safety
-/// `out` is NULL or writable for one `T`.
-unsafe fn put<T>(out: *mut T, v: T) -> R<c_int> {
-    if out.is_null() {
-        return err(libc::EFAULT, "NULL result pointer");
-    }
-    // SAFETY: non-NULL and writable by the caller's contract.
-    unsafe { out.write(v) };
-    Ok(0)
-}
-
-/// # Safety
-/// `buf` is valid for `n` bytes (or `n` is 0).
-unsafe fn out_buf<'a>(buf: *mut c_void, n: size_t) -> R<&'a mut [u8]> {
-    if n == 0 {
-        return Ok(&mut []);
-    }
-    if buf.is_null() {
-        return err(libc::EFAULT, "NULL buffer");
-    }
-    // SAFETY: the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) })
-}
-
-/// # Safety
-/// `buf` is valid for `n` bytes (or `n` is 0).
-unsafe fn in_buf<'a>(buf: *const c_void, n: size_t) -> R<&'a [u8]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if buf.is_null() {
-        return err(libc::EFAULT, "NULL buffer");
-    }
-    // SAFETY: the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts(buf.cast(), n) })
-}
-
 fn offset(off: off_t) -> R<u64> {
     u64::try_from(off).map_err(|_| Error::new(libc::EINVAL, format!("negative offset {off}")))
 }
@@ -706,35 +851,6 @@ fn whence(w: c_int) -> R<Whence> {
     }
 }
 
-fn time_set(t: &libc::timespec) -> R<TimeSet> {
-    match t.tv_nsec {
-        libc::UTIME_NOW => Ok(TimeSet::Now),
-        libc::UTIME_OMIT => Ok(TimeSet::Omit),
-        n if (0..1_000_000_000).contains(&n) => t
-            .tv_sec
-            .checked_mul(1_000_000_000)
-            .and_then(|s| s.checked_add(n))
-            .map(TimeSet::At)
-            .ok_or_else(|| Error::new(libc::EINVAL, "time out of range".to_string())),
-        _ => err(libc::EINVAL, "tv_nsec out of range"),
-    }
-}
-
-/// # Safety
-/// `t` is NULL or points to two timespecs.
-unsafe fn times(t: *const libc::timespec) -> R<(TimeSet, TimeSet)> {
-    if t.is_null() {
-        return Ok((TimeSet::Now, TimeSet::Now));
-    }
-    // SAFETY: the caller's contract.
-    let t = unsafe { std::slice::from_raw_parts(t, 2) };
-    Ok((time_set(&t[0])?, time_set(&t[1])?))
-}
-
-fn id(v: u32) -> Option<u32> {
-    (v != u32::MAX).then_some(v)
-}
-
 // ----- helpers for the entry points -------------------------------------
 
 /// A call with a path: libc's `pass(dirfd, path)` or the pool's
@@ -772,5 +888,45 @@ fn by_fd<T: Fail>(
     }
 }
 
+/// Entry points that are another's under a second name, with the same
+/// arguments (`stat64` is `stat` on 64-bit Linux, ...).
+macro_rules! twins {
+    ($($name:ident = $target:ident($($a:ident: $t:ty),* $(,)?) -> $r:ty;)*) => { $(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            // SAFETY: the twin's contract, which is this function's.
+            unsafe { $target($($a),*) }
+        }
+    )* };
+}
+
+/// Entry points whose first argument is a path (from the current
+/// directory): libc's function of the same name, or under the prefix
+/// `$chfs` with the chfs-rs path as `$p`.
+macro_rules! path_fns {
+    ($($name:ident($($a:ident: $t:ty),* $(,)?) -> $r:ty = |$p:ident| $chfs:expr;)*) => { $(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, $($a: $t),*) -> $r {
+            // SAFETY: the caller's C string and arguments, passed on.
+            unsafe { by_path(AT_FDCWD, path, |_, q| real::$name(q, $($a),*), |$p| $chfs) }
+        }
+    )* };
+}
+
+/// Entry points that start another program image (exec, spawn): every
+/// open chfs-rs file's buffered writes and size are published first
+/// (the new image has its own client), then libc's function runs.
+macro_rules! publish_first {
+    ($($name:ident($($a:ident: $t:ty),* $(,)?) -> $r:ty;)*) => { $(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            publish_open_files();
+            // SAFETY: libc's function with the caller's arguments.
+            unsafe { real::$name($($a),*) }
+        }
+    )* };
+}
+
 mod entry;
+mod more;
 mod stdio;

@@ -24,6 +24,15 @@ pub(crate) fn normalize_abs(p: &str) -> String {
     out
 }
 
+/// Is the absolute path `p` what [`normalize_abs`] would make of it (no
+/// empty, `.` or `..` component, no trailing `/` but for `/` itself)?
+pub(crate) fn is_normal(p: &str) -> bool {
+    let Some(rest) = p.strip_prefix('/') else {
+        return false;
+    };
+    rest.is_empty() || rest.split('/').all(|c| !matches!(c, "" | "." | ".."))
+}
+
 /// Does the C string `p` start with `prefix` followed by `/` or its end?
 ///
 /// # Safety
@@ -73,6 +82,28 @@ mod tests {
         assert_eq!(normalize_abs("/.."), "/");
         assert_eq!(normalize_abs("/chfs/../etc"), "/etc");
         assert_eq!(normalize_abs("/"), "/");
+    }
+
+    #[test]
+    fn normal_paths_are_those_normalize_leaves_alone() {
+        for p in [
+            "/",
+            "/chfs",
+            "/chfs/a",
+            "/chfs/a.b/..c/.d",
+            "//",
+            "/chfs/",
+            "/chfs//a",
+            "/chfs/./a",
+            "/chfs/..",
+            "/chfs/a/..",
+            "/.",
+            "chfs",
+            "",
+        ] {
+            let normal = p.starts_with('/') && normalize_abs(p) == p;
+            assert_eq!(is_normal(p), normal, "{p:?}");
+        }
     }
 
     #[test]

@@ -98,6 +98,9 @@ real! {
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     fn close(fd: c_int) -> c_int;
+    fn close_range(first: c_uint, last: c_uint, flags: c_uint) -> c_int;
+    fn closefrom(low: c_int) -> ();
+    fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
     fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
@@ -181,5 +184,26 @@ real! {
     fn lsetxattr(path: *const c_char, name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
     fn fsetxattr(fd: c_int, name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
     fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int;
+    fn statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int;
+    fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int;
+    fn link(from: *const c_char, to: *const c_char) -> c_int;
+    fn linkat(d1: c_int, from: *const c_char, d2: c_int, to: *const c_char, flags: c_int) -> c_int;
+    fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int;
+    fn __xmknodat(ver: c_int, dirfd: c_int, path: *const c_char, mode: mode_t, dev: *mut libc::dev_t) -> c_int;
+    fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int;
+    fn utime(path: *const c_char, t: *const libc::utimbuf) -> c_int;
+    fn utimes(path: *const c_char, t: *const libc::timeval) -> c_int;
+    fn lutimes(path: *const c_char, t: *const libc::timeval) -> c_int;
+    fn futimes(fd: c_int, t: *const libc::timeval) -> c_int;
+    fn futimesat(dirfd: c_int, path: *const c_char, t: *const libc::timeval) -> c_int;
+    fn readdir64_r(d: *mut DIR, entry: *mut libc::dirent64, result: *mut *mut libc::dirent64) -> c_int;
+    fn scandir(path: *const c_char, list: *mut *mut *mut libc::dirent64, filter: crate::more::Filter, compar: crate::more::Compar) -> c_int;
+    fn scandirat(dirfd: c_int, path: *const c_char, list: *mut *mut *mut libc::dirent64, filter: crate::more::Filter, compar: crate::more::Compar) -> c_int;
+    fn getdents64(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    fn splice(inp: c_int, oi: *mut off_t, out: c_int, oo: *mut off_t, n: size_t, flags: c_uint) -> ssize_t;
+    fn system(cmd: *const c_char) -> c_int;
+    fn popen(cmd: *const c_char, mode: *const c_char) -> *mut FILE;
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int;
 }

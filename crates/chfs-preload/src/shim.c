@@ -10,6 +10,7 @@
  * would hide them).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -152,3 +153,33 @@ int execle(const char *path, const char *arg, ...)
     ARGV_FROM_LIST(arg, envp = va_arg(ap, char *const *));
     return execve(path, (char *const *)argv, envp);
 }
+
+/* vfork: the child shares the parent's memory, so the Rust side must not
+   change the parent's descriptor table from it; whether that check (a
+   getpid) is needed at all is known from whether the program ever called
+   vfork. This entry point notes it and jumps to libc's vfork without a
+   frame of its own (a function calling vfork would return twice through
+   one frame). Elsewhere than x86-64 the check is always made. */
+__attribute__((visibility("hidden"))) char chfs_preload_vforked;
+__attribute__((visibility("hidden"))) void *chfs_preload_real_vfork;
+
+__attribute__((constructor)) static void chfs_preload_find_vfork(void)
+{
+    chfs_preload_real_vfork = dlsym(RTLD_NEXT, "vfork");
+    if (chfs_preload_real_vfork == NULL)
+        chfs_preload_real_vfork = (void *)fork;
+}
+
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl vfork\n"
+        ".type vfork, @function\n"
+        "vfork:\n"
+        "    movb $1, chfs_preload_vforked(%rip)\n"
+        "    jmp *chfs_preload_real_vfork(%rip)\n"
+        ".size vfork, .-vfork\n");
+
+int chfs_preload_vfork_seen(void) { return __atomic_load_n(&chfs_preload_vforked, __ATOMIC_RELAXED); }
+#else
+int chfs_preload_vfork_seen(void) { return 1; }
+#endif

@@ -88,12 +88,6 @@ pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
-    // SAFETY: same contract.
-    unsafe { fopen(path, mode) }
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
     if ours(fd).is_none() {
         // SAFETY: libc's fdopen.
@@ -129,16 +123,6 @@ pub unsafe extern "C" fn freopen(
         // SAFETY: libc's freopen with the caller's arguments.
         _ => unsafe { real::freopen(path, mode, f) },
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn freopen64(
-    path: *const c_char,
-    mode: *const c_char,
-    f: *mut FILE,
-) -> *mut FILE {
-    // SAFETY: same contract.
-    unsafe { freopen(path, mode, f) }
 }
 
 #[no_mangle]
@@ -210,4 +194,9 @@ pub unsafe extern "C" fn chfs_preload_cookie_close(c: *mut c_void) -> c_int {
     }
     // SAFETY: our descriptor, owned by the stream.
     unsafe { entry::close(ck.fd) }
+}
+
+twins! {
+    fopen64 = fopen(path: *const c_char, mode: *const c_char) -> *mut FILE;
+    freopen64 = freopen(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE;
 }

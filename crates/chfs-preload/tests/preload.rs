@@ -93,6 +93,20 @@ impl Env {
         String::from_utf8(self.ok(prog, args).stdout).unwrap()
     }
 
+    /// `prog args` with 4 KiB chunks and client write buffering
+    /// (`CHFS_BUF_SIZE=65536`): writes beyond the first chunk and buffered
+    /// ones show whether they were published; checked to succeed.
+    fn buffered(&self, prog: &str, args: &[&str]) -> Output {
+        let out = self
+            .cmd(prog)
+            .args(args)
+            .env("CHFS_CHUNK_SIZE", "4096")
+            .env("CHFS_BUF_SIZE", "65536")
+            .output()
+            .unwrap();
+        checked(out, &format!("{prog} {args:?}"))
+    }
+
     /// Compiles tests/c/NAME.c with `compiler` into the temporary directory.
     fn compile(&self, compiler: &str, name: &str) -> PathBuf {
         let exe = self.tmp.path().join(name);
@@ -635,6 +649,42 @@ fn exec_publishes_writes_and_the_new_image_has_its_own_preload() {
     );
 }
 
+/// Python's subprocess (vfork, then close_range in the child) while a
+/// chfs-rs file is open with buffered writes: the parent's descriptor
+/// table is not the child's to change (it was: the file's descriptor was
+/// released and later writes went to /dev/null). The child sees what the
+/// parent published (here by fsync), as a process on another node would.
+#[test]
+fn python_subprocess_with_a_file_open() {
+    let e = Env::new();
+    let c = e.client();
+    let script = format!(
+        r#"
+import os, subprocess
+m = {m:?}
+fd = os.open(m + "/sub", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+os.write(fd, b"a" * 10000)
+os.fsync(fd)
+out = subprocess.run(["cat", m + "/sub"], check=True, capture_output=True).stdout
+assert out == b"a" * 10000, len(out)
+os.write(fd, b"b" * 10000)
+assert os.fstat(fd).st_size == 20000
+os.close(fd)
+print("ok")
+"#,
+        m = e.mount
+    );
+    assert_eq!(e.buffered("python3", &["-c", &script]).stdout, b"ok\n");
+    let got = read_all(&c, "/sub");
+    assert!(
+        got.len() == 20000
+            && got[..10000].iter().all(|&b| b == b'a')
+            && got[10000..].iter().all(|&b| b == b'b'),
+        "{} bytes",
+        got.len()
+    );
+}
+
 /// A program that writes and exits without closing (stdio stream and
 /// descriptor, with client write buffering) loses nothing: the preload
 /// flushes stdio and publishes open files at exit(3).
@@ -655,14 +705,75 @@ sys.exit(0)
 "#,
         m = e.mount
     );
-    let out = e
-        .cmd("python3")
-        .args(["-c", &script])
-        .env("CHFS_CHUNK_SIZE", "4096")
-        .env("CHFS_BUF_SIZE", "65536")
-        .output()
-        .unwrap();
-    checked(out, "python3");
+    e.buffered("python3", &["-c", &script]);
     assert_eq!(read_all(&c, "/raw"), vec![b'x'; 10000]);
     assert_eq!(read_all(&c, "/text"), vec![b'y'; 5000]);
+}
+
+/// A program that closes every descriptor from 3 up (a close loop,
+/// close_range, closefrom) and goes on using chfs-rs files
+/// (tests/c/closeall.c): its own descriptors are closed, chfs-rs ones
+/// too; the client's sockets stay open (a local file given one of their
+/// numbers would be written by the client: the program then fills every
+/// free number with a local file and checks that it stays empty), and
+/// `dup2` onto one fails with EBUSY.
+#[test]
+fn closing_every_descriptor_leaves_the_clients_own() {
+    let e = Env::new();
+    let c = e.client();
+    let exe = e.compile("cc", "closeall");
+    for mode in ["loop", "range", "from"] {
+        let out = e
+            .cmd(exe.to_str().unwrap())
+            .args([&e.m(&format!("/{mode}")), mode])
+            .output()
+            .unwrap();
+        let out = checked(out, &format!("closeall {mode}"));
+        let s = String::from_utf8_lossy(&out.stdout);
+        let filled: usize = s
+            .strip_prefix("ok ")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("closeall {mode}: {s}"));
+        assert!(filled > 40, "closeall {mode}: only {filled} numbers filled");
+        assert_eq!(read_all(&c, &format!("/{mode}/b")).len(), 200_000);
+    }
+}
+
+/// The calls interposed last, through a C program (tests/c/calls.c):
+/// statfs/fstatfs (the pool's numbers, f_type "chfs"), link/linkat (EPERM
+/// in the pool as through the mount, EXDEV across, libc's elsewhere),
+/// mknod/mknodat (regular files; FIFOs EPERM, mkfifo too), utime/utimes/
+/// lutimes/futimes/futimesat, readdir_r, scandir/scandir64 (filter and
+/// sort), getdents64 (small buffer, lseek to 0), sendfile both ways (with
+/// and without an offset), copy_file_range (offsets and positions),
+/// splice through a pipe, and posix_spawnp, system and popen of `cat`
+/// while a written file is still open with CHFS_BUF_SIZE (published
+/// before the spawn); then
+/// `cp` (copy_file_range in coreutils 9) inside the prefix, and `_exit`/
+/// `_Exit` without close (published).
+#[test]
+fn statfs_link_mknod_utimes_scandir_getdents_copies_spawn_exit() {
+    let e = Env::new();
+    let c = e.client();
+    let exe = e.compile("cc", "calls");
+    let local = e.tmp.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let run = |args: &[&str]| e.buffered(exe.to_str().unwrap(), args);
+    let out = run(&[&e.m("/c"), local.to_str().unwrap()]);
+    assert_eq!(out.stdout, b"ok\n");
+    let pat = |n: usize| -> Vec<u8> { (0..n).map(|i| b'A' + (i % 53) as u8).collect() };
+    assert!(read_all(&c, "/c/big") == pat(300_000));
+    assert!(read_all(&c, "/c/back") == pat(300_000));
+    assert!(c.stat("/c/n").unwrap().mode & libc::S_IFMT == libc::S_IFREG);
+    assert!(c.stat("/c/g").is_err() && c.stat("/c/p").is_err());
+
+    e.ok("cp", &[&e.m("/c/big"), &e.m("/c/big.cp")]);
+    assert!(read_all(&c, "/c/big.cp") == pat(300_000));
+
+    for flag in ["--exit", "--Exit"] {
+        let p = format!("/exit{flag}");
+        run(&[flag, &e.m(&p)]);
+        let got = read_all(&c, &p);
+        assert!(got == pat(10_000), "{flag}: {} bytes read back", got.len());
+    }
 }

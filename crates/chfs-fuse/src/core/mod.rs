@@ -538,14 +538,13 @@ impl Core {
     /// Capacity and use of the pool.
     pub fn statfs(&self) -> Result<FsStat> {
         let _op = debug_span!("fuse", op = "statfs").entered();
-        const BS: u64 = 4096;
-        let s = self.client.statfs()?;
-        let free = s.free / BS;
+        // The numbers every C view of the pool reports (StatFs::counts).
+        let (blocks, free, files, _) = self.client.statfs()?.counts();
         Ok(FsStat {
-            blocks: s.total / BS,
+            blocks,
             free,
-            files: s.entries + free,
-            bsize: BS as u32,
+            files,
+            bsize: chfs_client::StatFs::BLOCK as u32,
             namelen: chfs_proto::path::MAX_NAME as u32,
         })
     }
