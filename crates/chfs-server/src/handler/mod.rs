@@ -663,7 +663,8 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
 /// A relayed lookup ([`Request::Lookup`]) at this contact server: served
 /// here when this server owns the entry (or knows no list yet), else from
 /// the contact cache, else by the one request in flight to the owner
-/// (`crate::relay`). The request to the owner is a forwarded `Stat` over
+/// (`crate::relay`); the first lookup of a path is passed to the owner
+/// and its answer not kept. The request to the owner is a forwarded `Stat` over
 /// the server-to-server connection (authenticated as a server); it runs
 /// in a task of its own, so that the lookups waiting for it get their
 /// answer even if the one that sent it goes away, and it ends within the
@@ -686,6 +687,25 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
             return a.map(Response::Meta);
         }
         Step::Wait(rx) => rx,
+        Step::Pass => {
+            // The first lookup of the path: the owner does not remember
+            // this contact (keep 0) and nothing is kept here.
+            Counters::inc(&sh.counters.lookup_forwards);
+            let addr = p.ring.list().servers[owner].clone();
+            let req = Request::WatchStat {
+                path: path.clone(),
+                contact: sh.me.clone(),
+                keep_ms: 0,
+            };
+            return match sh.peers.call(&addr, &req, FLAG_FORWARDED).await {
+                Ok(Response::Meta(m)) => Ok(Response::Meta(m)),
+                Ok(other) => Err(ErrorReply::new(
+                    libc::EPROTO,
+                    format!("server {addr} answered a lookup of {path} with {other:?}"),
+                )),
+                Err(e) => Err(e),
+            };
+        }
         Step::Lead { id, sent, rx } => {
             Counters::inc(&sh.counters.lookup_forwards);
             let addr = p.ring.list().servers[owner].clone();
