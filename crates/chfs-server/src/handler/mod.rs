@@ -276,6 +276,28 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             sh.contact.invalidate(&path);
             Ok(Response::Ok)
         }
+        Request::NodeLocal { prefix } => {
+            let mine = sh.node_local.as_deref().unwrap_or("");
+            if prefix == mine {
+                return Ok(Response::Ok);
+            }
+            let name = |p: &str| match p {
+                "" => "none (turned off)".to_string(),
+                p => p.to_string(),
+            };
+            Err(ErrorReply::new(
+                libc::EINVAL,
+                format!(
+                    "the node-local area differs: the client's (CHFS_NODE_LOCAL_PREFIX) is {}, \
+                     the chfsd at {} on its host has {} (chfsd --node-local-prefix or \
+                     CHFS_NODE_LOCAL_PREFIX when it started); both must be the same (empty on \
+                     both turns the area off)",
+                    name(&prefix),
+                    sh.me,
+                    name(mine)
+                ),
+            ))
+        }
         Request::Stat { path } => match ns.entry(sh, &path)? {
             Some(m) => Ok(Response::Meta(m)),
             None if path == "/" => Ok(Response::Meta(default_root())),
@@ -742,16 +764,7 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
 
 /// The path a request is about (for the node-local rule), if one.
 fn path_of(req: &Request) -> Option<&str> {
-    match req {
-        Request::Readdir { path, .. }
-        | Request::ReaddirDirs { path, .. }
-        | Request::HasChildren { path }
-        | Request::RemoveChunks { path, .. }
-        | Request::TruncateChunks { path, .. }
-        | Request::Lookup { path, .. } => Some(path),
-        Request::RenameMove { old, .. } => Some(old),
-        r => r.key().map(|(p, _)| p),
-    }
+    req.path()
 }
 
 /// Entries and bytes (file sizes) of this server's node-local area.
@@ -771,8 +784,9 @@ fn node_local_usage(sh: &Shared) -> (u64, u64) {
 }
 
 /// Removes everything in this server's node-local area (the server is
-/// asked to stop: `chfsctl stop`); the area's directory stays.
-fn discard_node_local(sh: &Shared) {
+/// asked to stop, `chfsctl stop`, or starts on a persistent store that a
+/// killed server left); the area's directory stays.
+pub(crate) fn discard_node_local(sh: &Shared) {
     let Some(dir) = sh.node_local.as_deref() else {
         return;
     };
@@ -781,6 +795,9 @@ fn discard_node_local(sh: &Shared) {
     // Deepest first.
     paths.sort_by(|a, b| b.cmp(a));
     let n = paths.len();
+    if n == 0 {
+        return;
+    }
     for p in paths {
         let _ = st.remove_chunks(&p, 1);
         let _ = st.remove(&p, 0, &mut |_| Ok(()));
