@@ -487,6 +487,12 @@ impl PoolState {
         }
     }
 
+    /// The server on this host that keeps the node-local area (None: no
+    /// server on this host, or the area is off).
+    pub fn local_server(&self) -> Option<usize> {
+        self.node_local.as_ref().and(self.local)
+    }
+
     /// Is `p` in the node-local area?
     pub fn is_node_local(&self, p: &str) -> bool {
         self.node_local
