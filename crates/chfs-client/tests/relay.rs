@@ -313,3 +313,47 @@ fn a_relayed_client_connects_to_its_group_and_closes_idle_connections() {
     let conns = b.connected_servers();
     assert!(conns.contains(&3) && !conns.contains(&1), "{conns:?}");
 }
+
+/// When the server list changes (a server joined), the former owner of
+/// an entry tells the contacts keeping answers about it to drop them: the
+/// new owner does not know those contacts, so a change made there is
+/// seen through a contact at once only thanks to that.
+#[test]
+fn a_contact_is_told_when_an_entry_it_keeps_moves_to_a_new_owner() {
+    let mut p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        args: vec!["--lookup-cache-msec".into(), "30000".into()],
+        ..Default::default()
+    })
+    .expect("pool");
+    let ttl = Duration::from_secs(30);
+    // Every server is on this host: seed 0 takes the first as contact.
+    let b = relayed(&p, Lookup::Local, 0, ttl);
+    let contact = b.servers()[0].clone();
+    let owned_by_1: Vec<String> = (0..200)
+        .map(|i| format!("/m{i}"))
+        .filter(|f| b.entry_servers(f).unwrap().0 == 1)
+        .collect();
+    // Looked up twice: the absence is kept by the contact (watched at 1).
+    for f in &owned_by_1 {
+        for _ in 0..2 {
+            assert_eq!(b.stat(f).unwrap_err().errno(), libc::ENOENT);
+        }
+    }
+    let hits = status(&b, &contact).lookup_hits;
+    assert_eq!(b.stat(&owned_by_1[0]).unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(status(&b, &contact).lookup_hits, hits + 1, "kept");
+    p.add_server().expect("join");
+    let a = relayed(&p, Lookup::Direct, 0, ttl);
+    assert_eq!(a.servers().len(), 3);
+    let moved: Vec<&String> = owned_by_1
+        .iter()
+        .filter(|f| a.entry_servers(f).unwrap().0 == 2)
+        .collect();
+    assert!(!moved.is_empty(), "no path moved to the new server");
+    for f in moved {
+        let fd = a.create(f, O_WRONLY, 0o644).unwrap();
+        a.close(fd).unwrap();
+        assert!(b.stat(f).is_ok(), "{f}: created at its new owner");
+    }
+}

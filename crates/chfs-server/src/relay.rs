@@ -278,6 +278,26 @@ impl Watchers {
         }
     }
 
+    /// The contacts still keeping an answer about a path for which
+    /// `keep(path)` is false (this server no longer owns it: the server
+    /// list changed), by path; forgotten here.
+    pub fn take_unless(&self, keep: impl Fn(&str) -> bool) -> Vec<(String, Vec<String>)> {
+        let now = Instant::now();
+        let mut m = lock(&self.by_path);
+        let gone: Vec<String> = m.keys().filter(|p| !keep(p)).cloned().collect();
+        gone.into_iter()
+            .filter_map(|p| {
+                let live: Vec<String> = m
+                    .remove(&p)?
+                    .into_iter()
+                    .filter(|(_, t)| *t > now)
+                    .map(|(c, _)| c)
+                    .collect();
+                (!live.is_empty()).then_some((p, live))
+            })
+            .collect()
+    }
+
     /// Has any contact ever asked?
     pub fn used(&self) -> bool {
         self.used.load(std::sync::atomic::Ordering::Relaxed)
@@ -486,6 +506,18 @@ mod tests {
         assert!(w.take("/d/a", false).is_empty(), "taken once");
         assert!(w.take("/d", true).is_empty(), "/d/b expired");
         assert_eq!(w.take("/", true).len(), 1);
+        // Those of paths this server no longer owns.
+        w.watch("/mine", "c1:1", Duration::from_secs(10));
+        w.watch("/moved", "c1:1", Duration::from_secs(10));
+        w.watch("/moved", "c2:1", Duration::from_secs(10));
+        assert_eq!(
+            w.take_unless(|p| p == "/mine"),
+            vec![(
+                "/moved".to_string(),
+                vec!["c1:1".to_string(), "c2:1".to_string()]
+            )]
+        );
+        assert_eq!(w.take("/", true).len(), 1, "/mine stays");
     }
 
     #[test]

@@ -31,7 +31,7 @@ use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus};
 use chfs_proto::path::validate;
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::Chunk;
-use tracing::{debug, debug_span, info, Instrument};
+use tracing::{debug_span, info, Instrument};
 
 use crate::metrics::Counters;
 use crate::state::Shared;
@@ -100,31 +100,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
     r
 }
 
-/// Longest wait for a contact server to acknowledge an invalidation (one
-/// that does not keeps its answer until it expires).
-const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
-
 /// Tells the contact servers keeping answers about `path` (or, with
 /// `below`, paths inside it) that it changed, and waits for them.
 async fn tell_contacts(sh: &Arc<Shared>, path: &str, below: bool) {
-    let mut waits = Vec::new();
-    for (p, contacts) in sh.watchers.take(path, below) {
-        for c in contacts {
-            let sh = sh.clone();
-            let req = Request::Invalidate { path: p.clone() };
-            waits.push(tokio::spawn(async move {
-                let r =
-                    tokio::time::timeout(INVALIDATE_WAIT, sh.peers.call(&c, &req, FLAG_FORWARDED))
-                        .await;
-                if !matches!(r, Ok(Ok(_))) {
-                    debug!(contact = %c, "a contact server was not told of a change");
-                }
-            }));
-        }
-    }
-    for w in waits {
-        let _ = w.await;
-    }
+    common::invalidate(sh, sh.watchers.take(path, below)).await;
 }
 
 async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
@@ -170,6 +149,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 );
                 let old = cur.ring.list().clone();
                 sh.set_list(list.clone());
+                Box::pin(common::placement_changed(sh)).await;
                 Box::pin(mark_damaged(sh, &old, &list)).await;
             }
             Ok(Response::Ok)
