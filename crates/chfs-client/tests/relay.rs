@@ -357,3 +357,45 @@ fn a_contact_is_told_when_an_entry_it_keeps_moves_to_a_new_owner() {
         assert!(b.stat(f).is_ok(), "{f}: created at its new owner");
     }
 }
+
+/// A path looked up once through a contact is not kept there, so its
+/// owner remembers no contact for it and a change of it costs no
+/// invalidation; a path looked up twice is kept, and its change costs one
+/// `Invalidate` at the contact (seen in the contact's request count).
+#[test]
+fn a_path_looked_up_once_costs_no_watch_and_no_invalidation() {
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        args: vec!["--lookup-cache-msec".into(), "30000".into()],
+        ..Default::default()
+    })
+    .expect("pool");
+    let ttl = Duration::from_secs(30);
+    let b = relayed(&p, Lookup::Local, 0, ttl);
+    let a = relayed(&p, Lookup::Direct, 0, ttl);
+    let contact = b.servers()[0].clone();
+    // (path_relayed_by looks each path up once)
+    let once = path_relayed_by(&b, &contact, "/once");
+    let twice = path_relayed_by(&b, &contact, "/twice");
+    assert_eq!(b.stat(&twice).unwrap_err().errno(), libc::ENOENT);
+    let fd = a.create("/warm", O_WRONLY, 0o644).unwrap();
+    a.close(fd).unwrap();
+    // Requests the contact served while `a` created `f` (but the status
+    // request itself).
+    let served_during_create = |f: &str| {
+        let before = status(&b, &contact).requests;
+        let fd = a.create(f, O_WRONLY, 0o644).unwrap();
+        a.close(fd).unwrap();
+        status(&b, &contact).requests - before - 1
+    };
+    let d_once = served_during_create(&once);
+    let d_twice = served_during_create(&twice);
+    assert_eq!(
+        d_twice,
+        d_once + 1,
+        "one Invalidate, for the kept path only"
+    );
+    // Both seen at once.
+    assert!(b.stat(&once).is_ok());
+    assert!(b.stat(&twice).is_ok());
+}
