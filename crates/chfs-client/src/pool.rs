@@ -80,6 +80,9 @@ pub(crate) struct Pool {
     polls: Arc<Counts>,
     /// Chooses among candidate contact servers.
     seed: u64,
+    /// Whether the server on this host has the same node-local area
+    /// (`Pool::node_local_agreed`): Ok, or the errno and message.
+    node_local: OnceLock<std::result::Result<(), (i32, String)>>,
 }
 
 fn lanes_code(l: CpuLanes) -> u8 {
@@ -122,6 +125,7 @@ impl Pool {
             seed,
             lanes: AtomicU8::new(lanes_code(cfg.cpu_lanes)),
             window: OnceLock::new(),
+            node_local: OnceLock::new(),
             polls,
             cfg,
             state,
@@ -321,10 +325,41 @@ impl Pool {
     /// ([`retry_safe`]).
     pub fn call(&self, st: &PoolState, i: usize, req: &Request) -> Result<Response> {
         let _rpc = tracing::debug_span!("rpc", op = req.op(), server = i).entered();
+        if let Some(p) = req.path() {
+            if st.is_node_local(p)
+                || chfs_proto::path::is_within(p, chfs_proto::path::NODE_LOCAL_PREFIX)
+            {
+                self.node_local_agreed(st)?;
+            }
+        }
         match self.conn(st, i)?.call(req) {
             Err(e) if retry_safe(&e, req.op()) => self.conn(st, i)?.call(req),
             r => r,
         }
+    }
+
+    /// Do this client and the server on its host agree on the node-local
+    /// area ([`Request::NodeLocal`])? Asked once, at the first request
+    /// about a path in the client's area or in the default one (so that
+    /// an area turned on at one side only is found), when a server runs
+    /// on this host; the answer (but a failure to ask) is kept.
+    fn node_local_agreed(&self, st: &PoolState) -> Result<()> {
+        if let Some(v) = self.node_local.get() {
+            return v.clone().map_err(|(errno, m)| Error::new(errno, m));
+        }
+        let Some(local) = st.local else {
+            return Ok(());
+        };
+        let req = Request::NodeLocal {
+            prefix: st.node_local.clone().unwrap_or_default(),
+        };
+        let v = match self.conn(st, local)?.call(&req) {
+            Ok(_) => Ok(()),
+            Err(e) if e.errno() == libc::EINVAL => Err((e.errno(), e.message().to_string())),
+            Err(e) => return Err(e),
+        };
+        let _ = self.node_local.set(v.clone());
+        v.map_err(|(errno, m)| Error::new(errno, m))
     }
 
     /// Runs a batch with at most `window` requests in flight; results are in
@@ -450,6 +485,12 @@ impl PoolState {
             local: local_servers.first().copied(),
             node_local: cfg.node_local.clone(),
         }
+    }
+
+    /// The server on this host that keeps the node-local area (None: no
+    /// server on this host, or the area is off).
+    pub fn local_server(&self) -> Option<usize> {
+        self.node_local.as_ref().and(self.local)
     }
 
     /// Is `p` in the node-local area?

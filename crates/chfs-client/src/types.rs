@@ -124,6 +124,15 @@ pub struct StatFs {
     pub entries: u64,
     /// Number of servers.
     pub servers: u32,
+    /// Of `entries`: entries (files and directories) in the node-local
+    /// areas of every server.
+    pub node_local_entries: u64,
+    /// Of `used`: the sizes of the files in the node-local areas of every
+    /// server.
+    pub node_local_bytes: u64,
+    /// The node-local area of this node (the server on this host that
+    /// keeps it): entries and file bytes, or None without one.
+    pub this_node: Option<(u64, u64)>,
 }
 
 /// Timestamp change for [`crate::Client::utimens`].

@@ -119,3 +119,78 @@ fn stopping_the_servers_discards_the_node_local_area() {
     );
     assert!(c.stat(AREA).unwrap().is_dir());
 }
+
+/// A server killed (or crashed) with a persistent store leaves its area
+/// in the store: its next start discards it (the area is temporary); the
+/// shared namespace survives.
+#[test]
+fn a_killed_servers_node_local_area_is_discarded_at_its_next_start() {
+    let mut p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        store: Some("pmem".into()),
+        ..Default::default()
+    })
+    .expect("pool");
+    let c = client(&p, |_| {});
+    c.mkdir(&format!("{AREA}/d"), 0o755).unwrap();
+    for f in ["/keep", &format!("{AREA}/d/scratch")] {
+        let fd = c.create(f, O_WRONLY, 0o644).unwrap();
+        c.pwrite(fd, &pattern(100_000, 1), 0).unwrap();
+        c.close(fd).unwrap();
+    }
+    assert_eq!(counts(&c)[0].1, 2);
+    drop(c);
+    // SIGKILL: nothing is discarded on the way down.
+    p.restart_all().expect("restart");
+    let c = client(&p, |_| {});
+    assert_eq!(c.stat("/keep").unwrap().size, 100_000);
+    for f in [format!("{AREA}/d/scratch"), format!("{AREA}/d")] {
+        assert_eq!(c.stat(&f).unwrap_err().errno(), libc::ENOENT, "{f}");
+    }
+    assert!(c.stat(AREA).unwrap().is_dir());
+    assert_eq!(counts(&c)[0].1, 0, "no entry (nor chunk) of the area left");
+}
+
+/// Client and servers must name the same area: the server on the
+/// client's host refuses (EINVAL, naming both) the client's first use of
+/// its area, or of the default one when the area is on at one side only;
+/// the shared namespace still works for that client.
+#[test]
+fn client_and_server_must_agree_on_the_area() {
+    let p = LocalPool::start(2).expect("pool");
+    let other = client(&p, |cfg| cfg.node_local = Some("/scratch".into()));
+    let e = other.create("/scratch/x", O_WRONLY, 0o644).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert!(
+        e.message().contains("/scratch") && e.message().contains(AREA),
+        "{e}"
+    );
+    // (and again, from what the client remembers)
+    assert_eq!(other.stat("/scratch").unwrap_err().errno(), libc::EINVAL);
+    let fd = other.create("/shared", O_WRONLY, 0o644).unwrap();
+    other.close(fd).unwrap();
+    let off = client(&p, |cfg| cfg.node_local = None);
+    let e = off
+        .create(&format!("{AREA}/x"), O_WRONLY, 0o644)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert!(e.message().contains("none"), "{e}");
+    assert!(off.stat("/shared").is_ok());
+    drop(p);
+
+    // Servers with another area: a client naming it uses it, a client
+    // with the default is refused.
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        args: vec!["--node-local-prefix".into(), "/scratch".into()],
+        ..Default::default()
+    })
+    .expect("pool");
+    let same = client(&p, |cfg| cfg.node_local = Some("/scratch".into()));
+    let fd = same.create("/scratch/x", O_WRONLY, 0o644).unwrap();
+    same.close(fd).unwrap();
+    assert_eq!(counts(&same)[0].1, 1);
+    let default = client(&p, |_| {});
+    let e = default.stat(&format!("{AREA}/x")).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+}

@@ -508,3 +508,44 @@ fn every_client_setting_is_in_the_tools_help_and_the_readme() {
         );
     }
 }
+
+/// `chfs df`: the pool's use, with the node-local areas apart (every
+/// node's, and this node's: here every server is on this host, the first
+/// keeps the area).
+#[test]
+fn chfs_df_shows_the_node_local_area_apart() {
+    let pool = LocalPool::start(2).unwrap();
+    let c = client(&pool);
+    for (f, n) in [("/.nodelocal/scratch", 5000), ("/shared", 7000)] {
+        let fd = c.create(f, chfs_client::flags::O_WRONLY, 0o644).unwrap();
+        c.pwrite(fd, &vec![1u8; n], 0).unwrap();
+        c.close(fd).unwrap();
+    }
+    let df = |env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chfs"))
+            .arg("df")
+            .env("CHFS_SERVER", pool.server_string())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let out = df(&[]);
+    assert!(out.starts_with("pool: 2 servers, "), "{out}");
+    assert!(
+        out.contains("node-local areas (every node, counted in the pool): 5000 bytes in 1 entries"),
+        "{out}"
+    );
+    assert!(
+        out.contains("this node's area (/.nodelocal): 5000 bytes in 1 entries"),
+        "{out}"
+    );
+    let out = df(&[("CHFS_NODE_LOCAL_PREFIX", "")]);
+    assert!(out.contains("this node's area: off"), "{out}");
+}

@@ -28,8 +28,8 @@ pub use msg::{Request, Response};
 /// roles, `Response::Sized`; 6: `SetSize::stray`, errnos in the flush and
 /// rebalance states, `ServerStatus::forwarded`/`reads`/`writes`; 8:
 /// `Lookup`, `WatchStat`, `Invalidate`, `ServerStatus::lookups`/`lookup_hits`/`lookup_forwards`/
-/// `node_local_entries`/`node_local_bytes`).
-pub const PROTOCOL_VERSION: u16 = 8;
+/// `node_local_entries`/`node_local_bytes`; 9: `NodeLocal`).
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -85,6 +85,7 @@ opcodes! {
     LOOKUP = 32 => Lookup,
     WATCH_STAT = 33 => WatchStat,
     INVALIDATE = 34 => Invalidate,
+    NODE_LOCAL = 35 => NodeLocal,
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -543,6 +544,14 @@ pub enum Request {
         /// Normalised path.
         path: String,
     },
+    /// A client tells the server on its host the path of its node-local
+    /// area (`CHFS_NODE_LOCAL_PREFIX`, empty when off); the server answers
+    /// [`Response::Ok`] when its own is the same, else an error naming
+    /// both.
+    NodeLocal {
+        /// The client's node-local prefix (empty: none).
+        prefix: String,
+    },
 }
 
 /// A successful response.
@@ -748,6 +757,21 @@ impl Request {
         }
     }
 
+    /// The path a request is about (of an entry, or a directory listed,
+    /// or a rename's source), if one.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Request::Readdir { path, .. }
+            | Request::ReaddirDirs { path, .. }
+            | Request::HasChildren { path }
+            | Request::RemoveChunks { path, .. }
+            | Request::TruncateChunks { path, .. }
+            | Request::Lookup { path, .. } => Some(path),
+            Request::RenameMove { old, .. } => Some(old),
+            r => r.key().map(|(p, _)| p),
+        }
+    }
+
     /// Encodes the payload (fields, then the data tail).
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
@@ -794,6 +818,7 @@ impl Request {
                 out.put_u32(*keep_ms);
             }
             Request::Invalidate { path } => out.put_str(path),
+            Request::NodeLocal { prefix } => out.put_str(prefix),
             Request::Write {
                 path,
                 fileid,
@@ -944,6 +969,9 @@ impl Request {
                 keep_ms: r.u32()?,
             },
             op::INVALIDATE => Request::Invalidate { path: r.string()? },
+            op::NODE_LOCAL => Request::NodeLocal {
+                prefix: r.string()?,
+            },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -1334,6 +1362,12 @@ mod tests {
             ..Default::default()
         };
         rt(Request::Ping);
+        rt(Request::NodeLocal {
+            prefix: "/.nodelocal".into(),
+        });
+        rt(Request::NodeLocal {
+            prefix: String::new(),
+        });
         rt(Request::Lane { cpu: 7 });
         rt(Request::Lookup {
             path: "/in/x".into(),

@@ -188,6 +188,7 @@ const REQUEST_OPS: &[u16] = &[
     op::LOOKUP,
     op::WATCH_STAT,
     op::INVALIDATE,
+    op::NODE_LOCAL,
 ];
 
 /// Number of response tags (0 .. this), checked by
@@ -355,6 +356,12 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
         (
             op::INVALIDATE,
             text().prop_map(|path| Request::Invalidate { path }).boxed(),
+        ),
+        (
+            op::NODE_LOCAL,
+            text()
+                .prop_map(|prefix| Request::NodeLocal { prefix })
+                .boxed(),
         ),
         (
             op::JOIN,

@@ -197,7 +197,7 @@ fn with_meta<'a>(head: &[&'a str], meta_hex: &[&'a str], tail: &[&'a str]) -> Ve
 fn protocol_constants() {
     // A bump of the version is a deliberate edit of this line, made with
     // the literals below that changed.
-    assert_eq!(PROTOCOL_VERSION, 8);
+    assert_eq!(PROTOCOL_VERSION, 9);
     assert_eq!(MAGIC, *b"CHFS-RS\x01");
     assert_eq!(HEADER_LEN, 16);
     assert_eq!(META_LEN, 64);
@@ -346,10 +346,11 @@ fn request_name(r: &Request) -> &'static str {
         Request::Lookup { .. } => "Lookup",
         Request::WatchStat { .. } => "WatchStat",
         Request::Invalidate { .. } => "Invalidate",
+        Request::NodeLocal { .. } => "NodeLocal",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 31] = [
+const REQUEST_VARIANTS: [&str; 32] = [
     "Ping",
     "GetServers",
     "Join",
@@ -381,6 +382,7 @@ const REQUEST_VARIANTS: [&str; 31] = [
     "Lookup",
     "WatchStat",
     "Invalidate",
+    "NodeLocal",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -738,6 +740,20 @@ fn requests() {
             Request::Invalidate { path: "/in".into() },
             34,
             Some(vec!["03000000 2f696e"]),
+        ),
+        (
+            Request::NodeLocal {
+                prefix: "/.nl".into(),
+            },
+            35,
+            Some(vec!["04000000 2f2e6e6c"]), // prefix: u32 length, bytes
+        ),
+        (
+            Request::NodeLocal {
+                prefix: String::new(),
+            },
+            35,
+            Some(vec!["00000000"]), // none
         ),
     ];
     for (i, (req, opcode, want)) in cases.iter().enumerate() {
@@ -1169,7 +1185,7 @@ fn handshake_messages() {
         &hello.encode(),
         &[
             "434846532d525301", // magic "CHFS-RS\x01"
-            "0800",             // version u16
+            "0900",             // version u16
             "02",               // role (server)
             "01",               // has_key
             "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", // nonce
@@ -1187,7 +1203,7 @@ fn handshake_messages() {
         &open.encode(),
         &[
             "434846532d525301", // magic
-            "0800",             // version
+            "0900",             // version
             "00000000",         // status i32
             "0000",             // message length u16, no message
             "00",               // auth: open
@@ -1207,7 +1223,7 @@ fn handshake_messages() {
         &challenge.encode(),
         &[
             "434846532d525301", // magic
-            "0800",             // version
+            "0900",             // version
             "00000000",         // status
             "0000",             // message length
             "01",               // auth: challenge
@@ -1221,7 +1237,7 @@ fn handshake_messages() {
         &refusal.encode(),
         &[
             "434846532d525301", // magic
-            "0800",             // version
+            "0900",             // version
             "0d000000",         // status (EACCES)
             "0200 6e6f",        // message "no"; no auth byte after a refusal
         ],
@@ -1233,13 +1249,13 @@ fn handshake_messages() {
         &version_refusal(3).encode(),
         &[
             "434846532d525301", // magic
-            "0800",             // the acceptor's version
+            "0900",             // the acceptor's version
             "47000000",         // status (EPROTO)
             "7200",             // message length (114)
-            // "protocol version 3 not supported: this server speaks version 8
+            // "protocol version 3 not supported: this server speaks version 9
             // (use client and server of the same chfs-rs release)"
             "70726f746f636f6c2076657273696f6e2033206e6f7420737570706f727465643a20",
-            "746869732073657276657220737065616b732076657273696f6e203820",
+            "746869732073657276657220737065616b732076657273696f6e203920",
             "2875736520636c69656e7420616e6420736572766572206f66207468652073616d65",
             "20636866732d72732072656c6561736529",
         ],
@@ -1343,7 +1359,7 @@ fn handshake_keys_and_proofs() {
             &[1; 32],
             &[2; 32],
         ),
-        &["9d7b03397eb28daefe0c4d00a141e4e688e23855a8d9bcb3b3999c60e6aafda7"],
+        &["11594cc29cbba39e4a9d4edc6eed112fced21b8161f9e8baacf00307e5f0873b"],
     );
     g.finish();
 }

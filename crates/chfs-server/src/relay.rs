@@ -14,6 +14,18 @@
 //! but not kept. A contact the owner cannot reach keeps its answer until
 //! it expires.
 //!
+//! Second lookups only (as CHFS): the first lookup of a path (none kept
+//! or in flight, and none in the last `cap`) is passed to the owner as a
+//! plain lookup, [`Step::Pass`]: the owner does not remember this contact
+//! and the answer is not kept, so files looked up once (file per process)
+//! cost no cache entry here, no watch at the owner and no invalidation
+//! when they change later. Only a path looked up again within `cap` is
+//! asked with `WatchStat` and kept. A storm of lookups of one path costs
+//! the owner at most two requests per contact: the first passed, then the
+//! one the others wait for. A passed lookup is not joined (the owner
+//! would not tell this contact of a change, so a lookup arriving after a
+//! change completed could get the answer read before it).
+//!
 //! Freshness: an answer is stamped with the time its request to the owner
 //! was *sent* (the owner read its entry after that), and a lookup takes
 //! it only when that is at most `min(its max age, the server's cap)` ago.
@@ -54,6 +66,9 @@ pub(crate) enum Step {
     Hit(Answer),
     /// Wait for the request in flight.
     Wait(oneshot::Receiver<Answer>),
+    /// The first lookup of the path: ask the owner without `WatchStat`
+    /// and keep nothing.
+    Pass,
     /// Send the request to the owner (request `id`, sent now), then
     /// [`Contact::finish`] it; the answer also arrives on the receiver.
     Lead {
@@ -71,6 +86,11 @@ pub(crate) struct Contact {
     /// When paths in flight were invalidated (their answers then are not
     /// kept).
     invalidated: Mutex<HashMap<String, Instant>>,
+    /// Paths looked up once (when), not kept.
+    seen: Mutex<HashMap<String, Instant>>,
+    /// The lookups waiting for requests in flight that a newer request
+    /// for the same path replaced in `inflight`, by request.
+    superseded: Mutex<HashMap<u64, Vec<oneshot::Sender<Answer>>>>,
     next: std::sync::atomic::AtomicU64,
 }
 
@@ -82,6 +102,8 @@ impl Contact {
             cache: Mutex::default(),
             inflight: Mutex::default(),
             invalidated: Mutex::default(),
+            seen: Mutex::default(),
+            superseded: Mutex::default(),
             next: Default::default(),
         }
     }
@@ -104,24 +126,32 @@ impl Contact {
     /// `max_age` old.
     pub fn begin(&self, path: &str, max_age: Duration) -> Step {
         let age = max_age.min(self.cap);
-        if !age.is_zero() {
-            if let Some(c) = lock(&self.cache).get(path) {
-                if c.sent.elapsed() <= age {
-                    return Step::Hit(c.answer.clone());
-                }
+        // An answer is kept (if too old for this lookup): not a first one.
+        let mut kept = false;
+        if let Some(c) = lock(&self.cache).get(path) {
+            if !age.is_zero() && c.sent.elapsed() <= age {
+                return Step::Hit(c.answer.clone());
             }
+            kept = true;
         }
         let (tx, rx) = oneshot::channel();
         let mut inflight = lock(&self.inflight);
         if let Some(f) = inflight.get_mut(path) {
-            if f.sent.elapsed() <= max_age {
+            // Not one whose answer an invalidation made stale: a lookup
+            // arriving now may have been issued after the change.
+            let invalidated = lock(&self.invalidated)
+                .get(path)
+                .is_some_and(|&t| t >= f.sent);
+            if f.sent.elapsed() <= max_age && !invalidated {
                 f.waiters.push(tx);
                 return Step::Wait(rx);
             }
+        } else if !kept && !self.cap.is_zero() && self.first(path) {
+            return Step::Pass;
         }
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let sent = Instant::now();
-        inflight.insert(
+        let old = inflight.insert(
             path.to_string(),
             InFlight {
                 id,
@@ -129,7 +159,30 @@ impl Contact {
                 waiters: vec![tx],
             },
         );
+        if let Some(old) = old {
+            // Its lookups still get its answer.
+            lock(&self.superseded).insert(old.id, old.waiters);
+        }
         Step::Lead { id, sent, rx }
+    }
+
+    /// Is this the first lookup of `path` within `cap` (it is then
+    /// remembered as seen)?
+    fn first(&self, path: &str) -> bool {
+        let cap = self.cap;
+        let mut seen = lock(&self.seen);
+        if seen.get(path).is_some_and(|t| t.elapsed() <= cap) {
+            return false;
+        }
+        if seen.len() >= CAPACITY && !seen.contains_key(path) {
+            seen.retain(|_, t| t.elapsed() <= cap);
+            if seen.len() >= CAPACITY {
+                // (the paths then count as seen once more)
+                seen.clear();
+            }
+        }
+        seen.insert(path.to_string(), Instant::now());
+        true
     }
 
     /// The owner answered request `id` (sent at `sent`) for `path`: keeps
@@ -137,9 +190,11 @@ impl Contact {
     /// waiting for it.
     pub fn finish(&self, path: &str, id: u64, sent: Instant, answer: Answer) {
         let stale = {
+            // (locks in the order of `begin`: in flight, then invalidated)
+            let inflight = lock(&self.inflight);
             let mut inv = lock(&self.invalidated);
             let stale = inv.get(path).is_some_and(|&t| t >= sent);
-            if lock(&self.inflight).get(path).is_none_or(|f| f.id == id) {
+            if inflight.get(path).is_none_or(|f| f.id == id) {
                 inv.remove(path);
             }
             stale
@@ -173,7 +228,7 @@ impl Contact {
             let mut inflight = lock(&self.inflight);
             match inflight.get(path) {
                 Some(f) if f.id == id => inflight.remove(path).map(|f| f.waiters),
-                _ => None,
+                _ => lock(&self.superseded).remove(&id),
             }
         };
         for tx in waiters.into_iter().flatten() {
@@ -223,6 +278,26 @@ impl Watchers {
         }
     }
 
+    /// The contacts still keeping an answer about a path for which
+    /// `keep(path)` is false (this server no longer owns it: the server
+    /// list changed), by path; forgotten here.
+    pub fn take_unless(&self, keep: impl Fn(&str) -> bool) -> Vec<(String, Vec<String>)> {
+        let now = Instant::now();
+        let mut m = lock(&self.by_path);
+        let gone: Vec<String> = m.keys().filter(|p| !keep(p)).cloned().collect();
+        gone.into_iter()
+            .filter_map(|p| {
+                let live: Vec<String> = m
+                    .remove(&p)?
+                    .into_iter()
+                    .filter(|(_, t)| *t > now)
+                    .map(|(c, _)| c)
+                    .collect();
+                (!live.is_empty()).then_some((p, live))
+            })
+            .collect()
+    }
+
     /// Has any contact ever asked?
     pub fn used(&self) -> bool {
         self.used.load(std::sync::atomic::Ordering::Relaxed)
@@ -270,9 +345,74 @@ mod tests {
         }
     }
 
+    /// The first lookup of `p` (passed to the owner, nothing kept).
+    fn pass(c: &Contact, p: &str) {
+        assert!(
+            matches!(c.begin(p, Duration::from_secs(1)), Step::Pass),
+            "a first lookup of {p} is passed"
+        );
+    }
+
+    #[test]
+    fn only_a_second_lookup_is_kept_and_a_passed_one_is_not_joined() {
+        let c = Contact::new(Duration::from_millis(50));
+        pass(&c, "/a");
+        pass(&c, "/b");
+        // A second lookup leads the request others wait for.
+        let Step::Lead { id, sent, .. } = c.begin("/a", Duration::from_secs(1)) else {
+            panic!("a second lookup leads");
+        };
+        assert!(matches!(
+            c.begin("/a", Duration::from_secs(1)),
+            Step::Wait(_)
+        ));
+        c.finish("/a", id, sent, Ok(meta(3)));
+        assert!(matches!(c.begin("/a", Duration::from_secs(1)), Step::Hit(Ok(m)) if m.size == 3));
+        // Once expired, a kept path is not a first lookup again.
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(matches!(
+            c.begin("/a", Duration::from_secs(1)),
+            Step::Lead { .. }
+        ));
+        // A path seen longer than the cap ago is a first lookup again.
+        pass(&c, "/b");
+        // No cache: no first lookups either (nothing would be kept).
+        let z = Contact::new(Duration::ZERO);
+        assert!(matches!(
+            z.begin("/a", Duration::from_secs(1)),
+            Step::Lead { .. }
+        ));
+    }
+
+    #[test]
+    fn a_request_invalidated_in_flight_is_not_joined() {
+        let c = Contact::new(Duration::from_secs(10));
+        pass(&c, "/a");
+        let Step::Lead { id, sent, rx } = c.begin("/a", Duration::from_secs(5)) else {
+            panic!()
+        };
+        c.invalidate("/a");
+        // A lookup arriving after the change leads a request of its own.
+        let Step::Lead {
+            id: id2,
+            sent: sent2,
+            rx: rx2,
+        } = c.begin("/a", Duration::from_secs(5))
+        else {
+            panic!("not joined after its invalidation");
+        };
+        c.finish("/a", id, sent, Ok(meta(1)));
+        c.finish("/a", id2, sent2, Ok(meta(2)));
+        assert_eq!(rx.blocking_recv().unwrap().unwrap().size, 1);
+        assert_eq!(rx2.blocking_recv().unwrap().unwrap().size, 2);
+        assert!(matches!(c.begin("/a", Duration::from_secs(5)), Step::Hit(Ok(m)) if m.size == 2));
+    }
+
     #[test]
     fn identical_lookups_share_one_request_and_the_answer_is_kept() {
         let c = Contact::new(Duration::from_secs(10));
+        pass(&c, "/a");
+        pass(&c, "/b");
         let Step::Lead { id, sent, rx } = c.begin("/a", Duration::from_secs(1)) else {
             panic!("the first lookup leads");
         };
@@ -298,6 +438,7 @@ mod tests {
     #[test]
     fn answers_expire_and_failures_are_not_kept() {
         let c = Contact::new(Duration::from_millis(30));
+        pass(&c, "/a");
         let Step::Lead { id, sent, .. } = c.begin("/a", Duration::from_secs(5)) else {
             panic!()
         };
@@ -326,6 +467,7 @@ mod tests {
     #[test]
     fn an_answer_invalidated_in_flight_is_given_but_not_kept() {
         let c = Contact::new(Duration::from_secs(10));
+        pass(&c, "/a");
         let Step::Lead { id, sent, rx } = c.begin("/a", Duration::from_secs(5)) else {
             panic!()
         };
@@ -364,11 +506,24 @@ mod tests {
         assert!(w.take("/d/a", false).is_empty(), "taken once");
         assert!(w.take("/d", true).is_empty(), "/d/b expired");
         assert_eq!(w.take("/", true).len(), 1);
+        // Those of paths this server no longer owns.
+        w.watch("/mine", "c1:1", Duration::from_secs(10));
+        w.watch("/moved", "c1:1", Duration::from_secs(10));
+        w.watch("/moved", "c2:1", Duration::from_secs(10));
+        assert_eq!(
+            w.take_unless(|p| p == "/mine"),
+            vec![(
+                "/moved".to_string(),
+                vec!["c1:1".to_string(), "c2:1".to_string()]
+            )]
+        );
+        assert_eq!(w.take("/", true).len(), 1, "/mine stays");
     }
 
     #[test]
     fn a_forgotten_path_is_asked_again_and_no_cap_keeps_nothing() {
         let c = Contact::new(Duration::from_secs(10));
+        pass(&c, "/a");
         let Step::Lead { id, sent, .. } = c.begin("/a", Duration::from_secs(5)) else {
             panic!()
         };

@@ -241,6 +241,11 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         peers_open: Default::default(),
         watchdogs: Default::default(),
     });
+    if !fresh {
+        // The node-local area is temporary: what a killed or crashed
+        // server of a persistent store left there is discarded.
+        crate::handler::discard_node_local(&shared);
+    }
     if let Some(c) = &shared.cache {
         tokio::spawn(
             c.clone()

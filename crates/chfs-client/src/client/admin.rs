@@ -44,19 +44,31 @@ impl Client {
         }
     }
 
-    /// `statfs(2)`: capacity and use summed over all servers.
+    /// `statfs(2)`: capacity and use summed over all servers (the
+    /// node-local areas included), with the node-local areas' share and
+    /// this node's area apart.
     pub fn statfs(&self) -> Result<StatFs> {
         let st = self.state();
         let mut fs = StatFs {
             servers: st.ring.len() as u32,
             ..Default::default()
         };
-        for r in self.broadcast(&st, &Request::Status) {
+        let local = st.local_server();
+        for (i, r) in self
+            .broadcast(&st, &Request::Status)
+            .into_iter()
+            .enumerate()
+        {
             match r? {
                 Response::Status(s) => {
                     fs.total += s.capacity.max(s.bytes);
                     fs.used += s.bytes;
                     fs.entries += s.entries;
+                    fs.node_local_entries += s.node_local_entries;
+                    fs.node_local_bytes += s.node_local_bytes;
+                    if local == Some(i) {
+                        fs.this_node = Some((s.node_local_entries, s.node_local_bytes));
+                    }
                 }
                 other => return Err(unexpected(other)),
             }

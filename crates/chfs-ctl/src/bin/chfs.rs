@@ -34,6 +34,9 @@ enum Cmd {
     },
     /// Write back everything (chfs_sync).
     Sync,
+    /// Capacity and use of the pool, with the node-local areas (of every
+    /// node, and of this one) apart.
+    Df,
     /// Stage local files and directories, or paths of the backend, in (as
     /// chstagein: the same options, and the same share of the work under
     /// mpirun or srun).
@@ -65,6 +68,24 @@ fn main() {
                 .map(|_| println!("{path}: written back"))
         }
         Cmd::Sync => c.sync(),
+        Cmd::Df => c.statfs().map(|s| {
+            println!(
+                "pool: {} servers, {} bytes total, {} used, {} free, {} entries",
+                s.servers, s.total, s.used, s.free, s.entries
+            );
+            println!(
+                "node-local areas (every node, counted in the pool): {} bytes in {} entries",
+                s.node_local_bytes, s.node_local_entries
+            );
+            let area = c.config().node_local.clone().unwrap_or_default();
+            match s.this_node {
+                Some((entries, bytes)) => {
+                    println!("this node's area ({area}): {bytes} bytes in {entries} entries")
+                }
+                None if area.is_empty() => println!("this node's area: off"),
+                None => println!("this node's area ({area}): no server of the pool on this host"),
+            }
+        }),
         Cmd::Stagein(args) => {
             let (lines, code) = chfs_ctl::stage::run_tool("chfs", &args, || Ok(c.clone()));
             for line in lines {

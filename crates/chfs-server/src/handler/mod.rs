@@ -31,7 +31,7 @@ use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus};
 use chfs_proto::path::validate;
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::Chunk;
-use tracing::{debug, debug_span, info, Instrument};
+use tracing::{debug_span, info, Instrument};
 
 use crate::metrics::Counters;
 use crate::state::Shared;
@@ -100,31 +100,10 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
     r
 }
 
-/// Longest wait for a contact server to acknowledge an invalidation (one
-/// that does not keeps its answer until it expires).
-const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
-
 /// Tells the contact servers keeping answers about `path` (or, with
 /// `below`, paths inside it) that it changed, and waits for them.
 async fn tell_contacts(sh: &Arc<Shared>, path: &str, below: bool) {
-    let mut waits = Vec::new();
-    for (p, contacts) in sh.watchers.take(path, below) {
-        for c in contacts {
-            let sh = sh.clone();
-            let req = Request::Invalidate { path: p.clone() };
-            waits.push(tokio::spawn(async move {
-                let r =
-                    tokio::time::timeout(INVALIDATE_WAIT, sh.peers.call(&c, &req, FLAG_FORWARDED))
-                        .await;
-                if !matches!(r, Ok(Ok(_))) {
-                    debug!(contact = %c, "a contact server was not told of a change");
-                }
-            }));
-        }
-    }
-    for w in waits {
-        let _ = w.await;
-    }
+    common::invalidate(sh, sh.watchers.take(path, below)).await;
 }
 
 async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
@@ -170,6 +149,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 );
                 let old = cur.ring.list().clone();
                 sh.set_list(list.clone());
+                Box::pin(common::placement_changed(sh)).await;
                 Box::pin(mark_damaged(sh, &old, &list)).await;
             }
             Ok(Response::Ok)
@@ -275,6 +255,28 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             sh.contact.invalidate(&path);
             Ok(Response::Ok)
+        }
+        Request::NodeLocal { prefix } => {
+            let mine = sh.node_local.as_deref().unwrap_or("");
+            if prefix == mine {
+                return Ok(Response::Ok);
+            }
+            let name = |p: &str| match p {
+                "" => "none (turned off)".to_string(),
+                p => p.to_string(),
+            };
+            Err(ErrorReply::new(
+                libc::EINVAL,
+                format!(
+                    "the node-local area differs: the client's (CHFS_NODE_LOCAL_PREFIX) is {}, \
+                     the chfsd at {} on its host has {} (chfsd --node-local-prefix or \
+                     CHFS_NODE_LOCAL_PREFIX when it started); both must be the same (empty on \
+                     both turns the area off)",
+                    name(&prefix),
+                    sh.me,
+                    name(mine)
+                ),
+            ))
         }
         Request::Stat { path } => match ns.entry(sh, &path)? {
             Some(m) => Ok(Response::Meta(m)),
@@ -663,7 +665,8 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
 /// A relayed lookup ([`Request::Lookup`]) at this contact server: served
 /// here when this server owns the entry (or knows no list yet), else from
 /// the contact cache, else by the one request in flight to the owner
-/// (`crate::relay`). The request to the owner is a forwarded `Stat` over
+/// (`crate::relay`); the first lookup of a path is passed to the owner
+/// and its answer not kept. The request to the owner is a forwarded `Stat` over
 /// the server-to-server connection (authenticated as a server); it runs
 /// in a task of its own, so that the lookups waiting for it get their
 /// answer even if the one that sent it goes away, and it ends within the
@@ -686,6 +689,25 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
             return a.map(Response::Meta);
         }
         Step::Wait(rx) => rx,
+        Step::Pass => {
+            // The first lookup of the path: the owner does not remember
+            // this contact (keep 0) and nothing is kept here.
+            Counters::inc(&sh.counters.lookup_forwards);
+            let addr = p.ring.list().servers[owner].clone();
+            let req = Request::WatchStat {
+                path: path.clone(),
+                contact: sh.me.clone(),
+                keep_ms: 0,
+            };
+            return match sh.peers.call(&addr, &req, FLAG_FORWARDED).await {
+                Ok(Response::Meta(m)) => Ok(Response::Meta(m)),
+                Ok(other) => Err(ErrorReply::new(
+                    libc::EPROTO,
+                    format!("server {addr} answered a lookup of {path} with {other:?}"),
+                )),
+                Err(e) => Err(e),
+            };
+        }
         Step::Lead { id, sent, rx } => {
             Counters::inc(&sh.counters.lookup_forwards);
             let addr = p.ring.list().servers[owner].clone();
@@ -722,16 +744,7 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
 
 /// The path a request is about (for the node-local rule), if one.
 fn path_of(req: &Request) -> Option<&str> {
-    match req {
-        Request::Readdir { path, .. }
-        | Request::ReaddirDirs { path, .. }
-        | Request::HasChildren { path }
-        | Request::RemoveChunks { path, .. }
-        | Request::TruncateChunks { path, .. }
-        | Request::Lookup { path, .. } => Some(path),
-        Request::RenameMove { old, .. } => Some(old),
-        r => r.key().map(|(p, _)| p),
-    }
+    req.path()
 }
 
 /// Entries and bytes (file sizes) of this server's node-local area.
@@ -751,8 +764,9 @@ fn node_local_usage(sh: &Shared) -> (u64, u64) {
 }
 
 /// Removes everything in this server's node-local area (the server is
-/// asked to stop: `chfsctl stop`); the area's directory stays.
-fn discard_node_local(sh: &Shared) {
+/// asked to stop, `chfsctl stop`, or starts on a persistent store that a
+/// killed server left); the area's directory stays.
+pub(crate) fn discard_node_local(sh: &Shared) {
     let Some(dir) = sh.node_local.as_deref() else {
         return;
     };
@@ -761,6 +775,9 @@ fn discard_node_local(sh: &Shared) {
     // Deepest first.
     paths.sort_by(|a, b| b.cmp(a));
     let n = paths.len();
+    if n == 0 {
+        return;
+    }
     for p in paths {
         let _ = st.remove_chunks(&p, 1);
         let _ = st.remove(&p, 0, &mut |_| Ok(()));

@@ -86,6 +86,7 @@ pub(super) async fn join(sh: &Arc<Shared>, addr: String, fresh: bool) -> Reply {
         }
     }
     sh.set_list(new.clone());
+    super::common::placement_changed(sh).await;
     mark_damaged(sh, list, &new).await;
     // The list goes to every other member at once; the answer waits for
     // those that take at most half the RPC timeout (so the joining server,
