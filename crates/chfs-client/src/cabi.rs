@@ -252,6 +252,7 @@ mod tests {
             free: 8 << 20,
             entries: 100,
             servers: 2,
+            ..Default::default()
         };
         let v = fs.to_statvfs();
         assert_eq!(
