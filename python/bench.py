@@ -28,7 +28,6 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # The installed package, not python/chfs beside this script (which has no
 # native module unless built in place).
 sys.path = [p for p in sys.path if pathlib.Path(p or ".").resolve() != REPO / "python"]
+# The pool starter the tests use.
+sys.path.insert(0, str(REPO / "python" / "tests"))
+from localpool import LocalPool  # noqa: E402
 
 
 def tool(bin_dir: pathlib.Path, name: str) -> str:
@@ -47,26 +49,14 @@ def tool(bin_dir: pathlib.Path, name: str) -> str:
     sys.exit(f"bench: {name} not found in {bin_dir}: build it (see --help)")
 
 
-class Pool:
+class Pool(LocalPool):
     """chfs-localpool in the background, stopped by its PID."""
 
     def __init__(self, bin_dir: pathlib.Path, servers: int):
-        self.proc = subprocess.Popen(
-            [tool(bin_dir, "chfs-localpool"), "-n", str(servers)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.env = {}
-        for line in self.proc.stdout:
-            for part in line.split(";"):
-                k, _, v = part.strip().partition("=")
-                if k in ("CHFS_SERVER", "CHFS_SECRET_FILE"):
-                    self.env[k] = v
-            if "CHFS_SECRET_FILE" in self.env:
-                break
-        if "CHFS_SERVER" not in self.env:
-            self.stop()
-            sys.exit("bench: chfs-localpool did not start")
+        try:
+            super().__init__(tool(bin_dir, "chfs-localpool"), servers)
+        except RuntimeError as e:
+            sys.exit(f"bench: {e}")
 
     def server_cpu(self) -> float:
         """CPU seconds the pool's servers (chfs-localpool's children) have
@@ -88,11 +78,6 @@ class Pool:
                     except OSError:
                         pass
         return total / 1e9
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGINT)
-            self.proc.wait(timeout=60)
 
 
 def py_seq(client, path: str, size_mib: int, buffered: bool) -> tuple[float, float]:

@@ -4,12 +4,11 @@ stopped by its recorded PID at the end."""
 
 import os
 import pathlib
-import signal
 import stat
-import subprocess
 import uuid
 
 import pytest
+from localpool import LocalPool
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -27,29 +26,9 @@ def tool(name: str) -> str:
     raise RuntimeError(f"{name} not found in {dirs}: build it (cargo build) or set CHFS_BIN_DIR")
 
 
-class Pool:
+class Pool(LocalPool):
     def __init__(self, servers: int = 2, extra=()):
-        self.proc = subprocess.Popen(
-            [tool("chfs-localpool"), "-n", str(servers), *extra],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.env = {}
-        for line in self.proc.stdout:
-            for part in line.split(";"):
-                k, _, v = part.strip().partition("=")
-                if k in ("CHFS_SERVER", "CHFS_SECRET_FILE"):
-                    self.env[k] = v
-            if "CHFS_SECRET_FILE" in self.env:
-                break
-        if "CHFS_SERVER" not in self.env:
-            self.stop()
-            raise RuntimeError("chfs-localpool did not start")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGINT)
-            self.proc.wait(timeout=60)
+        super().__init__(tool("chfs-localpool"), servers, extra)
 
 
 @pytest.fixture(scope="session")
