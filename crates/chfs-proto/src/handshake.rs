@@ -297,6 +297,11 @@ fn proof_ok(
 const SERVER_PROOF: &[u8] = b"chfs-rs server proof";
 const CLIENT_PROOF: &[u8] = b"chfs-rs client proof";
 
+/// The first protocol version whose hello is [`Hello`] (fixed length,
+/// [`Hello::LEN`]): an acceptor reads all of an older release's hello of
+/// this layout before answering it "version not supported".
+pub const FIXED_HELLO_SINCE: u16 = 5;
+
 /// First message of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {

@@ -102,9 +102,14 @@ pub async fn accept_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s.read_exact(&mut head).await?;
     let version = Hello::decode_head(&head)?;
     if version != chfs_proto::PROTOCOL_VERSION {
-        if version < chfs_proto::PROTOCOL_VERSION {
-            // Older hellos: a length and the secret itself; read them so
-            // the client gets to read the answer.
+        if (handshake::FIXED_HELLO_SINCE..chfs_proto::PROTOCOL_VERSION).contains(&version) {
+            // A hello of this layout from an older release: read the rest
+            // (the connector writes it all before reading), then say why.
+            let mut rest = [0u8; Hello::LEN - Hello::HEAD_LEN];
+            s.read_exact(&mut rest).await?;
+        } else if version < chfs_proto::PROTOCOL_VERSION {
+            // Hellos before that: a length and the secret itself; read them
+            // so the client gets to read the answer.
             let mut n = [0u8; 2];
             s.read_exact(&mut n).await?;
             let n = u16::from_le_bytes(n) as usize;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chfs_localpool::{LocalPool, PoolOptions};
 use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, MAX_PAYLOAD};
-use chfs_proto::handshake::{Connector, Credential, HelloReply, Role, Verdict};
+use chfs_proto::handshake::{Connector, Credential, Hello, HelloReply, Role, Verdict};
 use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Meta, Request, Response};
 
@@ -129,6 +129,44 @@ fn wrong_secret_is_refused_and_logged() {
         log.contains("connection refused"),
         "refusal is logged: {log}"
     );
+}
+
+/// A client of an older release (an older protocol version with the same
+/// hello, as after an upgrade of the servers only) is told which versions
+/// differ, not cut off mid-handshake; so is one of a newer release.
+#[test]
+fn a_client_of_another_release_is_told_the_versions() {
+    let p = pool(1, None);
+    let addr = &p.addrs()[0];
+    for version in [
+        chfs_proto::handshake::FIXED_HELLO_SINCE,
+        chfs_proto::PROTOCOL_VERSION - 1,
+        chfs_proto::PROTOCOL_VERSION + 1,
+    ] {
+        let mut s = raw(addr);
+        let hello = Hello {
+            version,
+            role: Role::Client,
+            has_key: true,
+            nonce: [7; chfs_proto::handshake::NONCE_LEN],
+        };
+        s.write_all(&hello.encode()).unwrap();
+        let mut fixed = [0u8; HelloReply::FIXED_LEN];
+        s.read_exact(&mut fixed)
+            .unwrap_or_else(|e| panic!("version {version}: no answer: {e}"));
+        let (_, status, n) = HelloReply::decode_fixed(&fixed).unwrap();
+        assert_eq!(status, libc::EPROTO, "version {version}");
+        let mut msg = vec![0u8; n];
+        s.read_exact(&mut msg).unwrap();
+        let msg = String::from_utf8_lossy(&msg);
+        assert!(
+            msg.contains(&format!("protocol version {version} not supported"))
+                && msg.contains(&format!("speaks version {}", chfs_proto::PROTOCOL_VERSION)),
+            "{msg}"
+        );
+        assert!(closed(&mut s));
+    }
+    still_serves(addr);
 }
 
 /// An application holding the client key (what chfsctl hands out) may not
