@@ -119,6 +119,21 @@ pub fn chfsd_alive(pid: u32) -> bool {
             .any(|l| l.starts_with("State:") && l.contains('Z'))
 }
 
+/// Waits up to 10 s for `pid` to be no live chfsd. For a server that
+/// `chfsctl stop` did not find recorded in its scratch directory (another
+/// `-c`, or one known through CHFS_SERVER): stop waits until that server's
+/// port is closed, which comes a moment before its process ends.
+pub fn chfsd_ends(pid: u32) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while chfsd_alive(pid) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
 /// PIDs recorded in `dir/chfsd@*.pid`.
 pub fn recorded_pids(dir: &Path) -> Vec<u32> {
     let Ok(rd) = std::fs::read_dir(dir) else {
