@@ -68,7 +68,7 @@ fn response_with(
 }
 
 /// What the reader hands the writer task: a reply, or word that the
-/// reader left part of one in the buffer ([`reply_now`]).
+/// reader left part of one unwritten ([`reply_now`]).
 pub(crate) enum Msg {
     Reply(Out),
     Flush,
@@ -81,44 +81,69 @@ struct Replies<W> {
     wr: W,
     buf: Vec<u8>,
     held: Vec<crate::limits::Permits>,
+    /// The unwritten rest of a large data tail, to be written after
+    /// `buf` and before anything else.
+    rest: Bytes,
 }
 
 /// Writes a reply from the reader, without handing it to the writer
 /// task, when that task is idle and nothing of an earlier reply waits in
 /// the buffer: the reply of a request served inline then costs no
 /// channel message, no wake-up of the writer task and no poll of it.
-/// Whatever the socket does not take at once (or a large data tail, or a
-/// busy writer) goes to the writer task as before.
+/// A large data tail (a read's) is written from where it lies, after
+/// the header in one vectored write. Whatever the socket does not take at
+/// once (or everything, with a busy writer) goes to the writer task.
 fn reply_now<W>(replies: &tokio::sync::Mutex<Replies<W>>, tx: &mpsc::UnboundedSender<Msg>, out: Out)
 where
     W: tokio::io::AsyncWrite + Unpin,
 {
     let mut g = match replies.try_lock() {
-        Ok(g) if g.buf.is_empty() && out.2.len() < BIG_TAIL => g,
+        Ok(g) if g.buf.is_empty() && g.rest.is_empty() => g,
         _ => {
             let _ = tx.send(Msg::Reply(out));
             return;
         }
     };
-    let (h, head, tail, permits) = out;
+    let (h, head, mut tail, permits) = out;
     let r = &mut *g;
     r.buf.extend_from_slice(&h.encode());
     r.buf.extend_from_slice(&head);
-    r.buf.extend_from_slice(&tail);
+    if tail.len() < BIG_TAIL {
+        r.buf.extend_from_slice(&tail);
+        tail = Bytes::new();
+    }
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let mut sent = 0;
-    while sent < r.buf.len() {
-        match std::pin::Pin::new(&mut r.wr).poll_write(&mut cx, &r.buf[sent..]) {
+    let (mut sent, total) = (0, r.buf.len() + tail.len());
+    while sent < total {
+        let w = std::pin::Pin::new(&mut r.wr);
+        let res = if sent < r.buf.len() {
+            let bufs = [
+                std::io::IoSlice::new(&r.buf[sent..]),
+                std::io::IoSlice::new(&tail),
+            ];
+            w.poll_write_vectored(&mut cx, &bufs)
+        } else {
+            w.poll_write(&mut cx, &tail[sent - r.buf.len()..])
+        };
+        match res {
             std::task::Poll::Ready(Ok(n)) if n > 0 => sent += n,
             // Full, or an error the writer task will meet again and end on.
             _ => break,
         }
     }
-    if sent == r.buf.len() {
+    if sent == total {
         r.buf.clear();
         return;
     }
-    r.buf.drain(..sent);
+    // The rest: what is left of the buffer, then of the tail.
+    r.rest = if sent < r.buf.len() {
+        r.buf.drain(..sent);
+        tail
+    } else {
+        let t = tail.slice(sent - r.buf.len()..);
+        r.buf.clear();
+        t
+    };
     r.held.extend(permits);
     drop(g);
     let _ = tx.send(Msg::Flush);
@@ -225,6 +250,7 @@ pub(crate) async fn serve_conn<R, W>(
         wr,
         buf: Vec::with_capacity(64 << 10),
         held: Vec::new(),
+        rest: Bytes::new(),
     }));
     let writer = {
         let replies = replies.clone();
@@ -233,7 +259,21 @@ pub(crate) async fn serve_conn<R, W>(
             // is gathered, in one vectored write (no copy into the buffer).
             while let Some(msg) = rx.recv().await {
                 let mut g = replies.lock().await;
-                let Replies { wr, buf, held } = &mut *g;
+                let Replies {
+                    wr,
+                    buf,
+                    held,
+                    rest,
+                } = &mut *g;
+                // What the reader could not write goes first.
+                if !rest.is_empty() {
+                    let t = std::mem::take(rest);
+                    if write_all_vectored(wr, buf, &t).await.is_err() {
+                        break;
+                    }
+                    buf.clear();
+                    held.clear();
+                }
                 let tail = match msg {
                     Msg::Reply((h, head, tail, permits)) => {
                         held.extend(permits);
