@@ -1,6 +1,7 @@
 //! Serving one connection after its handshake: the reader loop that
 //! decodes frames and spawns a task per request ([`serve_conn`]), the
-//! writer task that batches the replies, what the connection may ask
+//! replies it writes itself ([`reply_now`]) and the writer task that
+//! batches the others, what the connection may ask
 //! ([`Access`]), and requests whose data lies in a local client's memory
 //! ([`cma`], shared-memory windows of [`crate::shm`]).
 
