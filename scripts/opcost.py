@@ -31,7 +31,7 @@ def trace_counts(path, markers):
             if markers and '"/OPLOOP-START"' in line:
                 on = True
                 continue
-            if markers and mine is None and 'execve(' in line and "capi_oploop" in line:
+            if markers and mine is None and 'execve(' in line and "oploop" in line:
                 mine = {m.group(1)}
             if markers and mine is not None and m.group(1) not in mine:
                 continue
@@ -90,9 +90,9 @@ def main():
     si, sa = max((callgrind(d) for d in dumps), default=(0, 0))
     print(f"{op} {mode} M={m}")
     print(f"  client: syscalls/op {sum(cc.values()) / m:.2f} ({fmt(cc, m)}); threads {len(ct)};"
-          f" instructions/op {ci / m:,.0f}; allocs/op {ca / m:.2f}")
+          f" instructions/op {ci / m:,.0f}; malloc calls/op (callgrind; over-counts, see opcost-dhat.sh) {ca / m:.2f}")
     print(f"  server: syscalls/op {sum(sc.values()) / m:.2f} ({fmt(sc, m)}); threads {len(st)};"
-          f" instructions/op {si / m:,.0f}; allocs/op {sa / m:.2f}")
+          f" instructions/op {si / m:,.0f}; malloc calls/op (callgrind) {sa / m:.2f}")
 
 
 main()
