@@ -81,7 +81,7 @@ fn log(level: u8, msg: std::fmt::Arguments<'_>) {
         let _ = writeln!(
             std::io::stderr().lock(),
             "chfs[{}] {}: {msg}",
-            std::process::id(),
+            chfs_client::process_id(),
             settings::priority_name(level)
         );
     }
@@ -134,12 +134,12 @@ fn client() -> R<Client> {
         let g = read_live();
         match &*g {
             None => return Err(Error::new(libc::ENOTCONN, "chfs_init has not been called")),
-            Some(l) if l.pid == std::process::id() => return Ok(l.client.clone()),
+            Some(l) if l.pid == chfs_client::process_id() => return Ok(l.client.clone()),
             Some(_) => {}
         }
     }
     let mut g = write_live();
-    let pid = std::process::id();
+    let pid = chfs_client::process_id();
     match g.take() {
         None => Err(Error::new(libc::ENOTCONN, "chfs_init has not been called")),
         Some(l) if l.pid == pid => {
@@ -238,7 +238,7 @@ pub unsafe extern "C" fn chfs_init(server: *const c_char) -> c_int {
             // SAFETY: non-NULL C string by the caller's contract.
             Some(unsafe { cstr(server, "server") }?)
         };
-        let pid = std::process::id();
+        let pid = chfs_client::process_id();
         if let Some(l) = &*read_live() {
             if l.pid == pid {
                 // Already initialised in this process: keep the client.
@@ -328,7 +328,7 @@ pub extern "C" fn chfs_initialized() -> c_int {
 fn term(sync: bool) -> R<c_int> {
     let old = write_live().take();
     let Some(l) = old else { return Ok(0) };
-    if l.pid != std::process::id() {
+    if l.pid != chfs_client::process_id() {
         std::mem::forget(l.client);
         return Ok(0);
     }
@@ -380,7 +380,7 @@ pub extern "C" fn chfs_version() -> *const c_char {
 fn live_client() -> Option<Client> {
     read_live()
         .as_ref()
-        .filter(|l| l.pid == std::process::id())
+        .filter(|l| l.pid == chfs_client::process_id())
         .map(|l| l.client.clone())
 }
 

@@ -331,7 +331,7 @@ impl Client {
             .inner
             .fileid_seq
             .fetch_add(0x9E37_79B9, Ordering::Relaxed);
-        let h = path_hash(&format!("{v}:{}:{}", std::process::id(), now_ns())) as u32;
+        let h = path_hash(&format!("{v}:{}:{}", crate::process_id(), now_ns())) as u32;
         h.max(1)
     }
 }

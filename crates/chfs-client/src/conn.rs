@@ -46,6 +46,10 @@ struct State {
     pending: HashMap<u64, Option<Reply>>,
     /// A waiter is reading the socket.
     reading: bool,
+    /// Threads asleep on [`Conn::filed`]: it is signalled only when there
+    /// are some (a notification is a futex system call even with nobody
+    /// to wake, one per operation of a lone caller).
+    sleepers: usize,
     /// Why the connection broke.
     dead: Option<String>,
 }
@@ -360,7 +364,7 @@ impl Conn {
             timeout,
             cma: AtomicBool::new(false),
             window_offered: AtomicBool::new(false),
-            pid: std::process::id(),
+            pid: crate::process_id(),
             local,
             fd,
             opened: Instant::now(),
@@ -590,7 +594,7 @@ impl Conn {
         if op == op::WRITE
             && tail.len() >= CMA_MIN
             && self.cma.load(Ordering::Relaxed)
-            && std::process::id() == self.pid
+            && crate::process_id() == self.pid
         {
             return self.send_frame(op, head, &[], Some(tail));
         }
@@ -710,7 +714,7 @@ impl Conn {
                 st = lock(&self.state);
                 st.reading = false;
                 // Someone else may be waiting for the reader role.
-                if !st.pending.is_empty() {
+                if st.sleepers > 0 {
                     self.filed.notify_all();
                 }
                 if let Some(r) = mine {
@@ -719,11 +723,13 @@ impl Conn {
                 }
                 continue;
             }
+            st.sleepers += 1;
             st = self
                 .filed
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            st.sleepers -= 1;
         }
     }
 
@@ -744,8 +750,11 @@ impl Conn {
                     let mut st = lock(&self.state);
                     if let Some(slot) = st.pending.get_mut(&h.id) {
                         *slot = Some(reply);
+                        let sleepers = st.sleepers;
                         drop(st);
-                        self.filed.notify_all();
+                        if sleepers > 0 {
+                            self.filed.notify_all();
+                        }
                     }
                 }
                 Err(ReadError::Idle) => {

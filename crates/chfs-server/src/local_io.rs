@@ -82,6 +82,15 @@ impl AsyncRead for LocalRead {
             });
             match r {
                 Ok(Ok(n)) => {
+                    // Less than asked for: the socket is drained, so the
+                    // next read waits for the next edge instead of asking
+                    // once more only to hear EAGAIN (tokio's own sockets
+                    // do the same; data that arrives meanwhile raises a
+                    // newer readiness that this does not clear). One
+                    // recv(2) per request instead of two.
+                    if n > 0 && n < dst.len() {
+                        guard.clear_ready();
+                    }
                     // SAFETY: the kernel initialised the first `n` bytes.
                     unsafe { buf.assume_init(n) };
                     buf.advance(n);

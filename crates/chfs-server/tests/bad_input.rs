@@ -903,6 +903,74 @@ fn a_client_that_does_not_read_its_replies_is_held_back_not_buffered() {
     writer.join().unwrap();
 }
 
+/// Small replies written straight from the connection's reader: while
+/// the client reads none of them, the socket fills in the middle of a
+/// reply and the writer task must finish it; once the client reads, every
+/// reply arrives whole, once, in frames that decode.
+#[test]
+fn small_replies_that_do_not_fit_the_socket_arrive_whole() {
+    let p = pool_args(&[]);
+    let addr = &p.addrs()[0];
+    let (mut s, _, _) = hello(addr, b"");
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 1 << 16,
+        fileid: 9,
+        ..Default::default()
+    };
+    let r = call(
+        &mut s,
+        1,
+        &Request::Create {
+            path: "/s".into(),
+            meta,
+            excl: true,
+            data: Bytes::new(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    const N: u64 = 150_000;
+    let writer = {
+        let mut w = s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut req = Vec::new();
+            Request::Stat { path: "/s".into() }.encode(&mut req);
+            let mut frames = Vec::new();
+            for id in 0..N {
+                let h = Header {
+                    len: req.len() as u32,
+                    id: 100 + id,
+                    op: op::STAT,
+                    flags: 0,
+                };
+                frames.extend_from_slice(&h.encode());
+                frames.extend_from_slice(&req);
+                if frames.len() >= 64 << 10 {
+                    w.write_all(&frames).unwrap();
+                    frames.clear();
+                }
+            }
+            w.write_all(&frames).unwrap();
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    // The replies did not fit: the server held the connection back.
+    assert!(status(addr).throttled > 0);
+    let mut seen = vec![false; N as usize];
+    for _ in 0..N {
+        let (h, payload) = recv(&mut s).expect("reply");
+        assert_eq!(h.flags & FLAG_ERROR, 0, "request {}", h.id);
+        match Response::decode(payload) {
+            Ok(Response::Meta(m)) => assert_eq!(m.fileid, 9, "request {}", h.id),
+            other => panic!("request {}: {other:?}", h.id),
+        }
+        let i = (h.id - 100) as usize;
+        assert!(!seen[i], "request {} answered twice", h.id);
+        seen[i] = true;
+    }
+    writer.join().unwrap();
+}
+
 #[test]
 fn connections_per_host_are_limited() {
     let p = pool_args(&["--max-conns-per-peer", "3"]);

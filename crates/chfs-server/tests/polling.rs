@@ -29,8 +29,15 @@ fn workers_poll_within_their_window_and_report_it() {
         after.poll_misses - before.poll_misses,
     );
     // The next request of a synchronous caller comes within 2 ms of the
-    // reply: most are caught while polling.
-    assert!(hits >= 250, "hits {hits}, misses {misses}");
+    // reply: of the requests that found their worker idle, most are
+    // caught while polling. (One that arrives before the worker runs out
+    // of work, as a quick caller's often does now that the reply is
+    // written from the connection's reader, is neither: under load only
+    // 146 of the 500 found a worker idle.)
+    assert!(
+        hits >= 50 && hits >= 3 * misses,
+        "hits {hits}, misses {misses}"
+    );
     assert!(after.cpu_ns > before.cpu_ns && after.cpu_ns > 0);
     p.stop();
 

@@ -1,6 +1,7 @@
 //! Serving one connection after its handshake: the reader loop that
 //! decodes frames and spawns a task per request ([`serve_conn`]), the
-//! writer task that batches the replies, what the connection may ask
+//! replies it writes itself ([`reply_now`]) and the writer task that
+//! batches the others, what the connection may ask
 //! ([`Access`]), and requests whose data lies in a local client's memory
 //! ([`cma`], shared-memory windows of [`crate::shm`]).
 
@@ -65,6 +66,88 @@ fn response_with(
     let mut out = response_frame(id, op, r);
     out.3 = Some(permits);
     out
+}
+
+/// What the reader hands the writer task: a reply, or word that the
+/// reader left part of one unwritten ([`reply_now`]).
+pub(crate) enum Msg {
+    Reply(Out),
+    Flush,
+}
+
+/// A connection's reply side, shared by its writer task and its reader:
+/// the socket's write half, replies gathered but not yet written, and
+/// their budget shares.
+struct Replies<W> {
+    wr: W,
+    buf: Vec<u8>,
+    held: Vec<crate::limits::Permits>,
+    /// The unwritten rest of a large data tail, to be written after
+    /// `buf` and before anything else.
+    rest: Bytes,
+}
+
+/// Writes a reply from the reader, without handing it to the writer
+/// task, when that task is idle and nothing of an earlier reply waits in
+/// the buffer: the reply of a request served inline then costs no
+/// channel message, no wake-up of the writer task and no poll of it.
+/// A large data tail (a read's) is written from where it lies, after
+/// the header in one vectored write. Whatever the socket does not take at
+/// once (or everything, with a busy writer) goes to the writer task.
+fn reply_now<W>(replies: &tokio::sync::Mutex<Replies<W>>, tx: &mpsc::UnboundedSender<Msg>, out: Out)
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut g = match replies.try_lock() {
+        Ok(g) if g.buf.is_empty() && g.rest.is_empty() => g,
+        _ => {
+            let _ = tx.send(Msg::Reply(out));
+            return;
+        }
+    };
+    let (h, head, mut tail, permits) = out;
+    let r = &mut *g;
+    r.buf.extend_from_slice(&h.encode());
+    r.buf.extend_from_slice(&head);
+    if tail.len() < BIG_TAIL {
+        r.buf.extend_from_slice(&tail);
+        tail = Bytes::new();
+    }
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let (mut sent, total) = (0, r.buf.len() + tail.len());
+    while sent < total {
+        let w = std::pin::Pin::new(&mut r.wr);
+        let res = if sent < r.buf.len() {
+            let bufs = [
+                std::io::IoSlice::new(&r.buf[sent..]),
+                std::io::IoSlice::new(&tail),
+            ];
+            w.poll_write_vectored(&mut cx, &bufs)
+        } else {
+            w.poll_write(&mut cx, &tail[sent - r.buf.len()..])
+        };
+        match res {
+            std::task::Poll::Ready(Ok(n)) if n > 0 => sent += n,
+            // Full, or an error the writer task will meet again and end on.
+            _ => break,
+        }
+    }
+    if sent == total {
+        r.buf.clear();
+        return;
+    }
+    // The rest: what is left of the buffer, then of the tail.
+    r.rest = if sent < r.buf.len() {
+        r.buf.drain(..sent);
+        tail
+    } else {
+        let t = tail.slice(sent - r.buf.len()..);
+        r.buf.clear();
+        t
+    };
+    r.held.extend(permits);
+    drop(g);
+    let _ = tx.send(Msg::Flush);
 }
 
 /// A connection's read buffer.
@@ -160,41 +243,69 @@ pub(crate) async fn serve_conn<R, W>(
     // (256 KiB here was most of a connection's memory, ~0.2 MiB each: the
     // buffer is zeroed when allocated.)
     let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
-    let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
-    let writer = tokio::spawn(async move {
-        // Small replies are gathered while more are queued; a large data
-        // tail is written from where it lies, with what is gathered, in
-        // one vectored write (no copy into the buffer).
-        let mut wr = wr;
-        let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
-        // Budget shares of replies gathered in `buf`, given back once it
-        // is written.
-        let mut held: Vec<crate::limits::Permits> = Vec::new();
-        while let Some((h, head, tail, permits)) = rx.recv().await {
-            held.extend(permits);
-            buf.extend_from_slice(&h.encode());
-            buf.extend_from_slice(&head);
-            let r = if tail.len() >= BIG_TAIL {
-                let r = write_all_vectored(&mut wr, &buf, &tail).await;
-                buf.clear();
-                held.clear();
-                r
-            } else {
-                buf.extend_from_slice(&tail);
-                if rx.is_empty() || buf.len() >= 256 << 10 {
-                    let r = wr.write_all(&buf).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+    // `buf`: small replies gathered while more are queued (and what the
+    // reader could not write at once); `held`: their budget shares,
+    // given back once written.
+    let replies = Arc::new(tokio::sync::Mutex::new(Replies {
+        wr,
+        buf: Vec::with_capacity(64 << 10),
+        held: Vec::new(),
+        rest: Bytes::new(),
+    }));
+    let writer = {
+        let replies = replies.clone();
+        tokio::spawn(async move {
+            // A large data tail is written from where it lies, with what
+            // is gathered, in one vectored write (no copy into the buffer).
+            while let Some(msg) = rx.recv().await {
+                let mut g = replies.lock().await;
+                let Replies {
+                    wr,
+                    buf,
+                    held,
+                    rest,
+                } = &mut *g;
+                // What the reader could not write goes first.
+                if !rest.is_empty() {
+                    let t = std::mem::take(rest);
+                    if write_all_vectored(wr, buf, &t).await.is_err() {
+                        break;
+                    }
+                    buf.clear();
+                    held.clear();
+                }
+                let tail = match msg {
+                    Msg::Reply((h, head, tail, permits)) => {
+                        held.extend(permits);
+                        buf.extend_from_slice(&h.encode());
+                        buf.extend_from_slice(&head);
+                        tail
+                    }
+                    Msg::Flush => Bytes::new(),
+                };
+                let r = if tail.len() >= BIG_TAIL {
+                    let r = write_all_vectored(wr, buf, &tail).await;
                     buf.clear();
                     held.clear();
                     r
                 } else {
-                    Ok(())
+                    buf.extend_from_slice(&tail);
+                    if rx.is_empty() || buf.len() >= 256 << 10 {
+                        let r = wr.write_all(buf).await;
+                        buf.clear();
+                        held.clear();
+                        r
+                    } else {
+                        Ok(())
+                    }
+                };
+                if r.is_err() {
+                    break;
                 }
-            };
-            if r.is_err() {
-                break;
             }
-        }
-    });
+        })
+    };
     let mut first = first;
     let mut window: Option<Arc<crate::shm::Window>> = None;
     let budget = crate::limits::Budget::new(&shared.limits);
@@ -217,7 +328,7 @@ pub(crate) async fn serve_conn<R, W>(
             if let Some(e) = access.refusal(h.op, h.flags & FLAG_FORWARDED != 0) {
                 Counters::inc(&shared.counters.denied);
                 warn!(%peer, op = h.op, "{}", e.message);
-                let _ = tx.send(response_frame(h.id, h.op, Err(e)));
+                let _ = tx.send(Msg::Reply(response_frame(h.id, h.op, Err(e))));
                 continue;
             }
         }
@@ -229,7 +340,7 @@ pub(crate) async fn serve_conn<R, W>(
                 let (sh, tx, w) = (shared.clone(), tx.clone(), window.clone());
                 tokio::spawn(async move {
                     let r = cma::serve(&sh, cma, w.as_deref(), h, payload).await;
-                    let _ = tx.send(response_with(h.id, h.op, r, permits));
+                    let _ = tx.send(Msg::Reply(response_with(h.id, h.op, r, permits)));
                 });
             }
             // Answered here, in order: the connection's later writes see
@@ -242,7 +353,7 @@ pub(crate) async fn serve_conn<R, W>(
                 if let Err(e) = &r {
                     debug!(%peer, "shared memory refused: {}", e.message);
                 }
-                let _ = tx.send(response_frame(h.id, h.op, r));
+                let _ = tx.send(Msg::Reply(response_frame(h.id, h.op, r)));
             }
             Ok(Some((h, payload))) => match Request::decode(h.op, payload.clone()) {
                 Ok(req) => {
@@ -266,26 +377,26 @@ pub(crate) async fn serve_conn<R, W>(
                     if h.len as usize <= INLINE_MAX && shared.cache.is_none() {
                         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
                         if let std::task::Poll::Ready(r) = served.as_mut().poll(&mut cx) {
-                            let _ = tx.send(response_with(h.id, h.op, r, permits));
+                            reply_now(&replies, &tx, response_with(h.id, h.op, r, permits));
                             continue;
                         }
                     }
                     let tx = tx.clone();
                     tokio::spawn(async move {
                         let r = served.await;
-                        let _ = tx.send(response_with(h.id, h.op, r, permits));
+                        let _ = tx.send(Msg::Reply(response_with(h.id, h.op, r, permits)));
                     });
                 }
                 Err(e) => {
                     warn!(%peer, op = h.op, "malformed request, closing connection: {e}");
-                    let _ = tx.send(response_frame(
+                    let _ = tx.send(Msg::Reply(response_frame(
                         h.id,
                         h.op,
                         Err(ErrorReply::new(
                             e.errno(),
                             format!("malformed request: {e}"),
                         )),
-                    ));
+                    )));
                     break;
                 }
             },
@@ -298,6 +409,7 @@ pub(crate) async fn serve_conn<R, W>(
     }
     drop(tx);
     let _ = writer.await;
+    drop(replies);
     debug!(%peer, "connection closed");
 }
 
