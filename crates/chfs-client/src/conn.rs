@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN};
 use chfs_proto::handshake::{Auth, Connector, Credential, HelloReply, Verdict};
-use chfs_proto::msg::{decode_error, op};
+use chfs_proto::msg::{decode_error, op, DATA_TAG};
 use chfs_proto::{Request, Response};
 use chfs_sys::lock;
 
@@ -95,6 +95,23 @@ const IDLE_CHECK: Duration = Duration::from_millis(5);
 /// A request in flight.
 pub(crate) struct Ticket {
     id: u64,
+}
+
+/// A frame read.
+enum Frame {
+    /// Header and payload.
+    Whole(Header, Bytes),
+    /// A data reply whose data (this many bytes) went to the destination
+    /// given.
+    Landed(usize),
+}
+
+/// What [`Conn::wait_into`] got.
+pub(crate) enum Landing {
+    /// The reply's data, this many bytes, is in the caller's buffer.
+    Landed(usize),
+    /// A reply (of another kind, or whose data did not go there).
+    Reply(Response),
 }
 
 /// How reading a frame failed.
@@ -204,38 +221,114 @@ impl FrameReader {
         }
     }
 
+    #[cfg(test)]
     fn read_frame(
         &mut self,
         poll: Option<&Poller>,
     ) -> std::result::Result<(Header, Bytes), ReadError> {
+        match self.read_frame_into(poll, None)? {
+            Frame::Whole(h, p) => Ok((h, p)),
+            Frame::Landed(..) => unreachable!("no destination given"),
+        }
+    }
+
+    /// Reads a frame; with `dst` = (id, buffer), the data of a
+    /// [`Response::Data`] reply to `id` that fits the buffer is read
+    /// straight into it ([`Frame::Landed`]) rather than into our buffer
+    /// and copied out by the caller. While the next frame's head is not
+    /// in hand, only that head is asked for (so that the data is not read
+    /// ahead into our buffer).
+    fn read_frame_into(
+        &mut self,
+        poll: Option<&Poller>,
+        mut dst: Option<(u64, &mut [u8])>,
+    ) -> std::result::Result<Frame, ReadError> {
         let mut stalls = 0;
         loop {
-            let need = if self.buf.len() >= HEADER_LEN {
+            let have = self.buf.len();
+            let (need, cap) = if have >= HEADER_LEN {
                 let mut hb = [0u8; HEADER_LEN];
                 hb.copy_from_slice(&self.buf[..HEADER_LEN]);
                 let h =
                     Header::decode(&hb).map_err(|e| ReadError::Broken(std::io::Error::other(e)))?;
                 let need = HEADER_LEN + h.len as usize;
-                if self.buf.len() >= need {
-                    self.buf.advance(HEADER_LEN);
-                    return Ok((h, self.buf.split_to(h.len as usize).freeze()));
+                if let Some((id, d)) = dst.as_mut() {
+                    if h.id == *id
+                        && h.flags & FLAG_ERROR == 0
+                        && h.len >= 1
+                        && h.len as usize - 1 <= d.len()
+                    {
+                        if have == HEADER_LEN {
+                            // The payload's first byte says whether it is data.
+                            self.fill(HEADER_LEN + 1, &mut stalls, poll, 1)?;
+                            continue;
+                        }
+                        if self.buf[HEADER_LEN] == DATA_TAG {
+                            let n = self.land(h.len as usize - 1, d, &mut stalls)?;
+                            return Ok(Frame::Landed(n));
+                        }
+                    }
                 }
-                need
+                if have >= need {
+                    self.buf.advance(HEADER_LEN);
+                    return Ok(Frame::Whole(h, self.buf.split_to(h.len as usize).freeze()));
+                }
+                (need, usize::MAX)
+            } else if dst.is_some() {
+                (HEADER_LEN, HEADER_LEN + 1 - have)
             } else {
-                HEADER_LEN
+                (HEADER_LEN, usize::MAX)
             };
-            self.fill(need, &mut stalls, poll)?;
+            self.fill(need, &mut stalls, poll, cap)?;
         }
     }
 
+    /// With a data reply's header and tag byte first in our buffer: moves
+    /// its `n` data bytes to `d`, those already read with a copy, the rest
+    /// straight from the socket.
+    fn land(
+        &mut self,
+        n: usize,
+        d: &mut [u8],
+        stalls: &mut u32,
+    ) -> std::result::Result<usize, ReadError> {
+        self.buf.advance(HEADER_LEN + 1);
+        let k = self.buf.len().min(n);
+        d[..k].copy_from_slice(&self.buf[..k]);
+        self.buf.advance(k);
+        let mut got = k;
+        while got < n {
+            let rest = &mut d[got..n];
+            // SAFETY: the kernel writes at most `rest.len()` bytes into
+            // `rest`, a live, exclusively borrowed, initialised slice.
+            let r =
+                unsafe { libc::recv(self.s.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), 0) };
+            if r > 0 {
+                got += r as usize;
+                continue;
+            }
+            if r == 0 {
+                return Err(ReadError::Broken(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            match std::io::Error::last_os_error() {
+                e if e.kind() == std::io::ErrorKind::Interrupted => {}
+                e if is_timeout(&e) && *stalls < MID_FRAME_STALLS => *stalls += 1,
+                e => return Err(ReadError::Broken(e)),
+            }
+        }
+        Ok(n)
+    }
+
     /// Reads what has arrived, at least one byte, with room for `need`
-    /// bytes in the buffer and [`READ_AHEAD`] more. Asks without blocking
+    /// bytes in the buffer and [`READ_AHEAD`] more (but at most `cap`
+    /// bytes). Asks without blocking
     /// for the window of `poll` first (if any), then sleeps in `recv(2)`.
     fn fill(
         &mut self,
         need: usize,
         stalls: &mut u32,
         poll: Option<&Poller>,
+        cap: usize,
     ) -> std::result::Result<(), ReadError> {
         use ReadError::*;
         self.room(need.saturating_sub(self.buf.len()));
@@ -247,6 +340,8 @@ impl FrameReader {
         let mut polled = Duration::ZERO;
         loop {
             let spare = self.buf.spare_capacity_mut();
+            let k = cap.min(spare.len());
+            let spare = &mut spare[..k];
             // SAFETY: the kernel writes at most `spare.len()` bytes into
             // the buffer's spare capacity; no Rust reference to that
             // uninitialised memory is made.
@@ -678,11 +773,32 @@ impl Conn {
 
     /// Waits for the answer to a ticket, at most the request timeout.
     pub fn wait(&self, t: Ticket) -> Reply {
+        match self.wait_for(t, None)? {
+            Landing::Reply(r) => Ok(r),
+            Landing::Landed(_) => unreachable!("no destination given"),
+        }
+    }
+
+    /// Waits for the answer to a read's ticket: if this thread reads it
+    /// off the socket itself and it is data that fits `dst`, the data
+    /// goes straight there ([`Landing::Landed`]); else the reply.
+    pub fn wait_into(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
+        self.wait_for(t, Some(dst))
+    }
+
+    fn wait_for(&self, t: Ticket, mut dst: Option<&mut [u8]>) -> Result<Landing> {
         let deadline = Instant::now() + self.timeout;
         let mut st = lock(&self.state);
         loop {
             match st.pending.get(&t.id) {
-                Some(Some(_)) => return st.pending.remove(&t.id).flatten().expect("filed"),
+                Some(Some(_)) => {
+                    return st
+                        .pending
+                        .remove(&t.id)
+                        .flatten()
+                        .expect("filed")
+                        .map(Landing::Reply)
+                }
                 Some(None) => {}
                 None => {
                     return Err(Error::new(
@@ -710,7 +826,7 @@ impl Conn {
                 // sending it.
                 let lone = st.pending.len() == 1;
                 drop(st);
-                let mine = self.read_until(t.id, deadline, lone);
+                let mine = self.read_until(t.id, deadline, lone, dst.as_deref_mut());
                 st = lock(&self.state);
                 st.reading = false;
                 // Someone else may be waiting for the reader role.
@@ -719,7 +835,10 @@ impl Conn {
                 }
                 if let Some(r) = mine {
                     st.pending.remove(&t.id);
-                    return r;
+                    return match r {
+                        Frame::Whole(h, payload) => self.decode(h, payload).map(Landing::Reply),
+                        Frame::Landed(n) => Ok(Landing::Landed(n)),
+                    };
                 }
                 continue;
             }
@@ -737,16 +856,30 @@ impl Conn {
     /// or `deadline` passes or the connection breaks (None: look at the
     /// state), polling first when the request is `lone` in flight. Replies
     /// to other requests are filed for their waiters.
-    fn read_until(&self, id: u64, deadline: Instant, lone: bool) -> Option<Reply> {
+    /// Its own reply's data goes to `dst` if it fits (see
+    /// [`FrameReader::read_frame_into`]); its own reply is returned
+    /// undecoded.
+    fn read_until(
+        &self,
+        id: u64,
+        deadline: Instant,
+        lone: bool,
+        mut dst: Option<&mut [u8]>,
+    ) -> Option<Frame> {
         let mut rd = lock(&self.reader);
         loop {
-            match rd.read_frame(lone.then_some(&self.poll)) {
-                Ok((h, payload)) => {
+            let into = dst.as_deref_mut().map(|d| (id, d));
+            match rd.read_frame_into(lone.then_some(&self.poll), into) {
+                Ok(f @ Frame::Landed(..)) => {
                     self.note_io();
-                    let reply = self.decode(h, payload);
+                    return Some(f);
+                }
+                Ok(Frame::Whole(h, payload)) => {
+                    self.note_io();
                     if h.id == id {
-                        return Some(reply);
+                        return Some(Frame::Whole(h, payload));
                     }
+                    let reply = self.decode(h, payload);
                     let mut st = lock(&self.state);
                     if let Some(slot) = st.pending.get_mut(&h.id) {
                         *slot = Some(reply);
@@ -866,6 +999,104 @@ mod tests {
         drop(b);
     }
 
+    fn data(d: &[u8]) -> Vec<u8> {
+        let mut p = vec![DATA_TAG];
+        p.extend_from_slice(d);
+        p
+    }
+
+    /// The data of a reply to the id given lands in the destination, all of
+    /// it and nothing else: whether it arrives with other frames, byte by
+    /// byte, short (end of file), too long for the destination, as an error
+    /// or as another kind of reply; other ids' frames are read whole.
+    #[test]
+    fn read_data_lands_in_the_destination() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut r = FrameReader::new(Stream::Unix(a));
+        let big: Vec<u8> = (0..47_008u32).map(|i| (i % 253) as u8).collect();
+        let mut err = Header {
+            len: 8,
+            id: 9,
+            op: op::READ,
+            flags: FLAG_ERROR,
+        }
+        .encode()
+        .to_vec();
+        err.extend_from_slice(b"not data");
+        let mut all = frame(1, &data(b"other"));
+        all.extend(frame(2, &data(&big)));
+        all.extend(frame(3, &data(b"next")));
+        all.extend(err.clone());
+        all.extend(frame(9, &data(&big[..100])));
+        all.extend(frame(9, &[0]));
+        all.extend(frame(9, &data(&big)));
+        let (b2, big2) = (big.clone(), big.clone());
+        let writer = std::thread::spawn(move || {
+            b.write_all(&all).unwrap();
+            // Trickling in: in pieces smaller than the header.
+            for piece in frame(7, &data(&big2)).chunks(7000) {
+                for p in piece.chunks(if piece.len() > 100 { 5000 } else { 3 }) {
+                    b.write_all(p).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            b.write_all(&frame(8, &data(b"after"))).unwrap();
+            b
+        });
+        let whole = |f: Frame| match f {
+            Frame::Whole(h, p) => (h, p),
+            Frame::Landed(_) => panic!("landed"),
+        };
+        let read = |r: &mut FrameReader, id: u64, d: &mut [u8]| {
+            r.read_frame_into(None, Some((id, d)))
+                .unwrap_or_else(|_| panic!("frame"))
+        };
+        let mut dst = vec![0xeeu8; 47_008];
+        // Another id's frame, while waiting for 2.
+        let (h, p) = whole(read(&mut r, 2, &mut dst));
+        assert_eq!((h.id, &p[1..]), (1, &b"other"[..]));
+        assert!(dst.iter().all(|&x| x == 0xee));
+        assert!(matches!(read(&mut r, 2, &mut dst), Frame::Landed(47_008)));
+        assert_eq!(dst, big);
+        // What followed in the same read is intact.
+        let (h, p) = whole(r.read_frame_into(None, None).unwrap_or_else(|_| panic!()));
+        assert_eq!((h.id, &p[1..]), (3, &b"next"[..]));
+        // An error reply is not data.
+        let mut dst = vec![0xeeu8; 47_008];
+        let (h, p) = whole(read(&mut r, 9, &mut dst));
+        assert_ne!(h.flags & FLAG_ERROR, 0);
+        assert_eq!(&p[..], b"not data");
+        assert!(dst.iter().all(|&x| x == 0xee));
+        // A short reply fills only its part.
+        assert!(matches!(read(&mut r, 9, &mut dst), Frame::Landed(100)));
+        assert_eq!(dst[..100], big[..100]);
+        assert!(dst[100..].iter().all(|&x| x == 0xee));
+        // Another kind of reply is read whole.
+        let (_, p) = whole(read(&mut r, 9, &mut dst));
+        assert_eq!(&p[..], &[0]);
+        // Data longer than the destination is read whole.
+        let mut small = vec![0xeeu8; 1000];
+        let (_, p) = whole(read(&mut r, 9, &mut small));
+        assert_eq!(&p[1..], &big[..]);
+        assert!(small.iter().all(|&x| x == 0xee));
+        // Trickling in.
+        let mut dst = vec![0u8; 50_000];
+        assert!(matches!(read(&mut r, 7, &mut dst), Frame::Landed(47_008)));
+        assert_eq!(dst[..47_008], b2[..]);
+        let (h, p) = whole(read(&mut r, 7, &mut dst));
+        assert_eq!((h.id, &p[1..]), (8, &b"after"[..]));
+        let b = writer.join().unwrap();
+        // The server goes away in the middle of the data.
+        let mut b = b;
+        b.write_all(&frame(10, &data(&big))[..30_000]).unwrap();
+        drop(b);
+        assert!(matches!(
+            r.read_frame_into(None, Some((10, &mut dst))),
+            Err(ReadError::Broken(_))
+        ));
+    }
+
     /// Replies held while more are read (a 1 MiB read holds its chunk
     /// replies until all have come) make the reader use other buffers;
     /// once the replies are gone those are used again, not allocated
@@ -928,7 +1159,7 @@ mod tests {
         r.s.set_read_timeout(Some(Duration::from_millis(20)))
             .unwrap();
         let mut stalls = 0;
-        let _ = r.fill(HEADER_LEN, &mut stalls, None);
+        let _ = r.fill(HEADER_LEN, &mut stalls, None, usize::MAX);
         assert!(r.buf.capacity() <= KEEP_MAX, "{}", r.buf.capacity());
     }
 }

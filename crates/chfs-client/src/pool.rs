@@ -11,7 +11,7 @@ use chfs_proto::{Request, Response};
 use chfs_sys::lock;
 
 use crate::config::{ClientConfig, CpuLanes};
-use crate::conn::{Conn, Ticket};
+use crate::conn::{Conn, Landing, Ticket};
 use crate::error::{fail, ConnFault, Error, Result};
 use crate::poll::Counts;
 use crate::shm::Window;
@@ -360,6 +360,22 @@ impl Pool {
         };
         let _ = self.node_local.set(v.clone());
         v.map_err(|(errno, m)| Error::new(errno, m))
+    }
+
+    /// One read request (`op`), its data straight into `dst` when this
+    /// thread reads the reply off the connection (see
+    /// [`Conn::wait_into`]); sent once more on a new connection if the
+    /// connection broke under it.
+    pub fn read_into(&self, st: &PoolState, op: &Op<'_>, dst: &mut [u8]) -> Result<Landing> {
+        let once = |dst: &mut [u8]| {
+            let c = self.conn(st, op.server)?;
+            let t = c.send_raw(op.op, &op.head, op.tail)?;
+            c.wait_into(t, dst)
+        };
+        match once(dst) {
+            Err(e) if retry_safe(&e, op.op) => once(dst),
+            r => r,
+        }
     }
 
     /// Runs a batch with at most `window` requests in flight; results are in

@@ -1116,6 +1116,10 @@ impl Request {
     }
 }
 
+/// First byte of a [`Response::Data`] payload: the data follows it to the
+/// end of the frame (a client may read it straight into its own buffer).
+pub const DATA_TAG: u8 = tag::DATA;
+
 mod tag {
     pub const OK: u8 = 0;
     pub const SERVERS: u8 = 1;
