@@ -362,19 +362,74 @@ impl Pool {
         v.map_err(|(errno, m)| Error::new(errno, m))
     }
 
-    /// One read request (`op`), its data straight into `dst` when this
-    /// thread reads the reply off the connection (see
-    /// [`Conn::wait_into`]); sent once more on a new connection if the
-    /// connection broke under it.
-    pub fn read_into(&self, st: &PoolState, op: &Op<'_>, dst: &mut [u8]) -> Result<Landing> {
-        let once = |dst: &mut [u8]| {
-            let c = self.conn(st, op.server)?;
-            let t = c.send_raw(op.op, &op.head, op.tail)?;
-            c.wait_into(t, dst)
+    /// Read requests, each one's data straight into its buffer of `dsts`
+    /// when this thread reads the reply off the connection (see
+    /// [`Conn::wait_into`]), with at most the window in flight (as
+    /// [`Pool::pipeline`]); those a broken connection failed are sent once
+    /// more on new connections. Results are in the order of `ops`.
+    pub fn read_into(
+        &self,
+        st: &PoolState,
+        ops: &[Op<'_>],
+        dsts: &mut [&mut [u8]],
+    ) -> Vec<Result<Landing>> {
+        let _rpcs = tracing::debug_span!("reads", n = ops.len()).entered();
+        let window = if self.cfg.async_access {
+            self.cfg.window.max(1)
+        } else {
+            1
         };
-        match once(dst) {
-            Err(e) if retry_safe(&e, op.op) => once(dst),
-            r => r,
+        let mut results: Vec<Option<Result<Landing>>> = (0..ops.len()).map(|_| None).collect();
+        self.read_batch(
+            st,
+            ops,
+            (0..ops.len()).collect(),
+            window,
+            dsts,
+            &mut results,
+        );
+        let again: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| matches!(r, Some(Err(e)) if retry_safe(e, ops[*i].op)))
+            .map(|(i, _)| i)
+            .collect();
+        if !again.is_empty() {
+            self.read_batch(st, ops, again, window, dsts, &mut results);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(libc::EIO, "request not sent"))))
+            .collect()
+    }
+
+    fn read_batch(
+        &self,
+        st: &PoolState,
+        ops: &[Op<'_>],
+        which: Vec<usize>,
+        window: usize,
+        dsts: &mut [&mut [u8]],
+        results: &mut [Option<Result<Landing>>],
+    ) {
+        let mut inflight: VecDeque<(usize, Arc<Conn>, Ticket)> = VecDeque::new();
+        for i in which {
+            if inflight.len() >= window {
+                if let Some((j, c, t)) = inflight.pop_front() {
+                    results[j] = Some(c.wait_into(t, dsts[j]));
+                }
+            }
+            let op = &ops[i];
+            match self
+                .conn(st, op.server)
+                .and_then(|c| c.send_raw(op.op, &op.head, op.tail).map(|t| (c, t)))
+            {
+                Ok((c, t)) => inflight.push_back((i, c, t)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        for (j, c, t) in inflight {
+            results[j] = Some(c.wait_into(t, dsts[j]));
         }
     }
 

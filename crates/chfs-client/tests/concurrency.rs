@@ -162,7 +162,7 @@ fn concurrent_appends_do_not_overwrite() {
     }
 }
 
-/// Reads of one chunk land straight in the caller's buffer when the caller
+/// Reads' data lands straight in the caller's buffer when the caller
 /// reads its reply off the shared connection: many threads of one client
 /// read distinct files at once (47,008-byte records, some running past the
 /// end of file), with error replies (missing files) and multi-chunk reads
@@ -175,9 +175,11 @@ fn direct_reads_land_in_the_right_buffer() {
     let files: Vec<Vec<u8>> = (0..threads)
         .map(|t| pattern(300_000 + t * 7_919, 1000 + t as u64))
         .collect();
+    // Reads of one chunk, and of two or more (64 KiB chunks).
+    let cs = [1 << 20, 64 << 10];
     for (t, data) in files.iter().enumerate() {
         let fd = c
-            .open_chunk_size(&format!("/r{t}"), O_CREAT | O_WRONLY, 0o644, 1 << 20)
+            .open_chunk_size(&format!("/r{t}"), O_CREAT | O_WRONLY, 0o644, cs[t % 2])
             .unwrap();
         assert_eq!(c.pwrite(fd, data, 0).unwrap(), data.len());
         c.close(fd).unwrap();

@@ -563,30 +563,26 @@ impl Client {
             spans.push((done, n));
             done += n;
         }
-        // A read of one chunk: its data goes straight from the socket to
+        // Each chunk's data goes straight from the socket to its part of
         // `buf` when this thread reads the reply itself.
-        if ops.len() == 1 {
-            self.count(1);
-            let n = len;
-            match self.inner.pool.read_into(&st, &ops[0], &mut buf[..n])? {
-                Landing::Landed(k) => buf[k..n].fill(0),
-                Landing::Reply(Response::Data(d)) => {
-                    let k = d.len().min(n);
-                    buf[..k].copy_from_slice(&d[..k]);
-                    buf[k..n].fill(0);
+        self.count(ops.len());
+        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(spans.len());
+        let mut rest = &mut buf[..len];
+        for &(_, n) in &spans {
+            let (d, r) = rest.split_at_mut(n);
+            dsts.push(d);
+            rest = r;
+        }
+        let results = self.inner.pool.read_into(&st, &ops, &mut dsts);
+        for (r, d) in results.into_iter().zip(dsts) {
+            match r? {
+                Landing::Landed(k) => d[k..].fill(0),
+                Landing::Reply(Response::Data(x)) => {
+                    let k = x.len().min(d.len());
+                    d[..k].copy_from_slice(&x[..k]);
+                    d[k..].fill(0);
                 }
                 Landing::Reply(other) => return Err(unexpected(other)),
-            }
-            return Ok(len);
-        }
-        for (r, (at, n)) in self.pipeline(&st, ops).into_iter().zip(spans) {
-            match r? {
-                Response::Data(d) => {
-                    let k = d.len().min(n);
-                    buf[at..at + k].copy_from_slice(&d[..k]);
-                    buf[at + k..at + n].fill(0);
-                }
-                other => return Err(unexpected(other)),
             }
         }
         Ok(len)
