@@ -157,6 +157,8 @@ struct FrameReader {
     spares: Vec<(BytesMut, usize)>,
     /// Buffers allocated so far.
     allocated: u64,
+    /// recvmsg(2) calls so far.
+    recvs: u64,
 }
 
 /// Buffers a connection keeps for use again, and the largest kept.
@@ -166,6 +168,11 @@ const SPARE_MAX: usize = 2 << 20;
 /// How far a read may run past the frame it needs (small replies that
 /// arrive together are read with one system call).
 const READ_AHEAD: usize = 256 << 10;
+
+/// How much of what follows a reply's data one read into a caller's
+/// buffer also takes (small replies that arrived with it; more would be
+/// copied when it is the next reply's data).
+const SPLIT_AHEAD: usize = 4 << 10;
 
 /// Largest read buffer kept once empty (a 64 MiB chunk's reply grows it
 /// past this).
@@ -179,6 +186,7 @@ impl FrameReader {
             alloc: 0,
             spares: Vec::new(),
             allocated: 0,
+            recvs: 0,
         }
     }
 
@@ -235,9 +243,13 @@ impl FrameReader {
     /// Reads a frame; with `dst` = (id, buffer), the data of a
     /// [`Response::Data`] reply to `id` that fits the buffer is read
     /// straight into it ([`Frame::Landed`]) rather than into our buffer
-    /// and copied out by the caller. While the next frame's head is not
-    /// in hand, only that head is asked for (so that the data is not read
-    /// ahead into our buffer).
+    /// and copied out by the caller. While the next frame's head and tag
+    /// are not in hand, one recvmsg(2) asks for them into our buffer, for
+    /// the data into the destination and for a little of what follows into
+    /// our buffer again ([`FrameReader::fill_split`]): a reply that has
+    /// arrived whole costs one system call. What went to the destination
+    /// but is not this reply's data (another frame, an error, what follows
+    /// a short reply) is moved back into our buffer, in order.
     fn read_frame_into(
         &mut self,
         poll: Option<&Poller>,
@@ -246,41 +258,106 @@ impl FrameReader {
         let mut stalls = 0;
         loop {
             let have = self.buf.len();
-            let (need, cap) = if have >= HEADER_LEN {
+            let head = if have >= HEADER_LEN {
                 let mut hb = [0u8; HEADER_LEN];
                 hb.copy_from_slice(&self.buf[..HEADER_LEN]);
-                let h =
-                    Header::decode(&hb).map_err(|e| ReadError::Broken(std::io::Error::other(e)))?;
-                let need = HEADER_LEN + h.len as usize;
-                if let Some((id, d)) = dst.as_mut() {
-                    if h.id == *id
-                        && h.flags & FLAG_ERROR == 0
-                        && h.len >= 1
-                        && h.len as usize - 1 <= d.len()
-                    {
-                        if have == HEADER_LEN {
-                            // The payload's first byte says whether it is data.
-                            self.fill(HEADER_LEN + 1, &mut stalls, poll, 1)?;
-                            continue;
-                        }
-                        if self.buf[HEADER_LEN] == DATA_TAG {
-                            let n = self.land(h.len as usize - 1, d, &mut stalls)?;
+                Some(Header::decode(&hb).map_err(|e| ReadError::Broken(std::io::Error::other(e)))?)
+            } else {
+                None
+            };
+            if let Some((id, d)) = dst.as_mut() {
+                // Where this frame's data may go: all of the destination
+                // while the head is unknown, else exactly the data of a
+                // reply to `id` that fits.
+                let room = match head {
+                    None => Some(d.len()),
+                    Some(h) if awaited(&h, *id, d.len()) => Some(h.len as usize - 1),
+                    Some(_) => None,
+                };
+                if let Some(room) = room {
+                    if have <= HEADER_LEN {
+                        if let Some(n) = self.fill_split(*id, &mut d[..room], &mut stalls, poll)? {
                             return Ok(Frame::Landed(n));
                         }
+                        continue;
+                    }
+                    if self.buf[HEADER_LEN] == DATA_TAG {
+                        let n = self.land(room, d, &mut stalls)?;
+                        return Ok(Frame::Landed(n));
                     }
                 }
-                if have >= need {
-                    self.buf.advance(HEADER_LEN);
-                    return Ok(Frame::Whole(h, self.buf.split_to(h.len as usize).freeze()));
-                }
-                (need, usize::MAX)
-            } else if dst.is_some() {
-                (HEADER_LEN, HEADER_LEN + 1 - have)
-            } else {
-                (HEADER_LEN, usize::MAX)
-            };
-            self.fill(need, &mut stalls, poll, cap)?;
+            }
+            let need = head.map_or(HEADER_LEN, |h| HEADER_LEN + h.len as usize);
+            if let (Some(h), true) = (head, have >= need) {
+                self.buf.advance(HEADER_LEN);
+                return Ok(Frame::Whole(h, self.buf.split_to(h.len as usize).freeze()));
+            }
+            self.fill(need, &mut stalls, poll, usize::MAX)?;
         }
+    }
+
+    /// With at most a head in hand and no tag: one recvmsg(2) for the rest
+    /// of the head and the tag (into our buffer), for the data (into `d`,
+    /// which is as long as the data may be) and for at most
+    /// [`SPLIT_AHEAD`] bytes after it (into our buffer). If the frame is
+    /// the data reply to `id` and its data fits `d`, the rest of the data
+    /// is received into `d` too and its length returned. Else (or while the
+    /// head is incomplete) whatever went to `d` is moved back into our
+    /// buffer where it belongs, and None returned.
+    fn fill_split(
+        &mut self,
+        id: u64,
+        d: &mut [u8],
+        stalls: &mut u32,
+        poll: Option<&Poller>,
+    ) -> std::result::Result<Option<usize>, ReadError> {
+        let have = self.buf.len();
+        let head = HEADER_LEN + 1 - have;
+        self.room(head);
+        let spare = self.buf.spare_capacity_mut();
+        let ahead = (spare.len() - head).min(SPLIT_AHEAD);
+        let (h_part, rest) = spare.split_at_mut(head);
+        let mut iov = [
+            libc::iovec {
+                iov_base: h_part.as_mut_ptr().cast(),
+                iov_len: head,
+            },
+            libc::iovec {
+                iov_base: d.as_mut_ptr().cast(),
+                iov_len: d.len(),
+            },
+            libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: ahead,
+            },
+        ];
+        let n = self.recv(&mut iov, have == 0, stalls, poll)?;
+        let a = n.min(head);
+        let b = (n - a).min(d.len());
+        let c = n - a - b;
+        // SAFETY: the kernel initialised the `a` bytes after the `have` in
+        // hand and, when it got to the third part (`c` > 0, so `a` is
+        // `head`), the `c` bytes right after those.
+        unsafe { self.buf.set_len(have + a + c) };
+        if a < head {
+            return Ok(None);
+        }
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&self.buf[..HEADER_LEN]);
+        let h = Header::decode(&hb).map_err(|e| ReadError::Broken(std::io::Error::other(e)))?;
+        if !(awaited(&h, id, d.len()) && self.buf[HEADER_LEN] == DATA_TAG) {
+            // Not this reply's data: what went to `d` follows the tag.
+            insert(&mut self.buf, HEADER_LEN + 1, &d[..b]);
+            return Ok(None);
+        }
+        let len = h.len as usize - 1;
+        self.buf.advance(HEADER_LEN + 1);
+        if b > len {
+            // A short reply: the next frames' first bytes went to `d`.
+            insert(&mut self.buf, 0, &d[len..b]);
+        }
+        self.recv_exact(&mut d[b.min(len)..len], stalls)?;
+        Ok(Some(len))
     }
 
     /// With a data reply's header and tag byte first in our buffer: moves
@@ -296,33 +373,27 @@ impl FrameReader {
         let k = self.buf.len().min(n);
         d[..k].copy_from_slice(&self.buf[..k]);
         self.buf.advance(k);
-        let mut got = k;
-        while got < n {
-            let rest = &mut d[got..n];
-            // SAFETY: the kernel writes at most `rest.len()` bytes into
-            // `rest`, a live, exclusively borrowed, initialised slice.
-            let r =
-                unsafe { libc::recv(self.s.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), 0) };
-            if r > 0 {
-                got += r as usize;
-                continue;
-            }
-            if r == 0 {
-                return Err(ReadError::Broken(std::io::ErrorKind::UnexpectedEof.into()));
-            }
-            match std::io::Error::last_os_error() {
-                e if e.kind() == std::io::ErrorKind::Interrupted => {}
-                e if is_timeout(&e) && *stalls < MID_FRAME_STALLS => *stalls += 1,
-                e => return Err(ReadError::Broken(e)),
-            }
-        }
+        self.recv_exact(&mut d[k..n], stalls)?;
         Ok(n)
+    }
+
+    /// Receives exactly `d.len()` bytes (of a frame under way) into `d`.
+    fn recv_exact(&mut self, d: &mut [u8], stalls: &mut u32) -> std::result::Result<(), ReadError> {
+        let mut got = 0;
+        while got < d.len() {
+            let rest = &mut d[got..];
+            let mut iov = [libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            }];
+            got += self.recv(&mut iov, false, stalls, None)?;
+        }
+        Ok(())
     }
 
     /// Reads what has arrived, at least one byte, with room for `need`
     /// bytes in the buffer and [`READ_AHEAD`] more (but at most `cap`
-    /// bytes). Asks without blocking
-    /// for the window of `poll` first (if any), then sleeps in `recv(2)`.
+    /// bytes).
     fn fill(
         &mut self,
         need: usize,
@@ -330,38 +401,60 @@ impl FrameReader {
         poll: Option<&Poller>,
         cap: usize,
     ) -> std::result::Result<(), ReadError> {
-        use ReadError::*;
         self.room(need.saturating_sub(self.buf.len()));
         let had = self.buf.len();
+        let spare = self.buf.spare_capacity_mut();
+        let k = cap.min(spare.len());
+        let mut iov = [libc::iovec {
+            iov_base: spare.as_mut_ptr().cast(),
+            iov_len: k,
+        }];
+        let n = self.recv(&mut iov, had == 0, stalls, poll)?;
+        // SAFETY: the kernel initialised the next `n` bytes.
+        unsafe { self.buf.set_len(had + n) };
+        Ok(())
+    }
+
+    /// One recvmsg(2) into `iov` that gets at least one byte. Asks
+    /// without blocking for the window of `poll` first (if any), then
+    /// sleeps. A read timeout is [`ReadError::Idle`] when `between`
+    /// frames, else a stall (a few are tolerated).
+    fn recv(
+        &mut self,
+        iov: &mut [libc::iovec],
+        between: bool,
+        stalls: &mut u32,
+        poll: Option<&Poller>,
+    ) -> std::result::Result<usize, ReadError> {
+        use ReadError::*;
         let window = poll.map_or(Duration::ZERO, Poller::window);
         let mut polling = !window.is_zero();
         let start = Instant::now();
         // How long it polled before sleeping.
         let mut polled = Duration::ZERO;
         loop {
-            let spare = self.buf.spare_capacity_mut();
-            let k = cap.min(spare.len());
-            let spare = &mut spare[..k];
-            // SAFETY: the kernel writes at most `spare.len()` bytes into
-            // the buffer's spare capacity; no Rust reference to that
-            // uninitialised memory is made.
+            // SAFETY: a zeroed msghdr is valid (no name, no control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len() as _;
+            self.recvs += 1;
+            // SAFETY: each iovec names memory the caller lets the kernel
+            // write (live and not otherwise referenced meanwhile), at most
+            // its length.
             let n = unsafe {
-                libc::recv(
+                libc::recvmsg(
                     self.s.as_raw_fd(),
-                    spare.as_mut_ptr().cast(),
-                    spare.len(),
+                    &mut msg,
                     if polling { libc::MSG_DONTWAIT } else { 0 },
                 )
             };
             if n > 0 {
-                // SAFETY: the kernel initialised the next `n` bytes.
-                unsafe { self.buf.set_len(had + n as usize) };
                 match poll {
                     Some(p) if polling => p.hit(),
                     Some(p) => p.slept(polled, start.elapsed() - polled),
                     None => {}
                 }
-                return Ok(());
+                return Ok(n as usize);
             }
             if n == 0 {
                 return Err(Broken(std::io::ErrorKind::UnexpectedEof.into()));
@@ -381,12 +474,30 @@ impl FrameReader {
             match e {
                 e if e.kind() == std::io::ErrorKind::Interrupted => {}
                 // Nothing of a frame yet: the connection is just idle.
-                e if is_timeout(&e) && had == 0 => return Err(Idle),
+                e if is_timeout(&e) && between => return Err(Idle),
                 e if is_timeout(&e) && *stalls < MID_FRAME_STALLS => *stalls += 1,
                 e => return Err(Broken(e)),
             }
         }
     }
+}
+
+/// Is a frame with head `h` possibly the data reply to `id` whose data
+/// fits `room` bytes (no error, a tag, not too long)?
+fn awaited(h: &Header, id: u64, room: usize) -> bool {
+    h.id == id && h.flags & FLAG_ERROR == 0 && h.len >= 1 && h.len as usize - 1 <= room
+}
+
+/// Inserts `bytes` into `buf` at `at` (rare: bytes that a read into a
+/// caller's buffer took from other frames).
+fn insert(buf: &mut BytesMut, at: usize, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let after = buf[at..].to_vec();
+    buf.truncate(at);
+    buf.extend_from_slice(bytes);
+    buf.extend_from_slice(&after);
 }
 
 fn io_err(addr: &str, what: &str, e: std::io::Error) -> Error {
@@ -781,7 +892,10 @@ impl Conn {
 
     /// Waits for the answer to a read's ticket: if this thread reads it
     /// off the socket itself and it is data that fits `dst`, the data
-    /// goes straight there ([`Landing::Landed`]); else the reply.
+    /// goes straight there ([`Landing::Landed`]); else the reply. Bytes of
+    /// other frames may pass through `dst` on their way (the reply to
+    /// another request, an error), so that whatever the outcome, `dst`
+    /// holds nothing the caller may rely on but the data landed.
     pub fn wait_into(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
         self.wait_for(t, Some(dst))
     }
@@ -1009,6 +1123,8 @@ mod tests {
     /// it and nothing else: whether it arrives with other frames, byte by
     /// byte, short (end of file), too long for the destination, as an error
     /// or as another kind of reply; other ids' frames are read whole.
+    /// (Bytes of other frames may pass through the destination on their
+    /// way: the caller owns all of it and fills all of it on success.)
     #[test]
     fn read_data_lands_in_the_destination() {
         let (a, mut b) = UnixStream::pair().unwrap();
@@ -1056,7 +1172,6 @@ mod tests {
         // Another id's frame, while waiting for 2.
         let (h, p) = whole(read(&mut r, 2, &mut dst));
         assert_eq!((h.id, &p[1..]), (1, &b"other"[..]));
-        assert!(dst.iter().all(|&x| x == 0xee));
         assert!(matches!(read(&mut r, 2, &mut dst), Frame::Landed(47_008)));
         assert_eq!(dst, big);
         // What followed in the same read is intact.
@@ -1067,11 +1182,9 @@ mod tests {
         let (h, p) = whole(read(&mut r, 9, &mut dst));
         assert_ne!(h.flags & FLAG_ERROR, 0);
         assert_eq!(&p[..], b"not data");
-        assert!(dst.iter().all(|&x| x == 0xee));
         // A short reply fills only its part.
         assert!(matches!(read(&mut r, 9, &mut dst), Frame::Landed(100)));
         assert_eq!(dst[..100], big[..100]);
-        assert!(dst[100..].iter().all(|&x| x == 0xee));
         // Another kind of reply is read whole.
         let (_, p) = whole(read(&mut r, 9, &mut dst));
         assert_eq!(&p[..], &[0]);
@@ -1079,7 +1192,6 @@ mod tests {
         let mut small = vec![0xeeu8; 1000];
         let (_, p) = whole(read(&mut r, 9, &mut small));
         assert_eq!(&p[1..], &big[..]);
-        assert!(small.iter().all(|&x| x == 0xee));
         // Trickling in.
         let mut dst = vec![0u8; 50_000];
         assert!(matches!(read(&mut r, 7, &mut dst), Frame::Landed(47_008)));
@@ -1095,6 +1207,167 @@ mod tests {
             r.read_frame_into(None, Some((10, &mut dst))),
             Err(ReadError::Broken(_))
         ));
+    }
+
+    /// A data reply that has arrived whole is read with one recvmsg(2):
+    /// head and tag into the connection's buffer, data into the caller's
+    /// (a lone reply; then two replies queued together, the second one's
+    /// head and first bytes taken by the first call).
+    #[test]
+    fn a_reply_in_hand_costs_one_system_call() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut r = FrameReader::new(Stream::Unix(a));
+        let big: Vec<u8> = (0..47_008u32).map(|i| (i % 249) as u8).collect();
+        let mut dst = vec![0u8; 47_008];
+        b.write_all(&frame(1, &data(&big))).unwrap();
+        assert!(matches!(
+            r.read_frame_into(None, Some((1, &mut dst))),
+            Ok(Frame::Landed(47_008))
+        ));
+        assert_eq!(dst, big);
+        assert_eq!(r.recvs, 1);
+        let mut two = frame(2, &data(&big[..30_000]));
+        two.extend(frame(3, &data(&big[30_000..])));
+        b.write_all(&two).unwrap();
+        let mut d2 = vec![0u8; 30_000];
+        let mut d3 = vec![0u8; 17_008];
+        assert!(matches!(
+            r.read_frame_into(None, Some((2, &mut d2))),
+            Ok(Frame::Landed(30_000))
+        ));
+        assert!(matches!(
+            r.read_frame_into(None, Some((3, &mut d3))),
+            Ok(Frame::Landed(17_008))
+        ));
+        assert_eq!((&d2[..], &d3[..]), (&big[..30_000], &big[30_000..]));
+        assert_eq!(r.recvs, 3);
+    }
+
+    /// Waits until the peer of `s` has read all that was written to it.
+    fn drained(s: &UnixStream) {
+        loop {
+            let mut q: libc::c_int = 0;
+            // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int.
+            let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut q) };
+            assert_eq!(rc, 0);
+            if q == 0 {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// What a read with a destination must give, in order.
+    enum Expect {
+        /// The data landed: these bytes, at the start of a destination
+        /// of this size.
+        Landed(Vec<u8>, usize),
+        /// A frame read whole: its id, flags and payload (asked for with
+        /// a destination of this size).
+        Whole(u64, u16, Vec<u8>, usize),
+    }
+
+    /// Frames cut at every byte boundary (the reader has taken the first
+    /// part before the second is sent): the data of the awaited reply
+    /// lands whole, and what the one read into the caller's buffer took
+    /// from other frames (one before it, the next frames after a short
+    /// reply, an error, a non-data reply, data too long) is read back
+    /// intact, in order.
+    #[test]
+    fn frames_cut_anywhere_land_or_are_read_whole() {
+        let d: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut err = Header {
+            len: 5,
+            id: 1,
+            op: op::READ,
+            flags: FLAG_ERROR,
+        }
+        .encode()
+        .to_vec();
+        err.extend_from_slice(b"error");
+        let next = |id| frame(id, &data(b"next frame"));
+        let whole_next = |id| Expect::Whole(id, 0, data(b"next frame"), 300);
+        let cases: Vec<(Vec<u8>, Vec<Expect>)> = vec![
+            // The data, then another frame.
+            (
+                [frame(1, &data(&d)), next(5)].concat(),
+                vec![Expect::Landed(d.clone(), 300), whole_next(5)],
+            ),
+            // A short reply followed by frames that reach into the rest of
+            // the destination and past it.
+            (
+                [frame(1, &data(&d[..40])), frame(6, &data(&d)), next(5)].concat(),
+                vec![
+                    Expect::Landed(d[..40].to_vec(), 300),
+                    Expect::Whole(6, 0, data(&d), 0),
+                    whole_next(5),
+                ],
+            ),
+            // Another id's frame first.
+            (
+                [frame(7, &data(&d[..50])), frame(1, &data(&d)), next(5)].concat(),
+                vec![
+                    Expect::Whole(7, 0, data(&d[..50]), 300),
+                    Expect::Landed(d.clone(), 300),
+                    whole_next(5),
+                ],
+            ),
+            // An error reply, a non-data reply, data too long.
+            (
+                [err, frame(1, &[0]), frame(1, &data(&d)), next(5)].concat(),
+                vec![
+                    Expect::Whole(1, FLAG_ERROR, b"error".to_vec(), 300),
+                    Expect::Whole(1, 0, vec![0], 300),
+                    Expect::Whole(1, 0, data(&d), 299),
+                    whole_next(5),
+                ],
+            ),
+        ];
+        for (bytes, expect) in &cases {
+            for cut in 1..bytes.len() {
+                let (a, mut b) = UnixStream::pair().unwrap();
+                a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut r = FrameReader::new(Stream::Unix(a));
+                let (first, second) = (bytes[..cut].to_vec(), bytes[cut..].to_vec());
+                let writer = std::thread::spawn(move || {
+                    b.write_all(&first).unwrap();
+                    drained(&b);
+                    b.write_all(&second).unwrap();
+                    b
+                });
+                for (i, e) in expect.iter().enumerate() {
+                    let at = format!("cut at {cut}, read {i}");
+                    match e {
+                        Expect::Landed(want, size) => {
+                            let mut dst = vec![0xeeu8; *size];
+                            match r.read_frame_into(None, Some((1, &mut dst))) {
+                                Ok(Frame::Landed(n)) => {
+                                    assert_eq!(&dst[..n], &want[..], "{at}")
+                                }
+                                _ => panic!("{at}: not landed"),
+                            }
+                        }
+                        Expect::Whole(id, flags, want, size) => {
+                            let mut dst = vec![0xeeu8; *size];
+                            let into = (*size > 0).then_some((1, &mut dst[..]));
+                            match r.read_frame_into(None, into) {
+                                Ok(Frame::Whole(h, p)) => {
+                                    assert_eq!(
+                                        (h.id, h.flags, &p[..]),
+                                        (*id, *flags, &want[..]),
+                                        "{at}"
+                                    )
+                                }
+                                _ => panic!("{at}: not whole"),
+                            }
+                        }
+                    }
+                }
+                let _b = writer.join().unwrap();
+                assert!(r.buf.is_empty(), "cut at {cut}: bytes left over");
+            }
+        }
     }
 
     /// Replies held while more are read (a 1 MiB read holds its chunk
