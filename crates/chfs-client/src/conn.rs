@@ -500,6 +500,38 @@ fn insert(buf: &mut BytesMut, at: usize, bytes: &[u8]) {
     buf.extend_from_slice(&after);
 }
 
+thread_local! {
+    /// A thread's buffers for encoding a request and for the frame that
+    /// carries it (kept, so that a request allocates nothing here).
+    static HEAD: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static FRAME: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Largest encode buffer a thread keeps.
+const KEEP_ENCODE: usize = 64 << 10;
+
+/// Runs `f` with `key`'s buffer, empty; with a new one if that is in use
+/// or gone (a call from a thread-local destructor).
+fn with_buffer<R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>,
+    f: impl FnOnce(&mut Vec<u8>) -> R,
+) -> R {
+    let mut f = Some(f);
+    let r = key.try_with(|b| {
+        let mut b = b.try_borrow_mut().ok()?;
+        b.clear();
+        let r = (f.take().expect("called once"))(&mut b);
+        if b.capacity() > KEEP_ENCODE {
+            *b = Vec::new();
+        }
+        Some(r)
+    });
+    match r {
+        Ok(Some(r)) => r,
+        _ => (f.take().expect("not called"))(&mut Vec::new()),
+    }
+}
+
 fn io_err(addr: &str, what: &str, e: std::io::Error) -> Error {
     let errno = match e.kind() {
         std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => libc::ETIMEDOUT,
@@ -835,26 +867,21 @@ impl Conn {
             op,
             flags: if cma.is_some() { FLAG_CMA } else { 0 },
         };
-        let r = {
+        let r = with_buffer(&FRAME, |buf| {
+            buf.extend_from_slice(&h.encode());
+            buf.extend_from_slice(head);
             let mut w = lock(&self.writer);
             if tail.len() < 16 * 1024 {
-                let mut buf =
-                    Vec::with_capacity(HEADER_LEN + head.len() + tail.len() + trailer.len());
-                buf.extend_from_slice(&h.encode());
-                buf.extend_from_slice(head);
                 buf.extend_from_slice(tail);
                 buf.extend_from_slice(trailer);
-                w.write_all(&buf)
+                w.write_all(buf)
             } else {
-                let mut buf = Vec::with_capacity(HEADER_LEN + head.len());
-                buf.extend_from_slice(&h.encode());
-                buf.extend_from_slice(head);
                 // Two send(2)s rather than one writev(2): send passes
                 // MSG_NOSIGNAL, so a dead server gives EPIPE, not a SIGPIPE
                 // that would kill a C program using the library.
-                w.write_all(&buf).and_then(|_| w.write_all(tail))
+                w.write_all(buf).and_then(|_| w.write_all(tail))
             }
-        };
+        });
         if let Err(e) = r {
             lock(&self.state).pending.remove(&id);
             self.fail_all(&format!("connection to server {addr} lost: {e}"));
@@ -866,9 +893,10 @@ impl Conn {
 
     /// Sends a request.
     pub fn send(&self, req: &Request) -> Result<Ticket> {
-        let mut head = Vec::with_capacity(64);
-        req.encode(&mut head);
-        self.send_raw(req.op(), &head, &[])
+        with_buffer(&HEAD, |head| {
+            req.encode(head);
+            self.send_raw(req.op(), head, &[])
+        })
     }
 
     fn timed_out(&self) -> Error {
@@ -1207,6 +1235,31 @@ mod tests {
             r.read_frame_into(None, Some((10, &mut dst))),
             Err(ReadError::Broken(_))
         ));
+    }
+
+    /// A thread's encode buffer is used again, empty each time; a nested
+    /// use gets a buffer of its own; a buffer grown large is not kept.
+    #[test]
+    fn encode_buffers_are_kept_per_thread() {
+        let p1 = with_buffer(&HEAD, |b| {
+            b.extend_from_slice(b"first");
+            b.as_ptr() as usize
+        });
+        let p2 = with_buffer(&HEAD, |b| {
+            assert!(b.is_empty());
+            b.extend_from_slice(b"second");
+            let inner = with_buffer(&HEAD, |c| {
+                assert!(c.is_empty());
+                c.push(1);
+                c.as_ptr() as usize
+            });
+            assert_ne!(inner, b.as_ptr() as usize);
+            assert_eq!(&b[..], b"second");
+            b.as_ptr() as usize
+        });
+        assert_eq!(p1, p2);
+        with_buffer(&HEAD, |b| b.resize(KEEP_ENCODE + 1, 0));
+        assert_eq!(with_buffer(&HEAD, |b| b.capacity()), 0);
     }
 
     /// A data reply that has arrived whole is read with one recvmsg(2):
