@@ -88,6 +88,14 @@ opcodes! {
     NODE_LOCAL = 35 => NodeLocal,
 }
 
+/// Does a request of opcode `op`, decoded from a frame's payload, keep a
+/// slice of it (its data)? Those of every other opcode copy out what they
+/// need, so that a server may read their frames into a buffer it uses
+/// again (checked for every variant by the round-trip test).
+pub fn keeps_payload(op: u16) -> bool {
+    matches!(op, op::CREATE | op::WRITE | op::PUT_CHUNK | op::ADOPT_CHUNK)
+}
+
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
 pub mod rw {
     /// The file is a cached copy of a backend file: a chunk missing here is
@@ -1353,7 +1361,22 @@ mod tests {
     fn rt(req: Request) {
         let mut b = Vec::new();
         req.encode(&mut b);
-        assert_eq!(Request::decode(req.op(), Bytes::from(b)).unwrap(), req);
+        assert_eq!(
+            Request::decode(req.op(), Bytes::from(b.clone())).unwrap(),
+            req
+        );
+        // Whether the decoded request still refers to the payload's
+        // buffer is what `keeps_payload` says.
+        if b.is_empty() {
+            return;
+        }
+        let mut whole = bytes::BytesMut::from(&b[..]);
+        let payload = whole.split().freeze();
+        let decoded = Request::decode(req.op(), payload).unwrap();
+        let free = whole.try_reclaim(b.len());
+        assert_eq!(keeps_payload(req.op()), !free, "{:?}", op::name(req.op()));
+        drop(decoded);
+        assert!(whole.try_reclaim(b.len()));
     }
 
     #[test]

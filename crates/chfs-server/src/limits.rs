@@ -219,16 +219,23 @@ fn watchdog(dogs: std::sync::Weak<Watchdogs>, idle: Duration) {
     }
 }
 
-/// The bytes a request holds in the server: its payload, the data it
-/// copies from the client's memory, and the data of its reply.
-pub(crate) fn cost(h: &Header, payload: &Bytes, req: Option<&Request>) -> u64 {
+/// The bytes a request with cross-memory attach holds in the server: its
+/// payload and the data it copies from the client's memory.
+pub(crate) fn cost(h: &Header, payload: &Bytes) -> u64 {
     let mut n = payload.len() as u64;
     if h.flags & FLAG_CMA != 0 {
         if let Ok((_, r)) = CmaRef::split_off(payload) {
             n += r.len;
         }
     }
-    if let Some(Request::Read { len, .. }) = req {
+    n
+}
+
+/// The bytes any other request holds in the server: its payload (`len`
+/// bytes, decoded as `req`) and the data of its reply.
+pub(crate) fn cost_of(len: usize, req: &Request) -> u64 {
+    let mut n = len as u64;
+    if let Request::Read { len, .. } = req {
         n += (*len).min(chfs_proto::MAX_CHUNK_SIZE) as u64;
     }
     n

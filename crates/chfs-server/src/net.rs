@@ -37,6 +37,22 @@ pub enum NetError {
 pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
 ) -> Result<Option<(Header, Bytes)>, NetError> {
+    read_frame_reusing(r, None).await
+}
+
+/// Largest payload read into a connection's reused buffer.
+pub const REUSE_MAX: usize = 4 << 10;
+
+/// [`read_frame`], the payload of a small frame whose request keeps no
+/// part of it ([`chfs_proto::msg::keeps_payload`]) read into `reuse`: once
+/// the payloads cut from it are gone, its memory serves the next frame,
+/// and such a frame allocates nothing. (A request that keeps its data gets
+/// memory of its own, as large as the data: a stored chunk holds no
+/// connection buffer.)
+pub async fn read_frame_reusing<R: AsyncRead + Unpin>(
+    r: &mut R,
+    reuse: Option<&mut BytesMut>,
+) -> Result<Option<(Header, Bytes)>, NetError> {
     let mut hb = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -56,10 +72,21 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     // Read into spare capacity: no zeroing of a buffer about to be
     // overwritten (write requests carry up to a chunk of data).
     let len = h.len as usize;
-    let mut buf = BytesMut::with_capacity(len);
+    let mut own = BytesMut::new();
+    let (buf, reused) = match reuse {
+        Some(b) if len <= REUSE_MAX && !chfs_proto::msg::keeps_payload(h.op) => {
+            b.clear();
+            b.reserve(REUSE_MAX);
+            (b, true)
+        }
+        _ => {
+            own.reserve(len);
+            (&mut own, false)
+        }
+    };
     while buf.len() < len {
         let want = (len - buf.len()) as u64;
-        let n = (&mut *r).take(want).read_buf(&mut buf).await?;
+        let n = (&mut *r).take(want).read_buf(buf).await?;
         if n == 0 {
             return Err(ProtoError::Truncated {
                 needed: len - buf.len(),
@@ -67,7 +94,13 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
             .into());
         }
     }
-    Ok(Some((h, buf.freeze())))
+    // A buffer of its own is frozen whole (no shared count to allocate).
+    let payload = if reused {
+        buf.split().freeze()
+    } else {
+        std::mem::take(buf).freeze()
+    };
+    Ok(Some((h, payload)))
 }
 
 /// Writes one frame (not flushed).

@@ -25,24 +25,87 @@ use crate::state::Shared;
 
 /// One outgoing response: header, head bytes, a data tail, and the
 /// request's share of the connection's budget (given back once sent).
-pub(crate) type Out = (Header, Vec<u8>, Bytes, Option<crate::limits::Permits>);
+pub(crate) type Out = (Header, Head, Bytes, Option<crate::limits::Permits>);
+
+/// Heads at most this long are kept inline in their [`Head`].
+const HEAD_INLINE: usize = 96;
+
+/// A reply's encoded head (all of it but a data tail): inline when short,
+/// as most are (a stat's, a read's tag, an error), so that it costs no
+/// allocation; else the buffer it was encoded in.
+pub(crate) struct Head {
+    len: usize,
+    inline: [u8; HEAD_INLINE],
+    heap: Vec<u8>,
+}
+
+impl Head {
+    /// What `f` encodes, through a thread's buffer used again.
+    fn encode(f: impl FnOnce(&mut Vec<u8>)) -> Head {
+        thread_local! {
+            static ENC: std::cell::RefCell<Vec<u8>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let mut f = Some(f);
+        let mut head = Head {
+            len: 0,
+            inline: [0; HEAD_INLINE],
+            heap: Vec::new(),
+        };
+        let mut keep = |v: &mut Vec<u8>| {
+            if v.len() <= HEAD_INLINE {
+                head.inline[..v.len()].copy_from_slice(v);
+                head.len = v.len();
+            } else {
+                // A long head (a listing) keeps the buffer.
+                head.len = v.len();
+                head.heap = std::mem::take(v);
+            }
+        };
+        let used = ENC.try_with(|b| {
+            let Ok(mut b) = b.try_borrow_mut() else {
+                return false;
+            };
+            b.clear();
+            b.reserve(HEAD_INLINE);
+            (f.take().expect("once"))(&mut b);
+            keep(&mut b);
+            true
+        });
+        if !matches!(used, Ok(true)) {
+            let mut v = Vec::new();
+            (f.take().expect("once"))(&mut v);
+            keep(&mut v);
+        }
+        head
+    }
+}
+
+impl std::ops::Deref for Head {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        if self.len <= HEAD_INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+}
 
 pub(crate) fn response_frame(id: u64, op: u16, r: Result<Response, ErrorReply>) -> Out {
-    let mut head = Vec::with_capacity(80);
-    let (flags, tail) = match r {
+    let mut tail = Bytes::new();
+    let mut flags = 0;
+    let head = Head::encode(|head| match r {
         Ok(Response::Data(d)) => {
-            Response::Data(Bytes::new()).encode(&mut head);
-            (0, d)
+            Response::Data(Bytes::new()).encode(head);
+            tail = d;
         }
-        Ok(resp) => {
-            resp.encode(&mut head);
-            (0, Bytes::new())
-        }
+        Ok(resp) => resp.encode(head),
         Err(e) => {
-            encode_error(&mut head, &e);
-            (FLAG_ERROR, Bytes::new())
+            encode_error(head, &e);
+            flags = FLAG_ERROR;
         }
-    };
+    });
     (
         Header {
             len: (head.len() + tail.len()) as u32,
@@ -307,6 +370,8 @@ pub(crate) async fn serve_conn<R, W>(
         })
     };
     let mut first = first;
+    // Small frames' payloads, used again (net::read_frame_reusing).
+    let mut frames = bytes::BytesMut::new();
     let mut window: Option<Arc<crate::shm::Window>> = None;
     let budget = crate::limits::Budget::new(&shared.limits);
     let watchdog = fd.and_then(|fd| {
@@ -319,7 +384,7 @@ pub(crate) async fn serve_conn<R, W>(
     loop {
         let frame = match first.take() {
             Some(f) => Ok(Some(f)),
-            None => net::read_frame(&mut rd).await,
+            None => net::read_frame_reusing(&mut rd, Some(&mut frames)).await,
         };
         if let Some(w) = &watchdog {
             w.touch();
@@ -335,7 +400,7 @@ pub(crate) async fn serve_conn<R, W>(
         match frame {
             Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
                 let permits = budget
-                    .admit(crate::limits::cost(&h, &payload, None), &shared.counters)
+                    .admit(crate::limits::cost(&h, &payload), &shared.counters)
                     .await;
                 let (sh, tx, w) = (shared.clone(), tx.clone(), window.clone());
                 tokio::spawn(async move {
@@ -355,15 +420,16 @@ pub(crate) async fn serve_conn<R, W>(
                 }
                 let _ = tx.send(Msg::Reply(response_frame(h.id, h.op, r)));
             }
-            Ok(Some((h, payload))) => match Request::decode(h.op, payload.clone()) {
+            Ok(Some((h, payload))) => match Request::decode(h.op, payload) {
                 Ok(req) => {
+                    // (Not a clone of the payload kept for this: its first
+                    // clone allocates a shared count.)
                     let permits = budget
                         .admit(
-                            crate::limits::cost(&h, &payload, Some(&req)),
+                            crate::limits::cost_of(h.len as usize, &req),
                             &shared.counters,
                         )
                         .await;
-                    drop(payload);
                     let forwarded = h.flags & FLAG_FORWARDED != 0;
                     let sh = shared.clone();
                     let mut served =
@@ -442,5 +508,107 @@ fn attach_window(
             e.errno(),
             format!("malformed request: {e}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chfs_proto::Meta;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    /// The system allocator, counting each thread's allocations (this
+    /// test binary only).
+    struct Counting;
+
+    thread_local! {
+        static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    // SAFETY: forwards every call unchanged to the system allocator.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.dealloc(p, l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+            let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.realloc(p, l, n) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+
+    fn decoded(out: &Out) -> Result<Response, ErrorReply> {
+        let (h, head, tail, _) = out;
+        let mut p = head.to_vec();
+        p.extend_from_slice(tail);
+        assert_eq!(h.len as usize, p.len());
+        if h.flags & FLAG_ERROR != 0 {
+            Err(chfs_proto::msg::decode_error(Bytes::from(p)).unwrap())
+        } else {
+            Ok(Response::decode(Bytes::from(p)).unwrap())
+        }
+    }
+
+    /// Replies are framed as they were (each decodes back to itself), and
+    /// a short head (a stat's, a read's tag, an error) allocates nothing.
+    #[test]
+    fn reply_heads_are_inline_when_short() {
+        let meta = Meta {
+            mode: 0o100644,
+            size: 47_008,
+            chunk_size: 65_536,
+            fileid: 3,
+            ..Default::default()
+        };
+        let data = Bytes::from(vec![5u8; 47_008]);
+        let err = ErrorReply::new(libc::ENOENT, "no such file");
+        let listing = Response::Entries {
+            entries: (0..100)
+                .map(|i| chfs_proto::msg::DirEntry {
+                    name: format!("name{i}"),
+                    meta,
+                })
+                .collect(),
+            done: true,
+        };
+        for r in [
+            Ok(Response::Meta(meta)),
+            Ok(Response::Data(data.clone())),
+            Ok(Response::Ok),
+            Err(err.clone()),
+            Ok(listing.clone()),
+        ] {
+            let out = response_frame(7, op::STAT, r.clone());
+            assert_eq!(out.0.id, 7);
+            assert_eq!(decoded(&out), r);
+        }
+        // Short heads: nothing allocated (once the thread has an encode
+        // buffer again: the listing took the last one).
+        drop(response_frame(1, op::STAT, Ok(Response::Meta(meta))));
+        let a0 = ALLOCS.with(Cell::get);
+        for _ in 0..100 {
+            drop(response_frame(1, op::STAT, Ok(Response::Meta(meta))));
+            drop(response_frame(
+                2,
+                op::READ,
+                Ok(Response::Data(data.clone())),
+            ));
+        }
+        assert_eq!(ALLOCS.with(Cell::get) - a0, 0);
+        // A long head keeps its buffer; the next one is encoded as well.
+        let long = response_frame(3, op::READDIR, Ok(listing.clone()));
+        let short = response_frame(4, op::STAT, Ok(Response::Meta(meta)));
+        assert_eq!(decoded(&long), Ok(listing));
+        assert_eq!(decoded(&short), Ok(Response::Meta(meta)));
     }
 }
