@@ -171,6 +171,20 @@ fn concurrent_appends_do_not_overwrite() {
 #[test]
 fn direct_reads_land_in_the_right_buffer() {
     let (_p, c) = pool(2);
+    direct_reads(c);
+}
+
+/// The same over TCP (where replies arrive in segments of any size).
+#[test]
+fn direct_reads_land_in_the_right_buffer_over_tcp() {
+    let p = common::LocalPool::start(2).expect("start chfsd pool");
+    direct_reads(common::client(&p, |cfg| {
+        cfg.local_socket = false;
+        cfg.cma = false;
+    }));
+}
+
+fn direct_reads(c: chfs_client::Client) {
     let threads = 8;
     let files: Vec<Vec<u8>> = (0..threads)
         .map(|t| pattern(300_000 + t * 7_919, 1000 + t as u64))
