@@ -125,6 +125,10 @@ pub(crate) struct Conn {
 /// (a server restarted meanwhile) before it is used again.
 const IDLE_CHECK: Duration = Duration::from_millis(5);
 
+/// Most requests in flight on a connection among which a waiter looks
+/// for an older one than its own (see [`Conn::wait_into`]).
+const NEXT_SCAN: usize = 16;
+
 /// A request in flight.
 pub(crate) struct Ticket {
     id: u64,
@@ -267,7 +271,7 @@ impl FrameReader {
         &mut self,
         poll: Option<&Poller>,
     ) -> std::result::Result<(Header, Bytes), ReadError> {
-        match self.read_frame_into(poll, None)? {
+        match self.read_frame_into(poll, None, false)? {
             Frame::Whole(h, p) => Ok((h, p)),
             Frame::Landed(..) => unreachable!("no destination given"),
         }
@@ -276,17 +280,23 @@ impl FrameReader {
     /// Reads a frame; with `dst` = (id, buffer), the data of a
     /// [`Response::Data`] reply to `id` that fits the buffer is read
     /// straight into it ([`Frame::Landed`]) rather than into our buffer
-    /// and copied out by the caller. While the next frame's head and tag
-    /// are not in hand, one recvmsg(2) asks for them into our buffer, for
-    /// the data into the destination and for a little of what follows into
-    /// our buffer again ([`FrameReader::fill_split`]): a reply that has
-    /// arrived whole costs one system call. What went to the destination
-    /// but is not this reply's data (another frame, an error, what follows
-    /// a short reply) is moved back into our buffer, in order.
+    /// and copied out by the caller. With `next` (the reply is likely the
+    /// next frame: its request is alone in flight on the connection),
+    /// while the next frame's head and tag are not in hand, one recvmsg(2)
+    /// asks for them into our buffer, for the data into the destination
+    /// and for a little of what follows into our buffer again
+    /// ([`FrameReader::fill_split`]): a reply that has arrived whole costs
+    /// one system call. What went to the destination but is not this
+    /// reply's data (another frame, an error, what follows a short reply)
+    /// is moved back into our buffer, in order. Without `next` (other
+    /// threads' replies may come first, and would each be copied once more
+    /// that way), the head and tag are asked for alone first, then the
+    /// data, which then lands exactly.
     fn read_frame_into(
         &mut self,
         poll: Option<&Poller>,
         mut dst: Option<(u64, &mut [u8])>,
+        next: bool,
     ) -> std::result::Result<Frame, ReadError> {
         let mut stalls = 0;
         loop {
@@ -303,9 +313,9 @@ impl FrameReader {
                 // while the head is unknown, else exactly the data of a
                 // reply to `id` that fits.
                 let room = match head {
-                    None => Some(d.len()),
+                    None if next => Some(d.len()),
                     Some(h) if awaited(&h, *id, d.len()) => Some(h.len as usize - 1),
-                    Some(_) => None,
+                    _ => None,
                 };
                 if let Some(room) = room {
                     if have <= HEADER_LEN {
@@ -325,7 +335,13 @@ impl FrameReader {
                 self.buf.advance(HEADER_LEN);
                 return Ok(Frame::Whole(h, self.buf.split_to(h.len as usize).freeze()));
             }
-            self.fill(need, &mut stalls, poll, usize::MAX)?;
+            // A destination waits but the head is unknown: the head and
+            // tag alone (the data may be the destination's).
+            let cap = match (&dst, head) {
+                (Some(_), None) => HEADER_LEN + 1 - have,
+                _ => usize::MAX,
+            };
+            self.fill(need, &mut stalls, poll, cap)?;
         }
     }
 
@@ -953,9 +969,11 @@ impl Conn {
 
     /// Waits for the answer to a read's ticket: if this thread reads it
     /// off the socket itself and it is data that fits `dst`, the data
-    /// goes straight there ([`Landing::Landed`]); else the reply. Bytes of
-    /// other frames may pass through `dst` on their way (the reply to
-    /// another request, an error), so that whatever the outcome, `dst`
+    /// goes straight there ([`Landing::Landed`]); else the reply. When its
+    /// request is the oldest in flight on the connection, the reply's head
+    /// and data are asked for with one system call, and bytes of other
+    /// frames may then pass through `dst` on their way (a reply that came
+    /// first after all, an error), so that whatever the outcome, `dst`
     /// holds nothing the caller may rely on but the data landed.
     pub fn wait_into(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
         self.wait_for(t, Some(dst))
@@ -1000,8 +1018,14 @@ impl Conn {
                 // anyway, and its polling would take CPU from the servers
                 // sending it.
                 let lone = st.pending.len() == 1;
+                // Its reply is likely the next frame when its request is
+                // the oldest in flight here (a connection's replies mostly
+                // come in order): then a read's head and data are asked
+                // for at once (see `FrameReader::read_frame_into`).
+                let next = lone
+                    || (st.pending.len() <= NEXT_SCAN && st.pending.keys().all(|&k| k >= t.id));
                 drop(st);
-                let mine = self.read_until(t.id, deadline, lone, dst.as_deref_mut());
+                let mine = self.read_until(t.id, deadline, lone, next, dst.as_deref_mut());
                 st = lock(&self.state);
                 st.reading = false;
                 // Someone else may be waiting for the reader role.
@@ -1039,12 +1063,13 @@ impl Conn {
         id: u64,
         deadline: Instant,
         lone: bool,
+        next: bool,
         mut dst: Option<&mut [u8]>,
     ) -> Option<Frame> {
         let mut rd = lock(&self.reader);
         loop {
             let into = dst.as_deref_mut().map(|d| (id, d));
-            match rd.read_frame_into(lone.then_some(&self.poll), into) {
+            match rd.read_frame_into(lone.then_some(&self.poll), into, next) {
                 Ok(f @ Frame::Landed(..)) => {
                     self.note_io();
                     return Some(f);
@@ -1184,10 +1209,22 @@ mod tests {
     /// it and nothing else: whether it arrives with other frames, byte by
     /// byte, short (end of file), too long for the destination, as an error
     /// or as another kind of reply; other ids' frames are read whole.
-    /// (Bytes of other frames may pass through the destination on their
-    /// way: the caller owns all of it and fills all of it on success.)
+    /// (With `next`, bytes of other frames may pass through the
+    /// destination on their way: the caller owns all of it and fills all
+    /// of it on success; without, the destination is not touched but by
+    /// the data.)
     #[test]
     fn read_data_lands_in_the_destination() {
+        read_data_lands(true);
+        read_data_lands(false);
+    }
+
+    fn read_data_lands(next: bool) {
+        let untouched = |d: &[u8]| {
+            if !next {
+                assert!(d.iter().all(|&x| x == 0xee), "destination touched");
+            }
+        };
         let (a, mut b) = UnixStream::pair().unwrap();
         a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut r = FrameReader::new(Stream::Unix(a));
@@ -1226,26 +1263,32 @@ mod tests {
             Frame::Landed(_) => panic!("landed"),
         };
         let read = |r: &mut FrameReader, id: u64, d: &mut [u8]| {
-            r.read_frame_into(None, Some((id, d)))
+            r.read_frame_into(None, Some((id, d)), next)
                 .unwrap_or_else(|_| panic!("frame"))
         };
         let mut dst = vec![0xeeu8; 47_008];
         // Another id's frame, while waiting for 2.
         let (h, p) = whole(read(&mut r, 2, &mut dst));
         assert_eq!((h.id, &p[1..]), (1, &b"other"[..]));
+        untouched(&dst);
         assert!(matches!(read(&mut r, 2, &mut dst), Frame::Landed(47_008)));
         assert_eq!(dst, big);
         // What followed in the same read is intact.
-        let (h, p) = whole(r.read_frame_into(None, None).unwrap_or_else(|_| panic!()));
+        let (h, p) = whole(
+            r.read_frame_into(None, None, false)
+                .unwrap_or_else(|_| panic!()),
+        );
         assert_eq!((h.id, &p[1..]), (3, &b"next"[..]));
         // An error reply is not data.
         let mut dst = vec![0xeeu8; 47_008];
         let (h, p) = whole(read(&mut r, 9, &mut dst));
         assert_ne!(h.flags & FLAG_ERROR, 0);
         assert_eq!(&p[..], b"not data");
+        untouched(&dst);
         // A short reply fills only its part.
         assert!(matches!(read(&mut r, 9, &mut dst), Frame::Landed(100)));
         assert_eq!(dst[..100], big[..100]);
+        untouched(&dst[100..]);
         // Another kind of reply is read whole.
         let (_, p) = whole(read(&mut r, 9, &mut dst));
         assert_eq!(&p[..], &[0]);
@@ -1253,6 +1296,7 @@ mod tests {
         let mut small = vec![0xeeu8; 1000];
         let (_, p) = whole(read(&mut r, 9, &mut small));
         assert_eq!(&p[1..], &big[..]);
+        untouched(&small);
         // Trickling in.
         let mut dst = vec![0u8; 50_000];
         assert!(matches!(read(&mut r, 7, &mut dst), Frame::Landed(47_008)));
@@ -1265,7 +1309,7 @@ mod tests {
         b.write_all(&frame(10, &data(&big))[..30_000]).unwrap();
         drop(b);
         assert!(matches!(
-            r.read_frame_into(None, Some((10, &mut dst))),
+            r.read_frame_into(None, Some((10, &mut dst)), next),
             Err(ReadError::Broken(_))
         ));
     }
@@ -1331,7 +1375,7 @@ mod tests {
         let mut dst = vec![0u8; 47_008];
         b.write_all(&frame(1, &data(&big))).unwrap();
         assert!(matches!(
-            r.read_frame_into(None, Some((1, &mut dst))),
+            r.read_frame_into(None, Some((1, &mut dst)), true),
             Ok(Frame::Landed(47_008))
         ));
         assert_eq!(dst, big);
@@ -1342,15 +1386,24 @@ mod tests {
         let mut d2 = vec![0u8; 30_000];
         let mut d3 = vec![0u8; 17_008];
         assert!(matches!(
-            r.read_frame_into(None, Some((2, &mut d2))),
+            r.read_frame_into(None, Some((2, &mut d2)), true),
             Ok(Frame::Landed(30_000))
         ));
         assert!(matches!(
-            r.read_frame_into(None, Some((3, &mut d3))),
+            r.read_frame_into(None, Some((3, &mut d3)), true),
             Ok(Frame::Landed(17_008))
         ));
         assert_eq!((&d2[..], &d3[..]), (&big[..30_000], &big[30_000..]));
         assert_eq!(r.recvs, 3);
+        // Not likely next (other requests in flight): the head alone
+        // first, then the data.
+        b.write_all(&frame(4, &data(&big))).unwrap();
+        assert!(matches!(
+            r.read_frame_into(None, Some((4, &mut dst)), false),
+            Ok(Frame::Landed(47_008))
+        ));
+        assert_eq!(dst, big);
+        assert_eq!(r.recvs, 5);
     }
 
     /// Waits until the peer of `s` has read all that was written to it.
@@ -1433,7 +1486,10 @@ mod tests {
                 ],
             ),
         ];
-        for (bytes, expect) in &cases {
+        for (bytes, expect, next) in cases
+            .iter()
+            .flat_map(|(b, e)| [(b, e, true), (b, e, false)])
+        {
             for cut in 1..bytes.len() {
                 let (a, mut b) = UnixStream::pair().unwrap();
                 a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -1446,11 +1502,11 @@ mod tests {
                     b
                 });
                 for (i, e) in expect.iter().enumerate() {
-                    let at = format!("cut at {cut}, read {i}");
+                    let at = format!("cut at {cut}, read {i}, next {next}");
                     match e {
                         Expect::Landed(want, size) => {
                             let mut dst = vec![0xeeu8; *size];
-                            match r.read_frame_into(None, Some((1, &mut dst))) {
+                            match r.read_frame_into(None, Some((1, &mut dst)), next) {
                                 Ok(Frame::Landed(n)) => {
                                     assert_eq!(&dst[..n], &want[..], "{at}")
                                 }
@@ -1460,7 +1516,7 @@ mod tests {
                         Expect::Whole(id, flags, want, size) => {
                             let mut dst = vec![0xeeu8; *size];
                             let into = (*size > 0).then_some((1, &mut dst[..]));
-                            match r.read_frame_into(None, into) {
+                            match r.read_frame_into(None, into, next) {
                                 Ok(Frame::Whole(h, p)) => {
                                     assert_eq!(
                                         (h.id, h.flags, &p[..]),
