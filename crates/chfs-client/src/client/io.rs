@@ -541,8 +541,12 @@ impl Client {
         let len = ((size - off) as usize).min(buf.len());
         let cs = f.meta.chunk_size as u64;
         let flags = rw_flags(&f.meta, lock(&f.state).wrote);
-        let mut ops = Vec::new();
-        let mut spans = Vec::new();
+        let chunks = ((off + len as u64).saturating_sub(1) / cs - off / cs + 1) as usize;
+        let mut ops = Vec::with_capacity(chunks);
+        // Each chunk's part of `buf`: its data goes straight from the
+        // socket there when this thread reads the reply itself.
+        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(chunks);
+        let mut rest = &mut buf[..len];
         let mut done = 0usize;
         while done < len {
             let pos = off + done as u64;
@@ -560,19 +564,12 @@ impl Client {
                 epoch: f.meta.epoch(),
             };
             ops.push(Op::req(st.owner_of_hash(&f.path, f.hash, idx), &req));
-            spans.push((done, n));
-            done += n;
-        }
-        // Each chunk's data goes straight from the socket to its part of
-        // `buf` when this thread reads the reply itself.
-        self.count(ops.len());
-        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(spans.len());
-        let mut rest = &mut buf[..len];
-        for &(_, n) in &spans {
-            let (d, r) = rest.split_at_mut(n);
+            let (d, r) = std::mem::take(&mut rest).split_at_mut(n);
             dsts.push(d);
             rest = r;
+            done += n;
         }
+        self.count(ops.len());
         let results = self.inner.pool.read_into(&st, &ops, &mut dsts);
         for (r, d) in results.into_iter().zip(dsts) {
             match r? {
