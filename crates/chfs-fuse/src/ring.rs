@@ -319,8 +319,10 @@ fn pin_to(cpu: usize) {
 /// next request, and the thread serves both in one wake-up (a create
 /// through the mount, open(O_CREAT) + close, took 10 context switches,
 /// now 8). A process waiting for a reply sleeps anyway, so requests that
-/// are waited for lose nothing.
-fn batch_policy() {
+/// are waited for lose nothing. The /dev/fuse threads get it too while the
+/// rings serve (`mount::serve`): they then read only FORGET, which the
+/// kernel sends without waiting after every unlink.
+pub(crate) fn batch_policy() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: plain syscall on the calling thread (pid 0), valid param.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {

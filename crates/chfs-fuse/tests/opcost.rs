@@ -109,8 +109,8 @@ fn without_a_negative_timeout_missing_names_are_asked_for_every_time() {
 }
 
 /// The ring threads run with SCHED_BATCH, so that a request the kernel
-/// does not wait for (the RELEASE of close(2)) does not preempt the
-/// process that sent it.
+/// does not wait for (the RELEASE of close(2), the FORGET after an
+/// unlink) does not preempt the process that sent it.
 #[test]
 fn ring_threads_do_not_preempt_the_processes_they_serve() {
     let pool = pool(1);
@@ -128,7 +128,9 @@ fn ring_threads_do_not_preempt_the_processes_they_serve() {
     for t in fs::read_dir(format!("/proc/{}/task", m.pid())).unwrap() {
         let t = t.unwrap();
         let comm = fs::read_to_string(t.path().join("comm")).unwrap();
-        if !comm.starts_with("chfuse-q") {
+        // The ring threads, and the /dev/fuse threads, which read only
+        // FORGET (sent after each unlink) and INTERRUPT while rings serve.
+        if !comm.starts_with("chfuse-q") && !comm.starts_with("fuser-") {
             continue;
         }
         let tid: i32 = t.file_name().to_str().unwrap().parse().unwrap();
