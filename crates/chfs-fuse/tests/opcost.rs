@@ -62,11 +62,13 @@ fn missing_names_are_asked_for_once(args: &[&str]) {
         assert!(missing(&m.p("d/x")));
     }
     let r2 = requests(&admin);
-    assert_eq!(
-        r2 - r1,
-        status,
-        "{} requests for 20 lookups of a name already found missing",
-        r2 - r1 - status
+    // Without negative entries the 20 lookups send 8 requests (7 lookups,
+    // then a listing of the directory); 2 of slack for anything else the
+    // mount might send meanwhile.
+    let extra = (r2 - r1).saturating_sub(status);
+    assert!(
+        extra <= 2,
+        "{extra} requests for 20 lookups of a name already found missing"
     );
     // This mount's own changes replace the negative entry at once.
     fs::write(m.p("d/x"), b"here").unwrap();
