@@ -104,6 +104,28 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry (node id 0; the kernel reads none of
+/// them).
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 fn fopen_flags(o: &Opened) -> FopenFlags {
     let mut f = FopenFlags::empty();
     if o.direct_io {
@@ -193,7 +215,14 @@ impl Filesystem for ChfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.reply_entry(reply, self.core.lookup(Ino(parent.0), name));
+        let neg = self.core.options().negative_timeout;
+        match self.core.lookup(Ino(parent.0), name) {
+            // Node id 0: the kernel keeps the name as absent for `neg`.
+            Err(Error::ENOENT) if !neg.is_zero() => {
+                reply.entry_with_ttls(&Duration::ZERO, &neg, &negative_attr(), Generation(0))
+            }
+            r => self.reply_entry(reply, r),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

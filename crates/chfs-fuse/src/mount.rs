@@ -265,6 +265,12 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
         source,
     })?;
     let transport = start_rings(&core, &granted, &session, cfg.threads);
+    if transport == "io_uring" {
+        // The /dev/fuse threads `session.run` starts from this thread (they
+        // inherit its policy) then read only FORGET and INTERRUPT: a FORGET
+        // (one per unlink) no longer preempts the process that sent it.
+        crate::ring::batch_policy();
+    }
     info!(mountpoint = %mp.display(), threads = cfg.threads, transport, "mounted");
     if cfg.read_ahead_kb > 0 {
         if let Err(e) = set_read_ahead(&mp, cfg.read_ahead_kb) {

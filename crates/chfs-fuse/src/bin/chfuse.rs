@@ -45,8 +45,9 @@ struct Args {
     #[arg(long, default_value_t = 1.0)]
     entry_timeout: f64,
     /// Seconds a name may be reported absent from a recent listing of its
-    /// directory without asking its server (default: the entry timeout;
-    /// 0 = always ask). Names created through this mount are always seen;
+    /// directory without asking its server, and a name found absent is
+    /// kept as absent by the kernel (default: the entry timeout; 0 =
+    /// always ask). Names created through this mount are always seen;
     /// one created on another node may stay invisible for this long.
     #[arg(long)]
     negative_timeout: Option<f64>,

@@ -14,7 +14,8 @@ pub struct FsOptions {
     pub entry_timeout: Duration,
     /// How long a name may be reported absent from a listing of its
     /// directory instead of asking its server (the client's negative lookup
-    /// cache; entries created through this mount are always seen). A file
+    /// cache; entries created through this mount are always seen), and how
+    /// long the kernel keeps a name found absent as a negative entry. A file
     /// created on another node may stay invisible here for up to this
     /// long. Zero asks the servers for every missing name.
     pub negative_timeout: Duration,

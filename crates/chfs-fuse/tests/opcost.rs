@@ -1,0 +1,145 @@
+//! What one metadata operation costs through a real mount (issue 25):
+//! requests the servers see, and how the serving threads are scheduled.
+
+mod common;
+
+use std::fs;
+use std::io::ErrorKind;
+
+use common::*;
+
+/// The transport chfuse reported when it mounted.
+fn transport(m: &Mount) -> String {
+    let log = fs::read_to_string(&m.log).unwrap_or_default();
+    let line = log.lines().find(|l| l.contains("mounted")).unwrap_or("");
+    line.split("transport=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or("")
+        .trim_matches('"')
+        .to_string()
+}
+
+fn client_of(pool: &LocalPool) -> chfs_client::Client {
+    chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: pool.addrs().to_vec(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Requests the pool's servers have served so far.
+fn requests(admin: &chfs_client::Client) -> u64 {
+    admin
+        .server_status()
+        .into_iter()
+        .map(|(_, s)| s.unwrap().requests)
+        .sum()
+}
+
+fn missing(p: &std::path::Path) -> bool {
+    matches!(fs::metadata(p), Err(e) if e.kind() == ErrorKind::NotFound)
+}
+
+/// A name found missing is kept by the kernel as a negative entry for the
+/// negative timeout: asking again reaches neither chfuse nor a server,
+/// and creating the name through the mount is seen at once.
+fn missing_names_are_asked_for_once(args: &[&str]) {
+    let pool = pool(1);
+    let admin = client_of(&pool);
+    // Made by another client: the mount has no listing of it, so each
+    // lookup of a missing name in it asks the server (until the
+    // directory is listed after a few).
+    admin.mkdir("/d", 0o755).unwrap();
+    let mut all = vec!["--negative-timeout", "60", "--entry-timeout", "60"];
+    all.extend_from_slice(args);
+    let m = Mount::new(&pool, &all);
+    assert!(missing(&m.p("d/x")));
+    let r0 = requests(&admin);
+    let r1 = requests(&admin);
+    let status = r1 - r0;
+    for _ in 0..20 {
+        assert!(missing(&m.p("d/x")));
+    }
+    let r2 = requests(&admin);
+    // Without negative entries the 20 lookups send 8 requests (7 lookups,
+    // then a listing of the directory); 2 of slack for anything else the
+    // mount might send meanwhile.
+    let extra = (r2 - r1).saturating_sub(status);
+    assert!(
+        extra <= 2,
+        "{extra} requests for 20 lookups of a name already found missing"
+    );
+    // This mount's own changes replace the negative entry at once.
+    fs::write(m.p("d/x"), b"here").unwrap();
+    assert_eq!(fs::read(m.p("d/x")).unwrap(), b"here");
+    assert!(missing(&m.p("d/sub")));
+    fs::create_dir(m.p("d/sub")).unwrap();
+    assert!(m.p("d/sub").is_dir());
+    assert!(missing(&m.p("d/moved")));
+    fs::rename(m.p("d/x"), m.p("d/moved")).unwrap();
+    assert_eq!(fs::read(m.p("d/moved")).unwrap(), b"here");
+    assert!(missing(&m.p("d/x")));
+    fs::remove_file(m.p("d/moved")).unwrap();
+    assert!(missing(&m.p("d/moved")));
+    fs::write(m.p("d/moved"), b"again").unwrap();
+    assert_eq!(fs::read(m.p("d/moved")).unwrap(), b"again");
+}
+
+#[test]
+fn missing_names_are_asked_for_once_over_io_uring() {
+    missing_names_are_asked_for_once(&[]);
+}
+
+#[test]
+fn missing_names_are_asked_for_once_over_dev_fuse() {
+    missing_names_are_asked_for_once(&["--io-uring=false"]);
+}
+
+#[test]
+fn without_a_negative_timeout_missing_names_are_asked_for_every_time() {
+    let pool = pool(1);
+    let admin = client_of(&pool);
+    admin.mkdir("/d", 0o755).unwrap();
+    let m = Mount::new(&pool, &["--negative-timeout", "0"]);
+    assert!(missing(&m.p("d/x")));
+    let fd = admin
+        .create("/d/x", chfs_client::flags::O_WRONLY, 0o644)
+        .unwrap();
+    admin.close(fd).unwrap();
+    assert!(m.p("d/x").exists(), "another client's file is seen at once");
+}
+
+/// The ring threads run with SCHED_BATCH, so that a request the kernel
+/// does not wait for (the RELEASE of close(2), the FORGET after an
+/// unlink) does not preempt the process that sent it.
+#[test]
+fn ring_threads_do_not_preempt_the_processes_they_serve() {
+    let pool = pool(1);
+    let m = Mount::new(&pool, &[]);
+    if transport(&m) != "io_uring" {
+        chfs_localpool::skip(
+            "uring",
+            "ring_threads_do_not_preempt_the_processes_they_serve",
+            "no FUSE over io_uring here: no ring threads",
+        );
+        return;
+    }
+    fs::write(m.p("f"), b"x").unwrap();
+    let mut rings = 0;
+    for t in fs::read_dir(format!("/proc/{}/task", m.pid())).unwrap() {
+        let t = t.unwrap();
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap();
+        // The ring threads, and the /dev/fuse threads, which read only
+        // FORGET (sent after each unlink) and INTERRUPT while rings serve.
+        if !comm.starts_with("chfuse-q") && !comm.starts_with("fuser-") {
+            continue;
+        }
+        let tid: i32 = t.file_name().to_str().unwrap().parse().unwrap();
+        // SAFETY: plain syscall on a thread id; no memory.
+        let policy = unsafe { libc::sched_getscheduler(tid) };
+        assert_eq!(policy, libc::SCHED_BATCH, "{} ({tid})", comm.trim());
+        rings += 1;
+    }
+    assert!(rings > 0, "no ring threads found");
+}
