@@ -28,6 +28,7 @@ mod backend;
 pub mod cache;
 pub mod config;
 mod connection;
+mod fabric;
 mod handler;
 mod limits;
 mod listener;

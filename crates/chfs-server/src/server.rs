@@ -215,7 +215,21 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         })?;
     let port = listener.local_addr()?.port();
     let host = want.rsplit_once(':').map_or(want.as_str(), |(h, _)| h);
-    let me = format!("{host}:{port}");
+    // A fabric server is known in the pool by its endpoint's address
+    // (`ofi+tcp://IP:PORT`): clients given it use the fabric. The TCP
+    // listener stays (chfsctl, clients without the fabric).
+    let fabric = match cfg.protocol.0 {
+        None => None,
+        Some(p) => {
+            Some(Arc::new(crate::fabric::open(p, host).map_err(|e| {
+                ServerError::Config(format!("--protocol {p}: {e}"))
+            })?))
+        }
+    };
+    let me = match &fabric {
+        Some(ep) => ep.address().to_string(),
+        None => format!("{host}:{port}"),
+    };
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         store,
@@ -253,6 +267,9 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         );
     }
     let local = bind_local(&me);
+    if let Some(ep) = fabric {
+        crate::fabric::start(shared.clone(), ep, tokio::runtime::Handle::current());
+    }
     let task = tokio::spawn(accept_loop(shared.clone(), listener, local));
     match &cfg.join {
         None => shared.set_list(ServerList {

@@ -1,0 +1,444 @@
+//! Serving clients over a libfabric endpoint (`chfsd -p ofi+tcp`, ...):
+//! the progress thread that owns the endpoint's completion queue, the
+//! sessions the handshake opened, and requests handed to the runtime.
+//!
+//! One chfs-proto frame is one message behind the session token
+//! ([`chfs_fabric::rpc`]); a client's first message ([`OP_AUTH_HELLO`])
+//! carries its address and the hello of `chfs_proto::handshake`, and the
+//! challenge-response runs over messages. A session's requests are
+//! checked by the role it proved ([`Access`]), served by
+//! [`crate::handler::handle`] in a task of the runtime, and answered with
+//! the frame a stream connection would get. The progress thread blocks on
+//! the queue's descriptor (an idle server costs no CPU) and wakes up once
+//! a second to see whether the server stops.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chfs_fabric::rpc::{
+    decode_hello, decode_message, encode_message, encode_welcome, OP_AUTH_HELLO, OP_AUTH_REPLY,
+    OP_PROOF, OP_VERDICT,
+};
+use chfs_fabric::{Endpoint, Error as FabricError, Peer, Protocol};
+use chfs_proto::frame::{Header, FLAG_FORWARDED, HEADER_LEN};
+use chfs_proto::handshake::{self, Accept, Hello, HelloReply, Pending};
+use chfs_proto::{ErrorReply, Request};
+use tracing::{debug, info, warn};
+
+use crate::connection::{response_frame, Access};
+use crate::metrics::Counters;
+use crate::state::Shared;
+
+/// Largest message either side sends: a chunk of the default size (64 KiB)
+/// with its request. Clients and servers must agree (the hello says it).
+pub const MAX_MESSAGE: usize = 64 * 1024 + 4096;
+
+/// How long a reply may take to leave before the session is given up.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens the endpoint of `protocol` on `host` (an IP address or a name
+/// resolved to one; any free port).
+pub fn open(protocol: Protocol, host: &str) -> Result<Endpoint, FabricError> {
+    use std::net::ToSocketAddrs;
+    let ip = (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip().to_string());
+    let mut cfg = chfs_fabric::Config::new(protocol);
+    cfg.max_message = MAX_MESSAGE;
+    cfg.recv_buffers = 64;
+    if protocol.ip_addresses() {
+        if let Some(ip) = &ip {
+            cfg = cfg.bind(ip, None);
+        }
+    }
+    Endpoint::open(&cfg)
+}
+
+enum SessionState {
+    /// Waiting for the proof.
+    Challenged(Pending),
+    /// Serving requests.
+    Open(Access),
+}
+
+struct Session {
+    peer: Peer,
+    state: SessionState,
+}
+
+/// Starts the progress thread serving `ep` until the server stops.
+pub fn start(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) {
+    let name = "chfsd-fabric".to_string();
+    let r = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || progress(shared, ep, rt));
+    if let Err(e) = r {
+        warn!("cannot start the fabric progress thread: {e}");
+    }
+}
+
+fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) {
+    info!(addr = %ep.address(), "serving over the fabric");
+    let mut sessions: HashMap<u64, Session> = HashMap::new();
+    let stop = shared.shutdown.subscribe();
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let m = match ep.recv(Duration::from_secs(1)) {
+            Ok(m) => m,
+            Err(FabricError::Timeout { .. }) => continue,
+            Err(e) => {
+                debug!("fabric receive failed: {e}");
+                continue;
+            }
+        };
+        let decoded = decode_message(&m);
+        drop(m);
+        let Ok((token, h, payload)) = decoded else {
+            debug!("fabric: a message that is not a frame, dropped");
+            continue;
+        };
+        if token == 0 {
+            if h.op == OP_AUTH_HELLO {
+                hello(&shared, &ep, &mut sessions, h, &payload);
+            } else {
+                debug!(op = h.op, "fabric: a message of no session, dropped");
+            }
+            continue;
+        }
+        let Some(s) = sessions.get(&token) else {
+            debug!(
+                op = h.op,
+                "fabric: a message of an unknown session, dropped"
+            );
+            continue;
+        };
+        let peer = s.peer;
+        match &s.state {
+            SessionState::Challenged(pending) => {
+                if h.op != OP_PROOF {
+                    sessions.remove(&token);
+                    continue;
+                }
+                let proof: Option<&handshake::Proof> = payload[..].try_into().ok();
+                let verdict = match proof.map(|p| pending.check(p)) {
+                    Some(Ok(role)) => {
+                        debug!(?role, "fabric session accepted");
+                        if let Some(s) = sessions.get_mut(&token) {
+                            s.state = SessionState::Open(Access(Some(role)));
+                        }
+                        handshake::accepted()
+                    }
+                    Some(Err((v, e))) => {
+                        Counters::inc(&shared.counters.refused);
+                        warn!("fabric session refused: {}", e.message);
+                        sessions.remove(&token);
+                        v
+                    }
+                    None => {
+                        sessions.remove(&token);
+                        continue;
+                    }
+                };
+                let m = encode_message(0, h.id, OP_VERDICT, 0, &verdict.encode());
+                if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
+                    debug!("fabric: verdict not sent: {e}");
+                }
+            }
+            SessionState::Open(access) => {
+                let access = *access;
+                request(&shared, &ep, &rt, peer, access, h, payload);
+            }
+        }
+    }
+    info!("fabric endpoint closed");
+}
+
+/// A client's hello: a new session (open, or challenged) or a refusal.
+fn hello(
+    shared: &Shared,
+    ep: &Endpoint,
+    sessions: &mut HashMap<u64, Session>,
+    h: Header,
+    payload: &[u8],
+) {
+    let Ok((addr, max, hello)) = decode_hello(payload) else {
+        debug!("fabric: malformed hello, dropped");
+        return;
+    };
+    let peer = match ep.connect(&addr) {
+        Ok(p) => p,
+        Err(e) => {
+            debug!(%addr, "fabric: cannot add the peer: {e}");
+            return;
+        }
+    };
+    let answer = if max as usize != ep.max_message() {
+        Accept::Refuse(HelloReply::refusal(
+            libc::EPROTO,
+            format!(
+                "largest fabric message {max} bytes, this server's {}",
+                ep.max_message()
+            ),
+        ))
+    } else {
+        match hello
+            .get(..Hello::HEAD_LEN)
+            .map(|b| Hello::decode_head(b.try_into().expect("head length")))
+        {
+            Some(Ok(v)) if v != chfs_proto::PROTOCOL_VERSION => {
+                Accept::Refuse(handshake::version_refusal(v))
+            }
+            Some(Ok(_)) => match hello
+                .try_into()
+                .map_err(|_| ())
+                .and_then(|b| Hello::decode(b).map_err(|_| ()))
+            {
+                Ok(hello) => handshake::accept(&hello, shared.keys.as_ref()),
+                Err(()) => Accept::Refuse(HelloReply::refusal(libc::EPROTO, "malformed hello")),
+            },
+            _ => Accept::Refuse(HelloReply::refusal(libc::EPROTO, "malformed hello")),
+        }
+    };
+    let token = loop {
+        let t = u64::from_le_bytes(handshake::random_bytes());
+        if t != 0 && !sessions.contains_key(&t) {
+            break t;
+        }
+    };
+    let (token, reply) = match answer {
+        Accept::Refuse(r) => {
+            Counters::inc(&shared.counters.refused);
+            warn!(%addr, "fabric session refused: {}", r.message);
+            (0, r)
+        }
+        Accept::Open(r) => {
+            let state = SessionState::Open(Access(None));
+            sessions.insert(token, Session { peer, state });
+            (token, r)
+        }
+        Accept::Challenge(r, pending) => {
+            let state = SessionState::Challenged(pending);
+            sessions.insert(token, Session { peer, state });
+            (token, r)
+        }
+    };
+    let m = encode_message(
+        0,
+        h.id,
+        OP_AUTH_REPLY,
+        0,
+        &encode_welcome(token, &reply.encode()),
+    );
+    if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
+        debug!(%addr, "fabric: welcome not sent: {e}");
+        sessions.remove(&token);
+    }
+}
+
+/// A request of an open session: served in a task of the runtime, its
+/// reply sent from there.
+fn request(
+    shared: &Arc<Shared>,
+    ep: &Arc<Endpoint>,
+    rt: &tokio::runtime::Handle,
+    peer: Peer,
+    access: Access,
+    h: Header,
+    payload: Bytes,
+) {
+    let forwarded = h.flags & FLAG_FORWARDED != 0;
+    let (sh, ep) = (shared.clone(), ep.clone());
+    if let Some(e) = access.refusal(h.op, forwarded) {
+        Counters::inc(&shared.counters.denied);
+        warn!(op = h.op, "{}", e.message);
+        reply(&ep, peer, h, Err(e));
+        return;
+    }
+    if h.flags & !FLAG_FORWARDED != 0 {
+        let e = ErrorReply::new(
+            libc::EPROTO,
+            format!("frame flags {:#x} not served over the fabric", h.flags),
+        );
+        reply(&ep, peer, h, Err(e));
+        return;
+    }
+    match Request::decode(h.op, payload) {
+        Ok(req) => {
+            rt.spawn(async move {
+                let r = crate::handler::handle(&sh, req, forwarded).await;
+                reply(&ep, peer, h, r);
+            });
+        }
+        Err(e) => {
+            warn!(op = h.op, "malformed request over the fabric: {e}");
+            let e = ErrorReply::new(e.errno(), format!("malformed request: {e}"));
+            reply(&ep, peer, h, Err(e));
+        }
+    }
+}
+
+/// Sends the reply to request `h`: the frame a stream would carry, in one
+/// message (EMSGSIZE instead when it does not fit one).
+fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
+    let (rh, head, tail, _) = response_frame(h.id, h.op, r);
+    let mut m = Vec::with_capacity(8 + HEADER_LEN + head.len() + tail.len());
+    m.extend_from_slice(&0u64.to_le_bytes());
+    m.extend_from_slice(&rh.encode());
+    m.extend_from_slice(&head);
+    m.extend_from_slice(&tail);
+    if m.len() > ep.max_message() {
+        let e = ErrorReply::new(
+            libc::EMSGSIZE,
+            format!(
+                "a reply of {} bytes is larger than a fabric message ({} bytes)",
+                m.len(),
+                ep.max_message()
+            ),
+        );
+        let (rh, head, _, _) = response_frame(h.id, h.op, Err(e));
+        m.truncate(8);
+        m.extend_from_slice(&rh.encode());
+        m.extend_from_slice(&head);
+    }
+    if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
+        debug!(op = h.op, "fabric: reply not sent: {e}");
+    }
+}
+
+/// This server's sessions with peers known by fabric addresses on other
+/// hosts (forwarding, membership pushes): one client endpoint per
+/// protocol, a session per peer opened with the pool secret as a server,
+/// calls made on blocking threads (the endpoint's waits block).
+#[derive(Default)]
+pub struct Peers {
+    clients: std::sync::Mutex<HashMap<Protocol, Arc<chfs_fabric::rpc::RpcClient>>>,
+    sessions: std::sync::Mutex<HashMap<String, chfs_fabric::rpc::Session>>,
+    /// Peers found to have no local socket here.
+    remote: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Peers {
+    /// Is the peer at `addr` reached through its local socket (it runs on
+    /// this host: a connection is open, or its socket answers)?
+    pub fn is_local<C>(&self, addr: &str, conns: &std::sync::Mutex<HashMap<String, C>>) -> bool {
+        if chfs_sys::lock(conns).contains_key(addr) {
+            return true;
+        }
+        if chfs_sys::lock(&self.remote).contains(addr) {
+            return false;
+        }
+        use std::os::linux::net::SocketAddrExt;
+        let name = chfs_proto::local_socket_name(addr);
+        let here = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a))
+            .is_ok();
+        if !here {
+            chfs_sys::lock(&self.remote).insert(addr.to_string());
+        }
+        here
+    }
+
+    /// Sends `req` to the peer at `addr` over the fabric and waits for its
+    /// answer (at most `timeout`).
+    pub async fn call(
+        self: Arc<Self>,
+        addr: &str,
+        cred: &handshake::Credential,
+        req: &Request,
+        flags: u16,
+        timeout: Duration,
+    ) -> Result<chfs_proto::Response, ErrorReply> {
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        let (op, addr, cred) = (req.op(), addr.to_string(), cred.clone());
+        tokio::task::spawn_blocking(move || {
+            self.call_blocking(&addr, &cred, op, flags, &payload, timeout)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(ErrorReply::new(
+                libc::EIO,
+                format!("fabric call failed: {e}"),
+            ))
+        })
+    }
+
+    fn call_blocking(
+        &self,
+        addr: &str,
+        cred: &handshake::Credential,
+        op: u16,
+        flags: u16,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<chfs_proto::Response, ErrorReply> {
+        use chfs_fabric::rpc::RpcError;
+        let err = |e: RpcError| match e {
+            RpcError::Remote(r) => {
+                ErrorReply::new(r.errno, format!("server {addr}: {}", r.message))
+            }
+            e => ErrorReply::new(e.errno(), format!("server {addr}: {e}")),
+        };
+        let a: chfs_fabric::Address = addr
+            .parse()
+            .map_err(|e| ErrorReply::new(libc::EINVAL, format!("server {addr}: {e}")))?;
+        let rpc = self
+            .client(&a)
+            .map_err(|e| ErrorReply::new(e.errno(), format!("no {} endpoint: {e}", a.protocol)))?;
+        let known = chfs_sys::lock(&self.sessions).get(addr).copied();
+        let s = match known {
+            Some(s) => s,
+            None => {
+                let s = rpc
+                    .handshake(&a, handshake::Role::Server, cred, timeout)
+                    .map_err(err)?;
+                chfs_sys::lock(&self.sessions).insert(addr.to_string(), s);
+                s
+            }
+        };
+        let r = rpc
+            .post(&s, op, flags, payload, timeout)
+            .and_then(|id| rpc.wait(id, timeout));
+        match r {
+            Ok((h, payload)) => crate::peer::decode_reply(h.flags, payload),
+            Err(e) => {
+                if !matches!(&e, RpcError::Fabric(FabricError::Timeout { .. })) {
+                    // A broken pair: a new session (and rxm connection)
+                    // next time.
+                    chfs_sys::lock(&self.sessions).remove(addr);
+                    let _ = rpc.endpoint().disconnect(s.peer);
+                }
+                Err(err(e))
+            }
+        }
+    }
+
+    fn client(
+        &self,
+        a: &chfs_fabric::Address,
+    ) -> Result<Arc<chfs_fabric::rpc::RpcClient>, FabricError> {
+        let mut g = chfs_sys::lock(&self.clients);
+        if let Some(c) = g.get(&a.protocol) {
+            return Ok(c.clone());
+        }
+        let host = a.socket_addr().map(|sa| route_to(&sa));
+        let ep = open(a.protocol, host.flatten().as_deref().unwrap_or(""))?;
+        let c = Arc::new(chfs_fabric::rpc::RpcClient::new(Arc::new(ep)));
+        g.insert(a.protocol, c.clone());
+        Ok(c)
+    }
+}
+
+/// The local IP address that routes to `to`.
+fn route_to(to: &std::net::SocketAddr) -> Option<String> {
+    let any = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let s = std::net::UdpSocket::bind(any).ok()?;
+    s.connect(to).ok()?;
+    Some(s.local_addr().ok()?.ip().to_string())
+}
