@@ -19,7 +19,7 @@ pub struct Setting {
 
 /// Every client setting.
 pub const SETTINGS: &[Setting] = &[
-    Setting { env: "CHFS_SERVER", default: "(required)", help: "one or more server addresses (host:port, comma separated; a scheme such as tcp:// or ofi+tcp:// is ignored); the full server list is fetched from them" },
+    Setting { env: "CHFS_SERVER", default: "(required)", help: "one or more server addresses (host:port, comma separated; a scheme such as tcp:// is ignored; ofi+tcp://IP:PORT and the other ofi+ addresses that fabric servers (chfsd -p) advertise are reached over libfabric); the full server list is fetched from them" },
     Setting { env: "CHFS_CHUNK_SIZE", default: "65536", help: "chunk size in bytes of files this client creates" },
     Setting { env: "CHFS_BUF_SIZE", default: "0", help: "client write buffer per open file in bytes; small writes are aggregated into one RPC (0 = off)" },
     Setting { env: "CHFS_RPC_TIMEOUT_MSEC", default: "30000", help: "time after which an unanswered request fails with ETIMEDOUT (0 = 30000)" },
@@ -206,6 +206,10 @@ pub fn parse_servers(v: &str) -> Vec<String> {
     v.split(|c: char| c == ',' || c.is_whitespace())
         .filter(|s| !s.is_empty())
         .map(|s| {
+            // A fabric address names its transport: kept whole.
+            if s.starts_with("ofi+") {
+                return s.trim_end_matches('/').to_string();
+            }
             let s = s.rsplit_once("://").map_or(s, |(_, a)| a);
             let s = s.trim_end_matches('/');
             if s.rsplit_once(':')
@@ -361,7 +365,10 @@ mod tests {
 
     #[test]
     fn servers_parse() {
-        assert_eq!(parse_servers("ofi+tcp://h1:5,h2"), ["h1:5", "h2:50000"]);
+        assert_eq!(
+            parse_servers("tcp://h1:5,h2,ofi+tcp://10.0.0.5:40001/"),
+            ["h1:5", "h2:50000", "ofi+tcp://10.0.0.5:40001"]
+        );
         assert_eq!(parse_servers(" a:1 , b:2 "), ["a:1", "b:2"]);
     }
 

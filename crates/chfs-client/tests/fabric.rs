@@ -160,4 +160,14 @@ fn a_dead_server_gives_an_errno_not_a_hang() {
         .contains(&e.errno()),
         "{e}"
     );
+    // The link is given up; the next request finds nothing listening at
+    // once (ECONNREFUSED, as over TCP), not after another timeout.
+    let t = Instant::now();
+    let e = c.pread(fd, &mut back, 0).unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(e.errno(), libc::ECONNREFUSED, "{e}");
 }

@@ -198,6 +198,29 @@ fn decode_hello_reply(
     Ok((version, status, msg, auth))
 }
 
+/// For providers whose addresses are a TCP listener (`ofi+tcp`,
+/// `ofi+sockets`): fails at once with ECONNREFUSED when nothing listens
+/// there (a server that stopped), as a TCP client would. rxm does not
+/// report a refused connection: the hello would wait out the timeout.
+fn refused_at_once(server: &Address, timeout: Duration) -> Result<(), Error> {
+    use crate::addr::Protocol;
+    if !matches!(server.protocol, Protocol::Tcp | Protocol::Sockets) {
+        return Ok(());
+    }
+    let Some(sa) = server.socket_addr() else {
+        return Ok(());
+    };
+    let probe = timeout.min(Duration::from_secs(2));
+    match std::net::TcpStream::connect_timeout(&sa, probe) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(Error::Call {
+            call: "connect",
+            code: libc::ECONNREFUSED,
+            message: format!("nothing listens at {server}"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A session with one server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Session {
@@ -292,6 +315,7 @@ impl RpcClient {
         use chfs_proto::handshake::{Connector, Verdict};
         let deadline = Instant::now() + timeout;
         let (c, hello) = Connector::start(role, cred).map_err(RpcError::Remote)?;
+        refused_at_once(server, timeout)?;
         let peer = self.ep.connect(server)?;
         let payload = encode_hello(
             &self.ep.address().to_string(),
