@@ -40,10 +40,15 @@ pub(crate) fn is_fabric(addr: &str) -> bool {
 
 /// The process's RPC client of `protocol`, its endpoint opened on the
 /// first use (bound to the local address that routes to `server`).
+///
+/// A forked child gets its own: the parent's endpoint (its provider's
+/// sockets and queues) is the parent's; the child leaves it alone.
 fn endpoint_for(protocol: Protocol, server: &Address) -> Result<Arc<RpcClient>> {
-    static CLIENTS: OnceLock<Mutex<HashMap<Protocol, Arc<RpcClient>>>> = OnceLock::new();
+    type Clients = HashMap<(Protocol, u32), Arc<RpcClient>>;
+    static CLIENTS: OnceLock<Mutex<Clients>> = OnceLock::new();
     let mut g = lock(CLIENTS.get_or_init(Default::default));
-    if let Some(c) = g.get(&protocol) {
+    let key = (protocol, crate::process_id());
+    if let Some(c) = g.get(&key) {
         return Ok(c.clone());
     }
     let mut cfg = chfs_fabric::Config::new(protocol);
@@ -59,7 +64,7 @@ fn endpoint_for(protocol: Protocol, server: &Address) -> Result<Arc<RpcClient>> 
         )
     })?;
     let c = Arc::new(RpcClient::new(Arc::new(ep)));
-    g.insert(protocol, c.clone());
+    g.insert(key, c.clone());
     Ok(c)
 }
 
@@ -81,6 +86,8 @@ pub(crate) struct FabricLink {
     timeout: Duration,
     opened: Instant,
     last_io: AtomicU64,
+    /// The process that opened it (a forked child opens its own).
+    pid: u32,
 }
 
 fn rpc_err(addr: &str, what: &str, e: RpcError) -> Error {
@@ -119,12 +126,13 @@ impl FabricLink {
             timeout,
             opened: Instant::now(),
             last_io: AtomicU64::new(0),
+            pid: crate::process_id(),
         })
     }
 
     /// Is the link still usable?
     pub fn alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
+        self.alive.load(Ordering::Acquire) && self.pid == crate::process_id()
     }
 
     /// How long since the link last sent or received.
@@ -141,7 +149,7 @@ impl FabricLink {
     /// Marks the link broken and forgets the peer (its rxm connection may
     /// be broken for good: a new link inserts it again).
     fn fail(&self) {
-        if self.alive.swap(false, Ordering::AcqRel) {
+        if self.alive.swap(false, Ordering::AcqRel) && self.pid == crate::process_id() {
             let _ = self.rpc.endpoint().disconnect(self.session.peer);
         }
     }
