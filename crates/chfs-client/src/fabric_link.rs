@@ -18,8 +18,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use chfs_fabric::rpc::FLAG_RMA;
 use chfs_fabric::rpc::{RpcClient, RpcError, Session};
-use chfs_fabric::{Address, Endpoint, Protocol};
+use chfs_fabric::{Address, Endpoint, Protocol, RemoteKey, Window};
 use chfs_proto::frame::{Header, FLAG_ERROR};
 use chfs_proto::handshake::Credential;
 use chfs_proto::msg::decode_error;
@@ -27,6 +28,7 @@ use chfs_proto::{Request, Response};
 use chfs_sys::lock;
 
 use crate::config::ClientConfig;
+use crate::conn::Landing;
 use crate::error::{ConnFault, Error, Result};
 
 /// Largest message: must be the server's (chfsd's `fabric::MAX_MESSAGE`),
@@ -88,6 +90,31 @@ pub(crate) struct FabricLink {
     last_io: AtomicU64,
     /// The process that opened it (a forked child opens its own).
     pid: u32,
+    /// Chunk data of at least this many bytes moves by RMA.
+    rdma_thresh: usize,
+    /// Registered windows for RMA, kept for reuse (registering fresh
+    /// memory per call costs more than the copy into a reused one).
+    windows: Mutex<Vec<Arc<Window>>>,
+}
+
+/// Windows a link keeps for reuse, and the smallest allocated.
+const WINDOWS_KEPT: usize = 16;
+const WINDOW_MIN: usize = 64 << 10;
+
+/// A request in flight on a fabric link: its frame id, when it left, and
+/// the window its bulk data moves through (by the server's RMA), if any.
+pub(crate) struct FabricTicket {
+    id: u64,
+    sent: Instant,
+    bulk: Option<Bulk>,
+}
+
+/// A window lent to the server for one request.
+struct Bulk {
+    window: Arc<Window>,
+    /// A read's: the server writes up to this many bytes there and
+    /// answers `Written(n)`.
+    read: bool,
 }
 
 fn rpc_err(addr: &str, what: &str, e: RpcError) -> Error {
@@ -127,6 +154,8 @@ impl FabricLink {
             opened: Instant::now(),
             last_io: AtomicU64::new(0),
             pid: crate::process_id(),
+            rdma_thresh: cfg.rdma_thresh.max(1),
+            windows: Mutex::new(Vec::new()),
         })
     }
 
@@ -154,9 +183,76 @@ impl FabricLink {
         }
     }
 
-    /// Sends a request whose payload is `head` followed by `tail`; returns
-    /// its frame id.
-    pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<(u64, Instant)> {
+    /// A registered window of at least `len` bytes: a kept one, else a
+    /// new one.
+    fn window(&self, len: usize) -> Result<Arc<Window>> {
+        let kept = {
+            let mut w = lock(&self.windows);
+            w.iter()
+                .enumerate()
+                .filter(|(_, x)| x.len() >= len)
+                .min_by_key(|(_, x)| x.len())
+                .map(|(i, _)| i)
+                .map(|i| w.swap_remove(i))
+        };
+        if let Some(w) = kept {
+            return Ok(w);
+        }
+        self.rpc
+            .endpoint()
+            .window(len.next_power_of_two().max(WINDOW_MIN))
+            .map_err(|e| {
+                Error::new(
+                    e.errno(),
+                    format!("server {}: no window for RMA: {e}", self.addr),
+                )
+            })
+    }
+
+    /// Keeps a window whose request was answered (one whose request failed
+    /// or timed out is dropped: the server may still reach it).
+    fn keep(&self, w: Arc<Window>) {
+        let mut ws = lock(&self.windows);
+        if ws.len() < WINDOWS_KEPT {
+            ws.push(w);
+        }
+    }
+
+    /// The bulk part of a request, if it moves by RMA: a write's data of
+    /// at least the threshold copied into a window the server reads; a
+    /// read of at least the threshold (but over `ofi+shm`, whose provider
+    /// does not revoke access when a registration closes) lands in a
+    /// window the server writes.
+    fn bulk(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Option<(Bulk, RemoteKey)>> {
+        use chfs_proto::msg::op;
+        let (len, read) = match op {
+            op::WRITE if tail.len() >= self.rdma_thresh => (tail.len(), false),
+            op::READ if self.rpc.endpoint().address().protocol != Protocol::Shm => {
+                match Request::decode(op, Bytes::copy_from_slice(head)) {
+                    Ok(Request::Read { len, .. }) if len as usize >= self.rdma_thresh => {
+                        (len as usize, true)
+                    }
+                    _ => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        };
+        let window = self.window(len)?;
+        if !read {
+            window
+                .copy_in(0, tail)
+                .map_err(|e| Error::new(e.errno(), format!("server {}: {e}", self.addr)))?;
+        }
+        let key = RemoteKey {
+            len: len as u64,
+            ..window.remote_key()
+        };
+        Ok(Some((Bulk { window, read }, key)))
+    }
+
+    /// Sends a request whose payload is `head` followed by `tail` (the
+    /// data of a write, which moves by RMA from the threshold on).
+    pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<FabricTicket> {
         let addr = &self.addr;
         if !self.alive() {
             return Err(
@@ -164,9 +260,19 @@ impl FabricLink {
                     .with_conn_fault(ConnFault::NotSent),
             );
         }
-        let mut payload = Vec::with_capacity(head.len() + tail.len());
+        let bulk = self.bulk(op, head, tail)?;
+        let mut payload = Vec::with_capacity(head.len() + tail.len().min(MAX_MESSAGE));
         payload.extend_from_slice(head);
-        payload.extend_from_slice(tail);
+        let flags = match &bulk {
+            Some((_, key)) => {
+                payload.extend_from_slice(&key.encode());
+                FLAG_RMA
+            }
+            None => {
+                payload.extend_from_slice(tail);
+                0
+            }
+        };
         if payload.len() + 32 > MAX_MESSAGE {
             return Err(Error::new(
                 libc::EMSGSIZE,
@@ -176,10 +282,17 @@ impl FabricLink {
                 ),
             ));
         }
-        match self.rpc.post(&self.session, op, 0, &payload, self.timeout) {
+        match self
+            .rpc
+            .post(&self.session, op, flags, &payload, self.timeout)
+        {
             Ok(id) => {
                 self.note_io();
-                Ok((id, Instant::now()))
+                Ok(FabricTicket {
+                    id,
+                    sent: Instant::now(),
+                    bulk: bulk.map(|(b, _)| b),
+                })
             }
             Err(e) => {
                 self.fail();
@@ -189,44 +302,89 @@ impl FabricLink {
     }
 
     /// Sends a request.
-    pub fn send(&self, req: &Request) -> Result<(u64, Instant)> {
+    pub fn send(&self, req: &Request) -> Result<FabricTicket> {
         let mut head = Vec::with_capacity(64);
         req.encode(&mut head);
         self.send_raw(req.op(), &head, &[])
     }
 
-    /// Waits for the answer to request `id` sent at `sent`, at most the
-    /// request timeout after it was sent (the requests of a pipeline to a
-    /// server that died all fail about one timeout after they left, not
-    /// one timeout after another). A timeout also marks the link broken:
-    /// rxm may accept a small message for a peer that is gone and lose it,
-    /// so the next request opens a new session, which finds out.
-    pub fn wait(&self, id: u64, sent: Instant) -> Result<Response> {
+    /// Waits for the answer to a request, at most the request timeout
+    /// after it was sent (the requests of a pipeline to a server that died
+    /// all fail about one timeout after they left, not one timeout after
+    /// another). A timeout also marks the link broken: rxm may accept a
+    /// small message for a peer that is gone and lose it, so the next
+    /// request opens a new session, which finds out.
+    pub fn wait(&self, t: FabricTicket) -> Result<Response> {
+        match self.wait_into(t, None)? {
+            Landing::Reply(r) => Ok(r),
+            Landing::Landed(_) => unreachable!("no destination given"),
+        }
+    }
+
+    /// Waits for the answer; a read's data that came by RMA goes from the
+    /// window into `dst` when it fits ([`Landing::Landed`]).
+    pub fn wait_into(&self, t: FabricTicket, dst: Option<&mut [u8]>) -> Result<Landing> {
         let left = self
             .timeout
-            .saturating_sub(sent.elapsed())
+            .saturating_sub(t.sent.elapsed())
             .max(Duration::from_millis(1));
-        match self.rpc.wait(id, left) {
+        let r = match self.rpc.wait(t.id, left) {
             Ok((h, payload)) => {
                 self.note_io();
                 self.decode(h, payload)
             }
             Err(RpcError::Fabric(chfs_fabric::Error::Timeout { .. })) => {
                 self.fail();
-                Err(Error::new(
+                return Err(Error::new(
                     libc::ETIMEDOUT,
                     format!(
                         "server {} did not answer within {} ms",
                         self.addr,
                         self.timeout.as_millis()
                     ),
-                ))
+                ));
             }
             Err(e) => {
                 self.fail();
-                Err(rpc_err(&self.addr, "lost", e).with_conn_fault(ConnFault::Lost))
+                return Err(rpc_err(&self.addr, "lost", e).with_conn_fault(ConnFault::Lost));
             }
+        };
+        let Some(bulk) = t.bulk else {
+            return r.map(Landing::Reply);
+        };
+        // Answered: the server is done with the window (after an error it
+        // may have given up on an RMA still in flight: not reused).
+        let ok = r.is_ok();
+        let out = match r {
+            Ok(Response::Written(n)) if bulk.read && n as usize <= bulk.window.len() => {
+                let n = n as usize;
+                let copied = match dst {
+                    Some(d) if n <= d.len() => bulk
+                        .window
+                        .copy_out(0, &mut d[..n])
+                        .map(|_| Landing::Landed(n)),
+                    _ => {
+                        let mut v = vec![0u8; n];
+                        bulk.window
+                            .copy_out(0, &mut v)
+                            .map(|_| Landing::Reply(Response::Data(Bytes::from(v))))
+                    }
+                };
+                copied.map_err(|e| Error::new(e.errno(), format!("server {}: {e}", self.addr)))
+            }
+            Ok(other) if bulk.read => Err(Error::new(
+                libc::EPROTO,
+                format!(
+                    "server {}: unexpected answer to a read by RMA: {other:?}",
+                    self.addr
+                ),
+            )),
+            r => r.map(Landing::Reply),
+        };
+        if ok {
+            self.keep(bulk.window);
         }
+        out
     }
 
     fn decode(&self, h: Header, payload: Bytes) -> Result<Response> {

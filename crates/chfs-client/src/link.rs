@@ -27,7 +27,7 @@ pub(crate) enum Link {
 /// A request in flight on a [`Link`].
 pub(crate) enum Ticket {
     Socket(conn::Ticket),
-    Fabric(u64, std::time::Instant),
+    Fabric(crate::fabric_link::FabricTicket),
 }
 
 impl Link {
@@ -99,9 +99,7 @@ impl Link {
     pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Ticket> {
         match self {
             Link::Socket(c) => c.send_raw(op, head, tail).map(Ticket::Socket),
-            Link::Fabric(f) => f
-                .send_raw(op, head, tail)
-                .map(|(id, t)| Ticket::Fabric(id, t)),
+            Link::Fabric(f) => f.send_raw(op, head, tail).map(Ticket::Fabric),
         }
     }
 
@@ -109,7 +107,7 @@ impl Link {
     pub fn send(&self, req: &Request) -> Result<Ticket> {
         match self {
             Link::Socket(c) => c.send(req).map(Ticket::Socket),
-            Link::Fabric(f) => f.send(req).map(|(id, t)| Ticket::Fabric(id, t)),
+            Link::Fabric(f) => f.send(req).map(Ticket::Fabric),
         }
     }
 
@@ -117,7 +115,7 @@ impl Link {
     pub fn wait(&self, t: Ticket) -> Result<Response> {
         match (self, t) {
             (Link::Socket(c), Ticket::Socket(t)) => c.wait(t),
-            (Link::Fabric(f), Ticket::Fabric(id, sent)) => f.wait(id, sent),
+            (Link::Fabric(f), Ticket::Fabric(t)) => f.wait(t),
             _ => unreachable!("a ticket is waited for on its own link"),
         }
     }
@@ -127,7 +125,7 @@ impl Link {
     pub fn wait_into(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
         match (self, t) {
             (Link::Socket(c), Ticket::Socket(t)) => c.wait_into(t, dst),
-            (Link::Fabric(f), Ticket::Fabric(id, sent)) => f.wait(id, sent).map(Landing::Reply),
+            (Link::Fabric(f), Ticket::Fabric(t)) => f.wait_into(t, Some(dst)),
             _ => unreachable!("a ticket is waited for on its own link"),
         }
     }

@@ -102,6 +102,49 @@ fn every_request_works_over_ofi_tcp() {
     }
 }
 
+/// Chunk data of at least CHFS_RDMA_THRESH moves by the server's RMA:
+/// chunks larger than a fabric message (1 MiB, 4 MiB) work only so, and
+/// the bytes are right on both sides of the threshold, for reads and
+/// writes, aligned or not.
+#[test]
+fn chunks_from_the_rdma_threshold_move_by_rma() {
+    let Some(p) = fabric_pool(2, "chunks_from_the_rdma_threshold_move_by_rma") else {
+        return;
+    };
+    for thresh in [32 * 1024, 4096] {
+        let c = client(&p, |c| {
+            c.secret = p.secret().unwrap().as_bytes().to_vec();
+            c.rdma_thresh = thresh;
+        });
+        for cs in [1 << 20, 4 << 20, 65_536, 40_000] {
+            c.set_chunk_size(cs).unwrap();
+            let path = format!("/rma-{thresh}-{cs}");
+            let len = 3 * cs as usize + 12_345;
+            let data = pattern(len, cs as u64 + thresh as u64);
+            let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+            assert_eq!(c.pwrite(fd, &data, 0).unwrap(), len, "chunk size {cs}");
+            let mut back = vec![0u8; len + 7];
+            assert_eq!(c.pread(fd, &mut back, 0).unwrap(), len);
+            assert!(
+                back[..len] == data[..],
+                "chunk size {cs}, threshold {thresh}"
+            );
+            // Around the threshold: pieces one byte below, at and above
+            // it, written and read back at an odd offset.
+            for n in [thresh - 1, thresh, thresh + 1] {
+                let off = 777u64;
+                let piece = pattern(n, n as u64);
+                assert_eq!(c.pwrite(fd, &piece, off).unwrap(), n);
+                let mut got = vec![0u8; n];
+                assert_eq!(c.pread(fd, &mut got, off).unwrap(), n);
+                assert!(got == piece, "{n} bytes, chunk size {cs}");
+            }
+            c.close(fd).unwrap();
+            c.unlink(&path).unwrap();
+        }
+    }
+}
+
 #[test]
 fn a_wrong_secret_is_refused_over_ofi_tcp() {
     let Some(p) = fabric_pool(1, "a_wrong_secret_is_refused_over_ofi_tcp") else {

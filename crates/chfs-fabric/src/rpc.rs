@@ -839,6 +839,35 @@ mod tests {
         assert_eq!(&whole[20..24], &[0x02, 0xff, 0, 0]);
     }
 
+    /// A request whose bulk data moves by RMA: `FLAG_RMA` (not one of
+    /// chfs-proto's frame flags) and the key as the payload's last 24
+    /// bytes (address, length, key; little-endian).
+    #[test]
+    fn rma_request_golden_bytes() {
+        use chfs_proto::frame::{FLAG_CMA, FLAG_FORWARDED};
+        assert_eq!(FLAG_RMA, 8);
+        assert_eq!(FLAG_RMA & (FLAG_ERROR | FLAG_FORWARDED | FLAG_CMA), 0);
+        let key = RemoteKey {
+            addr: 0x1122_3344_5566_7788,
+            len: 1 << 20,
+            key: 0x0a0b,
+        };
+        let mut payload = b"head".to_vec();
+        payload.extend_from_slice(&key.encode());
+        let m = encode_message(7, 9, 3, FLAG_RMA, &payload);
+        let mut want = vec![
+            7, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 3, 0, 8, 0,
+        ];
+        want.extend_from_slice(b"head");
+        want.extend_from_slice(&[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
+        want.extend_from_slice(&[0, 0, 0x10, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0x0b, 0x0a, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(m, want);
+        let (_, h, p) = decode_message(&m).unwrap();
+        assert_eq!(h.flags, FLAG_RMA);
+        assert_eq!(RemoteKey::decode(&p[4..]).unwrap(), key);
+    }
+
     #[test]
     fn welcome_golden_bytes() {
         use chfs_proto::handshake::{Auth, HelloReply};

@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{
-    decode_hello, decode_message, encode_message, encode_welcome, OP_AUTH_HELLO, OP_AUTH_REPLY,
-    OP_PROOF, OP_VERDICT,
+    decode_hello, decode_message, encode_message, encode_welcome, FLAG_RMA, OP_AUTH_HELLO,
+    OP_AUTH_REPLY, OP_PROOF, OP_VERDICT,
 };
-use chfs_fabric::{Endpoint, Error as FabricError, Peer, Protocol};
+use chfs_fabric::{Buffer, Endpoint, Error as FabricError, Local, Peer, Protocol, RemoteKey};
 use chfs_proto::frame::{Header, FLAG_FORWARDED, HEADER_LEN};
 use chfs_proto::handshake::{self, Accept, Hello, HelloReply, Pending};
 use chfs_proto::{ErrorReply, Request};
@@ -260,6 +260,14 @@ fn request(
         reply(&ep, peer, h, Err(e));
         return;
     }
+    if h.flags & FLAG_RMA != 0 && h.flags & !(FLAG_FORWARDED | FLAG_RMA) == 0 {
+        let pulls = pulls(shared);
+        rt.spawn(async move {
+            let r = serve_rma(&sh, &ep, pulls, peer, h, payload, forwarded).await;
+            reply(&ep, peer, h, r);
+        });
+        return;
+    }
     if h.flags & !FLAG_FORWARDED != 0 {
         let e = ErrorReply::new(
             libc::EPROTO,
@@ -280,6 +288,163 @@ fn request(
             let e = ErrorReply::new(e.errno(), format!("malformed request: {e}"));
             reply(&ep, peer, h, Err(e));
         }
+    }
+}
+
+/// Registered buffers that RMA reads of clients' write data land in,
+/// kept for reuse (a fresh registered buffer per write measured slower
+/// than a copy: first touch and registration, doc/fabric.md).
+type Pulls = Arc<std::sync::Mutex<Vec<Buffer>>>;
+
+/// The server's pool of pull buffers (one per process).
+fn pulls(_shared: &Shared) -> Pulls {
+    static PULLS: std::sync::OnceLock<Pulls> = std::sync::OnceLock::new();
+    PULLS.get_or_init(Default::default).clone()
+}
+
+/// Pull buffers kept.
+const PULLS_KEPT: usize = 64;
+
+/// A pull buffer lent to a chunk as its memory; back to the pool when the
+/// chunk lets go of it.
+struct Pooled {
+    buf: Option<Buffer>,
+    len: usize,
+    pool: std::sync::Weak<std::sync::Mutex<Vec<Buffer>>>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("held until drop")[..self.len]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let (Some(b), Some(pool)) = (self.buf.take(), self.pool.upgrade()) {
+            let mut pool = chfs_sys::lock(&pool);
+            if pool.len() < PULLS_KEPT {
+                pool.push(b);
+            }
+        }
+    }
+}
+
+/// How long an RMA of one request may take.
+const RMA_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A request whose bulk data is in the client's memory (`FLAG_RMA`, the
+/// payload ending with a [`RemoteKey`]): a `Write`'s data is read from
+/// there (into a pull buffer that becomes the chunk's memory) before it is
+/// served; a `Read`'s data is written there after, and `Written(n)`
+/// answers it, sent only once the write completed.
+async fn serve_rma(
+    shared: &Arc<Shared>,
+    ep: &Arc<Endpoint>,
+    pulls: Pulls,
+    peer: Peer,
+    h: Header,
+    payload: Bytes,
+    forwarded: bool,
+) -> Result<chfs_proto::Response, ErrorReply> {
+    let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+    let proto = |why: String| ErrorReply::new(libc::EPROTO, why);
+    let at = payload
+        .len()
+        .checked_sub(RemoteKey::LEN)
+        .ok_or_else(|| proto("FLAG_RMA without a remote key".into()))?;
+    let key = RemoteKey::decode(&payload[at..]).map_err(fabric)?;
+    let req = Request::decode(h.op, payload.slice(..at))
+        .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
+    let len = usize::try_from(key.len).unwrap_or(usize::MAX);
+    if len > chfs_proto::frame::MAX_PAYLOAD as usize {
+        return Err(ErrorReply::new(
+            libc::EMSGSIZE,
+            format!("{len} bytes of bulk data"),
+        ));
+    }
+    let timed =
+        |r: Result<Result<Option<Buffer>, FabricError>, tokio::time::error::Elapsed>| match r {
+            Ok(r) => r.map_err(fabric),
+            Err(_) => Err(ErrorReply::new(
+                libc::ETIMEDOUT,
+                "the client's memory was not reached in time",
+            )),
+        };
+    match req {
+        Request::Write {
+            path,
+            fileid,
+            chunk_size,
+            mode,
+            idx,
+            off,
+            flags,
+            epoch,
+            data,
+        } if data.is_empty() && len > 0 => {
+            let kept = {
+                let mut pool = chfs_sys::lock(&pulls);
+                pool.iter()
+                    .position(|b| b.len() >= len)
+                    .map(|i| pool.swap_remove(i))
+            };
+            let buf = match kept {
+                Some(b) => b,
+                None => ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
+            };
+            let pull = ep
+                .start_read(peer, Local::Buffer(buf), 0, len, key, 0, SEND_TIMEOUT)
+                .map_err(fabric)?;
+            let buf = timed(tokio::time::timeout(RMA_TIMEOUT, pull).await)?
+                .ok_or_else(|| ErrorReply::new(libc::EIO, "the pull buffer did not come back"))?;
+            let data = Bytes::from_owner(Pooled {
+                buf: Some(buf),
+                len,
+                pool: Arc::downgrade(&pulls),
+            });
+            let req = Request::Write {
+                path,
+                fileid,
+                chunk_size,
+                mode,
+                idx,
+                off,
+                flags,
+                epoch,
+                data,
+            };
+            crate::handler::handle(shared, req, forwarded).await
+        }
+        req @ Request::Read { .. } => {
+            match crate::handler::handle(shared, req, forwarded).await? {
+                chfs_proto::Response::Data(d) => {
+                    let n = d.len();
+                    if n > len {
+                        return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
+                    }
+                    if n > 0 {
+                        // The chunk's memory, registered through the cache
+                        // (the registration keeps it alive), else a copy.
+                        let (local, off) = match ep.register(d.clone()) {
+                            Ok(r) => (Local::Pinned(r.pinned.clone()), r.off),
+                            Err(_) => {
+                                let mut b = ep.buffer(n).map_err(fabric)?;
+                                b[..n].copy_from_slice(&d);
+                                (Local::Buffer(b), 0)
+                            }
+                        };
+                        let push = ep
+                            .start_write(peer, local, off, n, key, 0, SEND_TIMEOUT)
+                            .map_err(fabric)?;
+                        timed(tokio::time::timeout(RMA_TIMEOUT, push).await)?;
+                    }
+                    Ok(chfs_proto::Response::Written(n as u32))
+                }
+                other => Ok(other),
+            }
+        }
+        other => Err(proto(format!("FLAG_RMA on request {}", other.op()))),
     }
 }
 
