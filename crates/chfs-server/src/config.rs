@@ -15,7 +15,9 @@ pub struct Config {
     pub help: Option<bool>,
 
     /// Address to listen on and advertise, HOST[:PORT]. Port 0 picks a free
-    /// port. Default: this host's name, port 50000.
+    /// port. Default: this host's name, port 50000. A fabric address
+    /// (`ofi+tcp://IP:PORT`, what a fabric server advertises) binds the
+    /// endpoint there and the TCP listener to a free port of the IP.
     #[arg(short = 'h', long = "host", env = "CHFS_SERVER_HOST")]
     pub host: Option<String>,
 

@@ -39,8 +39,8 @@ pub const MAX_MESSAGE: usize = 64 * 1024 + 4096;
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens the endpoint of `protocol` on `host` (an IP address or a name
-/// resolved to one; any free port).
-pub fn open(protocol: Protocol, host: &str) -> Result<Endpoint, FabricError> {
+/// resolved to one) and `port` (None: any free one).
+pub fn open(protocol: Protocol, host: &str, port: Option<u16>) -> Result<Endpoint, FabricError> {
     use std::net::ToSocketAddrs;
     let ip = (host, 0)
         .to_socket_addrs()
@@ -52,7 +52,8 @@ pub fn open(protocol: Protocol, host: &str) -> Result<Endpoint, FabricError> {
     cfg.recv_buffers = 64;
     if protocol.ip_addresses() {
         if let Some(ip) = &ip {
-            cfg = cfg.bind(ip, None);
+            let port = port.map(|p| p.to_string());
+            cfg = cfg.bind(ip, port.as_deref());
         }
     }
     Endpoint::open(&cfg)
@@ -593,7 +594,7 @@ impl Peers {
             return Ok(c.clone());
         }
         let host = a.socket_addr().map(|sa| route_to(&sa));
-        let ep = open(a.protocol, host.flatten().as_deref().unwrap_or(""))?;
+        let ep = open(a.protocol, host.flatten().as_deref().unwrap_or(""), None)?;
         let c = Arc::new(chfs_fabric::rpc::RpcClient::new(Arc::new(ep)));
         g.insert(a.protocol, c.clone());
         Ok(c)

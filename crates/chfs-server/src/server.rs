@@ -206,7 +206,28 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
     };
     let (store, fresh) = open_store(&cfg)?;
     let cache = open_cache(&cfg, &*store)?;
-    let want = cfg.listen_addr();
+    // `--host ofi+tcp://IP:PORT` (a fabric server's own address, as a
+    // restart on the same address gives it): the endpoint binds that, the
+    // TCP listener a free port of the IP.
+    let (want, fabric_at) = match cfg.host.as_deref().map(str::parse::<chfs_fabric::Address>) {
+        Some(Ok(a)) => {
+            let sa = a.socket_addr().ok_or_else(|| {
+                ServerError::Config(format!("--host {a}: not an IP address and port"))
+            })?;
+            if cfg.protocol.0.is_some_and(|p| p != a.protocol) {
+                return Err(ServerError::Config(format!(
+                    "--host {a} is not an address of --protocol {}",
+                    cfg.protocol.0.map_or("tcp", |p| p.name())
+                )));
+            }
+            let ip = match sa.ip() {
+                std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+                v4 => v4.to_string(),
+            };
+            (format!("{ip}:0"), Some((a.protocol, sa.port())))
+        }
+        _ => (cfg.listen_addr(), None),
+    };
     let listener = TcpListener::bind(&want)
         .await
         .map_err(|source| ServerError::Listen {
@@ -218,13 +239,14 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
     // A fabric server is known in the pool by its endpoint's address
     // (`ofi+tcp://IP:PORT`): clients given it use the fabric. The TCP
     // listener stays (chfsctl, clients without the fabric).
-    let fabric = match cfg.protocol.0 {
+    let protocol = fabric_at.map(|(p, _)| p).or(cfg.protocol.0);
+    let fabric_port = fabric_at.map(|(_, port)| port);
+    let fabric = match protocol {
         None => None,
-        Some(p) => {
-            Some(Arc::new(crate::fabric::open(p, host).map_err(|e| {
-                ServerError::Config(format!("--protocol {p}: {e}"))
-            })?))
-        }
+        Some(p) => Some(Arc::new(
+            crate::fabric::open(p, host.trim_matches(['[', ']']), fabric_port)
+                .map_err(|e| ServerError::Config(format!("--protocol {p}: {e}")))?,
+        )),
     };
     let me = match &fabric {
         Some(ep) => ep.address().to_string(),
