@@ -402,3 +402,33 @@ fn a_pool_mixing_tcp_and_ofi_tcp() {
         assert!(st.is_ok(), "{addr}: {st:?}");
     }
 }
+
+/// A listing larger than a fabric message comes in pages that fit (the
+/// client's page of 4096 entries would be ~300 KiB).
+#[test]
+fn a_large_directory_lists_over_ofi_tcp() {
+    let Some(p) = fabric_pool(1, "a_large_directory_lists_over_ofi_tcp") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.mkdir("/big", 0o755).unwrap();
+    let n = 3000;
+    for i in 0..n {
+        let fd = c
+            .create(
+                &format!("/big/a-rather-long-file-name-{i:06}"),
+                O_WRONLY,
+                0o644,
+            )
+            .unwrap();
+        c.close(fd).unwrap();
+    }
+    let names: std::collections::BTreeSet<String> = c
+        .readdir("/big")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names.len(), n);
+    assert!(names.contains("a-rather-long-file-name-002999"));
+}

@@ -449,9 +449,43 @@ async fn serve_rma(
     }
 }
 
+/// A directory listing larger than a message is cut to a page that fits
+/// (`done` false: the client asks for the rest after its last name, as
+/// it does when a page is full).
+fn fit_listing(resp: chfs_proto::Response, max: usize) -> chfs_proto::Response {
+    use chfs_proto::Response;
+    let Response::Entries {
+        mut entries,
+        mut done,
+    } = resp
+    else {
+        return resp;
+    };
+    loop {
+        let r = Response::Entries { entries, done };
+        let mut b = Vec::new();
+        r.encode(&mut b);
+        let Response::Entries {
+            entries: e,
+            done: d,
+        } = r
+        else {
+            unreachable!("built above")
+        };
+        (entries, done) = (e, d);
+        if b.len() + 64 <= max || entries.len() <= 1 {
+            return Response::Entries { entries, done };
+        }
+        let keep = (entries.len() * (max - 64) / b.len()).clamp(1, entries.len() - 1);
+        entries.truncate(keep);
+        done = false;
+    }
+}
+
 /// Sends the reply to request `h`: the frame a stream would carry, in one
 /// message (EMSGSIZE instead when it does not fit one).
 fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
+    let r = r.map(|resp| fit_listing(resp, ep.max_message()));
     let (rh, head, tail, _) = response_frame(h.id, h.op, r);
     let mut m = Vec::with_capacity(8 + HEADER_LEN + head.len() + tail.len());
     m.extend_from_slice(&0u64.to_le_bytes());
