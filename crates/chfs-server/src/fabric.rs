@@ -13,6 +13,7 @@
 //! a second to see whether the server stops.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +35,9 @@ use crate::state::Shared;
 /// Largest message either side sends: a chunk of the default size (64 KiB)
 /// with its request. Clients and servers must agree (the hello says it).
 pub const MAX_MESSAGE: usize = 64 * 1024 + 4096;
+
+/// Requests at most this large are first served in the progress thread.
+const INLINE_MAX: usize = 16 << 10;
 
 /// How long a reply may take to leave before the session is given up.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,6 +88,8 @@ pub fn start(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle)
 
 fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) {
     info!(addr = %ep.address(), "serving over the fabric");
+    // Requests first served here may spawn and use the runtime's timers.
+    let _rt = rt.enter();
     let mut sessions: HashMap<u64, Session> = HashMap::new();
     let stop = shared.shutdown.subscribe();
     loop {
@@ -279,8 +285,22 @@ fn request(
     }
     match Request::decode(h.op, payload) {
         Ok(req) => {
+            let small = h.len as usize <= INLINE_MAX && shared.cache.is_none();
+            let mut served =
+                Box::pin(async move { crate::handler::handle(&sh, req, forwarded).await });
+            // As a stream connection's reader does: a small request is
+            // first served here, and most complete at once (a store
+            // lookup), answered without a hop to a runtime thread (a
+            // cross-CPU wake-up costs as much as the round trip here).
+            if small {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if let std::task::Poll::Ready(r) = served.as_mut().poll(&mut cx) {
+                    reply(&ep, peer, h, r);
+                    return;
+                }
+            }
             rt.spawn(async move {
-                let r = crate::handler::handle(&sh, req, forwarded).await;
+                let r = served.await;
                 reply(&ep, peer, h, r);
             });
         }
