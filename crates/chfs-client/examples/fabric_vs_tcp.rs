@@ -13,6 +13,7 @@
 //! over TCP loopback (CHFS_LOCAL_SOCKET=0, CHFS_CMA=0: the same path as
 //! to another host). Then the fabric server's CPU time over 5 idle
 //! seconds. Prints one line per figure and the load average.
+//! `CHFS_RDMA_THRESH` sets the client's threshold (default 32 KiB).
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,8 @@ fn main() {
             local_socket: false,
             cma: false,
             rpc_timeout: Duration::from_secs(60),
+            rdma_thresh: std::env::var("CHFS_RDMA_THRESH")
+                .map_or(32 << 10, |v| v.parse().expect("CHFS_RDMA_THRESH")),
             ..Default::default()
         })
         .expect("connect");
