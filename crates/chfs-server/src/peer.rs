@@ -33,7 +33,7 @@ pub struct Peers {
     conns: Mutex<HashMap<String, Arc<Conn>>>,
     /// Sessions with peers known by fabric addresses that run on another
     /// host (those on this one are reached through their local socket).
-    fabric: Arc<crate::fabric::Peers>,
+    fabric: Arc<crate::fabric_ep::Peers>,
     next_id: AtomicU64,
     cred: Credential,
     timeout: Duration,
