@@ -22,9 +22,9 @@
 //! 5. `fabric`: serving clients over a libfabric endpoint (`chfsd -p
 //!    ofi+tcp`): the progress thread, sessions and their handshake,
 //!    requests whose data moves by RMA;
-//! 5. `listener`: accepting TCP and local connections, handshakes,
+//! 6. `listener`: accepting TCP and local connections, handshakes,
 //!    per-peer limits, CPU `lanes`;
-//! 6. `server`: opening the store, starting, running, stopping.
+//! 7. `server`: opening the store, starting, running, stopping.
 //!
 //! `tests/layers.rs` checks this order.
 
