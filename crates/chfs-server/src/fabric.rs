@@ -87,7 +87,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
         };
         if token == 0 {
             if h.op == OP_AUTH_HELLO {
-                hello(&shared, &ep, &mut sessions, h, &payload);
+                hello(&shared, &ep, &rt, &mut sessions, h, &payload);
             } else {
                 debug!(op = h.op, "fabric: a message of no session, dropped");
             }
@@ -128,9 +128,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
                     }
                 };
                 let m = encode_message(0, h.id, OP_VERDICT, 0, &verdict.encode());
-                if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
-                    debug!("fabric: verdict not sent: {e}");
-                }
+                send_aside(&rt, &ep, peer, m, "verdict");
             }
             SessionState::Open(access) => {
                 let access = *access;
@@ -144,7 +142,8 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
 /// A client's hello: a new session (open, or challenged) or a refusal.
 fn hello(
     shared: &Shared,
-    ep: &Endpoint,
+    ep: &Arc<Endpoint>,
+    rt: &tokio::runtime::Handle,
     sessions: &mut HashMap<u64, Session>,
     h: Header,
     payload: &[u8],
@@ -217,10 +216,27 @@ fn hello(
         0,
         &encode_welcome(token, &reply.encode()),
     );
-    if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
-        debug!(%addr, "fabric: welcome not sent: {e}");
-        sessions.remove(&token);
-    }
+    send_aside(rt, ep, peer, m, "welcome");
+}
+
+/// Sends a handshake message from a blocking thread: the peer of a hello
+/// is whatever address the hello named, and rxm reports no refused
+/// connection, so a send to a bogus one waits out its timeout; the
+/// progress thread must not (a test's hello naming port 1 stalled every
+/// client for 10 s).
+fn send_aside(
+    rt: &tokio::runtime::Handle,
+    ep: &Arc<Endpoint>,
+    peer: Peer,
+    m: Vec<u8>,
+    what: &'static str,
+) {
+    let ep = ep.clone();
+    rt.spawn_blocking(move || {
+        if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
+            debug!("fabric: {what} not sent: {e}");
+        }
+    });
 }
 
 /// A request of an open session: served in a task of the runtime, its
