@@ -1,5 +1,5 @@
-//! chfs-proto frames over a fabric endpoint: a prototype of the seam
-//! doc/fabric.md describes, before the client and server use it.
+//! chfs-proto frames over a fabric endpoint: the sessions, handshake and
+//! RMA keys of the transport doc/fabric.md describes.
 //!
 //! One message is one frame behind an 8-byte session token:
 //!
@@ -21,9 +21,15 @@
 //! ([`Endpoint::expose`]) and the request carries [`FLAG_RMA`] and the
 //! [`RemoteKey`] at the end of its payload; for a `Write` the server reads
 //! the data from the client, for a `Read` it writes the data into the
-//! client's buffer and answers `Written(n)`. Not yet here: the
-//! challenge-response handshake of `chfs_proto::handshake` (it will run
-//! over HELLO/WELCOME).
+//! client's buffer and answers `Written(n)`.
+//!
+//! The real client and chfsd (`chfs-client`'s `fabric_link`, chfsd's
+//! `fabric`) open sessions with the challenge-response handshake of
+//! `chfs_proto::handshake` over messages ([`RpcClient::handshake`]:
+//! [`OP_AUTH_HELLO`], [`OP_AUTH_REPLY`], [`OP_PROOF`], [`OP_VERDICT`])
+//! and pipeline requests with [`RpcClient::post`] / [`RpcClient::wait`];
+//! the unauthenticated `HELLO`/`WELCOME` and [`RpcServer`] stay as the
+//! prototype `fabric_bw` measures.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
