@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use chfs_fabric::rpc::FLAG_RMA;
 use chfs_fabric::rpc::{RpcClient, RpcError, Session};
+use chfs_fabric::rpc::{FLAG_RMA, OP_BYE};
 use chfs_fabric::{Address, Endpoint, Protocol, RemoteKey, Window};
 use chfs_proto::frame::{Header, FLAG_ERROR};
 use chfs_proto::handshake::Credential;
@@ -403,6 +403,18 @@ impl FabricLink {
                     format!("server {}: bad reply: {e}", self.addr),
                 )
             })
+        }
+    }
+}
+
+impl Drop for FabricLink {
+    /// Tells the server the session is over (a message small enough to be
+    /// injected: no wait), so that it forgets it.
+    fn drop(&mut self) {
+        if self.alive() {
+            let _ = self
+                .rpc
+                .post(&self.session, OP_BYE, 0, &[], Duration::from_millis(100));
         }
     }
 }

@@ -520,3 +520,43 @@ fn bad_input_over_ofi_tcp() {
     c.mkdir("/after", 0o755).unwrap();
     assert!(c.stat("/after").unwrap().is_dir());
 }
+
+/// A client that goes away ends its sessions: the server forgets them
+/// (it said so in its debug log) instead of keeping one per client process
+/// it ever served.
+#[test]
+fn a_client_that_goes_away_ends_its_sessions() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "a_client_that_goes_away_ends_its_sessions",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 1,
+        args: vec!["-p".into(), "ofi+tcp".into()],
+        log_level: "chfs_server::fabric=debug,warn".into(),
+        ..Default::default()
+    })
+    .expect("start chfsd");
+    let log = p.log_dir().join("server0.log");
+    let closed = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("fabric session closed")
+            .count()
+    };
+    let c = client(&p, |_| {});
+    c.mkdir("/d", 0o755).unwrap();
+    // (the session that fetched the server list at connect may be over)
+    std::thread::sleep(Duration::from_millis(200));
+    let before = closed();
+    drop(c);
+    let t = Instant::now();
+    while closed() == before {
+        assert!(t.elapsed() < Duration::from_secs(5), "no session closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -63,6 +63,8 @@ pub const OP_AUTH_REPLY: u16 = 0xff03;
 pub const OP_PROOF: u16 = 0xff04;
 /// The server's `Verdict` on the proof.
 pub const OP_VERDICT: u16 = 0xff05;
+/// The client ends the session the token names (no answer).
+pub const OP_BYE: u16 = 0xff06;
 /// Request flag (fabric only; to join chfs-proto's `FLAG_*` when the
 /// transport is integrated): the bulk data is not in the frame; the
 /// payload ends with a [`RemoteKey`] naming the client's memory.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chfs_fabric::rpc::{
     decode_hello, decode_message, encode_message, encode_welcome, FLAG_RMA, OP_AUTH_HELLO,
-    OP_AUTH_REPLY, OP_PROOF, OP_VERDICT,
+    OP_AUTH_REPLY, OP_BYE, OP_PROOF, OP_VERDICT,
 };
 use chfs_fabric::{Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey};
 use chfs_proto::frame::{Header, FLAG_FORWARDED, HEADER_LEN};
@@ -93,6 +93,12 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
             }
             continue;
         }
+        if h.op == OP_BYE {
+            if sessions.remove(&token).is_some() {
+                debug!(sessions = sessions.len(), "fabric session closed");
+            }
+            continue;
+        }
         let Some(s) = sessions.get(&token) else {
             debug!(
                 op = h.op,
@@ -110,7 +116,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
                 let proof: Option<&handshake::Proof> = payload[..].try_into().ok();
                 let verdict = match proof.map(|p| pending.check(p)) {
                     Some(Ok(role)) => {
-                        debug!(?role, "fabric session accepted");
+                        debug!(?role, sessions = sessions.len(), "fabric session accepted");
                         if let Some(s) = sessions.get_mut(&token) {
                             s.state = SessionState::Open(Access(Some(role)));
                         }
