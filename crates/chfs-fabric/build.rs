@@ -1,7 +1,10 @@
 //! Finds libfabric through pkg-config (`libfabric.pc`, from Debian's
 //! `libfabric-dev`). Found: compiles the C shim (src/shim.c: libfabric's
 //! calls are mostly static inline functions in its headers) against its
-//! headers, links the library, and sets `cfg(chfs_libfabric)`. Not found:
+//! headers, and sets `cfg(chfs_libfabric)`. The library is not linked: the
+//! shim loads it on first use (see src/shim.c: its dependencies install
+//! signal handlers in every process they are loaded into), from pkg-config's
+//! `libdir` first, then by its soname. Not found:
 //! the crate builds without them, and opening an endpoint fails with
 //! `Error::Unavailable` saying why. `CHFS_FABRIC=off` builds without
 //! libfabric on purpose (to test that build).
@@ -27,13 +30,20 @@ fn main() {
             build.include(dir);
         } else if let Some(dir) = flag.strip_prefix("-L") {
             println!("cargo:rustc-link-search=native={dir}");
-        } else if let Some(lib) = flag.strip_prefix("-l") {
-            println!("cargo:rustc-link-lib={lib}");
+        } else if flag.starts_with("-l") {
+            // Loaded at run time by the shim, not linked.
         } else if flag.starts_with("-D") {
             build.flag(flag);
         }
     }
+    if let Some(dir) = pkg_config(&["--variable=libdir", "libfabric"]) {
+        let path = format!("{}/libfabric.so.1", dir.trim());
+        if !path.contains('"') && !path.contains('\\') {
+            build.define("CHFS_LIBFABRIC_PATH", format!("\"{path}\"").as_str());
+        }
+    }
     build.compile("chfs_fabric_shim");
+    println!("cargo:rustc-link-lib=dl");
     println!("cargo:rustc-cfg=chfs_libfabric");
 }
 

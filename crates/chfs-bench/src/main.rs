@@ -102,6 +102,16 @@ struct Target {
     /// ranks its client key.
     #[arg(long = "no-secret", requires = "servers")]
     no_secret: bool,
+    /// Transport of the local pool's servers (chfsd -p): tcp, or a
+    /// libfabric protocol such as ofi+tcp (a pool in CHFS_SERVER says its
+    /// own in its addresses).
+    #[arg(
+        long,
+        value_name = "PROTOCOL",
+        default_value = "tcp",
+        requires = "servers"
+    )]
+    protocol: String,
 }
 
 /// A chfsd storage engine (`chfsd --store`).
@@ -247,6 +257,7 @@ fn pool(
     servers: Option<usize>,
     store: Option<(Engine, &str)>,
     no_secret: bool,
+    protocol: &str,
 ) -> Result<(Option<LocalPool>, String, PoolCredential)> {
     match servers {
         Some(n) => {
@@ -254,6 +265,9 @@ fn pool(
                 servers: n,
                 ..Default::default()
             };
+            if protocol != "tcp" {
+                opts.args = vec!["-p".into(), protocol.into()];
+            }
             if !no_secret {
                 opts = opts.with_new_secret();
             }
@@ -405,6 +419,7 @@ fn io500(
                 t.servers,
                 t.store.map(|e| (e, t.store_size.as_str())),
                 t.no_secret,
+                &t.protocol,
             )?;
             (
                 p,
@@ -441,6 +456,7 @@ fn io500(
             a.target.servers,
             Some((engine, &a.target.store_size)),
             a.target.no_secret,
+            &a.target.protocol,
         )?;
         _reference_pool = p;
         targets.push((
@@ -510,7 +526,7 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
     if a.no_secret {
         eprintln!("{OPEN_POOL_WARNING}");
     }
-    let (_pool, servers, credential) = pool(a.servers, None, a.no_secret)?;
+    let (_pool, servers, credential) = pool(a.servers, None, a.no_secret, "tcp")?;
     let pts = sweep::sweep(
         &servers,
         &credential,

@@ -169,6 +169,39 @@ fn pool_and_reference_smoke() {
     assert_eq!(std::fs::read_dir(refdir.path()).unwrap().count(), 0);
 }
 
+/// The benchmark over a local pool whose servers speak libfabric's tcp
+/// provider (`--protocol ofi+tcp`): every phase runs through the fabric.
+#[test]
+fn pool_over_ofi_tcp_smoke() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "pool_over_ofi_tcp_smoke",
+            "built without libfabric",
+        );
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("r.json");
+    let (run, _) = run_bench(&[
+        "--servers",
+        "2",
+        "--protocol",
+        "ofi+tcp",
+        "-n",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    match &run.system.target {
+        chfs_bench::worker::TargetSpec::Chfs { servers, .. } => {
+            assert!(servers.starts_with("ofi+tcp://"), "{servers}")
+        }
+        other => panic!("{other:?}"),
+    }
+    check_target(&run.system, 2);
+}
+
 #[test]
 fn one_engine_against_another() {
     // The pmem engine against the DRAM engine, each in its own pool; the

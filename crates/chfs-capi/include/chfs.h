@@ -92,7 +92,9 @@ void chfs_set_chunk_size(int chunk_size);
 void chfs_set_buf_size(int buf_size);
 /* Concurrent chunk RPCs of one read/write (takes effect at chfs_init). */
 void chfs_set_async_access(int enable);
-/* Accepted for compatibility; no effect (transfers use TCP). */
+/* Chunk data of at least this many bytes moves by RMA over a fabric
+ * transport (servers at ofi+ addresses; takes effect at chfs_init; the
+ * environment's CHFS_RDMA_THRESH wins). No effect over TCP. */
 void chfs_set_rdma_thresh(size_t thresh);
 /* RPC timeout in ms (takes effect at chfs_init; 0 = 30000). */
 void chfs_set_rpc_timeout_msec(int timeout);

@@ -108,7 +108,7 @@ pub const ENV_VARS: &[EnvVar] = &[
         name: "CHFS_RDMA_THRESH",
         default: "32768",
         values: "bytes",
-        effect: "no effect yet: transfers use TCP, or a Unix socket to servers on this host (`CHFS_LOCAL_SOCKET`), whose large writes are copied from the process's memory (`CHFS_CMA`)",
+        effect: "over a fabric transport (servers at ofi+ addresses, chfsd -p ofi+tcp): chunk data of at least this many bytes moves by the server's RMA instead of in the message; over TCP no effect (a Unix socket to servers on this host copies large writes from the process's memory, `CHFS_CMA`)",
     },
 ];
 
@@ -149,7 +149,7 @@ pub struct Settings {
     pub client: ClientConfig,
     /// Highest syslog priority logged (None = silent).
     pub log_level: Option<u8>,
-    /// `CHFS_RDMA_THRESH` (accepted, unused).
+    /// `CHFS_RDMA_THRESH` (also in `client.rdma_thresh`).
     pub rdma_thresh: u64,
     /// `CHFS_BACKEND_PATH` (accepted, unused by the library).
     pub backend_path: Option<PathBuf>,
@@ -277,6 +277,7 @@ impl Settings {
             Some(v) => parse_int("CHFS_RDMA_THRESH", &v, "expected a size in bytes")?,
             None => ov.rdma_thresh.unwrap_or(32768),
         };
+        client.rdma_thresh = usize::try_from(rdma_thresh).unwrap_or(usize::MAX).max(1);
         let backend_path = match get("CHFS_BACKEND_PATH") {
             Some(v) => {
                 let p = PathBuf::from(&v);

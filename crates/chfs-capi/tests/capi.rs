@@ -15,7 +15,7 @@ use std::process::Command;
 
 use chfs_client::Client;
 use chfs_localpool::{LocalPool, PoolOptions};
-use common::{check, clean, run, rust_client, Prefix, CRATE};
+use common::{check, clean, protocols, run, rust_client, Prefix, CRATE};
 
 fn server_requests(c: &Client) -> u64 {
     c.server_status()
@@ -143,11 +143,21 @@ fn every_function_against_real_servers() {
     let p = Prefix::install();
     let tmp = tempfile::tempdir().unwrap();
     let exe = p.cc("api_test", tmp.path());
-    let pool = p.pool(3);
+    for protocol in protocols("every_function_against_real_servers") {
+        every_function_over(&p, &exe, protocol);
+    }
+}
+
+fn every_function_over(p: &Prefix, exe: &Path, protocol: Option<&str>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let pool = p.pool_over(3, protocol);
+    if protocol.is_some() {
+        assert!(pool.server_string().starts_with("ofi+"));
+    }
     let local = tmp.path().join("local");
     std::fs::create_dir(&local).unwrap();
     let out = check(
-        clean(&exe)
+        clean(exe)
             .env("CHFS_SERVER", &pool.addrs()[0])
             .env("CHFS_RPC_TIMEOUT_MSEC", "10000")
             .arg(pool.server_string())
@@ -560,11 +570,17 @@ fn servers_dying_under_a_c_program_give_errors_not_signals() {
     let p = Prefix::install();
     let tmp = tempfile::tempdir().unwrap();
     let exe = p.cc("server_dies", tmp.path());
-    let pool = p.pool(2);
+    for protocol in protocols("servers_dying_under_a_c_program_give_errors_not_signals") {
+        servers_dying_over(&p, &exe, protocol);
+    }
+}
+
+fn servers_dying_over(p: &Prefix, exe: &Path, protocol: Option<&str>) {
+    let pool = p.pool_over(2, protocol);
     let pids: Vec<String> = (0..2)
         .map(|i| pool.pid(i).expect("pid").to_string())
         .collect();
-    let out = run(clean(&exe)
+    let out = run(clean(exe)
         .env("CHFS_SERVER", pool.server_string())
         .env("CHFS_RPC_TIMEOUT_MSEC", "3000")
         .args(&pids));

@@ -19,7 +19,7 @@ pub struct Setting {
 
 /// Every client setting.
 pub const SETTINGS: &[Setting] = &[
-    Setting { env: "CHFS_SERVER", default: "(required)", help: "one or more server addresses (host:port, comma separated; a scheme such as tcp:// or ofi+tcp:// is ignored); the full server list is fetched from them" },
+    Setting { env: "CHFS_SERVER", default: "(required)", help: "one or more server addresses (host:port, comma separated; a scheme such as tcp:// is ignored; ofi+tcp://IP:PORT and the other ofi+ addresses that fabric servers (chfsd -p) advertise are reached over libfabric); the full server list is fetched from them" },
     Setting { env: "CHFS_CHUNK_SIZE", default: "65536", help: "chunk size in bytes of files this client creates" },
     Setting { env: "CHFS_BUF_SIZE", default: "0", help: "client write buffer per open file in bytes; small writes are aggregated into one RPC (0 = off)" },
     Setting { env: "CHFS_RPC_TIMEOUT_MSEC", default: "30000", help: "time after which an unanswered request fails with ETIMEDOUT (0 = 30000)" },
@@ -37,6 +37,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_LOOKUP_CACHE_MSEC", default: "1000", help: "with relayed lookups, the oldest answer a contact server may give this client from its cache (owners tell contacts of changes, so changes are seen at once; this bounds what a contact the owner could not reach may give, and for this long this client's lookups of paths it changed skip the contact); 0 = the contact always asks the owner" },
     Setting { env: "CHFS_NODE_LOCAL_PREFIX", default: "/.nodelocal", help: "the node-local area: entries under this path are kept by the server on this host (the first in the list when there are several) and seen on this host only, as LLIO's node-local area; the servers must be given the same (chfsd --node-local-prefix); renames between it and the rest give EXDEV; emptied when the servers are stopped; empty = none" },
     Setting { env: "CHFS_CONN_IDLE_SEC", default: "60", help: "a connection to a server unused for this many seconds is closed when this client opens another one, so a client holds connections only to the servers it uses (its contacts, the owners of the data it touches); it is opened again on next use (0 = never closed)" },
+    Setting { env: "CHFS_RDMA_THRESH", default: "32768", help: "over a fabric transport (servers at ofi+ addresses), chunk data of at least this many bytes moves by RMA that the server initiates (it reads a write's data from, and writes a read's data into, memory this client registered) instead of in the request or reply message; smaller chunks go in the message" },
     Setting { env: "CHFS_SECRET", default: "(none)", help: "the pool's client key (chfs-client-key:HEX) or secret, proving this process may use the pool (prefer CHFS_SECRET_FILE)" },
     Setting { env: "CHFS_SECRET_FILE", default: "(none)", help: "file holding the pool's client key or secret, as chfsctl start exports it (takes precedence over CHFS_SECRET)" },
 ];
@@ -65,6 +66,9 @@ pub struct ClientConfig {
     pub buf_size: usize,
     /// Request timeout.
     pub rpc_timeout: Duration,
+    /// Chunk data of at least this many bytes moves by RMA over a fabric
+    /// transport (`CHFS_RDMA_THRESH`).
+    pub rdma_thresh: usize,
     /// How long the server list is cached.
     pub node_list_cache_timeout: Duration,
     /// Issue the chunk RPCs of one call concurrently.
@@ -167,6 +171,7 @@ impl Default for ClientConfig {
             chunk_size: chfs_proto::DEFAULT_CHUNK_SIZE,
             buf_size: 0,
             rpc_timeout: Duration::from_millis(30_000),
+            rdma_thresh: 32 * 1024,
             node_list_cache_timeout: Duration::from_secs(120),
             async_access: true,
             window: 64,
@@ -206,6 +211,10 @@ pub fn parse_servers(v: &str) -> Vec<String> {
     v.split(|c: char| c == ',' || c.is_whitespace())
         .filter(|s| !s.is_empty())
         .map(|s| {
+            // A fabric address names its transport: kept whole.
+            if s.starts_with("ofi+") {
+                return s.trim_end_matches('/').to_string();
+            }
             let s = s.rsplit_once("://").map_or(s, |(_, a)| a);
             let s = s.trim_end_matches('/');
             if s.rsplit_once(':')
@@ -237,6 +246,9 @@ impl ClientConfig {
         }
         if let Some(v) = get("CHFS_BUF_SIZE") {
             c.buf_size = num("CHFS_BUF_SIZE", &v)?;
+        }
+        if let Some(v) = get("CHFS_RDMA_THRESH") {
+            c.rdma_thresh = num::<usize>("CHFS_RDMA_THRESH", &v)?.max(1);
         }
         if let Some(v) = get("CHFS_RPC_TIMEOUT_MSEC") {
             let ms: u64 = num("CHFS_RPC_TIMEOUT_MSEC", &v)?;
@@ -361,7 +373,10 @@ mod tests {
 
     #[test]
     fn servers_parse() {
-        assert_eq!(parse_servers("ofi+tcp://h1:5,h2"), ["h1:5", "h2:50000"]);
+        assert_eq!(
+            parse_servers("tcp://h1:5,h2,ofi+tcp://10.0.0.5:40001/"),
+            ["h1:5", "h2:50000", "ofi+tcp://10.0.0.5:40001"]
+        );
         assert_eq!(parse_servers(" a:1 , b:2 "), ["a:1", "b:2"]);
     }
 

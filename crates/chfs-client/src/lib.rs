@@ -12,6 +12,8 @@ mod client;
 pub mod config;
 mod conn;
 mod error;
+mod fabric_link;
+mod link;
 mod names;
 pub mod poll;
 mod pool;

@@ -11,15 +11,16 @@ use chfs_proto::{Request, Response};
 use chfs_sys::lock;
 
 use crate::config::{ClientConfig, CpuLanes};
-use crate::conn::{Conn, Landing, Ticket};
+use crate::conn::Landing;
 use crate::error::{fail, ConnFault, Error, Result};
+use crate::link::{Link, Ticket};
 use crate::poll::Counts;
 use crate::shm::Window;
 
 /// The current server list with a connection slot per server.
 pub(crate) struct PoolState {
     pub ring: Ring,
-    pub(crate) conns: Vec<Mutex<Option<Arc<Conn>>>>,
+    pub(crate) conns: Vec<Mutex<Option<Arc<Link>>>>,
     /// Per-CPU connections to local servers (CPU lanes), by server.
     lanes: Vec<Mutex<Lanes>>,
     fetched: Instant,
@@ -42,7 +43,7 @@ struct Lanes {
     /// The server refused a lane, or could not be reached for one: use the
     /// shared connection.
     refused: bool,
-    by_cpu: Vec<Option<Arc<Conn>>>,
+    by_cpu: Vec<Option<Arc<Link>>>,
 }
 
 /// One request of a batch: target server, opcode, encoded fields and a
@@ -190,7 +191,7 @@ impl Pool {
 
     /// The connection to server `i`, opened (or re-opened) on demand: the
     /// calling CPU's lane to a local server when lanes are on.
-    pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Conn>> {
+    pub fn conn(&self, st: &PoolState, i: usize) -> Result<Arc<Link>> {
         // (the shared connection tells whether the server is local even
         // when a lane carries the request: only checked when used)
         let shared = self.shared_conn(st, i, false)?;
@@ -231,7 +232,7 @@ impl Pool {
 
     /// The lane of the calling thread's CPU to server `i`, opened on first
     /// use; None when the server refuses lanes.
-    fn lane_conn(&self, st: &PoolState, i: usize) -> Option<Arc<Conn>> {
+    fn lane_conn(&self, st: &PoolState, i: usize) -> Option<Arc<Link>> {
         let cpu = chfs_sys::cpu::current()?;
         let mut g = lock(st.lanes.get(i)?);
         if g.refused {
@@ -243,7 +244,7 @@ impl Pool {
             }
         }
         let counts = self.polls.clone();
-        match Conn::connect_lane(&st.ring.list().servers[i], &self.cfg, cpu as u32, counts) {
+        match Link::connect_lane(&st.ring.list().servers[i], &self.cfg, cpu as u32, counts) {
             Ok(c) => {
                 let c = Arc::new(c);
                 if g.by_cpu.len() <= cpu {
@@ -261,8 +262,8 @@ impl Pool {
 
     /// The shared connection to server `i`, opened (or re-opened) on
     /// demand; with `check`, one that looks closed by its server
-    /// ([`Conn::usable`]) is replaced too.
-    fn shared_conn(&self, st: &PoolState, i: usize, check: bool) -> Result<Arc<Conn>> {
+    /// ([`Link::usable`]) is replaced too.
+    fn shared_conn(&self, st: &PoolState, i: usize, check: bool) -> Result<Arc<Link>> {
         if i == NO_LOCAL {
             return fail(libc::ENXIO, no_local_server("the node-local area"));
         }
@@ -277,7 +278,7 @@ impl Pool {
             }
         }
         let counts = self.polls.clone();
-        let c = Arc::new(Conn::connect(
+        let c = Arc::new(Link::connect(
             &st.ring.list().servers[i],
             &self.cfg,
             counts,
@@ -364,7 +365,7 @@ impl Pool {
 
     /// Read requests, each one's data straight into its buffer of `dsts`
     /// when this thread reads the reply off the connection (see
-    /// [`Conn::wait_into`]), with at most the window in flight (as
+    /// [`Link::wait_into`]), with at most the window in flight (as
     /// [`Pool::pipeline`]); those a broken connection failed are sent once
     /// more on new connections. Results are in the order of `ops`.
     pub fn read_into(
@@ -412,7 +413,7 @@ impl Pool {
         dsts: &mut [&mut [u8]],
         results: &mut [Option<Result<Landing>>],
     ) {
-        let mut inflight: VecDeque<(usize, Arc<Conn>, Ticket)> = VecDeque::new();
+        let mut inflight: VecDeque<(usize, Arc<Link>, Ticket)> = VecDeque::new();
         for i in which {
             if inflight.len() >= window {
                 if let Some((j, c, t)) = inflight.pop_front() {
@@ -471,7 +472,7 @@ impl Pool {
         window: usize,
         results: &mut [Option<Result<Response>>],
     ) {
-        let mut inflight: VecDeque<(usize, Arc<Conn>, Ticket)> = VecDeque::new();
+        let mut inflight: VecDeque<(usize, Arc<Link>, Ticket)> = VecDeque::new();
         for i in which {
             if inflight.len() >= window {
                 if let Some((j, c, t)) = inflight.pop_front() {
@@ -624,7 +625,7 @@ impl PoolState {
             .collect()
     }
 
-    fn clone_conns(&self, list: &ServerList) -> Vec<Mutex<Option<Arc<Conn>>>> {
+    fn clone_conns(&self, list: &ServerList) -> Vec<Mutex<Option<Arc<Link>>>> {
         list.servers
             .iter()
             .map(|s| {
@@ -653,7 +654,7 @@ fn fetch_list(
             .filter(|c| c.alive())
         {
             Some(c) => Ok(c),
-            None => Conn::connect(s, cfg, polls.clone()).map(Arc::new),
+            None => Link::connect(s, cfg, polls.clone()).map(Arc::new),
         };
         match conn.and_then(|c| c.call(&Request::GetServers)) {
             Ok(Response::Servers(l)) if !l.servers.is_empty() => return Ok(l),

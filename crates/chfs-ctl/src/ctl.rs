@@ -61,6 +61,10 @@ pub struct CtlOptions {
     pub no_secret: bool,
     /// Port of the servers (0 = any free port).
     pub port: u16,
+    /// Transport of the servers for clients (`-p`): None for our TCP, else
+    /// a libfabric protocol name handed to chfsd (`ofi+tcp`, ...); its
+    /// servers are then known by their fabric addresses.
+    pub protocol: Option<String>,
     /// chfsd binary on the hosts.
     pub chfsd: String,
     /// chfuse binary on the hosts.
@@ -332,6 +336,9 @@ impl CtlOptions {
         }
         if let Some(f) = secret_file {
             let _ = write!(cmd, " --secret-file {}", quote(f));
+        }
+        if let Some(p) = &self.protocol {
+            let _ = write!(cmd, " -p {}", quote(p));
         }
         if let Some(st) = self.store.as_deref().filter(|s| *s != "mem") {
             let db = quote(&format!("{stem}.db"));
@@ -1511,10 +1518,22 @@ fn render_status(rows: &[StatusRow]) -> String {
 /// A connection to the server at `addr`, opened before it is asked to
 /// stop: it ends (EOF or reset) when the server's process goes.
 fn watch(addr: &str) -> Option<std::net::TcpStream> {
-    let sa = addr.to_socket_addrs().ok()?.next()?;
+    let sa = stream_addr(addr).to_socket_addrs().ok()?.next()?;
     let s = std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_millis(100))).ok()?;
     Some(s)
+}
+
+/// Where a server listens on a stream socket: its address, or for a
+/// fabric address whose provider listens on TCP (`ofi+tcp://IP:PORT`,
+/// `ofi+sockets://...`) that socket's IP:PORT.
+fn stream_addr(addr: &str) -> String {
+    match addr.parse::<chfs_fabric::Address>() {
+        Ok(a) => a
+            .socket_addr()
+            .map_or_else(String::new, |sa| sa.to_string()),
+        Err(_) => addr.to_string(),
+    }
 }
 
 /// Waits until the server at `addr` has exited: the connection `w` opened
@@ -1541,7 +1560,7 @@ fn gone(addr: &str, w: Option<&std::net::TcpStream>, deadline: Instant) -> bool 
         }
     }
     loop {
-        let serving = addr.to_socket_addrs().is_ok_and(|mut it| {
+        let serving = stream_addr(addr).to_socket_addrs().is_ok_and(|mut it| {
             it.any(|sa| {
                 std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(500)).is_ok()
             })

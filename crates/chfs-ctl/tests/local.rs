@@ -25,14 +25,37 @@ fn envs(env: &[(String, String)]) -> Vec<(&str, &str)> {
 
 #[test]
 fn start_use_status_stop_clean() {
+    start_use_status_stop_clean_over(None);
+}
+
+/// The same over libfabric's tcp provider: `chfsctl -p ofi+tcp start`
+/// hands out `ofi+tcp://` addresses, and the client, the tools, status
+/// and stop work through them.
+#[test]
+fn start_use_status_stop_clean_over_ofi_tcp() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "start_use_status_stop_clean_over_ofi_tcp",
+            "built without libfabric",
+        );
+        return;
+    }
+    start_use_status_stop_clean_over(Some("ofi+tcp"));
+}
+
+fn start_use_status_stop_clean_over(protocol: Option<&str>) {
     let sc = Scratch::new();
     let s = sc.s();
     let chfsd = chfsd();
     let chfsd = chfsd.to_str().unwrap();
     let ctl = bin("chfsctl");
-    let base = ["-c", &s, "--chfsd", chfsd];
+    let mut base = vec!["-c", &s, "--chfsd", chfsd];
+    if let Some(p) = protocol {
+        base.extend(["-p", p]);
+    }
     let args = |extra: &[&'static str]| {
-        let mut v: Vec<&str> = base.to_vec();
+        let mut v: Vec<&str> = base.clone();
         v.extend_from_slice(extra);
         v
     };
@@ -45,6 +68,12 @@ fn start_use_status_stop_clean() {
         .expect("CHFS_SERVER set")
         .to_string();
     assert_eq!(servers.split(',').count(), 3, "{servers}");
+    for a in servers.split(',') {
+        match protocol {
+            Some(p) => assert!(a.starts_with(&format!("{p}://")), "{servers}"),
+            None => assert!(!a.contains("://"), "{servers}"),
+        }
+    }
     // The job gets the client key; the pool secret stays in the scratch
     // directory for the servers and chfsctl. Both are the owner's only.
     let secret_file = var(&env, "CHFS_SECRET_FILE").expect("client key file");

@@ -385,6 +385,12 @@ impl Domain {
                     node.as_ref().map(|n| format!(" at {}", n.to_string_lossy())).unwrap_or_default()
                 )));
             }
+            // -FI_ENOSYS from the shim: libfabric.so.1 could not be loaded.
+            if ret == -38 {
+                return Err(Error::Unavailable(format!(
+                    "libfabric (libfabric.so.1) could not be loaded, so provider {provider:?} cannot be used"
+                )));
+            }
             return Err(call_err("fi_getinfo/fi_fabric/fi_domain", ret.into()));
         }
         let name = |b: &[std::ffi::c_char]| {

@@ -1,5 +1,5 @@
-//! chfs-proto frames over a fabric endpoint: a prototype of the seam
-//! doc/fabric.md describes, before the client and server use it.
+//! chfs-proto frames over a fabric endpoint: the sessions, handshake and
+//! RMA keys of the transport doc/fabric.md describes.
 //!
 //! One message is one frame behind an 8-byte session token:
 //!
@@ -21,9 +21,15 @@
 //! ([`Endpoint::expose`]) and the request carries [`FLAG_RMA`] and the
 //! [`RemoteKey`] at the end of its payload; for a `Write` the server reads
 //! the data from the client, for a `Read` it writes the data into the
-//! client's buffer and answers `Written(n)`. Not yet here: the
-//! challenge-response handshake of `chfs_proto::handshake` (it will run
-//! over HELLO/WELCOME).
+//! client's buffer and answers `Written(n)`.
+//!
+//! The real client and chfsd (`chfs-client`'s `fabric_link`, chfsd's
+//! `fabric`) open sessions with the challenge-response handshake of
+//! `chfs_proto::handshake` over messages ([`RpcClient::handshake`]:
+//! [`OP_AUTH_HELLO`], [`OP_AUTH_REPLY`], [`OP_PROOF`], [`OP_VERDICT`])
+//! and pipeline requests with [`RpcClient::post`] / [`RpcClient::wait`];
+//! the unauthenticated `HELLO`/`WELCOME` and [`RpcServer`] stay as the
+//! prototype `fabric_bw` measures.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +52,19 @@ pub const TOKEN_LEN: usize = 8;
 pub const OP_HELLO: u16 = 0xff00;
 /// Control op of the server's answer: the session's token.
 pub const OP_WELCOME: u16 = 0xff01;
+/// Control op of an authenticated session's first message (token 0):
+/// [`encode_hello`]: the client's address, its largest message and the
+/// hello of `chfs_proto::handshake`. chfsd speaks only this one.
+pub const OP_AUTH_HELLO: u16 = 0xff02;
+/// The server's answer to [`OP_AUTH_HELLO`]: [`encode_welcome`], the
+/// session's token (0: refused) and the handshake's `HelloReply`.
+pub const OP_AUTH_REPLY: u16 = 0xff03;
+/// The client's proof (32 bytes) in the session the token names.
+pub const OP_PROOF: u16 = 0xff04;
+/// The server's `Verdict` on the proof.
+pub const OP_VERDICT: u16 = 0xff05;
+/// The client ends the session the token names (no answer).
+pub const OP_BYE: u16 = 0xff06;
 /// Request flag (fabric only; to join chfs-proto's `FLAG_*` when the
 /// transport is integrated): the bulk data is not in the frame; the
 /// payload ends with a [`RemoteKey`] naming the client's memory.
@@ -122,6 +141,92 @@ pub fn decode_message(m: &[u8]) -> Result<(u64, Header, Bytes), ProtoError> {
         });
     }
     Ok((token, header, Bytes::copy_from_slice(payload)))
+}
+
+/// The payload of an [`OP_AUTH_HELLO`]:
+///
+/// ```text
+/// | addr_len u16 | addr (utf-8, `ofi+tcp://IP:PORT`) | max_message u32 | handshake hello |
+/// ```
+pub fn encode_hello(addr: &str, max_message: u32, hello: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(6 + addr.len() + hello.len());
+    m.extend_from_slice(&(addr.len() as u16).to_le_bytes());
+    m.extend_from_slice(addr.as_bytes());
+    m.extend_from_slice(&max_message.to_le_bytes());
+    m.extend_from_slice(hello);
+    m
+}
+
+/// Splits an [`OP_AUTH_HELLO`]'s payload: the client's address, its
+/// largest message and the handshake's hello.
+pub fn decode_hello(p: &[u8]) -> Result<(Address, u32, &[u8]), ProtoError> {
+    let bad = |why: &str| ProtoError::Malformed(format!("fabric hello: {why}"));
+    if p.len() < 2 {
+        return Err(bad("too short"));
+    }
+    let n = u16::from_le_bytes([p[0], p[1]]) as usize;
+    if p.len() < 2 + n + 4 {
+        return Err(bad("too short"));
+    }
+    let addr = std::str::from_utf8(&p[2..2 + n])
+        .map_err(|_| bad("address not utf-8"))?
+        .parse::<Address>()
+        .map_err(|e| bad(&e.to_string()))?;
+    let max = u32::from_le_bytes(p[2 + n..2 + n + 4].try_into().expect("4 bytes"));
+    Ok((addr, max, &p[2 + n + 4..]))
+}
+
+/// The payload of an [`OP_AUTH_REPLY`]: `| token u64 | HelloReply |`.
+pub fn encode_welcome(token: u64, reply: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(TOKEN_LEN + reply.len());
+    m.extend_from_slice(&token.to_le_bytes());
+    m.extend_from_slice(reply);
+    m
+}
+
+/// Reads a `HelloReply` laid out as on a stream: its version, status,
+/// message and what the server offers (open, or a challenge).
+fn decode_hello_reply(
+    b: &[u8],
+) -> Result<(u16, i32, String, chfs_proto::handshake::Auth), ProtoError> {
+    use chfs_proto::handshake::{Auth, HelloReply};
+    let short = || ProtoError::Malformed("fabric hello reply: too short".into());
+    let fixed = b.get(..HelloReply::FIXED_LEN).ok_or_else(short)?;
+    let (version, status, n) = HelloReply::decode_fixed(fixed.try_into().expect("fixed"))?;
+    let rest = &b[HelloReply::FIXED_LEN..];
+    let msg = String::from_utf8_lossy(rest.get(..n).ok_or_else(short)?).into_owned();
+    let rest = &rest[n..];
+    let mut auth = Auth::Open;
+    if status == 0 && HelloReply::decode_auth(*rest.first().ok_or_else(short)?)? {
+        let ch = rest
+            .get(1..1 + HelloReply::CHALLENGE_LEN)
+            .ok_or_else(short)?;
+        auth = HelloReply::decode_challenge(ch.try_into().expect("challenge"));
+    }
+    Ok((version, status, msg, auth))
+}
+
+/// For providers whose addresses are a TCP listener (`ofi+tcp`,
+/// `ofi+sockets`): fails at once with ECONNREFUSED when nothing listens
+/// there (a server that stopped), as a TCP client would. rxm does not
+/// report a refused connection: the hello would wait out the timeout.
+fn refused_at_once(server: &Address, timeout: Duration) -> Result<(), Error> {
+    use crate::addr::Protocol;
+    if !matches!(server.protocol, Protocol::Tcp | Protocol::Sockets) {
+        return Ok(());
+    }
+    let Some(sa) = server.socket_addr() else {
+        return Ok(());
+    };
+    let probe = timeout.min(Duration::from_secs(2));
+    match std::net::TcpStream::connect_timeout(&sa, probe) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(Error::Call {
+            call: "connect",
+            code: libc::ECONNREFUSED,
+            message: format!("nothing listens at {server}"),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A session with one server.
@@ -201,6 +306,94 @@ impl RpcClient {
         }
         let token = u64::from_le_bytes(payload[..].try_into().expect("8 bytes"));
         Ok(Session { peer, token })
+    }
+
+    /// Opens an authenticated session with the server at `server`: the
+    /// challenge-response of `chfs_proto::handshake` as `role` with
+    /// `cred`, over messages ([`OP_AUTH_HELLO`], [`OP_PROOF`]). A refusal
+    /// is [`RpcError::Remote`] with the server's errno (EACCES for a wrong
+    /// secret).
+    pub fn handshake(
+        &self,
+        server: &Address,
+        role: chfs_proto::handshake::Role,
+        cred: &chfs_proto::handshake::Credential,
+        timeout: Duration,
+    ) -> Result<Session, RpcError> {
+        use chfs_proto::handshake::{Connector, Verdict};
+        let deadline = Instant::now() + timeout;
+        let (c, hello) = Connector::start(role, cred).map_err(RpcError::Remote)?;
+        refused_at_once(server, timeout)?;
+        let peer = self.ep.connect(server)?;
+        let payload = encode_hello(
+            &self.ep.address().to_string(),
+            self.ep.max_message() as u32,
+            &hello,
+        );
+        let id = self.post(
+            &Session { peer, token: 0 },
+            OP_AUTH_HELLO,
+            0,
+            &payload,
+            timeout,
+        )?;
+        let (h, p) = self.reply(id, deadline, timeout)?;
+        let malformed = |why: &str| {
+            RpcError::Proto(ProtoError::Malformed(format!(
+                "the server's answer to a hello: {why}"
+            )))
+        };
+        if h.op != OP_AUTH_REPLY || p.len() < TOKEN_LEN {
+            return Err(malformed("not a welcome"));
+        }
+        let token = u64::from_le_bytes(p[..TOKEN_LEN].try_into().expect("8 bytes"));
+        let (version, status, msg, auth) = decode_hello_reply(&p[TOKEN_LEN..])?;
+        let s = Session { peer, token };
+        let proof = c
+            .on_reply(version, status, &msg, &auth)
+            .map_err(RpcError::Remote)?;
+        if token == 0 {
+            return Err(malformed("no session token"));
+        }
+        let Some(proof) = proof else {
+            return Ok(s);
+        };
+        let id = self.post(&s, OP_PROOF, 0, &proof, timeout)?;
+        let (h, p) = self.reply(id, deadline, timeout)?;
+        let fixed = p.get(..Verdict::FIXED_LEN);
+        let (Some(fixed), OP_VERDICT) = (fixed, h.op) else {
+            return Err(malformed("not a verdict"));
+        };
+        let (status, n) = Verdict::decode_fixed(fixed.try_into().expect("fixed"))?;
+        let msg = String::from_utf8_lossy(
+            p.get(Verdict::FIXED_LEN..Verdict::FIXED_LEN + n)
+                .unwrap_or(&[]),
+        );
+        Connector::on_verdict(status, &msg).map_err(RpcError::Remote)?;
+        Ok(s)
+    }
+
+    /// Sends one frame in session `s` without waiting for its answer;
+    /// returns its id, for [`RpcClient::wait`].
+    pub fn post(
+        &self,
+        s: &Session,
+        op: u16,
+        flags: u16,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<u64, RpcError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let m = encode_message(s.token, id, op, flags, payload);
+        self.ep.send(s.peer, &m, timeout)?;
+        Ok(id)
+    }
+
+    /// Waits for the answer to frame `id` ([`RpcClient::post`]): its
+    /// header and payload (an error reply is returned as such, with
+    /// `FLAG_ERROR`). After a timeout the answer is dropped when it comes.
+    pub fn wait(&self, id: u64, timeout: Duration) -> Result<(Header, Bytes), RpcError> {
+        self.reply(id, Instant::now() + timeout, timeout)
     }
 
     /// Sends `req` in session `s` and waits for its response.
@@ -627,6 +820,73 @@ mod tests {
         assert_eq!(token, 0xdead_beef);
         assert_eq!((h.id, h.op, h.flags, h.len), (42, 7, FLAG_ERROR, 7));
         assert_eq!(&payload[..], b"payload");
+    }
+
+    /// The authenticated hello's layout, byte for byte (a wire format:
+    /// both sides of a pool must agree on it).
+    #[test]
+    fn hello_golden_bytes() {
+        let m = encode_hello("ofi+tcp://10.0.0.5:40001", 0x0001_1000, &[0xaa, 0xbb]);
+        let mut want = vec![24, 0];
+        want.extend_from_slice(b"ofi+tcp://10.0.0.5:40001");
+        want.extend_from_slice(&[0x00, 0x10, 0x01, 0x00, 0xaa, 0xbb]);
+        assert_eq!(m, want);
+        let (addr, max, hello) = decode_hello(&m).unwrap();
+        assert_eq!(addr.to_string(), "ofi+tcp://10.0.0.5:40001");
+        assert_eq!((max, hello), (0x0001_1000, &[0xaa, 0xbb][..]));
+        // Cut anywhere before the hello, or a bad address: refused.
+        for n in 0..m.len() - 2 {
+            assert!(decode_hello(&m[..n]).is_err(), "{n} bytes");
+        }
+        assert!(decode_hello(&encode_hello("tcp://x", 1, &[])).is_err());
+        // The whole message: token 0, the frame header, the payload.
+        let whole = encode_message(0, 1, OP_AUTH_HELLO, 0, &m);
+        assert_eq!(&whole[..8], &[0; 8]);
+        assert_eq!(&whole[8..12], &(m.len() as u32).to_le_bytes());
+        assert_eq!(&whole[12..20], &1u64.to_le_bytes());
+        assert_eq!(&whole[20..24], &[0x02, 0xff, 0, 0]);
+    }
+
+    /// A request whose bulk data moves by RMA: `FLAG_RMA` (not one of
+    /// chfs-proto's frame flags) and the key as the payload's last 24
+    /// bytes (address, length, key; little-endian).
+    #[test]
+    fn rma_request_golden_bytes() {
+        use chfs_proto::frame::{FLAG_CMA, FLAG_FORWARDED};
+        assert_eq!(FLAG_RMA, 8);
+        assert_eq!(FLAG_RMA & (FLAG_ERROR | FLAG_FORWARDED | FLAG_CMA), 0);
+        let key = RemoteKey {
+            addr: 0x1122_3344_5566_7788,
+            len: 1 << 20,
+            key: 0x0a0b,
+        };
+        let mut payload = b"head".to_vec();
+        payload.extend_from_slice(&key.encode());
+        let m = encode_message(7, 9, 3, FLAG_RMA, &payload);
+        let mut want = vec![
+            7, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 3, 0, 8, 0,
+        ];
+        want.extend_from_slice(b"head");
+        want.extend_from_slice(&[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
+        want.extend_from_slice(&[0, 0, 0x10, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0x0b, 0x0a, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(m, want);
+        let (_, h, p) = decode_message(&m).unwrap();
+        assert_eq!(h.flags, FLAG_RMA);
+        assert_eq!(RemoteKey::decode(&p[4..]).unwrap(), key);
+    }
+
+    #[test]
+    fn welcome_golden_bytes() {
+        use chfs_proto::handshake::{Auth, HelloReply};
+        let r = HelloReply::refusal(libc::EACCES, "no");
+        let m = encode_welcome(0x0102_0304_0506_0708, &r.encode());
+        assert_eq!(&m[..8], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(&m[8..], &r.encode()[..]);
+        let (_, status, msg, auth) = decode_hello_reply(&m[8..]).unwrap();
+        assert_eq!((status, msg.as_str()), (libc::EACCES, "no"));
+        assert!(matches!(auth, Auth::Open));
+        assert!(decode_hello_reply(&m[8..20]).is_err());
     }
 
     #[test]

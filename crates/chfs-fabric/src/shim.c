@@ -11,8 +11,11 @@
  * (-FI_E*, the negated errno for most) on failure. src/ffi.rs declares
  * these for Rust; nothing else calls them.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,66 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+
+/*
+ * libfabric itself is loaded on first use (dlopen), not linked: Debian's
+ * build pulls in libpsm_infinipath, whose constructor installs handlers of
+ * SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL and SIGABRT that print a
+ * backtrace and exit(1) -- in every process linked with it (chfsd exited 1
+ * on SIGTERM; an application using libchfs would have had its signals
+ * taken). Loaded here, only processes that open an endpoint load it, and
+ * the handlers in place before the load are put back after it. Only these
+ * few calls are real symbols; the rest of the API is inline functions
+ * calling through the objects' ops tables.
+ */
+static struct {
+	int (*getinfo)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *,
+		       struct fi_info **);
+	void (*freeinfo)(struct fi_info *);
+	struct fi_info *(*dupinfo)(const struct fi_info *);
+	int (*fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
+	const char *(*strerror)(int);
+	uint32_t (*version)(void);
+} lf;
+static pthread_once_t lf_once = PTHREAD_ONCE_INIT;
+static int lf_loaded;
+
+#ifndef CHFS_LIBFABRIC_PATH
+#define CHFS_LIBFABRIC_PATH "libfabric.so.1"
+#endif
+
+static void lf_load(void)
+{
+	static const int sigs[] = { SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL, SIGABRT };
+	struct sigaction old[sizeof(sigs) / sizeof(sigs[0])];
+	unsigned i;
+	void *h;
+
+	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		sigaction(sigs[i], NULL, &old[i]);
+	h = dlopen(CHFS_LIBFABRIC_PATH, RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		sigaction(sigs[i], &old[i], NULL);
+	if (!h)
+		return;
+	*(void **)&lf.getinfo = dlsym(h, "fi_getinfo");
+	*(void **)&lf.freeinfo = dlsym(h, "fi_freeinfo");
+	*(void **)&lf.dupinfo = dlsym(h, "fi_dupinfo");
+	*(void **)&lf.fabric = dlsym(h, "fi_fabric");
+	*(void **)&lf.strerror = dlsym(h, "fi_strerror");
+	*(void **)&lf.version = dlsym(h, "fi_version");
+	lf_loaded = lf.getinfo && lf.freeinfo && lf.dupinfo && lf.fabric && lf.strerror &&
+		    lf.version;
+}
+
+/* Loads libfabric once; 0 if it could not be (-FI_ENOSYS from the calls). */
+static int lf_ready(void)
+{
+	pthread_once(&lf_once, lf_load);
+	return lf_loaded;
+}
 
 struct chfs_fi_domain {
 	struct fi_info *info;
@@ -83,12 +146,14 @@ static void copy_name(char *dst, size_t cap, const char *src)
 
 const char *chfs_fi_strerror(int err)
 {
-	return fi_strerror(err < 0 ? -err : err);
+	if (!lf_ready())
+		return "libfabric could not be loaded";
+	return lf.strerror(err < 0 ? -err : err);
 }
 
 uint32_t chfs_fi_version(void)
 {
-	return fi_version();
+	return lf_ready() ? lf.version() : 0;
 }
 
 void chfs_fi_domain_close(struct chfs_fi_domain *d)
@@ -100,7 +165,7 @@ void chfs_fi_domain_close(struct chfs_fi_domain *d)
 	if (d->fabric)
 		fi_close(&d->fabric->fid);
 	if (d->info)
-		fi_freeinfo(d->info);
+		lf.freeinfo(d->info);
 	free(d);
 }
 
@@ -113,11 +178,14 @@ void chfs_fi_domain_close(struct chfs_fi_domain *d)
 int chfs_fi_domain_open(const char *prov, const char *node, const char *service,
 			struct chfs_fi_domain **out, struct chfs_fi_domain_attr *attr)
 {
-	struct fi_info *hints = fi_allocinfo();
+	struct fi_info *hints;
 	struct chfs_fi_domain *d;
 	int ret;
 
 	*out = NULL;
+	if (!lf_ready())
+		return -FI_ENOSYS;
+	hints = lf.dupinfo(NULL);
 	if (!hints)
 		return -FI_ENOMEM;
 	hints->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
@@ -129,20 +197,20 @@ int chfs_fi_domain_open(const char *prov, const char *node, const char *service,
 				      FI_MR_PROV_KEY;
 	hints->fabric_attr->prov_name = strdup(prov);
 	if (!hints->fabric_attr->prov_name) {
-		fi_freeinfo(hints);
+		lf.freeinfo(hints);
 		return -FI_ENOMEM;
 	}
 	d = calloc(1, sizeof(*d));
 	if (!d) {
-		fi_freeinfo(hints);
+		lf.freeinfo(hints);
 		return -FI_ENOMEM;
 	}
-	ret = fi_getinfo(FI_VERSION(1, 9), node, service, (node || service) ? FI_SOURCE : 0,
+	ret = lf.getinfo(FI_VERSION(1, 9), node, service, (node || service) ? FI_SOURCE : 0,
 			 hints, &d->info);
-	fi_freeinfo(hints);
+	lf.freeinfo(hints);
 	if (ret)
 		goto fail;
-	ret = fi_fabric(d->info->fabric_attr, &d->fabric, NULL);
+	ret = lf.fabric(d->info->fabric_attr, &d->fabric, NULL);
 	if (ret)
 		goto fail;
 	ret = fi_domain(d->fabric, d->info, &d->domain, NULL);

@@ -805,11 +805,45 @@ fn posix_suite_over_dev_fuse() {
     posix_suite(&["--io-uring=false"], "/dev/fuse");
 }
 
+/// The suite through a pool whose servers speak libfabric's tcp provider
+/// (chfsd -p ofi+tcp): the mount reaches them over the fabric.
+#[test]
+fn posix_suite_over_ofi_tcp() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "posix_suite_over_ofi_tcp",
+            "built without libfabric",
+        );
+        return;
+    }
+    posix_suite_on(&["--io-uring=false"], "/dev/fuse", Some("ofi+tcp"));
+}
+
 fn posix_suite(args: &[&str], want_transport: &str) {
+    posix_suite_on(args, want_transport, None)
+}
+
+fn posix_suite_on(args: &[&str], want_transport: &str, protocol: Option<&str>) {
     // SAFETY: umask only sets the process file-creation mask.
     unsafe { libc::umask(0o022) };
     let tmpfs = tempfile::tempdir_in("/dev/shm").expect("tmpfs directory");
-    let pool = pool(3);
+    let pool = match protocol {
+        None => pool(3),
+        Some(p) => chfs_localpool::LocalPool::start_with(chfs_localpool::PoolOptions {
+            servers: 3,
+            args: vec!["-p".into(), p.into()],
+            ..Default::default()
+        })
+        .expect("start chfsd pool"),
+    };
+    if let Some(p) = protocol {
+        assert!(
+            pool.server_string().starts_with(p),
+            "{}",
+            pool.server_string()
+        );
+    }
     let m = Mount::new(&pool, args);
     assert_eq!(transport(&m), want_transport, "chfuse {args:?}");
     let want = run_all(tmpfs.path());

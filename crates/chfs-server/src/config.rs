@@ -15,9 +15,21 @@ pub struct Config {
     pub help: Option<bool>,
 
     /// Address to listen on and advertise, HOST[:PORT]. Port 0 picks a free
-    /// port. Default: this host's name, port 50000.
+    /// port. Default: this host's name, port 50000. A fabric address
+    /// (`ofi+tcp://IP:PORT`, what a fabric server advertises) binds the
+    /// endpoint there and the TCP listener to a free port of the IP.
     #[arg(short = 'h', long = "host", env = "CHFS_SERVER_HOST")]
     pub host: Option<String>,
+
+    /// Transport for clients, as CHFS's `-p`: `tcp` (ours, the default) or
+    /// a libfabric one (`ofi+tcp`, `ofi+verbs`, `ofi+cxi`, `ofi+shm`,
+    /// `ofi+efa`, `ofi+psm3`, `ofi+sockets`). A fabric server opens an
+    /// endpoint on the --host address (any free port) beside its TCP
+    /// listener and advertises the endpoint's address
+    /// (`ofi+tcp://IP:PORT`) as its name in the pool: clients given it
+    /// use the fabric.
+    #[arg(short = 'p', long = "protocol", env = "CHFS_PROTOCOL", default_value = "tcp", value_parser = parse_protocol)]
+    pub protocol: Transport,
 
     /// Address of any running server of the pool to join (HOST:PORT). Without
     /// it this server starts a new pool.
@@ -245,8 +257,26 @@ impl Config {
     }
 }
 
+/// The transport of `--protocol`: our TCP (None) or a fabric protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transport(pub Option<chfs_fabric::Protocol>);
+
+fn parse_protocol(s: &str) -> Result<Transport, String> {
+    match s {
+        "tcp" => Ok(Transport(None)),
+        p => p
+            .parse()
+            .map(|p| Transport(Some(p)))
+            .map_err(|e| format!("{e} (or tcp)")),
+    }
+}
+
 /// Appends the default port when `host` has none.
 pub fn with_default_port(host: &str) -> String {
+    // A fabric address (`ofi+tcp://IP:PORT`) is whole as it is.
+    if host.starts_with("ofi+") {
+        return host.to_string();
+    }
     let bare_v6 = host.matches(':').count() > 1 && !host.starts_with('[');
     if host
         .rsplit_once(':')

@@ -8,19 +8,23 @@
 //! Modules form layers; each uses only the layers below it (no cycle):
 //!
 //! 1. foundations, which know nothing of a running server: `metrics`,
-//!    `net`, `local_io`, `shm`, `backend` ← `cache` ← `config` ← `limits`,
-//!    `park` (polling before a runtime worker sleeps);
-//!    `peer` (server-to-server calls; `net`, `local_io`) ← `relay` (the
-//!    contact cache of relayed lookups);
+//!    `net`, `local_io`, `shm`, `backend`, `fabric_ep` (opening libfabric
+//!    endpoints; sessions with fabric peers on other hosts) ← `cache` ←
+//!    `config` ← `limits`, `park` (polling before a runtime worker sleeps);
+//!    `peer` (server-to-server calls; `net`, `local_io`, `fabric_ep`) ←
+//!    `relay` (the contact cache of relayed lookups);
 //! 2. `state`: what every connection and request shares (`Shared`:
 //!    store, placement, peers, counters, limits, cache mode);
 //! 3. `handler`: serving one request (`common` ← `namespace`, `pool`,
 //!    `rebalance` ← `handle`);
 //! 4. `connection`: serving one admitted connection (reader loop, reply
 //!    writer, access checks; `cma` for data in a local client's memory);
-//! 5. `listener`: accepting TCP and local connections, handshakes,
+//! 5. `fabric`: serving clients over a libfabric endpoint (`chfsd -p
+//!    ofi+tcp`): the progress thread, sessions and their handshake,
+//!    requests whose data moves by RMA;
+//! 6. `listener`: accepting TCP and local connections, handshakes,
 //!    per-peer limits, CPU `lanes`;
-//! 6. `server`: opening the store, starting, running, stopping.
+//! 7. `server`: opening the store, starting, running, stopping.
 //!
 //! `tests/layers.rs` checks this order.
 
@@ -28,6 +32,8 @@ mod backend;
 pub mod cache;
 pub mod config;
 mod connection;
+mod fabric;
+mod fabric_ep;
 mod handler;
 mod limits;
 mod listener;

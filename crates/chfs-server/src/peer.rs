@@ -31,6 +31,9 @@ struct Conn {
 /// Connections to peers, opened on first use and replaced when broken.
 pub struct Peers {
     conns: Mutex<HashMap<String, Arc<Conn>>>,
+    /// Sessions with peers known by fabric addresses that run on another
+    /// host (those on this one are reached through their local socket).
+    fabric: Arc<crate::fabric_ep::Peers>,
     next_id: AtomicU64,
     cred: Credential,
     timeout: Duration,
@@ -48,6 +51,7 @@ impl Peers {
     pub fn new(cred: Credential, timeout: Duration) -> Self {
         Self {
             conns: Default::default(),
+            fabric: Default::default(),
             next_id: AtomicU64::new(1),
             cred,
             timeout,
@@ -115,6 +119,13 @@ impl Peers {
     /// Sends `req` to the server at `addr` with frame `flags` and waits for
     /// the answer (at most the configured timeout).
     pub async fn call(&self, addr: &str, req: &Request, flags: u16) -> Reply {
+        if addr.starts_with("ofi+") && !self.fabric.is_local(addr, &self.conns) {
+            return self
+                .fabric
+                .clone()
+                .call(addr, &self.cred, req, flags, self.timeout)
+                .await;
+        }
         let conn = self.conn(addr).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();

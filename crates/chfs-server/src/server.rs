@@ -206,7 +206,28 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
     };
     let (store, fresh) = open_store(&cfg)?;
     let cache = open_cache(&cfg, &*store)?;
-    let want = cfg.listen_addr();
+    // `--host ofi+tcp://IP:PORT` (a fabric server's own address, as a
+    // restart on the same address gives it): the endpoint binds that, the
+    // TCP listener a free port of the IP.
+    let (want, fabric_at) = match cfg.host.as_deref().map(str::parse::<chfs_fabric::Address>) {
+        Some(Ok(a)) => {
+            let sa = a.socket_addr().ok_or_else(|| {
+                ServerError::Config(format!("--host {a}: not an IP address and port"))
+            })?;
+            if cfg.protocol.0.is_some_and(|p| p != a.protocol) {
+                return Err(ServerError::Config(format!(
+                    "--host {a} is not an address of --protocol {}",
+                    cfg.protocol.0.map_or("tcp", |p| p.name())
+                )));
+            }
+            let ip = match sa.ip() {
+                std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+                v4 => v4.to_string(),
+            };
+            (format!("{ip}:0"), Some((a.protocol, sa.port())))
+        }
+        _ => (cfg.listen_addr(), None),
+    };
     let listener = TcpListener::bind(&want)
         .await
         .map_err(|source| ServerError::Listen {
@@ -215,7 +236,22 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         })?;
     let port = listener.local_addr()?.port();
     let host = want.rsplit_once(':').map_or(want.as_str(), |(h, _)| h);
-    let me = format!("{host}:{port}");
+    // A fabric server is known in the pool by its endpoint's address
+    // (`ofi+tcp://IP:PORT`): clients given it use the fabric. The TCP
+    // listener stays (chfsctl, clients without the fabric).
+    let protocol = fabric_at.map(|(p, _)| p).or(cfg.protocol.0);
+    let fabric_port = fabric_at.map(|(_, port)| port);
+    let fabric = match protocol {
+        None => None,
+        Some(p) => Some(Arc::new(
+            crate::fabric_ep::open(p, host.trim_matches(['[', ']']), fabric_port)
+                .map_err(|e| ServerError::Config(format!("--protocol {p}: {e}")))?,
+        )),
+    };
+    let me = match &fabric {
+        Some(ep) => ep.address().to_string(),
+        None => format!("{host}:{port}"),
+    };
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         store,
@@ -253,6 +289,9 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         );
     }
     let local = bind_local(&me);
+    if let Some(ep) = fabric {
+        crate::fabric::start(shared.clone(), ep, tokio::runtime::Handle::current());
+    }
     let task = tokio::spawn(accept_loop(shared.clone(), listener, local));
     match &cfg.join {
         None => shared.set_list(ServerList {

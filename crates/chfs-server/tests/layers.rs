@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Modules by layer, lowest first.
 const LAYERS: &[&[&str]] = &[
-    &["backend", "local_io", "metrics", "net", "shm"],
+    &["backend", "fabric_ep", "local_io", "metrics", "net", "shm"],
     &["cache"],
     &["config"],
     &["limits", "park", "peer"],
@@ -18,6 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["handler"],
     &["connection::cma"],
     &["connection"],
+    &["fabric"],
     &["listener::lanes"],
     &["listener"],
     &["server"],

@@ -125,13 +125,36 @@ impl Prefix {
     }
 
     pub fn pool(&self, n: usize) -> LocalPool {
+        self.pool_over(n, None)
+    }
+
+    /// A pool whose servers speak `protocol` (chfsd `-p`; None: TCP).
+    pub fn pool_over(&self, n: usize, protocol: Option<&str>) -> LocalPool {
         LocalPool::start_with(PoolOptions {
             servers: n,
             chfsd: Some(self.chfsd()),
+            args: protocol.map_or_else(Vec::new, |p| vec!["-p".into(), p.into()]),
             ..Default::default()
         })
         .expect("start chfsd pool from PREFIX/bin")
     }
+}
+
+/// The transports the C API is tested over: TCP, and `ofi+tcp` where this
+/// build has libfabric (else skipped, or failed when CHFS_TEST_REQUIRE
+/// asks for `fabric`).
+pub fn protocols(test: &str) -> Vec<Option<&'static str>> {
+    let mut v = vec![None];
+    if chfs_fabric::BUILT_WITH_LIBFABRIC {
+        v.push(Some("ofi+tcp"));
+    } else {
+        chfs_localpool::skip(
+            "fabric",
+            test,
+            "built without libfabric: ofi+tcp not tested",
+        );
+    }
+    v
 }
 
 pub fn rust_client(pool: &LocalPool) -> Client {

@@ -91,8 +91,10 @@ struct Args {
     #[arg(short = 'A', long = "add")]
     add: bool,
 
-    /// Protocol: tcp (the only transport; ofi+tcp and sockets are accepted
-    /// as aliases).
+    /// Protocol of the servers, as CHFS's -p: tcp (ours, the default;
+    /// sockets is an alias) or a libfabric one (ofi+tcp, ofi+verbs,
+    /// ofi+cxi, ofi+shm, ofi+efa, ofi+psm3, ofi+sockets): chfsd -p, and
+    /// the servers are known (CHFS_SERVER) by their fabric addresses.
     #[arg(short = 'p', long = "protocol", default_value = "tcp")]
     protocol: String,
 
@@ -260,15 +262,13 @@ fn allocation_nodes() -> Result<Vec<String>, CtlError> {
 }
 
 fn options(a: &Args) -> Result<CtlOptions, CtlError> {
-    if !matches!(
-        a.protocol.as_str(),
-        "tcp" | "ofi+tcp" | "sockets" | "ofi+sockets"
-    ) {
-        return Err(CtlError::Usage(format!(
-            "-p {}: unsupported protocol (chfs-rs servers speak tcp)",
-            a.protocol
-        )));
-    }
+    let protocol = match a.protocol.as_str() {
+        "tcp" | "sockets" => None,
+        p => match p.parse::<chfs_fabric::Protocol>() {
+            Ok(p) => Some(p.name().to_string()),
+            Err(e) => return Err(CtlError::Usage(format!("-p {p}: {e} (or tcp)"))),
+        },
+    };
     if let Some(v) = &a.vname {
         return Err(CtlError::Usage(format!(
             "-N {v}: virtual names are not used by chfs-rs (servers are placed by their unique host:port); drop -N"
@@ -351,6 +351,7 @@ fn options(a: &Args) -> Result<CtlOptions, CtlError> {
         per_host: a.per_host,
         no_secret: a.no_secret,
         port: a.port,
+        protocol,
         chfsd: a.chfsd.clone().unwrap_or_else(|| sibling("chfsd")),
         chfuse: a.chfuse.clone().unwrap_or_else(|| sibling("chfuse")),
         timeout: Duration::from_secs(a.timeout.max(1)),

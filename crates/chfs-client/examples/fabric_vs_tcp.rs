@@ -1,0 +1,143 @@
+//! The real client over `ofi+tcp` against TCP, in one run: one chfsd per
+//! transport on loopback (release builds: `cargo build --release -p
+//! chfs-server` first), and through `chfs_client::Client`
+//!
+//! ```text
+//! cargo run --release -p chfs-client --example fabric_vs_tcp [-- MIB [STATS]]
+//! ```
+//!
+//! 1 MiB `pwrite`s then `pread`s of a file of MIB MiB (default 512) with
+//! 1 MiB chunks (over the fabric: one RMA each, CHFS_RDMA_THRESH) and with
+//! 64 KiB chunks (16 chunk RPCs per call, in the message), and STATS
+//! `stat` calls (default 20000) one after another. The TCP client goes
+//! over TCP loopback (CHFS_LOCAL_SOCKET=0, CHFS_CMA=0: the same path as
+//! to another host). Then the fabric server's CPU time over 5 idle
+//! seconds. Prints one line per figure and the load average.
+//! `CHFS_RDMA_THRESH` sets the client's threshold (default 32 KiB).
+
+use std::time::{Duration, Instant};
+
+use chfs_client::flags::*;
+use chfs_client::{Client, ClientConfig};
+use chfs_localpool::{LocalPool, PoolOptions};
+
+const MIB: usize = 1 << 20;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mib: usize = args.get(1).map_or(512, |s| s.parse().expect("MiB"));
+    let stats: usize = args.get(2).map_or(20_000, |s| s.parse().expect("stats"));
+    println!("load average before: {}", loadavg());
+    let mut results = Vec::new();
+    for proto in ["tcp", "ofi+tcp"] {
+        let p = LocalPool::start_with(PoolOptions {
+            servers: 1,
+            args: if proto == "tcp" {
+                vec![]
+            } else {
+                vec!["-p".into(), proto.into()]
+            },
+            ..Default::default()
+        })
+        .expect("start chfsd (cargo build --release -p chfs-server)");
+        let c = Client::connect(ClientConfig {
+            servers: p.addrs().to_vec(),
+            local_socket: false,
+            cma: false,
+            rpc_timeout: Duration::from_secs(60),
+            rdma_thresh: std::env::var("CHFS_RDMA_THRESH")
+                .map_or(32 << 10, |v| v.parse().expect("CHFS_RDMA_THRESH")),
+            ..Default::default()
+        })
+        .expect("connect");
+        for cs in [MIB as u32, 64 << 10] {
+            c.set_chunk_size(cs).unwrap();
+            let (w, r) = bandwidth(&c, mib, cs);
+            println!(
+                "{proto:8} chunk {:>4} KiB: 1 MiB pwrite {w:7.0} MiB/s, pread {r:7.0} MiB/s",
+                cs >> 10
+            );
+            results.push((proto, cs, w, r));
+        }
+        let us = stat_rate(&c, stats);
+        println!(
+            "{proto:8} stat: {us:.1} us per call, {:.0} per second",
+            1e6 / us
+        );
+        if proto != "tcp" {
+            let pid = p.pid(0).expect("pid");
+            let before = cpu_ticks(pid);
+            std::thread::sleep(Duration::from_secs(5));
+            let ticks = cpu_ticks(pid) - before;
+            // SAFETY: sysconf has no memory effects.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+            println!(
+                "{proto:8} idle server: {:.2}% of a core over 5 s",
+                ticks as f64 / hz / 5.0 * 100.0
+            );
+        }
+        drop(c);
+        p.stop();
+    }
+    println!("load average after: {}", loadavg());
+}
+
+/// MiB/s of 1 MiB pwrites, then preads, of a file of `mib` MiB.
+fn bandwidth(c: &Client, mib: usize, cs: u32) -> (f64, f64) {
+    let path = format!("/bw-{cs}");
+    let mut buf = vec![0u8; MIB];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+    // Warm-up: connections, windows and buffers.
+    for i in 0..8 {
+        c.pwrite(fd, &buf, (i * MIB) as u64).unwrap();
+    }
+    let t = Instant::now();
+    for i in 0..mib {
+        assert_eq!(c.pwrite(fd, &buf, (i * MIB) as u64).unwrap(), MIB);
+    }
+    let w = mib as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for i in 0..mib {
+        assert_eq!(c.pread(fd, &mut buf, (i * MIB) as u64).unwrap(), MIB);
+    }
+    let r = mib as f64 / t.elapsed().as_secs_f64();
+    assert_eq!(buf[1000], (1000 % 251) as u8);
+    c.close(fd).unwrap();
+    c.unlink(&path).unwrap();
+    (w, r)
+}
+
+/// Microseconds per stat of one file.
+fn stat_rate(c: &Client, n: usize) -> f64 {
+    let fd = c.create("/stat-me", O_WRONLY, 0o644).unwrap();
+    c.close(fd).unwrap();
+    for _ in 0..100 {
+        c.stat("/stat-me").unwrap();
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        c.stat("/stat-me").unwrap();
+    }
+    t.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime: fields 14 and 15, i.e. 11 and 12 after the name.
+    f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,420 @@
+//! A link to a server over a libfabric endpoint (a server address
+//! `ofi+tcp://IP:PORT`, ...): the fabric side of [`crate::link::Link`].
+//!
+//! One endpoint per process and protocol is shared by the links to every
+//! server ([`endpoint_for`]); a link is a peer and the session token its
+//! server gave in the handshake (`chfs_fabric::rpc`). Replies of every
+//! server arrive on the one completion queue, and the thread reading it
+//! files them by frame id for their waiters (ids are unique per process),
+//! as [`crate::conn::Conn`]'s reader does for one socket. A send that
+//! fails, or a wait that sees the transport fail (a dead server: ENOTCONN,
+//! ECONNRESET), marks the link broken and removes the peer from the
+//! address vector, so that the next link to that server (the pool opens one
+//! on the next request) starts a new rxm connection and a new session.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chfs_fabric::rpc::{RpcClient, RpcError, Session};
+use chfs_fabric::rpc::{FLAG_RMA, OP_BYE};
+use chfs_fabric::{Address, Endpoint, Protocol, RemoteKey, Window};
+use chfs_proto::frame::{Header, FLAG_ERROR};
+use chfs_proto::handshake::Credential;
+use chfs_proto::msg::decode_error;
+use chfs_proto::{Request, Response};
+use chfs_sys::lock;
+
+use crate::config::ClientConfig;
+use crate::conn::Landing;
+use crate::error::{ConnFault, Error, Result};
+
+/// Largest message: must be the server's (chfsd's `fabric::MAX_MESSAGE`),
+/// checked by the handshake.
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024 + 4096;
+
+/// Is `addr` a fabric address (`ofi+...://`)?
+pub(crate) fn is_fabric(addr: &str) -> bool {
+    addr.starts_with("ofi+")
+}
+
+/// The process's RPC client of `protocol`, its endpoint opened on the
+/// first use (bound to the local address that routes to `server`).
+///
+/// A forked child gets its own: the parent's endpoint (its provider's
+/// sockets and queues) is the parent's; the child leaves it alone.
+fn endpoint_for(protocol: Protocol, server: &Address) -> Result<Arc<RpcClient>> {
+    type Clients = HashMap<(Protocol, u32), Arc<RpcClient>>;
+    static CLIENTS: OnceLock<Mutex<Clients>> = OnceLock::new();
+    let mut g = lock(CLIENTS.get_or_init(Default::default));
+    let key = (protocol, crate::process_id());
+    if let Some(c) = g.get(&key) {
+        return Ok(c.clone());
+    }
+    let mut cfg = chfs_fabric::Config::new(protocol);
+    cfg.max_message = MAX_MESSAGE;
+    cfg.recv_buffers = 64;
+    if let Some(ip) = server.socket_addr().and_then(|sa| route_to(&sa)) {
+        cfg = cfg.bind(&ip, None);
+    }
+    let ep = Endpoint::open(&cfg).map_err(|e| {
+        Error::new(
+            e.errno(),
+            format!("cannot open a {protocol} endpoint for server {server}: {e}"),
+        )
+    })?;
+    let c = Arc::new(RpcClient::new(Arc::new(ep)));
+    g.insert(key, c.clone());
+    Ok(c)
+}
+
+/// The local IP address the kernel would use to reach `to` (a UDP socket
+/// connected there sends nothing).
+fn route_to(to: &std::net::SocketAddr) -> Option<String> {
+    let any = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let s = std::net::UdpSocket::bind(any).ok()?;
+    s.connect(to).ok()?;
+    Some(s.local_addr().ok()?.ip().to_string())
+}
+
+/// A session with one server over the fabric.
+pub(crate) struct FabricLink {
+    addr: String,
+    rpc: Arc<RpcClient>,
+    session: Session,
+    alive: AtomicBool,
+    timeout: Duration,
+    opened: Instant,
+    last_io: AtomicU64,
+    /// The process that opened it (a forked child opens its own).
+    pid: u32,
+    /// Chunk data of at least this many bytes moves by RMA.
+    rdma_thresh: usize,
+    /// Registered windows for RMA, kept for reuse (registering fresh
+    /// memory per call costs more than the copy into a reused one).
+    windows: Mutex<Vec<Arc<Window>>>,
+}
+
+/// Windows a link keeps for reuse, and the smallest allocated.
+const WINDOWS_KEPT: usize = 16;
+const WINDOW_MIN: usize = 64 << 10;
+
+/// A request in flight on a fabric link: its frame id, when it left, and
+/// the window its bulk data moves through (by the server's RMA), if any.
+pub(crate) struct FabricTicket {
+    id: u64,
+    sent: Instant,
+    bulk: Option<Bulk>,
+}
+
+/// A window lent to the server for one request.
+struct Bulk {
+    window: Arc<Window>,
+    /// A read's: the server writes up to this many bytes there and
+    /// answers `Written(n)`.
+    read: bool,
+}
+
+fn rpc_err(addr: &str, what: &str, e: RpcError) -> Error {
+    match e {
+        RpcError::Remote(r) => Error::new(r.errno, format!("server {addr}: {}", r.message)),
+        e => Error::new(e.errno(), format!("server {addr}: {what}: {e}")),
+    }
+}
+
+impl FabricLink {
+    /// Opens a session with the server at `addr` (the handshake with the
+    /// pool's secret as `cfg.role`).
+    pub fn connect(addr: &str, cfg: &ClientConfig) -> Result<FabricLink> {
+        let a: Address = addr
+            .parse()
+            .map_err(|e| Error::new(libc::EINVAL, format!("server {addr}: {e}")))?;
+        let cred = Credential::parse(&cfg.secret)
+            .map_err(|e| Error::new(libc::EINVAL, format!("CHFS_SECRET(_FILE): {e}")))?;
+        let rpc = endpoint_for(a.protocol, &a)?;
+        let timeout = cfg.rpc_timeout;
+        let session = match rpc.handshake(&a, cfg.role, &cred, timeout) {
+            Ok(s) => s,
+            Err(e) => {
+                // A broken rxm connection to that server is not reused.
+                if let Ok(p) = rpc.endpoint().connect(&a) {
+                    let _ = rpc.endpoint().disconnect(p);
+                }
+                return Err(rpc_err(addr, "handshake", e));
+            }
+        };
+        Ok(FabricLink {
+            addr: addr.to_string(),
+            rpc,
+            session,
+            alive: AtomicBool::new(true),
+            timeout,
+            opened: Instant::now(),
+            last_io: AtomicU64::new(0),
+            pid: crate::process_id(),
+            rdma_thresh: cfg.rdma_thresh.max(1),
+            windows: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Is the link still usable?
+    pub fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire) && self.pid == crate::process_id()
+    }
+
+    /// How long since the link last sent or received.
+    pub fn idle_for(&self) -> Duration {
+        let last = self.last_io.load(Ordering::Relaxed);
+        Duration::from_nanos((self.opened.elapsed().as_nanos() as u64).saturating_sub(last))
+    }
+
+    fn note_io(&self) {
+        self.last_io
+            .store(self.opened.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Marks the link broken and forgets the peer (its rxm connection may
+    /// be broken for good: a new link inserts it again).
+    fn fail(&self) {
+        if self.alive.swap(false, Ordering::AcqRel) && self.pid == crate::process_id() {
+            let _ = self.rpc.endpoint().disconnect(self.session.peer);
+        }
+    }
+
+    /// A registered window of at least `len` bytes: a kept one, else a
+    /// new one.
+    fn window(&self, len: usize) -> Result<Arc<Window>> {
+        let kept = {
+            let mut w = lock(&self.windows);
+            w.iter()
+                .enumerate()
+                .filter(|(_, x)| x.len() >= len)
+                .min_by_key(|(_, x)| x.len())
+                .map(|(i, _)| i)
+                .map(|i| w.swap_remove(i))
+        };
+        if let Some(w) = kept {
+            return Ok(w);
+        }
+        self.rpc
+            .endpoint()
+            .window(len.next_power_of_two().max(WINDOW_MIN))
+            .map_err(|e| {
+                Error::new(
+                    e.errno(),
+                    format!("server {}: no window for RMA: {e}", self.addr),
+                )
+            })
+    }
+
+    /// Keeps a window whose request was answered (one whose request failed
+    /// or timed out is dropped: the server may still reach it).
+    fn keep(&self, w: Arc<Window>) {
+        let mut ws = lock(&self.windows);
+        if ws.len() < WINDOWS_KEPT {
+            ws.push(w);
+        }
+    }
+
+    /// The bulk part of a request, if it moves by RMA: a write's data of
+    /// at least the threshold copied into a window the server reads; a
+    /// read of at least the threshold (but over `ofi+shm`, whose provider
+    /// does not revoke access when a registration closes) lands in a
+    /// window the server writes.
+    fn bulk(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Option<(Bulk, RemoteKey)>> {
+        use chfs_proto::msg::op;
+        let (len, read) = match op {
+            op::WRITE if tail.len() >= self.rdma_thresh => (tail.len(), false),
+            op::READ if self.rpc.endpoint().address().protocol != Protocol::Shm => {
+                match Request::decode(op, Bytes::copy_from_slice(head)) {
+                    Ok(Request::Read { len, .. }) if len as usize >= self.rdma_thresh => {
+                        (len as usize, true)
+                    }
+                    _ => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        };
+        let window = self.window(len)?;
+        if !read {
+            window
+                .copy_in(0, tail)
+                .map_err(|e| Error::new(e.errno(), format!("server {}: {e}", self.addr)))?;
+        }
+        let key = RemoteKey {
+            len: len as u64,
+            ..window.remote_key()
+        };
+        Ok(Some((Bulk { window, read }, key)))
+    }
+
+    /// Sends a request whose payload is `head` followed by `tail` (the
+    /// data of a write, which moves by RMA from the threshold on).
+    pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<FabricTicket> {
+        let addr = &self.addr;
+        if !self.alive() {
+            return Err(
+                Error::new(libc::EIO, format!("link to server {addr} is broken"))
+                    .with_conn_fault(ConnFault::NotSent),
+            );
+        }
+        let bulk = self.bulk(op, head, tail)?;
+        let mut payload = Vec::with_capacity(head.len() + tail.len().min(MAX_MESSAGE));
+        payload.extend_from_slice(head);
+        let flags = match &bulk {
+            Some((_, key)) => {
+                payload.extend_from_slice(&key.encode());
+                FLAG_RMA
+            }
+            None => {
+                payload.extend_from_slice(tail);
+                0
+            }
+        };
+        if payload.len() + 32 > MAX_MESSAGE {
+            return Err(Error::new(
+                libc::EMSGSIZE,
+                format!(
+                    "server {addr}: a request of {} bytes does not fit a fabric message ({MAX_MESSAGE} bytes)",
+                    payload.len()
+                ),
+            ));
+        }
+        match self
+            .rpc
+            .post(&self.session, op, flags, &payload, self.timeout)
+        {
+            Ok(id) => {
+                self.note_io();
+                Ok(FabricTicket {
+                    id,
+                    sent: Instant::now(),
+                    bulk: bulk.map(|(b, _)| b),
+                })
+            }
+            Err(e) => {
+                self.fail();
+                Err(rpc_err(addr, "send failed", e).with_conn_fault(ConnFault::NotSent))
+            }
+        }
+    }
+
+    /// Sends a request.
+    pub fn send(&self, req: &Request) -> Result<FabricTicket> {
+        let mut head = Vec::with_capacity(64);
+        req.encode(&mut head);
+        self.send_raw(req.op(), &head, &[])
+    }
+
+    /// Waits for the answer to a request, at most the request timeout
+    /// after it was sent (the requests of a pipeline to a server that died
+    /// all fail about one timeout after they left, not one timeout after
+    /// another). A timeout also marks the link broken: rxm may accept a
+    /// small message for a peer that is gone and lose it, so the next
+    /// request opens a new session, which finds out.
+    pub fn wait(&self, t: FabricTicket) -> Result<Response> {
+        match self.wait_into(t, None)? {
+            Landing::Reply(r) => Ok(r),
+            Landing::Landed(_) => unreachable!("no destination given"),
+        }
+    }
+
+    /// Waits for the answer; a read's data that came by RMA goes from the
+    /// window into `dst` when it fits ([`Landing::Landed`]).
+    pub fn wait_into(&self, t: FabricTicket, dst: Option<&mut [u8]>) -> Result<Landing> {
+        let left = self
+            .timeout
+            .saturating_sub(t.sent.elapsed())
+            .max(Duration::from_millis(1));
+        let r = match self.rpc.wait(t.id, left) {
+            Ok((h, payload)) => {
+                self.note_io();
+                self.decode(h, payload)
+            }
+            Err(RpcError::Fabric(chfs_fabric::Error::Timeout { .. })) => {
+                self.fail();
+                return Err(Error::new(
+                    libc::ETIMEDOUT,
+                    format!(
+                        "server {} did not answer within {} ms",
+                        self.addr,
+                        self.timeout.as_millis()
+                    ),
+                ));
+            }
+            Err(e) => {
+                self.fail();
+                return Err(rpc_err(&self.addr, "lost", e).with_conn_fault(ConnFault::Lost));
+            }
+        };
+        let Some(bulk) = t.bulk else {
+            return r.map(Landing::Reply);
+        };
+        // Answered: the server is done with the window (after an error it
+        // may have given up on an RMA still in flight: not reused).
+        let ok = r.is_ok();
+        let out = match r {
+            Ok(Response::Written(n)) if bulk.read && n as usize <= bulk.window.len() => {
+                let n = n as usize;
+                let copied = match dst {
+                    Some(d) if n <= d.len() => bulk
+                        .window
+                        .copy_out(0, &mut d[..n])
+                        .map(|_| Landing::Landed(n)),
+                    _ => {
+                        let mut v = vec![0u8; n];
+                        bulk.window
+                            .copy_out(0, &mut v)
+                            .map(|_| Landing::Reply(Response::Data(Bytes::from(v))))
+                    }
+                };
+                copied.map_err(|e| Error::new(e.errno(), format!("server {}: {e}", self.addr)))
+            }
+            Ok(other) if bulk.read => Err(Error::new(
+                libc::EPROTO,
+                format!(
+                    "server {}: unexpected answer to a read by RMA: {other:?}",
+                    self.addr
+                ),
+            )),
+            r => r.map(Landing::Reply),
+        };
+        if ok {
+            self.keep(bulk.window);
+        }
+        out
+    }
+
+    fn decode(&self, h: Header, payload: Bytes) -> Result<Response> {
+        if h.flags & FLAG_ERROR != 0 {
+            match decode_error(payload) {
+                Ok(e) => Err(Error::from(e)),
+                Err(e) => Err(Error::new(
+                    libc::EPROTO,
+                    format!("server {}: bad error reply: {e}", self.addr),
+                )),
+            }
+        } else {
+            Response::decode(payload).map_err(|e| {
+                Error::new(
+                    libc::EPROTO,
+                    format!("server {}: bad reply: {e}", self.addr),
+                )
+            })
+        }
+    }
+}
+
+impl Drop for FabricLink {
+    /// Tells the server the session is over (a message small enough to be
+    /// injected: no wait), so that it forgets it.
+    fn drop(&mut self) {
+        if self.alive() {
+            let _ = self
+                .rpc
+                .post(&self.session, OP_BYE, 0, &[], Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,562 @@
+//! The client over a libfabric transport: chfsd processes started with
+//! `-p ofi+tcp` advertise `ofi+tcp://IP:PORT` addresses, and a client
+//! given one reaches every server over the fabric (doc/fabric.md).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use chfs_client::flags::*;
+use common::*;
+
+/// A pool of `n` servers over `ofi+tcp` with a secret, or None (skipped)
+/// where this build has no libfabric.
+fn fabric_pool(n: usize, test: &str) -> Option<LocalPool> {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return None;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: n,
+            args: vec!["-p".into(), "ofi+tcp".into()],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool over ofi+tcp");
+    Some(p)
+}
+
+fn fabric_client(p: &LocalPool) -> chfs_client::Client {
+    client(p, |c| c.secret = p.secret().unwrap().as_bytes().to_vec())
+}
+
+#[test]
+fn every_request_works_over_ofi_tcp() {
+    let Some(p) = fabric_pool(3, "every_request_works_over_ofi_tcp") else {
+        return;
+    };
+    // The servers are known by their fabric addresses.
+    for a in p.addrs() {
+        assert!(a.starts_with("ofi+tcp://"), "{a}");
+    }
+    let c = fabric_client(&p);
+    assert_eq!(c.servers().len(), 3);
+    assert!(c.servers().iter().all(|s| s.starts_with("ofi+tcp://")));
+    // Namespace.
+    c.mkdir("/d", 0o755).unwrap();
+    assert_eq!(c.mkdir("/d", 0o755).unwrap_err().errno(), libc::EEXIST);
+    for i in 0..20 {
+        let fd = c.create(&format!("/d/f{i}"), O_WRONLY, 0o600).unwrap();
+        c.write(fd, format!("file {i}").as_bytes()).unwrap();
+        c.close(fd).unwrap();
+    }
+    let mut names: Vec<_> = c
+        .readdir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 20);
+    assert_eq!(c.stat("/d/f7").unwrap().size, 6);
+    c.rename("/d/f7", "/d/seven").unwrap();
+    assert_eq!(c.stat("/d/f7").unwrap_err().errno(), libc::ENOENT);
+    let fd = c.open("/d/seven", O_RDONLY, 0).unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(c.read(fd, &mut b).unwrap(), 6);
+    assert_eq!(&b[..6], b"file 7");
+    c.close(fd).unwrap();
+    c.unlink("/d/seven").unwrap();
+    assert_eq!(c.stat("/d/seven").unwrap_err().errno(), libc::ENOENT);
+    // Large files of many chunks, on every server, the default chunk size
+    // (64 KiB, a chunk and its request in one message) and small ones.
+    for (cs, len) in [(None, 5 << 20), (Some(4096), 300_001)] {
+        if let Some(cs) = cs {
+            c.set_chunk_size(cs).unwrap();
+        }
+        let data = pattern(len, len as u64);
+        let fd = c.create("/big", O_RDWR | O_TRUNC, 0o644).unwrap();
+        assert_eq!(c.pwrite(fd, &data, 0).unwrap(), len);
+        let mut back = vec![0u8; len + 1000];
+        assert_eq!(c.pread(fd, &mut back, 0).unwrap(), len);
+        assert!(back[..len] == data[..], "chunk size {cs:?}");
+        // Unaligned reads across chunk boundaries.
+        assert_eq!(c.pread(fd, &mut back[..70_000], 12_345).unwrap(), 70_000);
+        assert!(back[..70_000] == data[12_345..82_345]);
+        c.close(fd).unwrap();
+        assert_eq!(c.stat("/big").unwrap().size, len as u64);
+        // Another client (its own sessions) reads it too.
+        let c2 = fabric_client(&p);
+        let fd = c2.open("/big", O_RDONLY, 0).unwrap();
+        let mut again = vec![0u8; len];
+        assert_eq!(c2.pread(fd, &mut again, 0).unwrap(), len);
+        assert!(again == data);
+        c2.close(fd).unwrap();
+        c.unlink("/big").unwrap();
+    }
+    // Status of every server, over the fabric.
+    for (addr, st) in c.server_status() {
+        assert!(st.is_ok(), "{addr}: {st:?}");
+    }
+}
+
+/// Chunk data of at least CHFS_RDMA_THRESH moves by the server's RMA:
+/// chunks larger than a fabric message (1 MiB, 4 MiB) work only so, and
+/// the bytes are right on both sides of the threshold, for reads and
+/// writes, aligned or not.
+#[test]
+fn chunks_from_the_rdma_threshold_move_by_rma() {
+    let Some(p) = fabric_pool(2, "chunks_from_the_rdma_threshold_move_by_rma") else {
+        return;
+    };
+    for thresh in [32 * 1024, 4096] {
+        let c = client(&p, |c| {
+            c.secret = p.secret().unwrap().as_bytes().to_vec();
+            c.rdma_thresh = thresh;
+        });
+        for cs in [1 << 20, 4 << 20, 65_536, 40_000] {
+            c.set_chunk_size(cs).unwrap();
+            let path = format!("/rma-{thresh}-{cs}");
+            let len = 3 * cs as usize + 12_345;
+            let data = pattern(len, cs as u64 + thresh as u64);
+            let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+            assert_eq!(c.pwrite(fd, &data, 0).unwrap(), len, "chunk size {cs}");
+            let mut back = vec![0u8; len + 7];
+            assert_eq!(c.pread(fd, &mut back, 0).unwrap(), len);
+            assert!(
+                back[..len] == data[..],
+                "chunk size {cs}, threshold {thresh}"
+            );
+            // Around the threshold: pieces one byte below, at and above
+            // it, written and read back at an odd offset.
+            for n in [thresh - 1, thresh, thresh + 1] {
+                let off = 777u64;
+                let piece = pattern(n, n as u64);
+                assert_eq!(c.pwrite(fd, &piece, off).unwrap(), n);
+                let mut got = vec![0u8; n];
+                assert_eq!(c.pread(fd, &mut got, off).unwrap(), n);
+                assert!(got == piece, "{n} bytes, chunk size {cs}");
+            }
+            c.close(fd).unwrap();
+            c.unlink(&path).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_wrong_secret_is_refused_over_ofi_tcp() {
+    let Some(p) = fabric_pool(1, "a_wrong_secret_is_refused_over_ofi_tcp") else {
+        return;
+    };
+    let cfg = |secret: &[u8]| chfs_client::ClientConfig {
+        servers: vec![p.addrs()[0].clone()],
+        secret: secret.to_vec(),
+        rpc_timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let e = chfs_client::Client::connect(cfg(b"not-the-pool-secret"))
+        .err()
+        .expect("refused");
+    assert_eq!(e.errno(), libc::EACCES, "{e}");
+    let e = chfs_client::Client::connect(cfg(b""))
+        .err()
+        .expect("refused");
+    assert_eq!(e.errno(), libc::EACCES, "{e}");
+    // The right one is let in afterwards (the refused sessions left nothing
+    // broken behind).
+    let c = chfs_client::Client::connect(cfg(p.secret().unwrap().as_bytes())).unwrap();
+    c.mkdir("/ok", 0o755).unwrap();
+}
+
+#[test]
+fn a_dead_server_gives_an_errno_not_a_hang() {
+    let Some(mut p) = fabric_pool(2, "a_dead_server_gives_an_errno_not_a_hang") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(3);
+    });
+    let data = pattern(2 << 20, 9);
+    let fd = c.create("/f", O_RDWR, 0o644).unwrap();
+    c.pwrite(fd, &data, 0).unwrap();
+    p.kill(1);
+    let t = Instant::now();
+    let mut back = vec![0u8; data.len()];
+    let e = c.pread(fd, &mut back, 0).unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        [
+            libc::EIO,
+            libc::ETIMEDOUT,
+            libc::ENOTCONN,
+            libc::ECONNRESET,
+            libc::ECONNREFUSED,
+            libc::EHOSTUNREACH
+        ]
+        .contains(&e.errno()),
+        "{e}"
+    );
+    // The link is given up; the next request finds nothing listening at
+    // once (ECONNREFUSED, as over TCP), not after another timeout.
+    let t = Instant::now();
+    let e = c.pread(fd, &mut back, 0).unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(e.errno(), libc::ECONNREFUSED, "{e}");
+}
+
+/// A server killed in the middle of a large write: the write fails with an
+/// errno within about the request timeout, and the client goes on with the
+/// servers that are left.
+#[test]
+fn a_server_killed_mid_transfer_gives_an_errno() {
+    let Some(mut p) = fabric_pool(2, "a_server_killed_mid_transfer_gives_an_errno") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(3);
+    });
+    c.set_chunk_size(1 << 20).unwrap();
+    let data = pattern(256 << 20, 3);
+    let fd = c.create("/big", O_RDWR, 0o644).unwrap();
+    let t = Instant::now();
+    let r = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let mut done = 0;
+            // Until it fails (the server dies while some are in flight).
+            for _ in 0..40 {
+                c.pwrite(fd, &data, 0)?;
+                done += 1;
+            }
+            Ok::<_, chfs_client::Error>(done)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        p.kill(1);
+        w.join().unwrap()
+    });
+    let e = r.expect_err("writes to a killed server fail");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        [
+            libc::EIO,
+            libc::ETIMEDOUT,
+            libc::ENOTCONN,
+            libc::ECONNRESET,
+            libc::ECONNREFUSED,
+            libc::ECANCELED
+        ]
+        .contains(&e.errno()),
+        "{e}"
+    );
+    // The server left still serves.
+    let name = (0..100)
+        .map(|i| format!("/alive{i}"))
+        .find(|n| c.entry_servers(n).is_ok_and(|(owner, _)| owner == 0))
+        .expect("a name owned by server 0");
+    let fd = c.create(&name, O_WRONLY, 0o644).unwrap();
+    c.write(fd, b"still here").unwrap();
+    c.close(fd).unwrap();
+}
+
+/// A server restarted on the same fabric address: the client's broken
+/// link is dropped, the peer inserted into the address vector again and
+/// a new session opened on the next request.
+#[test]
+fn a_restarted_server_gets_a_new_session() {
+    let Some(mut p) = fabric_pool(2, "a_restarted_server_gets_a_new_session") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(3);
+    });
+    let before = p.addrs().to_vec();
+    let name = (0..100)
+        .map(|i| format!("/r{i}"))
+        .find(|n| c.entry_servers(n).is_ok_and(|(owner, _)| owner == 1))
+        .expect("a name owned by server 1");
+    let fd = c.create(&name, O_WRONLY, 0o644).unwrap();
+    c.write(fd, b"one").unwrap();
+    c.close(fd).unwrap();
+    p.restart(1).unwrap();
+    assert_eq!(p.addrs(), &before[..], "restarted on the same address");
+    // The first request may meet the broken link; within a few the client
+    // is back (the DRAM store starts empty: the entry is gone).
+    let mut ok = false;
+    for _ in 0..20 {
+        match c.create(&name, O_WRONLY, 0o644) {
+            Ok(fd) => {
+                c.write(fd, b"two").unwrap();
+                c.close(fd).unwrap();
+                ok = true;
+                break;
+            }
+            Err(e) => assert_ne!(e.errno(), libc::EEXIST, "{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ok, "no new session with the restarted server");
+    let fd = c.open(&name, O_RDONLY, 0).unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(c.read(fd, &mut b).unwrap(), 3);
+    assert_eq!(&b[..3], b"two");
+}
+
+/// A pool of a TCP server and a fabric one: the client reaches each over
+/// its own transport, and the servers forward to each other (renames,
+/// membership) whatever the other speaks.
+#[test]
+fn a_pool_mixing_tcp_and_ofi_tcp() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "a_pool_mixing_tcp_and_ofi_tcp",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start(1).expect("tcp server");
+    // A second server on the fabric joins it (started and stopped here, by
+    // its PID).
+    let info = std::env::temp_dir().join(format!("chfs-mixed-{}.addr", std::process::id()));
+    let _ = std::fs::remove_file(&info);
+    let mut child = std::process::Command::new(chfs_localpool::find_chfsd().unwrap())
+        .args([
+            "--host",
+            "127.0.0.1:0",
+            "-p",
+            "ofi+tcp",
+            "--log-level",
+            "warn",
+            "-j",
+        ])
+        .arg(&p.addrs()[0])
+        .arg("-S")
+        .arg(&info)
+        .env_remove("CHFS_SECRET")
+        .env_remove("CHFS_SECRET_FILE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let t = Instant::now();
+    while !std::fs::read_to_string(&info).is_ok_and(|s| s.ends_with('\n')) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "fabric server did not start"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "fabric server exited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _guard = Kill(child);
+    let _ = std::fs::remove_file(&info);
+    let c = client(&p, |_| {});
+    let servers = c.servers();
+    assert_eq!(servers.len(), 2);
+    assert!(
+        !servers[0].contains("://") && servers[1].starts_with("ofi+tcp://"),
+        "{servers:?}"
+    );
+    // Files on both, entries renamed across them (a move between servers).
+    c.set_chunk_size(4096).unwrap();
+    let data = pattern(200_000, 4);
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..16 {
+        let name = format!("/m{i}");
+        owners.insert(c.entry_servers(&name).unwrap().0);
+        let fd = c.create(&name, O_RDWR, 0o644).unwrap();
+        c.pwrite(fd, &data, 0).unwrap();
+        c.close(fd).unwrap();
+        c.rename(&name, &format!("/n{i}")).unwrap();
+        let fd = c.open(&format!("/n{i}"), O_RDONLY, 0).unwrap();
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+        assert!(back == data, "/n{i}");
+        c.close(fd).unwrap();
+    }
+    assert_eq!(owners.len(), 2, "entries on both servers");
+    assert_eq!(c.readdir("/").unwrap().len(), 16);
+    for (addr, st) in c.server_status() {
+        assert!(st.is_ok(), "{addr}: {st:?}");
+    }
+}
+
+/// A listing larger than a fabric message comes in pages that fit (the
+/// client's page of 4096 entries would be ~300 KiB).
+#[test]
+fn a_large_directory_lists_over_ofi_tcp() {
+    let Some(p) = fabric_pool(1, "a_large_directory_lists_over_ofi_tcp") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.mkdir("/big", 0o755).unwrap();
+    let n = 3000;
+    for i in 0..n {
+        let fd = c
+            .create(
+                &format!("/big/a-rather-long-file-name-{i:06}"),
+                O_WRONLY,
+                0o644,
+            )
+            .unwrap();
+        c.close(fd).unwrap();
+    }
+    let names: std::collections::BTreeSet<String> = c
+        .readdir("/big")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names.len(), n);
+    assert!(names.contains("a-rather-long-file-name-002999"));
+}
+
+/// What a broken or hostile peer can send chfsd's fabric endpoint: bytes
+/// that are no frame, frames of no session, malformed hellos, a hello
+/// with another message size (refused, EPROTO), requests with a missing or
+/// bogus RMA key (answered with an error): the server answers or drops
+/// each and goes on serving.
+#[test]
+fn bad_input_over_ofi_tcp() {
+    use chfs_fabric::rpc::{encode_hello, encode_message, RpcClient, FLAG_RMA, OP_AUTH_HELLO};
+    use chfs_fabric::{Config, Endpoint, Protocol, RemoteKey};
+    use chfs_proto::handshake::{Credential, Role};
+    let Some(p) = fabric_pool(1, "bad_input_over_ofi_tcp") else {
+        return;
+    };
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let t = Duration::from_secs(5);
+    let mut cfg = Config::new(Protocol::Tcp).bind("127.0.0.1", None);
+    cfg.max_message = 64 * 1024 + 4096;
+    let rpc = RpcClient::new(std::sync::Arc::new(Endpoint::open(&cfg).unwrap()));
+    let ep = rpc.endpoint().clone();
+    let peer = ep.connect(&server).unwrap();
+    // No frame; a frame of a session that does not exist; hellos cut short.
+    ep.send(peer, b"garbage", t).unwrap();
+    ep.send(peer, &encode_message(12345, 1, 3, 0, b"x"), t)
+        .unwrap();
+    ep.send(peer, &encode_message(0, 2, OP_AUTH_HELLO, 0, &[9, 0, 1]), t)
+        .unwrap();
+    let hello = encode_hello("ofi+tcp://127.0.0.1:1", 1, &[0u8; 10]);
+    ep.send(peer, &encode_message(0, 3, OP_AUTH_HELLO, 0, &hello), t)
+        .unwrap();
+    // A hello with another largest message: refused with EPROTO.
+    let mut other = cfg.clone();
+    other.max_message = 4096;
+    let small = RpcClient::new(std::sync::Arc::new(Endpoint::open(&other).unwrap()));
+    let cred = Credential::parse(p.secret().unwrap().as_bytes()).unwrap();
+    let e = small
+        .handshake(&server, Role::Client, &cred, t)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EPROTO, "{e}");
+    // A proper session; then a write whose RMA key is cut short, and one
+    // whose key names memory nobody registered.
+    let s = rpc.handshake(&server, Role::Client, &cred, t).unwrap();
+    let write = chfs_proto::Request::Write {
+        path: "/x".into(),
+        fileid: 1,
+        chunk_size: 1 << 20,
+        mode: 0o644,
+        idx: 0,
+        off: 0,
+        flags: 0,
+        epoch: 0,
+        data: bytes::Bytes::new(),
+    };
+    let mut head = Vec::new();
+    write.encode(&mut head);
+    let mut cut = head.clone();
+    cut.extend_from_slice(&[1, 2, 3]);
+    let bogus = RemoteKey {
+        addr: 0x1000,
+        len: 1 << 20,
+        key: 0xdead,
+    };
+    let mut forged = head.clone();
+    forged.extend_from_slice(&bogus.encode());
+    let id = rpc.post(&s, write.op(), FLAG_RMA, &cut, t).unwrap();
+    let (h, _) = rpc.wait(id, t).unwrap();
+    assert_ne!(
+        h.flags & chfs_proto::frame::FLAG_ERROR,
+        0,
+        "answered with an error"
+    );
+    // The forged key: the server's RMA fails (tcp checks keys) and that
+    // breaks the rxm connection between the two endpoints for good
+    // (doc/fabric.md), so its error reply may be lost: an error or a
+    // timeout (here: the timeout).
+    let id = rpc.post(&s, write.op(), FLAG_RMA, &forged, t).unwrap();
+    if let Ok((h, _)) = rpc.wait(id, t) {
+        assert_ne!(
+            h.flags & chfs_proto::frame::FLAG_ERROR,
+            0,
+            "answered with an error"
+        );
+    }
+    // The server still serves, over the fabric, the real client.
+    let c = fabric_client(&p);
+    c.mkdir("/after", 0o755).unwrap();
+    assert!(c.stat("/after").unwrap().is_dir());
+}
+
+/// A client that goes away ends its sessions: the server forgets them
+/// (it said so in its debug log) instead of keeping one per client process
+/// it ever served.
+#[test]
+fn a_client_that_goes_away_ends_its_sessions() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "a_client_that_goes_away_ends_its_sessions",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 1,
+        args: vec!["-p".into(), "ofi+tcp".into()],
+        log_level: "chfs_server::fabric=debug,warn".into(),
+        ..Default::default()
+    })
+    .expect("start chfsd");
+    let log = p.log_dir().join("server0.log");
+    let closed = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("fabric session closed")
+            .count()
+    };
+    let c = client(&p, |_| {});
+    c.mkdir("/d", 0o755).unwrap();
+    // (the session that fetched the server list at connect may be over)
+    std::thread::sleep(Duration::from_millis(200));
+    let before = closed();
+    drop(c);
+    let t = Instant::now();
+    while closed() == before {
+        assert!(t.elapsed() < Duration::from_secs(5), "no session closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

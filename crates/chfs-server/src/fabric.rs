@@ -1,0 +1,529 @@
+//! Serving clients over a libfabric endpoint (`chfsd -p ofi+tcp`, ...):
+//! the progress thread that owns the endpoint's completion queue, the
+//! sessions the handshake opened, and requests handed to the runtime.
+//!
+//! One chfs-proto frame is one message behind the session token
+//! ([`chfs_fabric::rpc`]); a client's first message ([`OP_AUTH_HELLO`])
+//! carries its address and the hello of `chfs_proto::handshake`, and the
+//! challenge-response runs over messages. A session's requests are
+//! checked by the role it proved ([`Access`]), served by
+//! [`crate::handler::handle`] in a task of the runtime, and answered with
+//! the frame a stream connection would get. The progress thread blocks on
+//! the queue's descriptor (an idle server costs no CPU) and wakes up once
+//! a second to see whether the server stops.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chfs_fabric::rpc::{
+    decode_hello, decode_message, encode_message, encode_welcome, FLAG_RMA, OP_AUTH_HELLO,
+    OP_AUTH_REPLY, OP_BYE, OP_PROOF, OP_VERDICT,
+};
+use chfs_fabric::{Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey};
+use chfs_proto::frame::{Header, FLAG_FORWARDED, HEADER_LEN};
+use chfs_proto::handshake::{self, Accept, Hello, HelloReply, Pending};
+use chfs_proto::{ErrorReply, Request};
+use tracing::{debug, info, warn};
+
+use crate::connection::{response_frame, Access};
+use crate::metrics::Counters;
+use crate::state::Shared;
+
+/// Requests at most this large are first served in the progress thread.
+const INLINE_MAX: usize = 16 << 10;
+
+/// How long a reply may take to leave before the session is given up.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+enum SessionState {
+    /// Waiting for the proof.
+    Challenged(Pending),
+    /// Serving requests.
+    Open(Access),
+}
+
+struct Session {
+    peer: Peer,
+    state: SessionState,
+}
+
+/// Starts the progress thread serving `ep` until the server stops.
+pub fn start(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) {
+    let name = "chfsd-fabric".to_string();
+    let r = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || progress(shared, ep, rt));
+    if let Err(e) = r {
+        warn!("cannot start the fabric progress thread: {e}");
+    }
+}
+
+fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) {
+    info!(addr = %ep.address(), "serving over the fabric");
+    // Requests first served here may spawn and use the runtime's timers.
+    let _rt = rt.enter();
+    let mut sessions: HashMap<u64, Session> = HashMap::new();
+    let stop = shared.shutdown.subscribe();
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let m = match ep.recv(Duration::from_secs(1)) {
+            Ok(m) => m,
+            Err(FabricError::Timeout { .. }) => continue,
+            Err(e) => {
+                debug!("fabric receive failed: {e}");
+                continue;
+            }
+        };
+        let decoded = decode_message(&m);
+        drop(m);
+        let Ok((token, h, payload)) = decoded else {
+            debug!("fabric: a message that is not a frame, dropped");
+            continue;
+        };
+        if token == 0 {
+            if h.op == OP_AUTH_HELLO {
+                hello(&shared, &ep, &rt, &mut sessions, h, &payload);
+            } else {
+                debug!(op = h.op, "fabric: a message of no session, dropped");
+            }
+            continue;
+        }
+        if h.op == OP_BYE {
+            if sessions.remove(&token).is_some() {
+                debug!(sessions = sessions.len(), "fabric session closed");
+            }
+            continue;
+        }
+        let Some(s) = sessions.get(&token) else {
+            debug!(
+                op = h.op,
+                "fabric: a message of an unknown session, dropped"
+            );
+            continue;
+        };
+        let peer = s.peer;
+        match &s.state {
+            SessionState::Challenged(pending) => {
+                if h.op != OP_PROOF {
+                    sessions.remove(&token);
+                    continue;
+                }
+                let proof: Option<&handshake::Proof> = payload[..].try_into().ok();
+                let verdict = match proof.map(|p| pending.check(p)) {
+                    Some(Ok(role)) => {
+                        debug!(?role, sessions = sessions.len(), "fabric session accepted");
+                        if let Some(s) = sessions.get_mut(&token) {
+                            s.state = SessionState::Open(Access(Some(role)));
+                        }
+                        handshake::accepted()
+                    }
+                    Some(Err((v, e))) => {
+                        Counters::inc(&shared.counters.refused);
+                        warn!("fabric session refused: {}", e.message);
+                        sessions.remove(&token);
+                        v
+                    }
+                    None => {
+                        sessions.remove(&token);
+                        continue;
+                    }
+                };
+                let m = encode_message(0, h.id, OP_VERDICT, 0, &verdict.encode());
+                send_aside(&rt, &ep, peer, m, "verdict");
+            }
+            SessionState::Open(access) => {
+                let access = *access;
+                request(&shared, &ep, &rt, peer, access, h, payload);
+            }
+        }
+    }
+    info!("fabric endpoint closed");
+}
+
+/// A client's hello: a new session (open, or challenged) or a refusal.
+fn hello(
+    shared: &Shared,
+    ep: &Arc<Endpoint>,
+    rt: &tokio::runtime::Handle,
+    sessions: &mut HashMap<u64, Session>,
+    h: Header,
+    payload: &[u8],
+) {
+    let Ok((addr, max, hello)) = decode_hello(payload) else {
+        debug!("fabric: malformed hello, dropped");
+        return;
+    };
+    let peer = match ep.connect(&addr) {
+        Ok(p) => p,
+        Err(e) => {
+            debug!(%addr, "fabric: cannot add the peer: {e}");
+            return;
+        }
+    };
+    let answer = if max as usize != ep.max_message() {
+        Accept::Refuse(HelloReply::refusal(
+            libc::EPROTO,
+            format!(
+                "largest fabric message {max} bytes, this server's {}",
+                ep.max_message()
+            ),
+        ))
+    } else {
+        match hello
+            .get(..Hello::HEAD_LEN)
+            .map(|b| Hello::decode_head(b.try_into().expect("head length")))
+        {
+            Some(Ok(v)) if v != chfs_proto::PROTOCOL_VERSION => {
+                Accept::Refuse(handshake::version_refusal(v))
+            }
+            Some(Ok(_)) => match hello
+                .try_into()
+                .map_err(|_| ())
+                .and_then(|b| Hello::decode(b).map_err(|_| ()))
+            {
+                Ok(hello) => handshake::accept(&hello, shared.keys.as_ref()),
+                Err(()) => Accept::Refuse(HelloReply::refusal(libc::EPROTO, "malformed hello")),
+            },
+            _ => Accept::Refuse(HelloReply::refusal(libc::EPROTO, "malformed hello")),
+        }
+    };
+    let token = loop {
+        let t = u64::from_le_bytes(handshake::random_bytes());
+        if t != 0 && !sessions.contains_key(&t) {
+            break t;
+        }
+    };
+    let (token, reply) = match answer {
+        Accept::Refuse(r) => {
+            Counters::inc(&shared.counters.refused);
+            warn!(%addr, "fabric session refused: {}", r.message);
+            (0, r)
+        }
+        Accept::Open(r) => {
+            let state = SessionState::Open(Access(None));
+            sessions.insert(token, Session { peer, state });
+            (token, r)
+        }
+        Accept::Challenge(r, pending) => {
+            let state = SessionState::Challenged(pending);
+            sessions.insert(token, Session { peer, state });
+            (token, r)
+        }
+    };
+    let m = encode_message(
+        0,
+        h.id,
+        OP_AUTH_REPLY,
+        0,
+        &encode_welcome(token, &reply.encode()),
+    );
+    send_aside(rt, ep, peer, m, "welcome");
+}
+
+/// Sends a handshake message from a blocking thread: the peer of a hello
+/// is whatever address the hello named, and rxm reports no refused
+/// connection, so a send to a bogus one waits out its timeout; the
+/// progress thread must not (a test's hello naming port 1 stalled every
+/// client for 10 s).
+fn send_aside(
+    rt: &tokio::runtime::Handle,
+    ep: &Arc<Endpoint>,
+    peer: Peer,
+    m: Vec<u8>,
+    what: &'static str,
+) {
+    let ep = ep.clone();
+    rt.spawn_blocking(move || {
+        if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
+            debug!("fabric: {what} not sent: {e}");
+        }
+    });
+}
+
+/// A request of an open session: served in a task of the runtime, its
+/// reply sent from there.
+fn request(
+    shared: &Arc<Shared>,
+    ep: &Arc<Endpoint>,
+    rt: &tokio::runtime::Handle,
+    peer: Peer,
+    access: Access,
+    h: Header,
+    payload: Bytes,
+) {
+    let forwarded = h.flags & FLAG_FORWARDED != 0;
+    let (sh, ep) = (shared.clone(), ep.clone());
+    if let Some(e) = access.refusal(h.op, forwarded) {
+        Counters::inc(&shared.counters.denied);
+        warn!(op = h.op, "{}", e.message);
+        reply(&ep, peer, h, Err(e));
+        return;
+    }
+    if h.flags & FLAG_RMA != 0 && h.flags & !(FLAG_FORWARDED | FLAG_RMA) == 0 {
+        let pulls = pulls(shared);
+        rt.spawn(async move {
+            let r = serve_rma(&sh, &ep, pulls, peer, h, payload, forwarded).await;
+            reply(&ep, peer, h, r);
+        });
+        return;
+    }
+    if h.flags & !FLAG_FORWARDED != 0 {
+        let e = ErrorReply::new(
+            libc::EPROTO,
+            format!("frame flags {:#x} not served over the fabric", h.flags),
+        );
+        reply(&ep, peer, h, Err(e));
+        return;
+    }
+    match Request::decode(h.op, payload) {
+        Ok(req) => {
+            let small = h.len as usize <= INLINE_MAX && shared.cache.is_none();
+            let mut served =
+                Box::pin(async move { crate::handler::handle(&sh, req, forwarded).await });
+            // As a stream connection's reader does: a small request is
+            // first served here, and most complete at once (a store
+            // lookup), answered without a hop to a runtime thread (a
+            // cross-CPU wake-up costs as much as the round trip here).
+            if small {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if let std::task::Poll::Ready(r) = served.as_mut().poll(&mut cx) {
+                    reply(&ep, peer, h, r);
+                    return;
+                }
+            }
+            rt.spawn(async move {
+                let r = served.await;
+                reply(&ep, peer, h, r);
+            });
+        }
+        Err(e) => {
+            warn!(op = h.op, "malformed request over the fabric: {e}");
+            let e = ErrorReply::new(e.errno(), format!("malformed request: {e}"));
+            reply(&ep, peer, h, Err(e));
+        }
+    }
+}
+
+/// Registered buffers that RMA reads of clients' write data land in,
+/// kept for reuse (a fresh registered buffer per write measured slower
+/// than a copy: first touch and registration, doc/fabric.md).
+type Pulls = Arc<std::sync::Mutex<Vec<Buffer>>>;
+
+/// The server's pool of pull buffers (one per process).
+fn pulls(_shared: &Shared) -> Pulls {
+    static PULLS: std::sync::OnceLock<Pulls> = std::sync::OnceLock::new();
+    PULLS.get_or_init(Default::default).clone()
+}
+
+/// Pull buffers kept.
+const PULLS_KEPT: usize = 64;
+
+/// A pull buffer lent to a chunk as its memory; back to the pool when the
+/// chunk lets go of it.
+struct Pooled {
+    buf: Option<Buffer>,
+    len: usize,
+    pool: std::sync::Weak<std::sync::Mutex<Vec<Buffer>>>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("held until drop")[..self.len]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let (Some(b), Some(pool)) = (self.buf.take(), self.pool.upgrade()) {
+            let mut pool = chfs_sys::lock(&pool);
+            if pool.len() < PULLS_KEPT {
+                pool.push(b);
+            }
+        }
+    }
+}
+
+/// How long an RMA of one request may take.
+const RMA_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A request whose bulk data is in the client's memory (`FLAG_RMA`, the
+/// payload ending with a [`RemoteKey`]): a `Write`'s data is read from
+/// there (into a pull buffer that becomes the chunk's memory) before it is
+/// served; a `Read`'s data is written there after, and `Written(n)`
+/// answers it, sent only once the write completed.
+async fn serve_rma(
+    shared: &Arc<Shared>,
+    ep: &Arc<Endpoint>,
+    pulls: Pulls,
+    peer: Peer,
+    h: Header,
+    payload: Bytes,
+    forwarded: bool,
+) -> Result<chfs_proto::Response, ErrorReply> {
+    let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+    let proto = |why: String| ErrorReply::new(libc::EPROTO, why);
+    let at = payload
+        .len()
+        .checked_sub(RemoteKey::LEN)
+        .ok_or_else(|| proto("FLAG_RMA without a remote key".into()))?;
+    let key = RemoteKey::decode(&payload[at..]).map_err(fabric)?;
+    let req = Request::decode(h.op, payload.slice(..at))
+        .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
+    let len = usize::try_from(key.len).unwrap_or(usize::MAX);
+    if len > chfs_proto::frame::MAX_PAYLOAD as usize {
+        return Err(ErrorReply::new(
+            libc::EMSGSIZE,
+            format!("{len} bytes of bulk data"),
+        ));
+    }
+    let timed =
+        |r: Result<Result<Option<Buffer>, FabricError>, tokio::time::error::Elapsed>| match r {
+            Ok(r) => r.map_err(fabric),
+            Err(_) => Err(ErrorReply::new(
+                libc::ETIMEDOUT,
+                "the client's memory was not reached in time",
+            )),
+        };
+    match req {
+        Request::Write {
+            path,
+            fileid,
+            chunk_size,
+            mode,
+            idx,
+            off,
+            flags,
+            epoch,
+            data,
+        } if data.is_empty() && len > 0 => {
+            let kept = {
+                let mut pool = chfs_sys::lock(&pulls);
+                pool.iter()
+                    .position(|b| b.len() >= len)
+                    .map(|i| pool.swap_remove(i))
+            };
+            let buf = match kept {
+                Some(b) => b,
+                None => ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
+            };
+            let pull = ep
+                .start_read(peer, Local::Buffer(buf), 0, len, key, 0, SEND_TIMEOUT)
+                .map_err(fabric)?;
+            let buf = timed(tokio::time::timeout(RMA_TIMEOUT, pull).await)?
+                .ok_or_else(|| ErrorReply::new(libc::EIO, "the pull buffer did not come back"))?;
+            let data = Bytes::from_owner(Pooled {
+                buf: Some(buf),
+                len,
+                pool: Arc::downgrade(&pulls),
+            });
+            let req = Request::Write {
+                path,
+                fileid,
+                chunk_size,
+                mode,
+                idx,
+                off,
+                flags,
+                epoch,
+                data,
+            };
+            crate::handler::handle(shared, req, forwarded).await
+        }
+        req @ Request::Read { .. } => {
+            match crate::handler::handle(shared, req, forwarded).await? {
+                chfs_proto::Response::Data(d) => {
+                    let n = d.len();
+                    if n > len {
+                        return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
+                    }
+                    if n > 0 {
+                        // The chunk's memory, registered through the cache
+                        // (the registration keeps it alive), else a copy.
+                        let (local, off) = match ep.register(d.clone()) {
+                            Ok(r) => (Local::Pinned(r.pinned.clone()), r.off),
+                            Err(_) => {
+                                let mut b = ep.buffer(n).map_err(fabric)?;
+                                b[..n].copy_from_slice(&d);
+                                (Local::Buffer(b), 0)
+                            }
+                        };
+                        let push = ep
+                            .start_write(peer, local, off, n, key, 0, SEND_TIMEOUT)
+                            .map_err(fabric)?;
+                        timed(tokio::time::timeout(RMA_TIMEOUT, push).await)?;
+                    }
+                    Ok(chfs_proto::Response::Written(n as u32))
+                }
+                other => Ok(other),
+            }
+        }
+        other => Err(proto(format!("FLAG_RMA on request {}", other.op()))),
+    }
+}
+
+/// A directory listing larger than a message is cut to a page that fits
+/// (`done` false: the client asks for the rest after its last name, as
+/// it does when a page is full).
+fn fit_listing(resp: chfs_proto::Response, max: usize) -> chfs_proto::Response {
+    use chfs_proto::Response;
+    let Response::Entries {
+        mut entries,
+        mut done,
+    } = resp
+    else {
+        return resp;
+    };
+    loop {
+        let r = Response::Entries { entries, done };
+        let mut b = Vec::new();
+        r.encode(&mut b);
+        let Response::Entries {
+            entries: e,
+            done: d,
+        } = r
+        else {
+            unreachable!("built above")
+        };
+        (entries, done) = (e, d);
+        if b.len() + 64 <= max || entries.len() <= 1 {
+            return Response::Entries { entries, done };
+        }
+        let keep = (entries.len() * (max - 64) / b.len()).clamp(1, entries.len() - 1);
+        entries.truncate(keep);
+        done = false;
+    }
+}
+
+/// Sends the reply to request `h`: the frame a stream would carry, in one
+/// message (EMSGSIZE instead when it does not fit one).
+fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
+    let r = r.map(|resp| fit_listing(resp, ep.max_message()));
+    let (rh, head, tail, _) = response_frame(h.id, h.op, r);
+    let mut m = Vec::with_capacity(8 + HEADER_LEN + head.len() + tail.len());
+    m.extend_from_slice(&0u64.to_le_bytes());
+    m.extend_from_slice(&rh.encode());
+    m.extend_from_slice(&head);
+    m.extend_from_slice(&tail);
+    if m.len() > ep.max_message() {
+        let e = ErrorReply::new(
+            libc::EMSGSIZE,
+            format!(
+                "a reply of {} bytes is larger than a fabric message ({} bytes)",
+                m.len(),
+                ep.max_message()
+            ),
+        );
+        let (rh, head, _, _) = response_frame(h.id, h.op, Err(e));
+        m.truncate(8);
+        m.extend_from_slice(&rh.encode());
+        m.extend_from_slice(&head);
+    }
+    if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
+        debug!(op = h.op, "fabric: reply not sent: {e}");
+    }
+}

@@ -1,0 +1,179 @@
+//! This server's libfabric endpoints other than the one it serves on:
+//! how one is opened (`chfsd -p`), and the sessions with peers at fabric
+//! addresses on other hosts that forwarding and membership pushes use
+//! ([`Peers`]). Below the serving side ([`crate::fabric`]) and
+//! [`crate::peer`], which uses it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chfs_fabric::{Endpoint, Error as FabricError, Protocol};
+use chfs_proto::frame::FLAG_ERROR;
+use chfs_proto::handshake;
+use chfs_proto::msg::decode_error;
+use chfs_proto::{ErrorReply, Request, Response};
+
+/// Largest message either side sends: a chunk of the default size (64 KiB)
+/// with its request. Clients and servers must agree (the hello says it).
+pub const MAX_MESSAGE: usize = 64 * 1024 + 4096;
+
+/// Opens the endpoint of `protocol` on `host` (an IP address or a name
+/// resolved to one) and `port` (None: any free one).
+pub fn open(protocol: Protocol, host: &str, port: Option<u16>) -> Result<Endpoint, FabricError> {
+    use std::net::ToSocketAddrs;
+    let ip = (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip().to_string());
+    let mut cfg = chfs_fabric::Config::new(protocol);
+    cfg.max_message = MAX_MESSAGE;
+    cfg.recv_buffers = 64;
+    if protocol.ip_addresses() {
+        if let Some(ip) = &ip {
+            let port = port.map(|p| p.to_string());
+            cfg = cfg.bind(ip, port.as_deref());
+        }
+    }
+    Endpoint::open(&cfg)
+}
+
+/// This server's sessions with peers known by fabric addresses on other
+/// hosts (forwarding, membership pushes): one client endpoint per
+/// protocol, a session per peer opened with the pool secret as a server,
+/// calls made on blocking threads (the endpoint's waits block).
+#[derive(Default)]
+pub struct Peers {
+    clients: std::sync::Mutex<HashMap<Protocol, Arc<chfs_fabric::rpc::RpcClient>>>,
+    sessions: std::sync::Mutex<HashMap<String, chfs_fabric::rpc::Session>>,
+    /// Peers found to have no local socket here.
+    remote: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Peers {
+    /// Is the peer at `addr` reached through its local socket (it runs on
+    /// this host: a connection is open, or its socket answers)?
+    pub fn is_local<C>(&self, addr: &str, conns: &std::sync::Mutex<HashMap<String, C>>) -> bool {
+        if chfs_sys::lock(conns).contains_key(addr) {
+            return true;
+        }
+        if chfs_sys::lock(&self.remote).contains(addr) {
+            return false;
+        }
+        use std::os::linux::net::SocketAddrExt;
+        let name = chfs_proto::local_socket_name(addr);
+        let here = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a))
+            .is_ok();
+        if !here {
+            chfs_sys::lock(&self.remote).insert(addr.to_string());
+        }
+        here
+    }
+
+    /// Sends `req` to the peer at `addr` over the fabric and waits for its
+    /// answer (at most `timeout`).
+    pub async fn call(
+        self: Arc<Self>,
+        addr: &str,
+        cred: &handshake::Credential,
+        req: &Request,
+        flags: u16,
+        timeout: Duration,
+    ) -> Result<Response, ErrorReply> {
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        let (op, addr, cred) = (req.op(), addr.to_string(), cred.clone());
+        tokio::task::spawn_blocking(move || {
+            self.call_blocking(&addr, &cred, op, flags, &payload, timeout)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(ErrorReply::new(
+                libc::EIO,
+                format!("fabric call failed: {e}"),
+            ))
+        })
+    }
+
+    fn call_blocking(
+        &self,
+        addr: &str,
+        cred: &handshake::Credential,
+        op: u16,
+        flags: u16,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Response, ErrorReply> {
+        use chfs_fabric::rpc::RpcError;
+        let err = |e: RpcError| match e {
+            RpcError::Remote(r) => {
+                ErrorReply::new(r.errno, format!("server {addr}: {}", r.message))
+            }
+            e => ErrorReply::new(e.errno(), format!("server {addr}: {e}")),
+        };
+        let a: chfs_fabric::Address = addr
+            .parse()
+            .map_err(|e| ErrorReply::new(libc::EINVAL, format!("server {addr}: {e}")))?;
+        let rpc = self
+            .client(&a)
+            .map_err(|e| ErrorReply::new(e.errno(), format!("no {} endpoint: {e}", a.protocol)))?;
+        let known = chfs_sys::lock(&self.sessions).get(addr).copied();
+        let s = match known {
+            Some(s) => s,
+            None => {
+                let s = rpc
+                    .handshake(&a, handshake::Role::Server, cred, timeout)
+                    .map_err(err)?;
+                chfs_sys::lock(&self.sessions).insert(addr.to_string(), s);
+                s
+            }
+        };
+        let r = rpc
+            .post(&s, op, flags, payload, timeout)
+            .and_then(|id| rpc.wait(id, timeout));
+        match r {
+            Ok((h, payload)) => {
+                if h.flags & FLAG_ERROR != 0 {
+                    Err(decode_error(payload)
+                        .unwrap_or_else(|e| ErrorReply::new(e.errno(), e.to_string())))
+                } else {
+                    Response::decode(payload).map_err(|e| ErrorReply::new(e.errno(), e.to_string()))
+                }
+            }
+            Err(e) => {
+                if !matches!(&e, RpcError::Fabric(FabricError::Timeout { .. })) {
+                    // A broken pair: a new session (and rxm connection)
+                    // next time.
+                    chfs_sys::lock(&self.sessions).remove(addr);
+                    let _ = rpc.endpoint().disconnect(s.peer);
+                }
+                Err(err(e))
+            }
+        }
+    }
+
+    fn client(
+        &self,
+        a: &chfs_fabric::Address,
+    ) -> Result<Arc<chfs_fabric::rpc::RpcClient>, FabricError> {
+        let mut g = chfs_sys::lock(&self.clients);
+        if let Some(c) = g.get(&a.protocol) {
+            return Ok(c.clone());
+        }
+        let host = a.socket_addr().map(|sa| route_to(&sa));
+        let ep = open(a.protocol, host.flatten().as_deref().unwrap_or(""), None)?;
+        let c = Arc::new(chfs_fabric::rpc::RpcClient::new(Arc::new(ep)));
+        g.insert(a.protocol, c.clone());
+        Ok(c)
+    }
+}
+
+/// The local IP address that routes to `to`.
+fn route_to(to: &std::net::SocketAddr) -> Option<String> {
+    let any = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let s = std::net::UdpSocket::bind(any).ok()?;
+    s.connect(to).ok()?;
+    Some(s.local_addr().ok()?.ip().to_string())
+}
