@@ -38,8 +38,10 @@ mod dir;
 mod io;
 mod namespace;
 mod stagein;
+mod tree;
 mod walk;
 pub use stagein::StageSource;
+pub use tree::TreeListing;
 pub use walk::WalkError;
 
 const MAX_SYMLINKS: usize = 40;

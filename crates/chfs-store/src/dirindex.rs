@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Mutex, MutexGuard};
 
-use chfs_proto::path::parent;
+use chfs_proto::path::{is_within, parent};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Shards of the sharded maps (path index, directory index).
@@ -237,6 +237,20 @@ impl DirIndex {
             .take(max.saturating_add(1))
             .map(Name::string)
             .collect()
+    }
+
+    /// The directories at or below `dir` that have entries, leaving out
+    /// those at or below `skip`.
+    pub fn dirs_below(&self, dir: &str, skip: Option<&str>) -> Vec<String> {
+        let mut out = Vec::new();
+        for sh in &self.dirs {
+            for d in lock(sh).keys() {
+                if is_within(d, dir) && !skip.is_some_and(|s| is_within(d, s)) {
+                    out.push(d.clone());
+                }
+            }
+        }
+        out
     }
 
     pub fn has_children(&self, dir: &str) -> bool {

@@ -20,6 +20,7 @@ use chfs_proto::Meta;
 
 use crate::chunkmap::ChunkMap;
 use crate::dirindex::{lock, shard_of, DirIndex, PathMap, Shard, SHARDS};
+use crate::tree;
 use crate::usage::{Striped, Usage};
 use crate::{corrupt, Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
@@ -486,6 +487,14 @@ impl<M: Medium> Indexed<M> {
     }
 }
 
+impl<M: Medium> Indexed<M> {
+    /// The directories at or below `dir` with entries here (see
+    /// [`Store::list_tree`]).
+    pub(crate) fn dirs_below(&self, dir: &str, skip: Option<&str>) -> Vec<String> {
+        self.dirs.dirs_below(dir, skip)
+    }
+}
+
 impl<M: Medium> Store for Indexed<M> {
     fn name(&self) -> &'static str {
         M::NAME
@@ -672,6 +681,17 @@ impl<M: Medium> Store for Indexed<M> {
             .filter_map(|(n, m)| Some((n, m?)))
             .collect();
         Ok((out, done))
+    }
+
+    fn list_tree(
+        &self,
+        dir: &str,
+        skip: Option<&str>,
+        after: &str,
+        max: usize,
+        emit: &mut dyn FnMut(&str, &Meta),
+    ) -> Result<bool> {
+        tree::list(self, dir, skip, after, max, emit)
     }
 
     fn has_children(&self, dir: &str) -> Result<bool> {

@@ -355,7 +355,11 @@ pub(crate) async fn serve_conn<R, W>(
                 }
                 let _ = tx.send(Msg::Reply(response_frame(h.id, h.op, r)));
             }
-            Ok(Some((h, payload))) => match Request::decode(h.op, payload.clone()) {
+            Ok(Some((h, payload))) => match if shared.unknown_ops.contains(&h.op) {
+                Err(chfs_proto::ProtoError::UnknownOp(h.op))
+            } else {
+                Request::decode(h.op, payload.clone())
+            } {
                 Ok(req) => {
                     let permits = budget
                         .admit(
