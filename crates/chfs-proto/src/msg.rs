@@ -149,14 +149,21 @@ impl TreePage {
     /// path longer than 65,535 bytes (the wire's limit; a normalised path
     /// has at most [`crate::path::MAX_PATH`]) is left out.
     pub fn push(&mut self, path: &str, meta: &Meta, with_meta: bool) {
+        let kind = ((meta.mode >> 12) & 0xf) as u8;
+        self.push_entry(path, kind, with_meta.then_some(meta));
+    }
+
+    /// Adds an entry of file type `kind` (see [`TreePage::kinds`]), with
+    /// its header when the page carries them (as [`TreePage::push`]).
+    pub fn push_entry(&mut self, path: &str, kind: u8, meta: Option<&Meta>) {
         if path.len() > u16::MAX as usize {
             return;
         }
         self.paths.push_str(path);
         self.ends.push(self.paths.len() as u32);
-        self.kinds.push(((meta.mode >> 12) & 0xf) as u8);
-        if with_meta {
-            self.metas.push(*meta);
+        self.kinds.push(kind);
+        if let Some(m) = meta {
+            self.metas.push(*m);
         }
     }
 

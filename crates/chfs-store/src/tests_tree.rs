@@ -62,6 +62,8 @@ fn tree() -> Vec<(String, bool)> {
     v
 }
 
+/// A page of the listing, with and without headers (the same paths;
+/// the types those of the headers).
 fn page(
     s: &dyn Store,
     dir: &str,
@@ -71,8 +73,25 @@ fn page(
 ) -> (Vec<String>, bool) {
     let mut out = Vec::new();
     let done = s
-        .list_tree(dir, skip, after, max, &mut |p, _| out.push(p.to_string()))
+        .list_tree(dir, skip, after, max, true, &mut |p, kind, m| {
+            let m = m.expect("a header");
+            assert_eq!(kind as u32, (m.mode >> 12) & 0xf, "{p}");
+            assert_eq!(m.is_dir(), kind == 4);
+            out.push(p.to_string())
+        })
         .unwrap();
+    let mut names = Vec::new();
+    let done2 = s
+        .list_tree(dir, skip, after, max, false, &mut |p, kind, m| {
+            assert!(m.is_none());
+            names.push((p.to_string(), kind));
+        })
+        .unwrap();
+    assert_eq!(done, done2);
+    assert_eq!(
+        names.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+        out
+    );
     (out, done)
 }
 
@@ -173,5 +192,37 @@ fn tree_listing_with_entries_created_and_removed_between_pages() {
         for p in &got {
             assert!(ever.contains(p), "{p} never existed");
         }
+    }
+}
+
+#[test]
+fn tree_listing_types_follow_an_entry_replaced() {
+    for (s, _dir) in engines() {
+        s.create("/k/x", meta(false), b"", true).unwrap();
+        s.create("/k/short-name-of-21-by", meta(true), b"", true)
+            .unwrap();
+        s.create(&format!("/k/{}", "y".repeat(40)), meta(false), b"", true)
+            .unwrap();
+        let kinds = |s: &dyn Store| {
+            let mut v = Vec::new();
+            s.list_tree("/k", None, "", 100, false, &mut |p, k, _| {
+                v.push((p.to_string(), k))
+            })
+            .unwrap();
+            v
+        };
+        assert_eq!(kinds(&*s)[1], ("/k/x".to_string(), 8));
+        assert_eq!(kinds(&*s)[0].1, 4);
+        assert_eq!(kinds(&*s)[2].1, 8);
+        // Removed and made again as a directory; a chunk put over it.
+        s.remove("/k/x", 0, &mut |_| Ok(())).unwrap();
+        s.create("/k/x", meta(true), b"", true).unwrap();
+        assert_eq!(kinds(&*s)[1], ("/k/x".to_string(), 4));
+        let c = crate::Chunk {
+            meta: meta(false),
+            data: bytes::Bytes::new(),
+        };
+        s.put("/k/x", 0, c).unwrap();
+        assert_eq!(kinds(&*s)[1], ("/k/x".to_string(), 8));
     }
 }

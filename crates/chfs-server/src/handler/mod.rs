@@ -624,9 +624,9 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             let skip = sh.node_local.as_deref().filter(|&a| !is_within(&prefix, a));
             let mut page = TreePage::default();
             page.done = st
-                .list_tree(&prefix, skip, &after, max, &mut |p, m| {
-                    if m.flags & FLAG_WHITEOUT == 0 {
-                        page.push(p, m, with_meta);
+                .list_tree(&prefix, skip, &after, max, with_meta, &mut |p, kind, m| {
+                    if m.is_none_or(|m| m.flags & FLAG_WHITEOUT == 0) {
+                        page.push_entry(p, kind, m);
                     }
                 })
                 .map_err(|e| store_err(&prefix, e))?;
