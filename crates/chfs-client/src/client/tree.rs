@@ -9,6 +9,7 @@
 //! has no entry (orphans, the node-local area below `/`) are left out as
 //! the walk never reaches them.
 
+use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 
 use chfs_proto::msg::{tree, TreePage};
@@ -57,29 +58,17 @@ impl TreeListing {
     }
 }
 
-/// One server's pages, read in order.
-struct Run {
-    pages: Vec<TreePage>,
-    page: usize,
-    at: usize,
-}
-
-impl Run {
-    fn head(&self) -> Option<&str> {
-        self.pages.get(self.page).map(|p| p.path(self.at))
+/// Appends page `p` to `run`.
+fn append(run: &mut TreePage, p: TreePage) {
+    if run.is_empty() {
+        *run = p;
+        return;
     }
-
-    fn advance(&mut self) {
-        self.at += 1;
-        while self
-            .pages
-            .get(self.page)
-            .is_some_and(|p| self.at >= p.len())
-        {
-            self.page += 1;
-            self.at = 0;
-        }
-    }
+    let base = run.paths.len() as u32;
+    run.paths.push_str(&p.paths);
+    run.ends.extend(p.ends.iter().map(|e| e + base));
+    run.kinds.extend_from_slice(&p.kinds);
+    run.metas.extend_from_slice(&p.metas);
 }
 
 impl Client {
@@ -95,13 +84,14 @@ impl Client {
         let root = normalize(root)?;
         let servers = st.servers_for(&root)?;
         let flags = if with_meta { tree::META } else { 0 };
-        let results: Vec<Result<Vec<TreePage>>> = std::thread::scope(|s| {
+        let results: Vec<Result<TreePage>> = std::thread::scope(|s| {
             let handles: Vec<_> = servers
                 .iter()
                 .map(|&i| {
                     let (st, root) = (&st, &root);
                     s.spawn(move || {
-                        let mut pages = Vec::new();
+                        // The server's pages one after the other.
+                        let mut run = TreePage::default();
                         let mut after = String::new();
                         loop {
                             let req = Request::ListTree {
@@ -122,10 +112,10 @@ impl Client {
                                     let done = p.done;
                                     if !p.is_empty() {
                                         after = p.path(p.len() - 1).to_string();
-                                        pages.push(p);
+                                        append(&mut run, p);
                                     }
                                     if done || after.is_empty() {
-                                        return Ok(pages);
+                                        return Ok(run);
                                     }
                                 }
                                 other => return Err(unexpected(other)),
@@ -142,11 +132,7 @@ impl Client {
         let mut runs = Vec::with_capacity(results.len());
         for r in results {
             match r {
-                Ok(pages) => runs.push(Run {
-                    pages,
-                    page: 0,
-                    at: 0,
-                }),
+                Ok(run) => runs.push(run),
                 Err(e) if matches!(e.errno(), libc::EPROTO | libc::EOPNOTSUPP) => return Ok(None),
                 Err(e) => return Err(e),
             }
@@ -155,15 +141,18 @@ impl Client {
     }
 }
 
+/// The next path of run `r` (its entry `at[r]`, starting at `start[r]`).
+fn head<'a>(runs: &'a [TreePage], at: &[usize], start: &[usize], r: usize) -> Option<&'a str> {
+    let p = &runs[r];
+    let e = *p.ends.get(at[r])? as usize;
+    Some(&p.paths[start[r]..e])
+}
+
 /// Merges the servers' sorted runs, dropping entries the walk from `root`
 /// would not reach.
-fn merge(root: &str, mut runs: Vec<Run>, with_meta: bool) -> TreeListing {
-    let total: usize = runs.iter().flat_map(|r| &r.pages).map(TreePage::len).sum();
-    let bytes: usize = runs
-        .iter()
-        .flat_map(|r| &r.pages)
-        .map(|p| p.paths.len())
-        .sum();
+fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
+    let total: usize = runs.iter().map(TreePage::len).sum();
+    let bytes: usize = runs.iter().map(|p| p.paths.len()).sum();
     let mut out = TreePage {
         paths: String::with_capacity(bytes),
         ends: Vec::with_capacity(total),
@@ -176,8 +165,7 @@ fn merge(root: &str, mut runs: Vec<Run>, with_meta: bool) -> TreeListing {
     let mut dirs: HashSet<String> = HashSet::new();
     let mut last_parent = String::new();
     let mut last_kept = false;
-    let mut take = |p: &TreePage, at: usize, out: &mut TreePage| {
-        let path = p.path(at);
+    let mut take = |run: &TreePage, at: usize, path: &str| {
         let dir = parent(path);
         if dir != last_parent {
             last_kept = dir == root || dirs.contains(dir);
@@ -189,55 +177,107 @@ fn merge(root: &str, mut runs: Vec<Run>, with_meta: bool) -> TreeListing {
         }
         out.paths.push_str(path);
         out.ends.push(out.paths.len() as u32);
-        out.kinds.push(p.kinds[at]);
+        out.kinds.push(run.kinds[at]);
         if with_meta {
-            if let Some(m) = p.metas.get(at) {
+            if let Some(m) = run.metas.get(at) {
                 out.metas.push(*m);
             }
         }
-        if p.is_dir(at) {
+        if run.is_dir(at) {
             dirs.insert(path.to_string());
         }
     };
-    for r in &mut runs {
-        // Skip a run's empty pages up front.
-        r.at = 0;
-        r.page = 0;
-        while r.pages.get(r.page).is_some_and(TreePage::is_empty) {
-            r.page += 1;
-        }
-    }
-    if runs.len() == 1 {
-        let r = &mut runs[0];
-        while r.head().is_some() {
-            take(&r.pages[r.page], r.at, &mut out);
-            r.advance();
+    // Each run's next entry and where its path starts.
+    let mut at = vec![0usize; runs.len()];
+    let mut start = vec![0usize; runs.len()];
+    if runs.len() <= 8 {
+        // A few runs: the smallest head by comparing them all.
+        loop {
+            let mut min: Option<(usize, &str)> = None;
+            for r in 0..runs.len() {
+                if let Some(h) = head(&runs, &at, &start, r) {
+                    if min.is_none_or(|(_, m)| h < m) {
+                        min = Some((r, h));
+                    }
+                }
+            }
+            let Some((r, path)) = min else { break };
+            take(&runs[r], at[r], path);
+            start[r] += path.len();
+            at[r] += 1;
         }
     } else {
-        // A heap of the runs' heads (smallest first).
-        let mut heap: BinaryHeap<std::cmp::Reverse<(&str, usize)>> = BinaryHeap::new();
-        let heads: Vec<Option<&str>> = runs.iter().map(|r| r.head()).collect();
-        // (paths borrowed from the pages: positions are kept apart)
-        let mut pos: Vec<(usize, usize)> = runs.iter().map(|r| (r.page, r.at)).collect();
-        for (i, h) in heads.into_iter().enumerate() {
-            if let Some(h) = h {
-                heap.push(std::cmp::Reverse((h, i)));
-            }
-        }
-        while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
-            let r = &runs[i];
-            let (mut page, mut at) = pos[i];
-            take(&r.pages[page], at, &mut out);
-            at += 1;
-            while r.pages.get(page).is_some_and(|p| at >= p.len()) {
-                page += 1;
-                at = 0;
-            }
-            pos[i] = (page, at);
-            if let Some(p) = r.pages.get(page) {
-                heap.push(std::cmp::Reverse((p.path(at), i)));
+        let mut heap: BinaryHeap<Reverse<(&str, usize)>> = (0..runs.len())
+            .filter_map(|r| Some(Reverse((head(&runs, &at, &start, r)?, r))))
+            .collect();
+        while let Some(Reverse((path, r))) = heap.pop() {
+            take(&runs[r], at[r], path);
+            start[r] += path.len();
+            at[r] += 1;
+            if let Some(h) = head(&runs, &at, &start, r) {
+                heap.push(Reverse((h, r)));
             }
         }
     }
     TreeListing { page: out }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(entries: &[(&str, bool)]) -> TreePage {
+        let mut p = TreePage::default();
+        for &(path, dir) in entries {
+            let m = Meta {
+                mode: if dir { libc::S_IFDIR } else { libc::S_IFREG },
+                ..Default::default()
+            };
+            p.push(path, &m, false);
+        }
+        p
+    }
+
+    /// Runs of 1 to 12 servers (the heap past 8), entries dealt to them
+    /// round robin; orphans (no parent directory entry) left out.
+    #[test]
+    fn merges_sorted_runs_and_leaves_out_orphans() {
+        let mut all: Vec<(String, bool)> = vec![("/r/a".into(), true), ("/r/a.b".into(), false)];
+        for i in 0..50 {
+            all.push((format!("/r/a/{i:03}"), i % 7 == 0));
+            all.push((format!("/r/a/{:03}/x", i - i % 7), false));
+        }
+        all.push(("/r/ghost/x".into(), false));
+        all.push(("/r/a.b/not-a-dir-child".into(), false));
+        all.sort();
+        all.dedup();
+        let want: Vec<&str> = all
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .filter(|p| !p.contains("ghost") && !p.contains("not-a-dir"))
+            .collect();
+        for k in [1, 2, 3, 9, 12] {
+            let mut runs: Vec<Vec<(&str, bool)>> = vec![Vec::new(); k];
+            for (i, (p, d)) in all.iter().enumerate() {
+                runs[i % k].push((p, *d));
+            }
+            let runs: Vec<TreePage> = runs.iter().map(|r| page(r)).collect();
+            let got = merge("/r", runs, false);
+            let got: Vec<&str> = (0..got.len()).map(|i| got.path(i)).collect();
+            assert_eq!(got, want, "{k} runs");
+        }
+    }
+
+    #[test]
+    fn pages_append_into_one_run() {
+        let mut run = TreePage::default();
+        append(&mut run, page(&[("/a", true), ("/a/b", false)]));
+        append(&mut run, page(&[("/c", false)]));
+        append(&mut run, TreePage::default());
+        assert_eq!(
+            (0..run.len()).map(|i| run.path(i)).collect::<Vec<_>>(),
+            ["/a", "/a/b", "/c"]
+        );
+        assert!(run.is_dir(0) && !run.is_dir(2));
+    }
 }
