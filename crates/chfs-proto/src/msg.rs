@@ -1447,12 +1447,7 @@ fn put_tree(out: &mut Vec<u8>, t: &TreePage) {
     let mut prev: &[u8] = &[];
     for i in 0..t.ends.len() {
         let p = t.path(i).as_bytes();
-        let shared = p
-            .iter()
-            .zip(prev)
-            .take(u16::MAX as usize)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let shared = common_prefix(p, prev).min(u16::MAX as usize);
         let rest = &p[shared..];
         out.put_u16(shared as u16);
         out.put_u16(rest.len() as u16);
@@ -1463,6 +1458,25 @@ fn put_tree(out: &mut Vec<u8>, t: &TreePage) {
         }
         prev = p;
     }
+}
+
+/// How many bytes `a` and `b` start with in common (8 at a time).
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().unwrap_or_default());
+        let y = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let d = x ^ y;
+        if d != 0 {
+            return i + (d.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 fn get_tree(r: &mut Reader) -> Result<TreePage, ProtoError> {
@@ -1541,6 +1555,23 @@ mod tests {
         assert_eq!(op::name(op::WRITE), Some("WRITE"));
         assert_eq!(op::name(0), None);
         assert_eq!(Request::Sync.op(), op::SYNC);
+    }
+
+    #[test]
+    fn common_prefixes() {
+        for (a, b, n) in [
+            ("", "", 0),
+            ("a", "", 0),
+            ("/tree/d0001/f00001", "/tree/d0001/f00002", 17),
+            ("/tree/d0001/f00001", "/tree/d0001/f00001", 18),
+            ("/tree/d0001/f00001", "/tree/d0001/f0000", 17),
+            ("abcdefgh", "abcdefgx", 7),
+            ("abcdefghijklmnop", "abcdefghijklmnoq", 15),
+            ("xbcdefghijklmnop", "abcdefghijklmnoq", 0),
+        ] {
+            assert_eq!(common_prefix(a.as_bytes(), b.as_bytes()), n, "{a} {b}");
+            assert_eq!(common_prefix(b.as_bytes(), a.as_bytes()), n, "{b} {a}");
+        }
     }
 
     #[test]

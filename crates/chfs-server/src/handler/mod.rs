@@ -36,7 +36,7 @@ use tracing::{debug_span, info, Instrument};
 use crate::metrics::Counters;
 use crate::state::Shared;
 
-use common::{check_chunk_size, lost, refuse, store_err, Reply};
+use common::{blocking, check_chunk_size, lost, refuse, store_err, Reply};
 use namespace::{apply_attr, default_root, rename_move, Ns};
 use pool::{join, mark_damaged, medium_available};
 
@@ -622,14 +622,17 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             // This node's area is listed only when asked for (it is not
             // in the listing of its parent either).
             let skip = sh.node_local.as_deref().filter(|&a| !is_within(&prefix, a));
+            // A page scans the directories this server holds: off the
+            // async workers' backs (block_in_place) on a large store.
             let mut page = TreePage::default();
-            page.done = st
-                .list_tree(&prefix, skip, &after, max, with_meta, &mut |p, kind, m| {
+            page.done = blocking(|| {
+                st.list_tree(&prefix, skip, &after, max, with_meta, &mut |p, kind, m| {
                     if m.is_none_or(|m| m.flags & FLAG_WHITEOUT == 0) {
                         page.push_entry(p, kind, m);
                     }
                 })
-                .map_err(|e| store_err(&prefix, e))?;
+            })
+            .map_err(|e| store_err(&prefix, e))?;
             Ok(Response::Tree(page))
         }
         Request::HasChildren { path } => {
