@@ -34,6 +34,11 @@ fn listed(c: &Client, root: &str) -> BTreeMap<String, (bool, u64, u32)> {
     let t = c.list_tree(root, true).unwrap().expect("served");
     let names = c.list_tree(root, false).unwrap().expect("served");
     assert_eq!(names.len(), t.len());
+    // In pages of a few entries: the same.
+    for page in [1, 7, 100] {
+        let p = c.list_tree_paged(root, true, page).unwrap().unwrap();
+        assert_eq!(p, t, "pages of {page}");
+    }
     let mut out = BTreeMap::new();
     for i in 0..t.len() {
         assert_eq!(names.path(i), t.path(i));
@@ -142,8 +147,8 @@ fn tree_listing_with_entries_created_and_removed_meanwhile() {
                 i += 1;
             }
         });
-        for _ in 0..5 {
-            let t = c.list_tree("/r", false).unwrap().unwrap();
+        for page in [50, 999, 4096, 65536, 100_000] {
+            let t = c.list_tree_paged("/r", false, page).unwrap().unwrap();
             let kept = (0..t.len()).filter(|&i| t.path(i).contains("/k")).count();
             assert_eq!(kept, 40_000);
             for i in 1..t.len() {

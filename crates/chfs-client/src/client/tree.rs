@@ -19,8 +19,10 @@ use chfs_proto::{Meta, Request, Response};
 use super::{unexpected, Client};
 use crate::error::Result;
 
-/// Entries asked of a server per request.
-const TREE_PAGE: u32 = 16384;
+/// Entries asked of a server per request: as many as a server gives
+/// (fewer round trips: the next page is asked for only once this one is
+/// decoded).
+const TREE_PAGE: u32 = 65536;
 
 /// Everything below a directory, in byte order of the full paths (see
 /// [`Client::list_tree`]).
@@ -80,6 +82,18 @@ impl Client {
     /// in cache mode, where listings merge the backend's: EOPNOTSUPP):
     /// walk instead. Any other error of any server fails the listing.
     pub fn list_tree(&self, root: &str, with_meta: bool) -> Result<Option<TreeListing>> {
+        self.list_tree_paged(root, with_meta, TREE_PAGE)
+    }
+
+    /// [`Client::list_tree`] asking for at most `page` entries per request
+    /// (for tests of the paging).
+    #[doc(hidden)]
+    pub fn list_tree_paged(
+        &self,
+        root: &str,
+        with_meta: bool,
+        page: u32,
+    ) -> Result<Option<TreeListing>> {
         let st = self.state();
         let root = normalize(root)?;
         let servers = st.servers_for(&root)?;
@@ -97,7 +111,7 @@ impl Client {
                             let req = Request::ListTree {
                                 prefix: root.clone(),
                                 after: std::mem::take(&mut after),
-                                max: TREE_PAGE,
+                                max: page,
                                 flags,
                             };
                             self.count(1);
