@@ -206,10 +206,13 @@ fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
     let mut start = vec![0usize; runs.len()];
     if runs.len() <= 8 {
         // A few runs: the smallest head by comparing them all.
+        let mut heads: Vec<Option<&str>> = (0..runs.len())
+            .map(|r| head(&runs, &at, &start, r))
+            .collect();
         loop {
             let mut min: Option<(usize, &str)> = None;
-            for r in 0..runs.len() {
-                if let Some(h) = head(&runs, &at, &start, r) {
+            for (r, h) in heads.iter().enumerate() {
+                if let Some(h) = *h {
                     if min.is_none_or(|(_, m)| h < m) {
                         min = Some((r, h));
                     }
@@ -219,6 +222,7 @@ fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
             take(&runs[r], at[r], path);
             start[r] += path.len();
             at[r] += 1;
+            heads[r] = head(&runs, &at, &start, r);
         }
     } else {
         let mut heap: BinaryHeap<Reverse<(&str, usize)>> = (0..runs.len())
