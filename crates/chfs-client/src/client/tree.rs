@@ -98,49 +98,55 @@ impl Client {
         let root = normalize(root)?;
         let servers = st.servers_for(&root)?;
         let flags = if with_meta { tree::META } else { 0 };
+        // One server's pages, one after the other.
+        let fetch = |i: usize| -> Result<TreePage> {
+            let mut run = TreePage::default();
+            let mut after = String::new();
+            loop {
+                let req = Request::ListTree {
+                    prefix: root.clone(),
+                    after: std::mem::take(&mut after),
+                    max: page,
+                    flags,
+                };
+                self.count(1);
+                match self.inner.pool.call(&st, i, &req)? {
+                    Response::Tree(p) if with_meta && p.metas.len() != p.len() => {
+                        return Err(crate::error::Error::new(
+                            libc::EPROTO,
+                            "a tree listing without the headers asked for",
+                        ));
+                    }
+                    Response::Tree(p) => {
+                        let done = p.done;
+                        if !p.is_empty() {
+                            after = p.path(p.len() - 1).to_string();
+                            append(&mut run, p);
+                        }
+                        if done || after.is_empty() {
+                            return Ok(run);
+                        }
+                    }
+                    other => return Err(unexpected(other)),
+                }
+            }
+        };
+        // A thread per server but the first, which this thread lists.
         let results: Vec<Result<TreePage>> = std::thread::scope(|s| {
+            let fetch = &fetch;
             let handles: Vec<_> = servers
                 .iter()
-                .map(|&i| {
-                    let (st, root) = (&st, &root);
-                    s.spawn(move || {
-                        // The server's pages one after the other.
-                        let mut run = TreePage::default();
-                        let mut after = String::new();
-                        loop {
-                            let req = Request::ListTree {
-                                prefix: root.clone(),
-                                after: std::mem::take(&mut after),
-                                max: page,
-                                flags,
-                            };
-                            self.count(1);
-                            match self.inner.pool.call(st, i, &req)? {
-                                Response::Tree(p) if with_meta && p.metas.len() != p.len() => {
-                                    return Err(crate::error::Error::new(
-                                        libc::EPROTO,
-                                        "a tree listing without the headers asked for",
-                                    ));
-                                }
-                                Response::Tree(p) => {
-                                    let done = p.done;
-                                    if !p.is_empty() {
-                                        after = p.path(p.len() - 1).to_string();
-                                        append(&mut run, p);
-                                    }
-                                    if done || after.is_empty() {
-                                        return Ok(run);
-                                    }
-                                }
-                                other => return Err(unexpected(other)),
-                            }
-                        }
-                    })
-                })
+                .skip(1)
+                .map(|&i| s.spawn(move || fetch(i)))
                 .collect();
-            handles
+            let first = servers.first().map(|&i| fetch(i));
+            first
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .chain(
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))),
+                )
                 .collect()
         });
         let mut runs = Vec::with_capacity(results.len());
