@@ -172,7 +172,10 @@ fn servers_without_tree_listings_make_the_caller_walk() {
     let c = client(&p, |_| {});
     build(&c, "/o");
     assert!(c.list_tree("/o", false).unwrap().is_none());
+    // Not asked again (each ask closes a connection of the older server).
+    let rpcs = c.stats().rpcs;
     assert!(c.list_tree("/o", true).unwrap().is_none());
+    assert_eq!(c.stats().rpcs, rpcs);
     // The client goes on over new connections.
     assert!(!walked(&c, "/o").is_empty());
     assert_eq!(c.readdir("/o/a").unwrap().len(), 5);

@@ -11,6 +11,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
+use std::sync::atomic::Ordering;
 
 use chfs_proto::msg::{tree, TreePage};
 use chfs_proto::path::{normalize, parent};
@@ -80,7 +81,9 @@ impl Client {
     /// With `with_meta` each entry's header comes too. `Ok(None)` when a
     /// server does not serve tree listings (older than the request: EPROTO;
     /// in cache mode, where listings merge the backend's: EOPNOTSUPP):
-    /// walk instead. Any other error of any server fails the listing.
+    /// walk instead (and the client does not ask again while the server
+    /// list stays the same). Any other error of any server fails the
+    /// listing.
     pub fn list_tree(&self, root: &str, with_meta: bool) -> Result<Option<TreeListing>> {
         self.list_tree_paged(root, with_meta, TREE_PAGE)
     }
@@ -96,6 +99,10 @@ impl Client {
     ) -> Result<Option<TreeListing>> {
         let st = self.state();
         let root = normalize(root)?;
+        let version = st.ring.list().version;
+        if self.inner.no_tree.load(Ordering::Relaxed) == version + 1 {
+            return Ok(None);
+        }
         let servers = st.servers_for(&root)?;
         let flags = if with_meta { tree::META } else { 0 };
         // One server's pages, one after the other.
@@ -153,7 +160,10 @@ impl Client {
         for r in results {
             match r {
                 Ok(run) => runs.push(run),
-                Err(e) if matches!(e.errno(), libc::EPROTO | libc::EOPNOTSUPP) => return Ok(None),
+                Err(e) if matches!(e.errno(), libc::EPROTO | libc::EOPNOTSUPP) => {
+                    self.inner.no_tree.store(version + 1, Ordering::Relaxed);
+                    return Ok(None);
+                }
                 Err(e) => return Err(e),
             }
         }
