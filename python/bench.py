@@ -8,13 +8,16 @@ chfs-localpool, chfuse and the client's `seqbw` example).
    from the Rust client (``seqbw``), alternating, best of N each.
 2. ``fsspec.filesystem("chfs").find`` over a tree of N entries against
    ``os.walk`` over the same tree through a chfuse mount of the pool, and
-   chfind (the same walk from Rust, a process of its own); with the CPU
-   time the servers spent per listed entry during each.
+   chfind (the same listing from Rust, a process of its own), in
+   alternating rounds (--rounds, a different one first in each); min and
+   median wall time of each, the ratio os.walk / fs.find, the load
+   average, and the CPU time the servers spent per listed entry.
 
     cargo build --release -p chfs-server -p chfs-localpool -p chfs-fuse \\
         -p chfs-ctl -p chfs-client --example seqbw
     python3 -m pip install ./python
     python3 python/bench.py [--size-mib 1024] [--entries 100000] [--json out.json]
+    python3 python/bench.py --no-seq --entries 100000 --rounds 10   # listings only
 
 Prints a table and, with --json, the figures. Needs FUSE 3 (fusermount3) for
 the mount; --no-mount skips that comparison.
