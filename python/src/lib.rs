@@ -258,11 +258,16 @@ impl PyClient {
             // order; the list of str is made in one pass over the one
             // buffer of paths (see `find`).
             if let Some(t) = py.detach(|| c.list_tree(&root, false).ok().flatten()) {
-                let paths: Vec<&str> = (0..t.len())
-                    .filter(|&i| withdirs || !t.is_dir(i))
-                    .map(|i| t.path(i))
-                    .collect();
-                return Ok((PyList::new(py, paths)?, Vec::new()));
+                let list = if withdirs {
+                    PyList::new(py, (0..t.len()).map(|i| t.path(i)))?
+                } else {
+                    let paths: Vec<&str> = (0..t.len())
+                        .filter(|&i| !t.is_dir(i))
+                        .map(|i| t.path(i))
+                        .collect();
+                    PyList::new(py, paths)?
+                };
+                return Ok((list, Vec::new()));
             }
         }
         let threads = walk_threads(&c, threads);
