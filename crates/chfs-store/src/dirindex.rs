@@ -295,7 +295,16 @@ impl DirIndex {
             set.range::<[u8], _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
         };
         for n in range.by_ref().take(max) {
-            out.bytes.extend_from_slice(n.bytes());
+            match n {
+                // The whole array, then cut: a copy of a known size (no
+                // call to memmove per name).
+                Name::Short(len, _, a) => {
+                    let at = out.bytes.len();
+                    out.bytes.extend_from_slice(a);
+                    out.bytes.truncate(at + *len as usize);
+                }
+                Name::Long(_, b) => out.bytes.extend_from_slice(b),
+            }
             out.ends.push(out.bytes.len() as u32);
             out.kinds.push(n.kind());
         }
