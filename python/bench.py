@@ -8,13 +8,16 @@ chfs-localpool, chfuse and the client's `seqbw` example).
    from the Rust client (``seqbw``), alternating, best of N each.
 2. ``fsspec.filesystem("chfs").find`` over a tree of N entries against
    ``os.walk`` over the same tree through a chfuse mount of the pool, and
-   chfind (the same walk from Rust, a process of its own); with the CPU
-   time the servers spent per listed entry during each.
+   chfind (the same listing from Rust, a process of its own), in
+   alternating rounds (--rounds, a different one first in each); min and
+   median wall time of each, the ratio os.walk / fs.find, the load
+   average, and the CPU time the servers spent per listed entry.
 
     cargo build --release -p chfs-server -p chfs-localpool -p chfs-fuse \\
         -p chfs-ctl -p chfs-client --example seqbw
     python3 -m pip install ./python
     python3 python/bench.py [--size-mib 1024] [--entries 100000] [--json out.json]
+    python3 python/bench.py --no-seq --entries 100000 --rounds 10   # listings only
 
 Prints a table and, with --json, the figures. Needs FUSE 3 (fusermount3) for
 the mount; --no-mount skips that comparison.
@@ -28,6 +31,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -153,6 +157,26 @@ def timed(f, repeat: int, pool=None, per: int = 1):
     return best, out
 
 
+def seq_bench(a, client) -> dict:
+    """Sequential bandwidth, Python against the Rust client."""
+    seqbw = tool(a.bin_dir, "seqbw")
+    runs = {"rust": [], "python raw": [], "python buffered": []}
+    order = [
+        ("rust", lambda: rust_seq(seqbw, "/seq", a.size_mib)),
+        ("python raw", lambda: py_seq(client, "/seq", a.size_mib, False)),
+        ("python buffered", lambda: py_seq(client, "/seq", a.size_mib, True)),
+    ]
+    py_seq(client, "/seq", a.size_mib, False)  # warm-up: the servers' memory
+    client.remove("/seq")
+    for rep in range(a.repeat):
+        # A different one first in every round: no order favours one.
+        for name, run in order[rep % 3 :] + order[: rep % 3]:
+            runs[name].append(run())
+            client.remove("/seq")
+    seq = {k: (max(w for w, _ in v), max(r for _, r in v)) for k, v in runs.items()}
+    return seq
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
@@ -161,7 +185,9 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=8, help="alternating rounds of the listings")
     ap.add_argument("--no-mount", action="store_true")
+    ap.add_argument("--no-seq", action="store_true", help="only the listings")
     ap.add_argument("--json", type=pathlib.Path)
     a = ap.parse_args()
 
@@ -170,56 +196,64 @@ def main() -> None:
     mnt = None
     fuse = None
     results: dict = {"servers": a.servers, "size_mib": a.size_mib, "entries": a.entries}
+    seq = {}
     try:
         import chfs
         import fsspec
 
         client = chfs.Client()
-        seqbw = tool(a.bin_dir, "seqbw")
-        runs = {"rust": [], "python raw": [], "python buffered": []}
-        order = [
-            ("rust", lambda: rust_seq(seqbw, "/seq", a.size_mib)),
-            ("python raw", lambda: py_seq(client, "/seq", a.size_mib, False)),
-            ("python buffered", lambda: py_seq(client, "/seq", a.size_mib, True)),
-        ]
-        py_seq(client, "/seq", a.size_mib, False)  # warm-up: the servers' memory
-        client.remove("/seq")
-        for rep in range(a.repeat):
-            # A different one first in every round: no order favours one.
-            for name, run in order[rep % 3 :] + order[: rep % 3]:
-                runs[name].append(run())
-                client.remove("/seq")
-        seq = {k: (max(w for w, _ in v), max(r for _, r in v)) for k, v in runs.items()}
-        results["seq_mib_s"] = {k: {"write": w, "read": r} for k, (w, r) in seq.items()}
+        if not a.no_seq:
+            seq = seq_bench(a, client)
+            results["seq_mib_s"] = {k: {"write": w, "read": r} for k, (w, r) in seq.items()}
 
         t = time.perf_counter()
         n = make_tree(client, "/tree", a.entries)
         results["tree_create_s"] = time.perf_counter() - t
         fs = fsspec.filesystem("chfs")
-        fs.find("/tree", withdirs=True)  # warm-up
-        t_find, found, cpu_find = timed(
-            lambda: fs.find("/tree", withdirs=True), a.repeat, pool, n
-        )
-        assert len(found) == n + 1, (len(found), n)
-        results["fsspec_find_s"] = t_find
-        results["fsspec_find_server_cpu_ns_per_entry"] = cpu_find * 1e9
         chfind = tool(a.bin_dir, "chfind")
+
+        def run_find():
+            found = fs.find("/tree", withdirs=True)
+            assert len(found) == n + 1, (len(found), n)
 
         def run_chfind():
             out = subprocess.run(
                 [chfind, "-q", "-v", "/tree"], check=True, capture_output=True, text=True
             )
-            # "chfind: N entries examined, M matched, T s, ..." (its own walk time)
-            return float(out.stderr.split(", ")[2].split()[0]), out.stdout
+            assert out.stdout.split()[-1] == f"{n + 1}/{n + 1}", out.stdout
 
-        t_chfind, cpu_chfind = None, pool.server_cpu()
-        for _ in range(a.repeat):
-            t, out = run_chfind()
-            assert out.split()[-1] == f"{n + 1}/{n + 1}", out
-            t_chfind = t if t_chfind is None else min(t_chfind, t)
-        cpu_chfind = (pool.server_cpu() - cpu_chfind) / a.repeat / n
-        results["chfind_s"] = t_chfind
-        results["chfind_server_cpu_ns_per_entry"] = cpu_chfind * 1e9
+        listings = [("fs.find", run_find), ("chfind", run_chfind)]
+        if not a.no_mount:
+            mnt = tempfile.mkdtemp(prefix="chfs-bench-mnt-")
+            subprocess.run([tool(a.bin_dir, "chfuse"), mnt], check=True, env=os.environ)
+            fuse = mnt
+
+            def walk_mount():
+                walked = sum(len(d) + len(f) for _, d, f in os.walk(f"{mnt}/tree"))
+                assert walked == n, (walked, n)
+
+            listings.append(("os.walk", walk_mount))
+        # Alternating rounds, a different one first in each (the pool, the
+        # mount and the load are shared): wall time (chfind's includes
+        # its process start) and the servers' CPU time of each run.
+        times = {k: [] for k, _ in listings}
+        cpus = {k: [] for k, _ in listings}
+        for _, f in listings:
+            f()  # warm-up
+        load0 = os.getloadavg()[0]
+        for rep in range(a.rounds):
+            k = rep % len(listings)
+            for name, f in listings[k:] + listings[:k]:
+                c0 = pool.server_cpu()
+                t = time.perf_counter()
+                f()
+                times[name].append(time.perf_counter() - t)
+                cpus[name].append((pool.server_cpu() - c0) / n)
+        results["load_average"] = [load0, os.getloadavg()[0]]
+        results["listing_s"] = times
+        results["listing_server_cpu_ns_per_entry"] = {
+            k: statistics.median(v) * 1e9 for k, v in cpus.items()
+        }
         t_cfind, _ = timed(lambda: client.find("/tree", dirs=True), a.repeat)
         results["client_find_s"] = t_cfind
         t_pywalk, walked = timed(
@@ -227,19 +261,6 @@ def main() -> None:
         )
         assert walked == n, (walked, n)
         results["client_walk_s"] = t_pywalk
-        if not a.no_mount:
-            mnt = tempfile.mkdtemp(prefix="chfs-bench-mnt-")
-            subprocess.run([tool(a.bin_dir, "chfuse"), mnt], check=True, env=os.environ)
-            fuse = mnt
-
-            def walk_mount():
-                return sum(len(d) + len(f) for _, d, f in os.walk(f"{mnt}/tree"))
-
-            walk_mount()  # warm-up
-            t_walk, walked, cpu_walk = timed(walk_mount, a.repeat, pool, n)
-            assert walked == n, (walked, n)
-            results["os_walk_mount_s"] = t_walk
-            results["os_walk_server_cpu_ns_per_entry"] = cpu_walk * 1e9
     finally:
         if fuse:
             subprocess.run(["fusermount3", "-u", fuse], check=False)
@@ -252,22 +273,33 @@ def main() -> None:
                     time.sleep(0.1)
         pool.stop()
 
-    rust_w, rust_r = seq["rust"]
-    print(f"\nchfs Python package vs Rust client, {a.servers} local servers, "
-          f"{a.size_mib} MiB file, 1 MiB requests, best of {a.repeat}")
-    print(f"{'':<22}{'write MiB/s':>14}{'read MiB/s':>14}{'write % Rust':>14}{'read % Rust':>13}")
-    for k, (w, r) in seq.items():
-        print(f"{k:<22}{w:>14.0f}{r:>14.0f}{100 * w / rust_w:>13.0f}%{100 * r / rust_r:>12.0f}%")
-    print(f"\nlisting {n} entries (tree made in {results['tree_create_s']:.1f} s), best of {a.repeat}")
-    print(f"{'':<34}{'':>10}  server CPU per entry")
-    print(f"{'fsspec fs.find':<34}{t_find:>8.3f} s  {cpu_find * 1e9:>6.0f} ns")
-    print(f"{'chfind (its own walk time)':<34}{t_chfind:>8.3f} s  {cpu_chfind * 1e9:>6.0f} ns")
-    print(f"{'chfs.Client.find':<34}{t_cfind:>8.3f} s")
-    print(f"{'chfs.Client.walk (one dir a time)':<34}{t_pywalk:>8.3f} s")
-    if "os_walk_mount_s" in results:
-        t_walk = results["os_walk_mount_s"]
-        print(f"{'os.walk over the chfuse mount':<34}{t_walk:>8.3f} s  {cpu_walk * 1e9:>6.0f} ns")
-        print(f"fs.find is {t_walk / t_find:.1f}x faster than os.walk over the mount")
+    if seq:
+        rust_w, rust_r = seq["rust"]
+        print(f"\nchfs Python package vs Rust client, {a.servers} local servers, "
+              f"{a.size_mib} MiB file, 1 MiB requests, best of {a.repeat}")
+        print(f"{'':<22}{'write MiB/s':>14}{'read MiB/s':>14}{'write % Rust':>14}{'read % Rust':>13}")
+        for k, (w, r) in seq.items():
+            print(f"{k:<22}{w:>14.0f}{r:>14.0f}{100 * w / rust_w:>13.0f}%{100 * r / rust_r:>12.0f}%")
+    load = results["load_average"]
+    print(f"\nlisting {n} entries (tree made in {results['tree_create_s']:.1f} s), "
+          f"{a.rounds} alternating rounds, load average {load[0]:.1f} -> {load[1]:.1f}")
+    print(f"{'':<34}{'min':>8}{'median':>9}  server CPU per entry (median)")
+    labels = {
+        "fs.find": "fsspec fs.find",
+        "chfind": "chfind (process incl. start)",
+        "os.walk": "os.walk over the chfuse mount",
+    }
+    for k, v in times.items():
+        print(f"{labels[k]:<34}{min(v):>7.3f}s{statistics.median(v):>8.3f}s  "
+              f"{results['listing_server_cpu_ns_per_entry'][k]:>6.0f} ns")
+    print(f"{'chfs.Client.find, best':<34}{t_cfind:>7.3f}s")
+    print(f"{'chfs.Client.walk (one dir a time)':<34}{t_pywalk:>7.3f}s")
+    if "os.walk" in times:
+        w, f = times["os.walk"], times["fs.find"]
+        ratios = sorted(x / y for x, y in zip(w, f))
+        print(f"os.walk over the mount / fs.find: {min(w) / min(f):.1f}x (min / min), "
+              f"{statistics.median(w) / statistics.median(f):.1f}x (median / median), "
+              f"{ratios[0]:.1f}-{ratios[-1]:.1f}x per round")
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
 

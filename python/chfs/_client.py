@@ -442,8 +442,11 @@ class Client:
     ) -> dict[str, os.stat_result]:
         """Every entry below the directory ``path`` (files; directories
         too with ``dirs``), down to ``maxdepth`` levels, as a dict of full
-        path to status in sorted order. Lists every server's part of each
-        directory in parallel (the walk of chfind) without the GIL.
+        path to status in sorted order. Asks every server once (a page at a
+        time) for its part of the whole tree and merges the sorted answers;
+        with ``maxdepth`` (or servers that do not serve that: older ones,
+        cache mode) lists every server's part of each directory in parallel
+        (the walk of chfind). Without the GIL.
         Directories that cannot be read raise their error (one removed
         during the walk is skipped)."""
         out = {}

@@ -8,9 +8,9 @@ installed::
     fsspec.filesystem("chfs").find("/data")
 
 Paths are the pool's absolute paths (``chfs:///a/b`` and ``/a/b`` name the
-same file). ``find`` and ``glob`` list every server's part of each
-directory in parallel (the walk of chfind) instead of one directory at a
-time.
+same file). ``find`` and ``glob`` ask every server once (a page at a
+time) for everything it holds below the path and merge the sorted
+answers, instead of listing one directory at a time.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ class ChfsFileSystem(AbstractFileSystem):
         return [e["name"] for e in entries]
 
     def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
-        """Everything below ``path``, listing every server's part of each
-        directory in parallel (not one ``ls`` per directory)."""
+        """Everything below ``path``: each server is asked for its part of
+        the whole tree (with ``maxdepth``, of each directory, in parallel),
+        not one ``ls`` per directory."""
         path = self._strip_protocol(path)
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")

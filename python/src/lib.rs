@@ -22,7 +22,7 @@ use chfs_client::{ClientConfig, DirEntry, Stat, Whence};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 
 type CResult<T> = chfs_client::Result<T>;
 
@@ -178,12 +178,15 @@ impl PyClient {
             .collect())
     }
 
-    /// Every entry below the directory `path` (not `path` itself), walked
-    /// in parallel one server at a time (`Client::walk_parallel`, the walk
-    /// of chfind), down to `maxdepth` levels (None: all; 1: the entries
-    /// of `path`). Returns `(entries, errors)`: `(full path, status)` in no
-    /// particular order, and `(directory, errno, message)` of directories
-    /// that could not be read.
+    /// Every entry below the directory `path` (not `path` itself), down to
+    /// `maxdepth` levels (None: all; 1: the entries of `path`). The whole
+    /// tree is asked of every server at once (`Client::list_tree`, one
+    /// request per server and page, sorted); with a `maxdepth`, or when a
+    /// server does not serve that (older, cache mode) or fails, it is
+    /// walked in parallel one server at a time (`Client::walk_parallel`,
+    /// the walk of chfind). Returns `(entries, errors)`: `(full path,
+    /// status)` (in no particular order after a walk), and `(directory,
+    /// errno, message)` of directories that could not be read.
     #[pyo3(signature = (path, maxdepth=None, threads=0))]
     #[allow(clippy::type_complexity)]
     fn find(
@@ -198,6 +201,25 @@ impl PyClient {
             .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
         let depth0 = components(&root);
         let threads = walk_threads(&c, threads);
+        if maxdepth.is_none() {
+            // The whole tree: one request per server and page (servers
+            // that do not serve it, and any error, fall back to the walk,
+            // which reports errors directory by directory).
+            let tree = py.detach(|| {
+                let t = c.list_tree(&root, true).ok()??;
+                Some(
+                    (0..t.len())
+                        .filter_map(|i| {
+                            let p = t.path(i);
+                            Some((p.to_string(), stat_tuple(&Stat::from_meta(p, t.meta(i)?))))
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            });
+            if let Some(found) = tree {
+                return Ok((found, Vec::new()));
+            }
+        }
         let (found, errors) = py.detach(|| {
             let (found, errors) = c.walk_parallel_with(
                 &root,
@@ -220,20 +242,37 @@ impl PyClient {
     /// no status crosses into Python). Returns `(paths, errors)`.
     #[pyo3(signature = (path, maxdepth=None, withdirs=false, threads=0))]
     #[allow(clippy::type_complexity)]
-    fn find_paths(
+    fn find_paths<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         path: &str,
         maxdepth: Option<usize>,
         withdirs: bool,
         threads: usize,
-    ) -> PyResult<(Vec<String>, Vec<(String, i32, String)>)> {
+    ) -> PyResult<(Bound<'py, PyList>, Vec<(String, i32, String)>)> {
         let (c, _) = self.get(py)?;
         let root = chfs_proto::path::normalize(path)
             .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
+        if maxdepth.is_none() {
+            // The whole tree: one request per server and page, merged in
+            // order; the list of str is made in one pass over the one
+            // buffer of paths (see `find`).
+            if let Some(t) = py.detach(|| c.list_tree(&root, false).ok().flatten()) {
+                let list = if withdirs {
+                    PyList::new(py, (0..t.len()).map(|i| t.path(i)))?
+                } else {
+                    let paths: Vec<&str> = (0..t.len())
+                        .filter(|&i| !t.is_dir(i))
+                        .map(|i| t.path(i))
+                        .collect();
+                    PyList::new(py, paths)?
+                };
+                return Ok((list, Vec::new()));
+            }
+        }
         let threads = walk_threads(&c, threads);
         let depth0 = components(&root);
-        let (mut paths, errors) = py.detach(|| {
+        let (paths, errors) = py.detach(|| {
             // Each thread's paths: runs in name order (a directory's
             // entries on one server), which the merge sort takes as they
             // are (about half the comparisons of an unstable sort here).
@@ -253,8 +292,7 @@ impl PyClient {
             paths.sort();
             (paths, errors)
         });
-        paths.shrink_to_fit();
-        Ok((paths, walk_errors(errors)))
+        Ok((PyList::new(py, paths)?, walk_errors(errors)))
     }
 
     /// Creates a directory.

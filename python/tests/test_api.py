@@ -348,3 +348,68 @@ def test_a_client_without_the_pool_key_is_refused(pool, monkeypatch):
     with pytest.raises(PermissionError) as e:
         chfs.Client().stat("/")
     assert e.value.errno == errno.EACCES
+
+
+def _tree(client, root):
+    """Many directories, a chain 30 deep, names that sort between a
+    directory and its entries ("a.txt", "a-b" between "a" and "a/..."),
+    non-ASCII and long names, a symbolic link, a larger directory."""
+    for d in ("a", "a-b", "a.d", "é", "日本語", "Z"):
+        client.makedirs(f"{root}/{d}")
+        for f in ("x", "x.txt", "x-y", "ü", "n" * 255):
+            with client.open(f"{root}/{d}/{f}", "wb") as fh:
+                fh.write(b"abc")
+    with client.open(f"{root}/a.txt", "wb") as fh:
+        fh.write(b"0123456789")
+    client.symlink("a", f"{root}/link")
+    p = f"{root}/deep"
+    for i in range(30):
+        client.makedirs(p)
+        with client.open(f"{p}/f{i}", "wb") as fh:
+            fh.write(b"x" * i)
+        p = f"{p}/d{i:02}"
+    client.makedirs(f"{root}/big")
+    for i in range(1500):
+        client.open(f"{root}/big/{i:05}", "wb").close()
+
+
+def _walked(client, root, dirs):
+    """What the walk directory by directory finds (a maxdepth makes find
+    walk): the same as the tree listing must."""
+    return client.find(root, maxdepth=10_000, dirs=dirs)
+
+
+def test_find_of_a_whole_tree_equals_the_walk(client, tmp):
+    _tree(client, tmp)
+    for dirs in (False, True):
+        walked = _walked(client, tmp, dirs)
+        found = client.find(tmp, dirs=dirs)
+        assert list(found) == sorted(walked)
+        assert {p: (s.st_mode, s.st_size, s.st_ino) for p, s in found.items()} == {
+            p: (s.st_mode, s.st_size, s.st_ino) for p, s in walked.items()
+        }
+        assert client.find_paths(tmp, dirs=dirs) == list(found)
+    # os.walk's view agrees too.
+    via_walk = sorted(
+        f"{top}/{n}" for top, ds, fs in client.walk(tmp) for n in ds + fs
+    )
+    assert client.find_paths(tmp, dirs=True) == via_walk
+
+
+def test_find_falls_back_to_the_walk_on_servers_without_tree_listings(monkeypatch):
+    """Servers older than the tree listing (one answers it as an unknown
+    request: EPROTO, the connection closed): find walks instead."""
+    from conftest import Pool
+
+    pool = Pool(2, extra=["--chfsd-arg=--unknown-op=LIST_TREE"])
+    try:
+        monkeypatch.setenv("CHFS_SERVER", pool.env["CHFS_SERVER"])
+        monkeypatch.setenv("CHFS_SECRET_FILE", pool.env["CHFS_SECRET_FILE"])
+        c = chfs.Client()
+        c.makedirs("/old")
+        _tree(c, "/old")
+        walked = _walked(c, "/old", True)
+        assert c.find_paths("/old", dirs=True) == sorted(walked)
+        assert list(c.find("/old")) == sorted(p for p in walked if not stat.S_ISDIR(walked[p].st_mode))
+    finally:
+        pool.stop()

@@ -38,8 +38,10 @@ mod dir;
 mod io;
 mod namespace;
 mod stagein;
+mod tree;
 mod walk;
 pub use stagein::StageSource;
+pub use tree::TreeListing;
 pub use walk::WalkError;
 
 const MAX_SYMLINKS: usize = 40;
@@ -113,6 +115,12 @@ struct Inner {
     /// The pool's backend directory as this host sees it, once asked
     /// (see [`Client::stagein`]).
     backend_dir: Mutex<Option<Option<std::path::PathBuf>>>,
+    /// A server did not serve a tree listing (older, cache mode) under
+    /// the server list of this version + 1 (0: none seen): `list_tree`
+    /// does not ask again until the list changes (an older server closes
+    /// the connection on an unknown request, failing what else was in
+    /// flight on it).
+    no_tree: AtomicU64,
 }
 
 /// A handle to a chfs-rs pool. Cheap to clone; all clones share
@@ -170,6 +178,7 @@ impl Client {
                 names: Default::default(),
                 own,
                 backend_dir: Mutex::new(None),
+                no_tree: AtomicU64::new(0),
             }),
             creds: None,
         })

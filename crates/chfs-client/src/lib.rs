@@ -23,7 +23,7 @@ mod stream;
 mod types;
 
 pub use chfs_proto::msg::FlushState;
-pub use client::{Client, ClientStats, StageSource, WalkError};
+pub use client::{Client, ClientStats, StageSource, TreeListing, WalkError};
 pub use config::{ClientConfig, CpuLanes, Lookup, Polling};
 pub use error::{Error, Result};
 pub use shm::SharedBuffer;

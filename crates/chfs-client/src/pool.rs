@@ -525,6 +525,7 @@ fn retry_safe(e: &Error, op: u16) -> bool {
                 | TRUNCATE_CHUNKS
                 | READDIR
                 | READDIR_DIRS
+                | LIST_TREE
                 | HAS_CHILDREN
                 | FLUSH_STATUS
                 | FLUSH

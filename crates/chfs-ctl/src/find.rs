@@ -1,5 +1,10 @@
 //! Parallel find over a chfs-rs pool.
 //!
+//! One process lists the whole tree at once ([`Client::list_tree`]: one
+//! request per server and page, the entries a walk would visit, with
+//! their headers); when a server does not serve that (an older server,
+//! cache mode), and for several processes, it walks.
+//!
 //! The walk is the client's [`Client::walk_parallel`]: every server holds
 //! the entries whose chunk 0 it owns, a directory is read one server at a
 //! time with [`Client::readdir_index`] by a pool of threads, no server is
@@ -263,6 +268,36 @@ pub fn find_ranked(
             },
             Vec::new(),
         );
+    }
+    if split.ranks <= 1 {
+        // One process examines everything: the whole tree at once, one
+        // request per server and page (`Client::list_tree`: what the walk
+        // would visit), with headers only when a test reads more than the
+        // file type (`-size`, `-newer`). A server that does not serve it
+        // (older, cache mode), or any error, makes it walk, which reports
+        // errors directory by directory.
+        let with_meta = filter.size.is_some() || filter.newer_than.is_some();
+        if let Ok(Some(t)) = client.list_tree(&root, with_meta) {
+            let mut seen = seen.into_inner();
+            let mut matched = matched.into_inner();
+            for i in 0..t.len() {
+                let full = t.path(i);
+                let st = match t.meta(i) {
+                    Some(m) => Stat::from_meta(full, m),
+                    None if with_meta => continue,
+                    None => Stat {
+                        mode: (t.page.kinds[i] as u32) << 12,
+                        ..Default::default()
+                    },
+                };
+                seen += 1;
+                if filter.matches(chfs_proto::path::file_name(full), &st) {
+                    matched += 1;
+                    on_match(full);
+                }
+            }
+            return (FindStats { seen, matched }, Vec::new());
+        }
     }
     let errors = client.walk_parallel(&root, threads, &|i| split.owns(i), &|full, e| {
         seen.fetch_add(1, Ordering::Relaxed);

@@ -72,7 +72,11 @@ impl Reader {
     /// The next `n` bytes, copied by `f` out of the buffer (no new
     /// reference to it: a `Bytes` slice costs two atomic operations on the
     /// buffer's count, as much as decoding a whole field).
-    fn copied<T>(&mut self, n: usize, f: impl FnOnce(&[u8]) -> T) -> Result<T, ProtoError> {
+    pub(crate) fn copied<T>(
+        &mut self,
+        n: usize,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, ProtoError> {
         let Some(b) = self.buf.get(..n) else {
             return Err(ProtoError::Truncated {
                 needed: n - self.buf.len(),

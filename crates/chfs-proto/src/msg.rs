@@ -86,6 +86,7 @@ opcodes! {
     WATCH_STAT = 33 => WatchStat,
     INVALIDATE = 34 => Invalidate,
     NODE_LOCAL = 35 => NodeLocal,
+    LIST_TREE = 36 => ListTree,
 }
 
 /// Does a request of opcode `op`, decoded from a frame's payload, keep a
@@ -110,6 +111,74 @@ pub mod rw {
     /// The file's entry has [`crate::meta::FLAG_DAMAGED`]: a chunk the
     /// server does not hold is lost, not a hole (EIO).
     pub const DAMAGED: u16 = 8;
+}
+
+/// Flags of [`Request::ListTree`].
+pub mod tree {
+    /// Return each entry's metadata record too (else only its file type).
+    pub const META: u8 = 1;
+}
+
+/// One page of a [`Request::ListTree`] reply: entries as full paths in
+/// byte order, kept in one buffer (no allocation per entry).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TreePage {
+    /// The paths, one after the other.
+    pub paths: String,
+    /// Where each path ends in `paths`.
+    pub ends: Vec<u32>,
+    /// Each entry's file type: its mode's `S_IFMT` bits shifted right by
+    /// 12 (4 a directory, 8 a regular file, 10 a symbolic link).
+    pub kinds: Vec<u8>,
+    /// Each entry's metadata record ([`tree::META`]; else empty).
+    pub metas: Vec<Meta>,
+    /// True when no entries follow.
+    pub done: bool,
+}
+
+impl TreePage {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// No entries.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Path of entry `i`.
+    pub fn path(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.paths[start..self.ends[i] as usize]
+    }
+
+    /// Adds an entry (`meta` is kept when the page carries metadata). A
+    /// path longer than 65,535 bytes (the wire's limit; a normalised path
+    /// has at most [`crate::path::MAX_PATH`]) is left out.
+    pub fn push(&mut self, path: &str, meta: &Meta, with_meta: bool) {
+        let kind = ((meta.mode >> 12) & 0xf) as u8;
+        self.push_entry(path, kind, with_meta.then_some(meta));
+    }
+
+    /// Adds an entry of file type `kind` (see [`TreePage::kinds`]), with
+    /// its header when the page carries them (as [`TreePage::push`]).
+    pub fn push_entry(&mut self, path: &str, kind: u8, meta: Option<&Meta>) {
+        if path.len() > u16::MAX as usize {
+            return;
+        }
+        self.paths.push_str(path);
+        self.ends.push(self.paths.len() as u32);
+        self.kinds.push(kind);
+        if let Some(m) = meta {
+            self.metas.push(*m);
+        }
+    }
+
+    /// Is entry `i` a directory?
+    pub fn is_dir(&self, i: usize) -> bool {
+        self.kinds[i] == 4
+    }
 }
 
 /// Write-back state of a server (or of a subtree on it).
@@ -560,6 +629,27 @@ pub enum Request {
         /// The client's node-local prefix (empty: none).
         prefix: String,
     },
+    /// Every entry this server holds below directory `prefix` (at any
+    /// depth, not `prefix` itself), as full paths in byte order, starting
+    /// after the path `after` (empty: from the start), at most `max`: one
+    /// request per server and page for a whole tree instead of one per
+    /// directory. The reply is [`Response::Tree`]. An entry is listed
+    /// whether or not its parent directory's entry exists (the caller
+    /// drops orphans); a server's node-local area is listed only below
+    /// it. Servers older than this op close the connection with `EPROTO`
+    /// (unknown opcode); a server in cache mode refuses it with
+    /// `EOPNOTSUPP` (its listings merge the backend's, directory by
+    /// directory). Either way the client walks directory by directory.
+    ListTree {
+        /// Normalised directory path.
+        prefix: String,
+        /// Resume after this full path (exclusive); empty = from the start.
+        after: String,
+        /// Maximum entries returned.
+        max: u32,
+        /// `tree::*` flags.
+        flags: u8,
+    },
 }
 
 /// A successful response.
@@ -607,6 +697,8 @@ pub enum Response {
         /// Its size before the request.
         before: u64,
     },
+    /// A page of [`Request::ListTree`].
+    Tree(TreePage),
 }
 
 fn put_meta(out: &mut Vec<u8>, m: &Meta) {
@@ -775,6 +867,7 @@ impl Request {
             | Request::RemoveChunks { path, .. }
             | Request::TruncateChunks { path, .. }
             | Request::Lookup { path, .. } => Some(path),
+            Request::ListTree { prefix, .. } => Some(prefix),
             Request::RenameMove { old, .. } => Some(old),
             r => r.key().map(|(p, _)| p),
         }
@@ -827,6 +920,17 @@ impl Request {
             }
             Request::Invalidate { path } => out.put_str(path),
             Request::NodeLocal { prefix } => out.put_str(prefix),
+            Request::ListTree {
+                prefix,
+                after,
+                max,
+                flags,
+            } => {
+                out.put_str(prefix);
+                out.put_str(after);
+                out.put_u32(*max);
+                out.put_u8(*flags);
+            }
             Request::Write {
                 path,
                 fileid,
@@ -979,6 +1083,12 @@ impl Request {
             op::INVALIDATE => Request::Invalidate { path: r.string()? },
             op::NODE_LOCAL => Request::NodeLocal {
                 prefix: r.string()?,
+            },
+            op::LIST_TREE => Request::ListTree {
+                prefix: r.string()?,
+                after: r.string()?,
+                max: r.u32()?,
+                flags: r.u8()?,
             },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
@@ -1142,6 +1252,7 @@ mod tag {
     pub const FLUSH: u8 = 10;
     pub const REBALANCE: u8 = 11;
     pub const SIZED: u8 = 12;
+    pub const TREE: u8 = 13;
 }
 
 impl Response {
@@ -1230,6 +1341,7 @@ impl Response {
                 put_meta(out, meta);
                 out.put_u64(*before);
             }
+            Response::Tree(t) => put_tree(out, t),
             Response::Rebalance(b) => {
                 out.put_u8(tag::REBALANCE);
                 out.put_u8(b.running as u8);
@@ -1307,6 +1419,7 @@ impl Response {
                 }
                 Response::Entries { entries, done }
             }
+            tag::TREE => Response::Tree(get_tree(&mut r)?),
             tag::BOOL => Response::Bool(r.bool()?),
             tag::COUNT => Response::Count(r.u64()?),
             tag::FLUSH => Response::FlushState(get_flush(&mut r)?),
@@ -1324,6 +1437,100 @@ impl Response {
         r.finish()?;
         Ok(resp)
     }
+}
+
+/// A [`Response::Tree`]: tag, `done`, whether metadata records follow
+/// the entries, the count, then per entry the bytes its path shares with
+/// the previous entry's (u16), the length of the rest (u16), the rest,
+/// the file type (u8) and, with metadata, the 64-byte record. Paths in a
+/// directory share most of their bytes: the page is about a third of the
+/// size of one with whole paths.
+fn put_tree(out: &mut Vec<u8>, t: &TreePage) {
+    let with_meta = !t.metas.is_empty();
+    out.put_u8(tag::TREE);
+    out.put_u8(t.done as u8);
+    out.put_u8(with_meta as u8);
+    out.put_u32(t.ends.len() as u32);
+    out.reserve(t.paths.len() / 2 + t.ends.len() * (5 + if with_meta { META_LEN } else { 0 }));
+    let mut prev: &[u8] = &[];
+    for i in 0..t.ends.len() {
+        let p = t.path(i).as_bytes();
+        let shared = common_prefix(p, prev).min(u16::MAX as usize);
+        let rest = &p[shared..];
+        out.put_u16(shared as u16);
+        out.put_u16(rest.len() as u16);
+        out.extend_from_slice(rest);
+        out.put_u8(t.kinds[i]);
+        if with_meta {
+            put_meta(out, &t.metas[i]);
+        }
+        prev = p;
+    }
+}
+
+/// How many bytes `a` and `b` start with in common (8 at a time).
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().unwrap_or_default());
+        let y = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let d = x ^ y;
+        if d != 0 {
+            return i + (d.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+fn get_tree(r: &mut Reader) -> Result<TreePage, ProtoError> {
+    let done = r.bool()?;
+    let with_meta = r.bool()?;
+    let n = r.u32()? as usize;
+    // As many as the payload can hold, not what the count claims.
+    let fit = n.min(r.remaining() / (5 + if with_meta { META_LEN } else { 0 }));
+    let mut t = TreePage {
+        done,
+        ends: Vec::with_capacity(fit),
+        kinds: Vec::with_capacity(fit),
+        metas: Vec::with_capacity(if with_meta { fit } else { 0 }),
+        ..Default::default()
+    };
+    let mut paths: Vec<u8> = Vec::with_capacity(r.remaining());
+    let mut start = 0usize;
+    for _ in 0..n {
+        let shared = r.u16()? as usize;
+        let len = r.u16()? as usize;
+        if shared > paths.len() - start {
+            return Err(ProtoError::Malformed(format!(
+                "tree entry shares {shared} bytes of a {}-byte path",
+                paths.len() - start
+            )));
+        }
+        let here = paths.len();
+        paths.extend_from_within(start..start + shared);
+        r.copied(len, |b| paths.extend_from_slice(b))?;
+        start = here;
+        if paths.len() > u32::MAX as usize {
+            return Err(ProtoError::Malformed("tree page too large".into()));
+        }
+        t.ends.push(paths.len() as u32);
+        t.kinds.push(r.u8()?);
+        if with_meta {
+            t.metas.push(get_meta(r)?);
+        }
+    }
+    t.paths = String::from_utf8(paths)
+        .map_err(|_| ProtoError::Malformed("tree path not UTF-8".into()))?;
+    // Each path must be a string of its own, not only all of them together.
+    if !t.ends.iter().all(|&e| t.paths.is_char_boundary(e as usize)) {
+        return Err(ProtoError::Malformed("tree path not UTF-8".into()));
+    }
+    Ok(t)
 }
 
 /// Encodes an error payload.
@@ -1356,6 +1563,51 @@ mod tests {
         assert_eq!(op::name(op::WRITE), Some("WRITE"));
         assert_eq!(op::name(0), None);
         assert_eq!(Request::Sync.op(), op::SYNC);
+    }
+
+    #[test]
+    fn common_prefixes() {
+        for (a, b, n) in [
+            ("", "", 0),
+            ("a", "", 0),
+            ("/tree/d0001/f00001", "/tree/d0001/f00002", 17),
+            ("/tree/d0001/f00001", "/tree/d0001/f00001", 18),
+            ("/tree/d0001/f00001", "/tree/d0001/f0000", 17),
+            ("abcdefgh", "abcdefgx", 7),
+            ("abcdefghijklmnop", "abcdefghijklmnoq", 15),
+            ("xbcdefghijklmnop", "abcdefghijklmnoq", 0),
+        ] {
+            assert_eq!(common_prefix(a.as_bytes(), b.as_bytes()), n, "{a} {b}");
+            assert_eq!(common_prefix(b.as_bytes(), a.as_bytes()), n, "{b} {a}");
+        }
+    }
+
+    #[test]
+    fn tree_pages_refuse_bad_front_coding() {
+        let page = |entries: &[(u16, &[u8])]| {
+            let mut b = vec![tag::TREE, 1, 0];
+            b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+            for (shared, rest) in entries {
+                b.extend_from_slice(&shared.to_le_bytes());
+                b.extend_from_slice(&(rest.len() as u16).to_le_bytes());
+                b.extend_from_slice(rest);
+                b.push(8);
+            }
+            Response::decode(Bytes::from(b))
+        };
+        let ok = page(&[(0, b"/a"), (2, b"b"), (1, b"c")]).unwrap();
+        let Response::Tree(t) = ok else { panic!() };
+        assert_eq!((t.path(0), t.path(1), t.path(2)), ("/a", "/ab", "/c"));
+        // More shared bytes than the previous path has.
+        assert!(page(&[(0, b"/a"), (3, b"b")]).is_err());
+        assert!(page(&[(1, b"/a")]).is_err());
+        // "/é" cut inside the character: each path must be UTF-8 alone.
+        assert!(page(&[(0, b"/\xc3"), (0, b"\xa9")]).is_err());
+        assert!(page(&[(0, "/é".as_bytes()), (2, b"x")]).is_err());
+        // A count larger than the payload.
+        let mut b = vec![tag::TREE, 1, 0];
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Response::decode(Bytes::from(b)).is_err());
     }
 
     fn rt(req: Request) {

@@ -189,11 +189,12 @@ const REQUEST_OPS: &[u16] = &[
     op::WATCH_STAT,
     op::INVALIDATE,
     op::NODE_LOCAL,
+    op::LIST_TREE,
 ];
 
 /// Number of response tags (0 .. this), checked by
 /// `opcode_tables_are_complete`.
-const RESPONSE_TAGS: u8 = 13;
+const RESPONSE_TAGS: u8 = 14;
 
 /// Short strings: paths, names, addresses, messages, odd characters.
 fn text() -> BoxedStrategy<String> {
@@ -361,6 +362,17 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
             op::NODE_LOCAL,
             text()
                 .prop_map(|prefix| Request::NodeLocal { prefix })
+                .boxed(),
+        ),
+        (
+            op::LIST_TREE,
+            (text(), text(), any::<u32>(), any::<u8>())
+                .prop_map(|(prefix, after, max, flags)| Request::ListTree {
+                    prefix,
+                    after,
+                    max,
+                    flags,
+                })
                 .boxed(),
         ),
         (
@@ -674,6 +686,25 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
             12,
             (any_meta(), any::<u64>())
                 .prop_map(|(meta, before)| Response::Sized { meta, before })
+                .boxed(),
+        ),
+        (
+            13,
+            (
+                vec((text(), any_meta()), 0..5),
+                any::<bool>(),
+                any::<bool>(),
+            )
+                .prop_map(|(entries, with_meta, done)| {
+                    let mut t = chfs_proto::msg::TreePage {
+                        done,
+                        ..Default::default()
+                    };
+                    for (p, m) in &entries {
+                        t.push(p, m, with_meta);
+                    }
+                    Response::Tree(t)
+                })
                 .boxed(),
         ),
     ]

@@ -33,7 +33,7 @@ use chfs_proto::handshake::{
 use chfs_proto::meta::{self, Meta, META_LEN, META_VERSION};
 use chfs_proto::msg::{
     self, encode_error, encode_write_head, op, rw, DirEntry, FlushState, RebalanceState,
-    RemoveKind, ServerStatus, SetAttr, TimeSet, WriteHead,
+    RemoveKind, ServerStatus, SetAttr, TimeSet, TreePage, WriteHead,
 };
 use chfs_proto::ring::{path_hash, Hashing, Ring, ServerList};
 use chfs_proto::{ErrorReply, Request, Response, PROTOCOL_VERSION};
@@ -347,10 +347,11 @@ fn request_name(r: &Request) -> &'static str {
         Request::WatchStat { .. } => "WatchStat",
         Request::Invalidate { .. } => "Invalidate",
         Request::NodeLocal { .. } => "NodeLocal",
+        Request::ListTree { .. } => "ListTree",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 32] = [
+const REQUEST_VARIANTS: [&str; 33] = [
     "Ping",
     "GetServers",
     "Join",
@@ -383,6 +384,7 @@ const REQUEST_VARIANTS: [&str; 32] = [
     "WatchStat",
     "Invalidate",
     "NodeLocal",
+    "ListTree",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -755,6 +757,31 @@ fn requests() {
             35,
             Some(vec!["00000000"]), // none
         ),
+        (
+            Request::ListTree {
+                prefix: "/d".into(),
+                after: "/d/é".into(),
+                max: 0x0102_0304,
+                flags: msg::tree::META,
+            },
+            36,
+            Some(vec![
+                "02000000 2f64",       // prefix
+                "05000000 2f642fc3a9", // after: a full path (UTF-8)
+                "04030201",            // max
+                "01",                  // flags (META)
+            ]),
+        ),
+        (
+            Request::ListTree {
+                prefix: "/".into(),
+                after: String::new(),
+                max: 7,
+                flags: 0,
+            },
+            36,
+            Some(vec!["01000000 2f", "00000000", "07000000", "00"]),
+        ),
     ];
     for (i, (req, opcode, want)) in cases.iter().enumerate() {
         let name = request_name(req);
@@ -860,10 +887,11 @@ fn response_name(r: &Response) -> &'static str {
         Response::FlushState(_) => "FlushState",
         Response::Rebalance(_) => "Rebalance",
         Response::Sized { .. } => "Sized",
+        Response::Tree(_) => "Tree",
     }
 }
 
-const RESPONSE_VARIANTS: [&str; 13] = [
+const RESPONSE_VARIANTS: [&str; 14] = [
     "Ok",
     "Servers",
     "Status",
@@ -877,6 +905,7 @@ const RESPONSE_VARIANTS: [&str; 13] = [
     "FlushState",
     "Rebalance",
     "Sized",
+    "Tree",
 ];
 
 #[test]
@@ -1070,6 +1099,59 @@ fn responses() {
                 before: 0x0102_0304_0506_0708,
             },
             with_meta(&["0c"], &META_HEX, &["0807060504030201"]),
+        ),
+        (
+            Response::Tree({
+                let mut t = TreePage::default();
+                t.push("/d/a", &META, false);
+                t.push("/d/ab", &DIR_META, false);
+                t.push("/d/ab/é", &META, false);
+                t.push("/e", &META, false);
+                t
+            }),
+            vec![
+                "0d",                 // tag
+                "00",                 // done
+                "00",                 // no metadata records
+                "04000000",           // count
+                "0000 0400 2f642f61", // shares 0 bytes, 4 more: "/d/a"
+                "08",                 // type: regular file
+                "0400 0100 62",       // shares "/d/a", then "b"
+                "04",                 // directory
+                "0500 0300 2fc3a9",   // shares "/d/ab", then "/é"
+                "08",                 //
+                "0100 0100 65",       // shares "/", then "e"
+                "08",
+            ],
+        ),
+        (
+            Response::Tree({
+                let mut t = TreePage {
+                    done: true,
+                    ..Default::default()
+                };
+                t.push("/x", &DIR_META, true);
+                t
+            }),
+            {
+                let mut v = vec![
+                    "0d",             // tag
+                    "01",             // done
+                    "01",             // metadata records follow the types
+                    "01000000",       // count
+                    "0000 0200 2f78", // "/x"
+                    "04",             // directory
+                ];
+                v.extend(DIR_META_HEX);
+                v
+            },
+        ),
+        (
+            Response::Tree(TreePage {
+                done: true,
+                ..Default::default()
+            }),
+            vec!["0d", "01", "00", "00000000"],
         ),
     ];
     for (i, (resp, want)) in cases.iter().enumerate() {

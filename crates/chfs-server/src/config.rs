@@ -158,6 +158,12 @@ pub struct Config {
     )]
     pub node_local_prefix: String,
 
+    /// For compatibility tests: answer these requests (opcode names, as
+    /// `LIST_TREE`) as a server that does not know them does (EPROTO, the
+    /// connection closed).
+    #[arg(long = "unknown-op", hide = true)]
+    pub unknown_ops: Vec<String>,
+
     /// Write the server's address to this file once it serves.
     #[arg(short = 'S', long = "server-info-file")]
     pub info_file: Option<PathBuf>,

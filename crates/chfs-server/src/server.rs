@@ -204,6 +204,20 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
             }
         },
     };
+    let mut unknown_ops = Vec::new();
+    for name in &cfg.unknown_ops {
+        match chfs_proto::msg::op::ALL
+            .iter()
+            .find(|&&o| chfs_proto::msg::op::name(o) == Some(name.as_str()))
+        {
+            Some(&o) => unknown_ops.push(o),
+            None => {
+                return Err(ServerError::Config(format!(
+                    "--unknown-op {name}: no such opcode"
+                )))
+            }
+        }
+    }
     let (store, fresh) = open_store(&cfg)?;
     let cache = open_cache(&cfg, &*store)?;
     // `--host ofi+tcp://IP:PORT` (a fabric server's own address, as a
@@ -274,6 +288,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         keys,
         local_users: cfg.local_users.clone(),
         limits: crate::limits::Limits::from_config(&cfg),
+        unknown_ops,
         peers_open: Default::default(),
         watchdogs: Default::default(),
     });

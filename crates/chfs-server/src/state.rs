@@ -101,6 +101,8 @@ pub(crate) struct Shared {
     pub peers_open: Arc<crate::limits::PeerCounts>,
     /// Closes idle connections.
     pub watchdogs: Arc<crate::limits::Watchdogs>,
+    /// Opcodes answered as unknown (`--unknown-op`, for tests).
+    pub unknown_ops: Vec<u16>,
 }
 
 impl Shared {

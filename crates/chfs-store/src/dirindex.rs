@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Mutex, MutexGuard};
 
-use chfs_proto::path::parent;
+use chfs_proto::path::{is_within, parent};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Shards of the sharded maps (path index, directory index).
@@ -98,40 +98,80 @@ impl Hasher for PathHasher {
 pub(crate) type PathMap<V> = HashMap<String, V, PathHash>;
 
 /// A name in the directory index: its bytes, kept in the index's own
-/// nodes when short (up to 22 bytes: most names), so that a listing reads
+/// nodes when short (up to 21 bytes: most names), so that a listing reads
 /// a directory's names one node after another instead of one heap
-/// allocation each (a cache miss per name on a large index). Ordered as
-/// `str` orders (bytewise).
+/// allocation each (a cache miss per name on a large index); and the
+/// entry's file type (its mode's `S_IFMT` bits >> 12), so that a tree
+/// listing of names needs no lookup of each entry's header. Ordered (and
+/// equal) as `str` orders its bytes, whatever the type.
 #[derive(Clone)]
 enum Name {
-    Short(u8, [u8; Name::SHORT]),
-    Long(Box<[u8]>),
+    Short(u8, u8, [u8; Name::SHORT]),
+    Long(u8, Box<[u8]>),
 }
 
 impl Name {
-    const SHORT: usize = 22;
+    const SHORT: usize = 21;
 
-    fn new(s: &str) -> Self {
+    fn new(s: &str, kind: u8) -> Self {
         let b = s.as_bytes();
         if b.len() <= Self::SHORT {
             let mut a = [0u8; Self::SHORT];
             a[..b.len()].copy_from_slice(b);
-            Name::Short(b.len() as u8, a)
+            Name::Short(b.len() as u8, kind, a)
         } else {
-            Name::Long(b.into())
+            Name::Long(kind, b.into())
         }
     }
 
     fn bytes(&self) -> &[u8] {
         match self {
-            Name::Short(n, a) => &a[..*n as usize],
-            Name::Long(b) => b,
+            Name::Short(n, _, a) => &a[..*n as usize],
+            Name::Long(_, b) => b,
+        }
+    }
+
+    fn kind(&self) -> u8 {
+        match self {
+            Name::Short(_, k, _) | Name::Long(k, _) => *k,
         }
     }
 
     /// The name as a string (always UTF-8: it was made from a `str`).
     fn string(&self) -> String {
         String::from_utf8_lossy(self.bytes()).into_owned()
+    }
+}
+
+/// The file type of an entry with header mode `mode`, as kept in the
+/// directory index.
+pub(crate) fn kind_of(mode: u32) -> u8 {
+    ((mode >> 12) & 0xf) as u8
+}
+
+/// Names of one directory read for a tree listing: their bytes one after
+/// the other, where each ends, and their file types.
+#[derive(Default)]
+pub(crate) struct NameBatch {
+    pub bytes: Vec<u8>,
+    pub ends: Vec<u32>,
+    pub kinds: Vec<u8>,
+}
+
+impl NameBatch {
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+        self.kinds.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn name(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.bytes[start..self.ends[i] as usize]
     }
 }
 
@@ -188,7 +228,9 @@ impl DirIndex {
         lock(&self.dirs[shard_of(dir, SHARDS)])
     }
 
-    pub fn add(&self, path: &str) {
+    /// Lists `path` in its directory, with file type `kind` (replacing
+    /// the type it was listed with).
+    pub fn add(&self, path: &str, kind: u8) {
         if path == "/" {
             return;
         }
@@ -202,7 +244,7 @@ impl DirIndex {
         self.shard(dir)
             .entry(dir.to_string())
             .or_default()
-            .insert(Name::new(name));
+            .replace(Name::new(name, kind));
     }
 
     pub fn remove(&self, path: &str) {
@@ -237,6 +279,50 @@ impl DirIndex {
             .take(max.saturating_add(1))
             .map(Name::string)
             .collect()
+    }
+
+    /// Up to `max` names of `dir` after `after` (bytes) into `out`
+    /// (cleared first), with their types; returns whether more follow.
+    pub fn names_into(&self, dir: &str, after: &[u8], max: usize, out: &mut NameBatch) -> bool {
+        out.clear();
+        let d = self.shard(dir);
+        let Some(set) = d.get(dir) else {
+            return false;
+        };
+        let mut range = if after.is_empty() {
+            set.range::<[u8], _>(..)
+        } else {
+            set.range::<[u8], _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+        };
+        for n in range.by_ref().take(max) {
+            match n {
+                // The whole array, then cut: a copy of a known size (no
+                // call to memmove per name).
+                Name::Short(len, _, a) => {
+                    let at = out.bytes.len();
+                    out.bytes.extend_from_slice(a);
+                    out.bytes.truncate(at + *len as usize);
+                }
+                Name::Long(_, b) => out.bytes.extend_from_slice(b),
+            }
+            out.ends.push(out.bytes.len() as u32);
+            out.kinds.push(n.kind());
+        }
+        range.next().is_some()
+    }
+
+    /// The directories at or below `dir` that have entries, leaving out
+    /// those at or below `skip`.
+    pub fn dirs_below(&self, dir: &str, skip: Option<&str>) -> Vec<String> {
+        let mut out = Vec::new();
+        for sh in &self.dirs {
+            for d in lock(sh).keys() {
+                if is_within(d, dir) && !skip.is_some_and(|s| is_within(d, s)) {
+                    out.push(d.clone());
+                }
+            }
+        }
+        out
     }
 
     pub fn has_children(&self, dir: &str) -> bool {

@@ -19,7 +19,8 @@ use chfs_proto::path::is_within;
 use chfs_proto::Meta;
 
 use crate::chunkmap::ChunkMap;
-use crate::dirindex::{lock, shard_of, DirIndex, PathMap, Shard, SHARDS};
+use crate::dirindex::{kind_of, lock, shard_of, DirIndex, NameBatch, PathMap, Shard, SHARDS};
+use crate::tree;
 use crate::usage::{Striped, Usage};
 use crate::{corrupt, Chunk, MetaFn, Result, Store, StoreError, StoreStats};
 
@@ -274,7 +275,7 @@ impl<M: Medium> Indexed<M> {
                     bytes += r.len();
                     bad += r.corrupt() as u64;
                     if *idx == 0 {
-                        self.dirs.add(path);
+                        self.dirs.add(path, kind_of(r.meta().mode));
                     }
                 }
             }
@@ -378,7 +379,7 @@ impl<M: Medium> Indexed<M> {
         r?;
         drop(files);
         if idx == 0 {
-            self.dirs.add(path);
+            self.dirs.add(path, kind_of(meta.mode));
         }
         Ok((meta, true))
     }
@@ -483,6 +484,68 @@ impl<M: Medium> Indexed<M> {
         }
         intact(r, path, idx)?;
         self.medium.read(r, off as u64, len as u64).map(Some)
+    }
+}
+
+impl<M: Medium> Indexed<M> {
+    /// The directories at or below `dir` with entries here (see
+    /// [`Store::list_tree`]).
+    pub(crate) fn dirs_below(&self, dir: &str, skip: Option<&str>) -> Vec<String> {
+        self.dirs.dirs_below(dir, skip)
+    }
+
+    /// Up to `max` names of directory `dir` after `after`, with their
+    /// types, into `out`; whether more follow.
+    pub(crate) fn names_into(
+        &self,
+        dir: &str,
+        after: &[u8],
+        max: usize,
+        out: &mut NameBatch,
+    ) -> bool {
+        self.dirs.names_into(dir, after, max, out)
+    }
+
+    /// The entry header of each name of `names` in the directory whose
+    /// paths start with `key` (its path and `/`), looked up one index
+    /// shard at a time (see `list_dir`); `None` for one gone meanwhile.
+    pub(crate) fn entries_of(&self, key: &str, names: &NameBatch) -> Vec<Option<Meta>> {
+        let n = names.len();
+        let mut paths = Vec::with_capacity(names.bytes.len() + n * key.len());
+        let mut spans = Vec::with_capacity(n);
+        let mut shards = Vec::with_capacity(n);
+        let mut count = [0usize; SHARDS + 1];
+        for i in 0..n {
+            let start = paths.len();
+            paths.extend_from_slice(key.as_bytes());
+            paths.extend_from_slice(names.name(i));
+            let p = std::str::from_utf8(&paths[start..]).unwrap_or("");
+            let sh = shard_of(p, SHARDS);
+            spans.push(start..paths.len());
+            shards.push(sh as u8);
+            count[sh + 1] += 1;
+        }
+        for s in 1..=SHARDS {
+            count[s] += count[s - 1];
+        }
+        let mut order = vec![0u32; n];
+        for (i, &sh) in shards.iter().enumerate() {
+            order[count[sh as usize]] = i as u32;
+            count[sh as usize] += 1;
+        }
+        let mut metas: Vec<Option<Meta>> = vec![None; n];
+        let mut k = 0;
+        while k < order.len() {
+            let sh = shards[order[k] as usize];
+            let files = lock(&self.files[sh as usize]);
+            while let Some(&i) = order.get(k).filter(|&&i| shards[i as usize] == sh) {
+                let i = i as usize;
+                let p = std::str::from_utf8(&paths[spans[i].clone()]).unwrap_or("");
+                metas[i] = files.get(p).and_then(|c| c.get(&0)).map(|r| *r.meta());
+                k += 1;
+            }
+        }
+        metas
     }
 }
 
@@ -672,6 +735,18 @@ impl<M: Medium> Store for Indexed<M> {
             .filter_map(|(n, m)| Some((n, m?)))
             .collect();
         Ok((out, done))
+    }
+
+    fn list_tree(
+        &self,
+        dir: &str,
+        skip: Option<&str>,
+        after: &str,
+        max: usize,
+        with_meta: bool,
+        emit: &mut dyn FnMut(&str, u8, Option<&Meta>),
+    ) -> Result<bool> {
+        Ok(tree::list(self, dir, skip, after, max, with_meta, emit))
     }
 
     fn has_children(&self, dir: &str) -> Result<bool> {

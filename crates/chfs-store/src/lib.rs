@@ -20,6 +20,7 @@ mod mem;
 pub mod pmem;
 pub mod posix;
 pub mod record;
+mod tree;
 mod usage;
 
 pub use media::PersistMode;
@@ -200,6 +201,28 @@ pub trait Store: Send + Sync + 'static {
     /// listing is complete.
     fn list_dir(&self, dir: &str, after: &str, max: usize) -> Result<(Vec<(String, Meta)>, bool)>;
 
+    /// Entries (chunk 0) below directory `dir` at any depth (not `dir`
+    /// itself), as full paths in byte order, after the path `after`
+    /// (empty: from the start), leaving out those below `skip`:
+    /// `emit(path, file type, header)` for each, at most `max`; the file
+    /// type is the mode's `S_IFMT` bits >> 12, and the header comes with
+    /// `with_meta` only (without it the directory index alone answers: no
+    /// lookup per entry). Returns whether the listing is complete. Every
+    /// directory with entries here is looked at (a cost per call of the
+    /// directories held, not of `dir`'s tree); a directory's names are
+    /// read a batch at a time, so entries created or removed meanwhile
+    /// are listed or not, but none twice.
+    #[allow(clippy::too_many_arguments)]
+    fn list_tree(
+        &self,
+        dir: &str,
+        skip: Option<&str>,
+        after: &str,
+        max: usize,
+        with_meta: bool,
+        emit: &mut dyn FnMut(&str, u8, Option<&Meta>),
+    ) -> Result<bool>;
+
     /// Does any entry have `dir` as its parent?
     fn has_children(&self, dir: &str) -> Result<bool>;
 
@@ -231,3 +254,5 @@ mod tests_fuzz;
 mod tests_golden;
 #[cfg(test)]
 mod tests_persist;
+#[cfg(test)]
+mod tests_tree;

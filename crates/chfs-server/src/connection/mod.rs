@@ -420,7 +420,11 @@ pub(crate) async fn serve_conn<R, W>(
                 }
                 let _ = tx.send(Msg::Reply(response_frame(h.id, h.op, r)));
             }
-            Ok(Some((h, payload))) => match Request::decode(h.op, payload) {
+            Ok(Some((h, payload))) => match if shared.unknown_ops.contains(&h.op) {
+                Err(chfs_proto::ProtoError::UnknownOp(h.op))
+            } else {
+                Request::decode(h.op, payload)
+            } {
                 Ok(req) => {
                     // (Not a clone of the payload kept for this: its first
                     // clone allocates a shared count.)

@@ -27,8 +27,8 @@ use chfs_proto::meta::{
     now_ns, FLAG_CACHED, FLAG_DAMAGED, FLAG_MODIFIED, FLAG_PARTIAL, FLAG_STRAY, FLAG_WHITEOUT,
     MAX_FILE_SIZE,
 };
-use chfs_proto::msg::{rw, DirEntry, RemoveKind, ServerStatus};
-use chfs_proto::path::validate;
+use chfs_proto::msg::{rw, tree, DirEntry, RemoveKind, ServerStatus, TreePage};
+use chfs_proto::path::{is_within, validate};
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::Chunk;
 use tracing::{debug_span, info, Instrument};
@@ -36,7 +36,7 @@ use tracing::{debug_span, info, Instrument};
 use crate::metrics::Counters;
 use crate::state::Shared;
 
-use common::{check_chunk_size, lost, refuse, store_err, Reply};
+use common::{blocking, check_chunk_size, lost, refuse, store_err, Reply};
 use namespace::{apply_attr, default_root, rename_move, Ns};
 use pool::{join, mark_damaged, medium_available};
 
@@ -601,6 +601,39 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 }
             };
             Ok(Response::Entries { entries: out, done })
+        }
+        Request::ListTree {
+            prefix,
+            after,
+            max,
+            flags,
+        } => {
+            validate(&prefix).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            if let Ns::Cached(_) = ns {
+                // A listing in cache mode merges the backend's, directory
+                // by directory, at the server owning each directory.
+                return Err(ErrorReply::new(
+                    libc::EOPNOTSUPP,
+                    "a tree listing is not served in cache mode (list directory by directory)",
+                ));
+            }
+            let max = (max as usize).clamp(1, 65536);
+            let with_meta = flags & tree::META != 0;
+            // This node's area is listed only when asked for (it is not
+            // in the listing of its parent either).
+            let skip = sh.node_local.as_deref().filter(|&a| !is_within(&prefix, a));
+            // A page scans the directories this server holds: off the
+            // async workers' backs (block_in_place) on a large store.
+            let mut page = TreePage::default();
+            page.done = blocking(|| {
+                st.list_tree(&prefix, skip, &after, max, with_meta, &mut |p, kind, m| {
+                    if m.is_none_or(|m| m.flags & FLAG_WHITEOUT == 0) {
+                        page.push_entry(p, kind, m);
+                    }
+                })
+            })
+            .map_err(|e| store_err(&prefix, e))?;
+            Ok(Response::Tree(page))
         }
         Request::HasChildren { path } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;

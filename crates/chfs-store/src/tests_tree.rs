@@ -1,0 +1,228 @@
+//! [`Store::list_tree`] on every engine: byte order across directories,
+//! paging, the skipped area, and entries created and removed between
+//! pages.
+
+use std::collections::BTreeSet;
+
+use chfs_proto::path::is_within;
+use chfs_proto::Meta;
+
+use crate::tests::engines;
+use crate::Store;
+
+fn meta(dir: bool) -> Meta {
+    Meta {
+        mode: if dir {
+            libc::S_IFDIR | 0o755
+        } else {
+            libc::S_IFREG | 0o644
+        },
+        chunk_size: 1024,
+        fileid: 1,
+        ..Default::default()
+    }
+}
+
+/// A tree whose byte order differs from a depth-first walk's (`a.txt`,
+/// `a-b` sort between `a` and `a/…`), with a chain 30 deep, non-ASCII and
+/// long names, an entry whose parent has no entry here, and neighbours
+/// outside it (`/t2`, `/u`).
+fn tree() -> Vec<(String, bool)> {
+    let mut v: Vec<(String, bool)> = vec![
+        ("/t".into(), true),
+        ("/t/a".into(), true),
+        ("/t/a.txt".into(), false),
+        ("/t/a-b".into(), true),
+        ("/t/a-b/x".into(), false),
+        ("/t/a/é".into(), false),
+        ("/t/a/Z".into(), false),
+        ("/t/a/ z".into(), false),
+        ("/t/a/日本語".into(), true),
+        ("/t/a/日本語/ファイル".into(), false),
+        ("/t/ghost/x".into(), false),
+        ("/t/skip".into(), true),
+        ("/t/skip/in".into(), false),
+        ("/t2".into(), true),
+        ("/t2/x".into(), false),
+        ("/u/x".into(), false),
+    ];
+    let long = "l".repeat(200);
+    v.push((format!("/t/a/{long}"), false));
+    v.push((format!("/t/a/{long}é"), false));
+    let mut p = "/t/deep".to_string();
+    for i in 0..30 {
+        v.push((p.clone(), true));
+        v.push((format!("{p}/f{i}"), false));
+        p = format!("{p}/d{i:02}");
+    }
+    for i in 0..300 {
+        v.push((format!("/t/many/n{i:04}"), false));
+    }
+    v.push(("/t/many".into(), true));
+    v
+}
+
+/// A page of the listing, with and without headers (the same paths;
+/// the types those of the headers).
+fn page(
+    s: &dyn Store,
+    dir: &str,
+    skip: Option<&str>,
+    after: &str,
+    max: usize,
+) -> (Vec<String>, bool) {
+    let mut out = Vec::new();
+    let done = s
+        .list_tree(dir, skip, after, max, true, &mut |p, kind, m| {
+            let m = m.expect("a header");
+            assert_eq!(kind as u32, (m.mode >> 12) & 0xf, "{p}");
+            assert_eq!(m.is_dir(), kind == 4);
+            out.push(p.to_string())
+        })
+        .unwrap();
+    let mut names = Vec::new();
+    let done2 = s
+        .list_tree(dir, skip, after, max, false, &mut |p, kind, m| {
+            assert!(m.is_none());
+            names.push((p.to_string(), kind));
+        })
+        .unwrap();
+    assert_eq!(done, done2);
+    assert_eq!(
+        names.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+        out
+    );
+    (out, done)
+}
+
+fn all(s: &dyn Store, dir: &str, skip: Option<&str>, max: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (p, done) = page(s, dir, skip, &after, max);
+        assert!(p.len() <= max);
+        if let Some(l) = p.last() {
+            after = l.clone();
+        }
+        got.extend(p);
+        if done {
+            return got;
+        }
+    }
+}
+
+#[test]
+fn tree_listing_is_every_entry_below_in_byte_order_in_pages() {
+    for (s, _dir) in engines() {
+        let t = tree();
+        for (p, d) in &t {
+            s.create(p, meta(*d), b"", true).unwrap();
+        }
+        // A data chunk is not an entry.
+        s.write("/t/a.txt", 3, 0, b"x", &meta(false)).unwrap();
+        for (dir, skip) in [
+            ("/t", Some("/t/skip")),
+            ("/t", None),
+            ("/", None),
+            ("/t/a", None),
+        ] {
+            let want: Vec<String> = t
+                .iter()
+                .map(|(p, _)| p.clone())
+                .filter(|p| p != dir && is_within(p, dir))
+                .filter(|p| !skip.is_some_and(|s| p != s && is_within(p, s)))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            for max in [1, 2, 3, 7, 64, 511, 512, 513, 100_000] {
+                assert_eq!(all(&*s, dir, skip, max), want, "{dir} {skip:?} max {max}");
+            }
+        }
+        assert_eq!(page(&*s, "/nothing", None, "", 10), (vec![], true));
+        // Resuming after a path that is not (or no longer) an entry.
+        let (p, _) = page(&*s, "/t", None, "/t/a/b", 3);
+        assert_eq!(p[0], "/t/a/l".to_string() + &"l".repeat(199));
+    }
+}
+
+#[test]
+fn tree_listing_with_entries_created_and_removed_between_pages() {
+    for (s, _dir) in engines() {
+        let mut present = BTreeSet::new();
+        for d in 0..20 {
+            for f in 0..30 {
+                let p = format!("/r/d{d:02}/f{f:02}");
+                s.create(&p, meta(false), b"", true).unwrap();
+                present.insert(p);
+            }
+        }
+        let mut ever = present.clone();
+        let mut kept = present.clone();
+        let mut got: Vec<String> = Vec::new();
+        let mut after = String::new();
+        let mut round = 0;
+        loop {
+            let (p, done) = page(&*s, "/r", None, &after, 37);
+            if let Some(l) = p.last() {
+                after = l.clone();
+            }
+            got.extend(p);
+            if done {
+                break;
+            }
+            // Remove some entries, create others (before and after the
+            // cursor, in directories listed, being listed and not yet).
+            round += 1;
+            for d in [round % 20, (round * 7) % 20] {
+                let gone = format!("/r/d{d:02}/f{:02}", (round * 3) % 30);
+                if present.remove(&gone) {
+                    s.remove(&gone, 0, &mut |_| Ok(())).unwrap();
+                    kept.remove(&gone);
+                }
+                let new = format!("/r/d{d:02}/g{round:03}");
+                s.create(&new, meta(false), b"", false).unwrap();
+                present.insert(new.clone());
+                ever.insert(new);
+            }
+        }
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "in order, none twice");
+        for p in &kept {
+            assert!(got.contains(p), "{p} present throughout and not listed");
+        }
+        for p in &got {
+            assert!(ever.contains(p), "{p} never existed");
+        }
+    }
+}
+
+#[test]
+fn tree_listing_types_follow_an_entry_replaced() {
+    for (s, _dir) in engines() {
+        s.create("/k/x", meta(false), b"", true).unwrap();
+        s.create("/k/short-name-of-21-by", meta(true), b"", true)
+            .unwrap();
+        s.create(&format!("/k/{}", "y".repeat(40)), meta(false), b"", true)
+            .unwrap();
+        let kinds = |s: &dyn Store| {
+            let mut v = Vec::new();
+            s.list_tree("/k", None, "", 100, false, &mut |p, k, _| {
+                v.push((p.to_string(), k))
+            })
+            .unwrap();
+            v
+        };
+        assert_eq!(kinds(&*s)[1], ("/k/x".to_string(), 8));
+        assert_eq!(kinds(&*s)[0].1, 4);
+        assert_eq!(kinds(&*s)[2].1, 8);
+        // Removed and made again as a directory; a chunk put over it.
+        s.remove("/k/x", 0, &mut |_| Ok(())).unwrap();
+        s.create("/k/x", meta(true), b"", true).unwrap();
+        assert_eq!(kinds(&*s)[1], ("/k/x".to_string(), 4));
+        let c = crate::Chunk {
+            meta: meta(false),
+            data: bytes::Bytes::new(),
+        };
+        s.put("/k/x", 0, c).unwrap();
+        assert_eq!(kinds(&*s)[1], ("/k/x".to_string(), 8));
+    }
+}

@@ -1,0 +1,247 @@
+//! [`Store::list_tree`]: every entry below a directory, as full paths in
+//! byte order, merged from the directory index's per-directory name sets.
+//!
+//! The entries of directory `d` are the paths `d/name`: they all start
+//! with `d/` (its *key*) and sort among themselves by name. A page merges
+//! the directories' runs, reading each directory's names (and file types,
+//! which the directory index keeps) a batch at a time under its shard's
+//! lock; headers, when asked for, are looked up a batch at a time too,
+//! one index shard after another. A directory joins the merge only once
+//! its key sorts before the smallest path waiting (its entries cannot
+//! come earlier), so a page touches only the directories it lists from,
+//! and the runs in the merge at once are about the current path's
+//! ancestors. The smallest run gives entries until the next smallest
+//! head (or the next directory's key): when that does not start with the
+//! run's key, with no comparison at all.
+//!
+//! Resuming after the path `p`: a directory whose key is a prefix of `p`
+//! resumes after the name `p` has past the key (a name has no `/`, so
+//! bytewise `name > rest` is exactly `key + name > p`); one whose key
+//! sorts after `p` lists from its start; any other has only entries
+//! before `p`.
+
+use std::cmp::Ordering;
+
+use chfs_proto::Meta;
+
+use crate::dirindex::NameBatch;
+use crate::index::{Indexed, Medium};
+
+/// Names read from a directory at a time.
+const BATCH: usize = 512;
+
+/// One directory's part of the merge.
+struct Run {
+    /// Its key: the directory's path and `/` (`/` for the root).
+    key: String,
+    /// Names read and not yet merged from `at` on.
+    batch: NameBatch,
+    /// Their headers (with metadata only).
+    metas: Vec<Option<Meta>>,
+    at: usize,
+    /// The last name read (where the next batch starts).
+    last: Vec<u8>,
+    /// More names follow those read.
+    more: bool,
+}
+
+impl Run {
+    fn new(key: String, from: &[u8]) -> Self {
+        Self {
+            key,
+            batch: NameBatch::default(),
+            metas: Vec::new(),
+            at: 0,
+            last: from.to_vec(),
+            more: true,
+        }
+    }
+
+    fn dir(&self) -> &str {
+        if self.key.len() > 1 {
+            &self.key[..self.key.len() - 1]
+        } else {
+            "/"
+        }
+    }
+
+    /// Makes the next entry ready (reading a batch if needed, skipping
+    /// names whose header is gone when headers are wanted); false at the
+    /// run's end.
+    fn ready<M: Medium>(&mut self, st: &Indexed<M>, with_meta: bool) -> bool {
+        loop {
+            if self.at < self.batch.len() {
+                if with_meta && self.metas[self.at].is_none() {
+                    self.at += 1;
+                    continue;
+                }
+                return true;
+            }
+            if !self.more {
+                return false;
+            }
+            let mut batch = std::mem::take(&mut self.batch);
+            self.more = st.names_into(self.dir(), &self.last, BATCH, &mut batch);
+            self.batch = batch;
+            self.at = 0;
+            if self.batch.len() == 0 {
+                self.more = false;
+                return false;
+            }
+            self.last.clear();
+            self.last
+                .extend_from_slice(self.batch.name(self.batch.len() - 1));
+            if with_meta {
+                self.metas = st.entries_of(&self.key, &self.batch);
+            }
+        }
+    }
+
+    fn name(&self) -> &[u8] {
+        self.batch.name(self.at)
+    }
+}
+
+/// Compares `a[0] + a[1]` with `b[0] + b[1]` bytewise.
+fn cmp_joined(a: [&[u8]; 2], b: [&[u8]; 2]) -> Ordering {
+    let (mut ai, mut bi) = (0, 0);
+    let (mut x, mut y) = (a[0], b[0]);
+    loop {
+        while x.is_empty() && ai == 0 {
+            ai = 1;
+            x = a[1];
+        }
+        while y.is_empty() && bi == 0 {
+            bi = 1;
+            y = b[1];
+        }
+        match (x.is_empty(), y.is_empty()) {
+            (true, true) => return Ordering::Equal,
+            (true, false) => return Ordering::Less,
+            (false, true) => return Ordering::Greater,
+            _ => {}
+        }
+        let n = x.len().min(y.len());
+        match x[..n].cmp(&y[..n]) {
+            Ordering::Equal => {}
+            o => return o,
+        }
+        x = &x[n..];
+        y = &y[n..];
+    }
+}
+
+fn head(r: &Run) -> [&[u8]; 2] {
+    [r.key.as_bytes(), r.name()]
+}
+
+/// See [`crate::Store::list_tree`].
+pub(crate) fn list<M: Medium>(
+    st: &Indexed<M>,
+    dir: &str,
+    skip: Option<&str>,
+    after: &str,
+    max: usize,
+    with_meta: bool,
+    emit: &mut dyn FnMut(&str, u8, Option<&Meta>),
+) -> bool {
+    let mut keys: Vec<String> = st
+        .dirs_below(dir, skip)
+        .into_iter()
+        .map(|mut d| {
+            if d != "/" {
+                d.push('/');
+            }
+            d
+        })
+        .collect();
+    keys.sort_unstable();
+    // The runs in the merge (each with an entry ready).
+    let mut active: Vec<Run> = Vec::new();
+    let mut next = 0;
+    if !after.is_empty() {
+        // Directories holding `after`'s position: its ancestors' keys.
+        for (i, _) in after.match_indices('/') {
+            let key = &after[..=i];
+            if let Ok(k) = keys.binary_search_by(|k| k.as_str().cmp(key)) {
+                let mut r = Run::new(keys[k].clone(), &after.as_bytes()[i + 1..]);
+                if r.ready(st, with_meta) {
+                    active.push(r);
+                }
+            }
+        }
+        next = keys.partition_point(|k| k.as_str() <= after);
+    }
+    let mut n = 0;
+    let mut path = String::new();
+    loop {
+        if n == max {
+            return active.is_empty() && next == keys.len();
+        }
+        // The smallest run.
+        let mut min = None;
+        for (i, r) in active.iter().enumerate() {
+            if min.is_none_or(|m: usize| cmp_joined(head(r), head(&active[m])) == Ordering::Less) {
+                min = Some(i);
+            }
+        }
+        // Directories whose entries may come before its head join.
+        if next < keys.len()
+            && min.is_none_or(|m| {
+                cmp_joined([keys[next].as_bytes(), b""], head(&active[m])) == Ordering::Less
+            })
+        {
+            let mut r = Run::new(std::mem::take(&mut keys[next]), b"");
+            next += 1;
+            if r.ready(st, with_meta) {
+                active.push(r);
+            }
+            continue;
+        }
+        let Some(m) = min else {
+            return true;
+        };
+        // The run gives entries up to the next smallest head or key.
+        let mut bound: Option<[&[u8]; 2]> = keys.get(next).map(|k| [k.as_bytes(), &b""[..]]);
+        for (i, r) in active.iter().enumerate() {
+            if i != m && bound.is_none_or(|b| cmp_joined(head(r), b) == Ordering::Less) {
+                bound = Some(head(r));
+            }
+        }
+        let bound: Option<Vec<u8>> = bound.map(|b| [b[0], b[1]].concat());
+        let r = &mut active[m];
+        // All of the run comes first when the bound does not start with
+        // its key (and it sorts before the bound: its head does).
+        let within = bound
+            .as_deref()
+            .filter(|b| b.starts_with(r.key.as_bytes()))
+            .map(|b| &b[r.key.len()..]);
+        loop {
+            if within.is_some_and(|rest| r.name() >= rest) {
+                break;
+            }
+            path.clear();
+            path.push_str(&r.key);
+            path.push_str(std::str::from_utf8(r.name()).unwrap_or_default());
+            let kind = r.batch.kinds[r.at];
+            emit(
+                &path,
+                kind,
+                if with_meta {
+                    r.metas[r.at].as_ref()
+                } else {
+                    None
+                },
+            );
+            n += 1;
+            r.at += 1;
+            if !r.ready(st, with_meta) {
+                active.swap_remove(m);
+                break;
+            }
+            if n == max {
+                break;
+            }
+        }
+    }
+}
