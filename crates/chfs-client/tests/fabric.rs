@@ -431,6 +431,18 @@ fn a_large_directory_lists_over_ofi_tcp() {
         .collect();
     assert_eq!(names.len(), n);
     assert!(names.contains("a-rather-long-file-name-002999"));
+    // A tree listing (find's one request per server) is cut to pages
+    // that fit as well, with and without the headers.
+    for with_meta in [false, true] {
+        let t = c
+            .list_tree("/", with_meta)
+            .unwrap()
+            .expect("the server lists trees");
+        assert_eq!(t.len(), n + 1, "with_meta {with_meta}");
+        assert_eq!(t.path(0), "/big");
+        assert_eq!(t.path(n), "/big/a-rather-long-file-name-002999");
+        assert_eq!(t.meta(n).is_some(), with_meta);
+    }
 }
 
 /// What a broken or hostile peer can send chfsd's fabric endpoint: bytes

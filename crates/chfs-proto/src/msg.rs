@@ -179,6 +179,21 @@ impl TreePage {
     pub fn is_dir(&self, i: usize) -> bool {
         self.kinds[i] == 4
     }
+
+    /// Keeps the first `n` entries; when that drops any, the page is no
+    /// longer the last one (`done` false: the reader asks again after
+    /// the last path kept).
+    pub fn truncate(&mut self, n: usize) {
+        if n >= self.len() {
+            return;
+        }
+        let end = if n == 0 { 0 } else { self.ends[n - 1] as usize };
+        self.paths.truncate(end);
+        self.ends.truncate(n);
+        self.kinds.truncate(n);
+        self.metas.truncate(n);
+        self.done = false;
+    }
 }
 
 /// Write-back state of a server (or of a subtree on it).
@@ -1551,6 +1566,40 @@ pub fn decode_error(payload: Bytes) -> Result<ErrorReply, ProtoError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_page_cut_keeps_whole_entries_and_is_not_the_last() {
+        let m = |mode| Meta {
+            mode,
+            ..Default::default()
+        };
+        for with_meta in [false, true] {
+            let mut p = TreePage::default();
+            p.push("/a", &m(0o040755), with_meta);
+            p.push("/a/bb", &m(0o100644), with_meta);
+            p.push("/a/ccc", &m(0o120777), with_meta);
+            p.done = true;
+            let whole = p.clone();
+            p.truncate(3);
+            assert_eq!(p, whole, "nothing dropped: still the last page");
+            p.truncate(2);
+            assert!(!p.done);
+            assert_eq!(
+                (p.len(), p.path(1), p.paths.as_str()),
+                (2, "/a/bb", "/a/a/bb")
+            );
+            assert_eq!(p.kinds, [4, 8]);
+            assert_eq!(p.metas.len(), if with_meta { 2 } else { 0 });
+            let mut b = Vec::new();
+            Response::Tree(p.clone()).encode(&mut b);
+            assert_eq!(
+                Response::decode(Bytes::from(b)).unwrap(),
+                Response::Tree(p.clone())
+            );
+            p.truncate(0);
+            assert!(p.is_empty() && p.paths.is_empty() && !p.done);
+        }
+    }
 
     #[test]
     fn the_opcode_table_names_every_opcode_once() {

@@ -466,11 +466,27 @@ async fn serve_rma(
     }
 }
 
-/// A directory listing larger than a message is cut to a page that fits
-/// (`done` false: the client asks for the rest after its last name, as
-/// it does when a page is full).
+/// A directory listing or a tree listing larger than a message is cut to
+/// a page that fits (`done` false: the client asks for the rest after its
+/// last name or path, as it does when a page is full).
 fn fit_listing(resp: chfs_proto::Response, max: usize) -> chfs_proto::Response {
     use chfs_proto::Response;
+    if let Response::Tree(mut page) = resp {
+        loop {
+            let mut b = Vec::new();
+            let r = Response::Tree(page);
+            r.encode(&mut b);
+            let Response::Tree(p) = r else {
+                unreachable!("built above")
+            };
+            page = p;
+            if b.len() + 64 <= max || page.len() <= 1 {
+                return Response::Tree(page);
+            }
+            let keep = (page.len() * (max - 64) / b.len()).clamp(1, page.len() - 1);
+            page.truncate(keep);
+        }
+    }
     let Response::Entries {
         mut entries,
         mut done,
