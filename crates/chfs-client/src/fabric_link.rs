@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{RpcClient, RpcError, Session};
-use chfs_fabric::rpc::{FLAG_RMA, OP_BYE};
+use chfs_fabric::rpc::{FLAG_RMA, OP_BYE, OP_NO_SESSION};
 use chfs_fabric::{Address, Endpoint, Protocol, RemoteKey, Window};
 use chfs_proto::frame::{Header, FLAG_ERROR};
 use chfs_proto::handshake::Credential;
@@ -96,6 +96,10 @@ pub(crate) struct FabricLink {
     /// memory per call costs more than the copy into a reused one).
     windows: Mutex<Vec<Arc<Window>>>,
 }
+
+/// A link unused for this long reads the endpoint before it sends
+/// ([`RpcClient::progress`]).
+const IDLE_PROGRESS: Duration = Duration::from_millis(200);
 
 /// Windows a link keeps for reuse, and the smallest allocated.
 const WINDOWS_KEPT: usize = 16;
@@ -260,6 +264,11 @@ impl FabricLink {
                     .with_conn_fault(ConnFault::NotSent),
             );
         }
+        if self.idle_for() >= IDLE_PROGRESS {
+            // Lets the provider notice a connection that ended meanwhile
+            // (a restarted server), so that this request is not lost on it.
+            self.rpc.progress();
+        }
         let bulk = self.bulk(op, head, tail)?;
         let mut payload = Vec::with_capacity(head.len() + tail.len().min(MAX_MESSAGE));
         payload.extend_from_slice(head);
@@ -329,6 +338,20 @@ impl FabricLink {
             .saturating_sub(t.sent.elapsed())
             .max(Duration::from_millis(1));
         let r = match self.rpc.wait(t.id, left) {
+            Ok((h, _)) if h.op == OP_NO_SESSION => {
+                // The server restarted, or ended the session for idleness:
+                // it did not serve the request. The pool sends it again on
+                // a new link (a new session).
+                self.fail();
+                return Err(Error::new(
+                    libc::ENOTCONN,
+                    format!(
+                        "server {} no longer knows this session (restarted, or idle too long)",
+                        self.addr
+                    ),
+                )
+                .with_conn_fault(ConnFault::NotSent));
+            }
             Ok((h, payload)) => {
                 self.note_io();
                 self.decode(h, payload)

@@ -560,3 +560,155 @@ fn a_client_that_goes_away_ends_its_sessions() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Counts `what` in server 0's log.
+fn log_count(p: &LocalPool, what: &str) -> usize {
+    std::fs::read_to_string(p.log_dir().join("server0.log"))
+        .unwrap_or_default()
+        .matches(what)
+        .count()
+}
+
+/// One fabric server whose sessions expire after 2 s idle, its fabric
+/// debug log on.
+fn expiring_pool(test: &str) -> Option<LocalPool> {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return None;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: 1,
+            args: vec![
+                "-p".into(),
+                "ofi+tcp".into(),
+                "--idle-timeout".into(),
+                "2".into(),
+            ],
+            log_level: "chfs_server::fabric=debug,warn".into(),
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd");
+    Some(p)
+}
+
+/// Run by `a_client_killed_leaves_no_session_behind` in a child process
+/// (this test binary again): connects to the server it is given, makes a
+/// request, says so and waits to be killed.
+#[test]
+fn fabric_child_client() {
+    let (Ok(server), Ok(secret)) = (
+        std::env::var("CHFS_TEST_CHILD_SERVER"),
+        std::env::var("CHFS_TEST_CHILD_SECRET"),
+    ) else {
+        return;
+    };
+    let c = chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: vec![server],
+        secret: secret.into_bytes(),
+        rpc_timeout: Duration::from_secs(10),
+        ..Default::default()
+    })
+    .unwrap();
+    c.mkdir("/child", 0o755).unwrap();
+    println!("CHILD READY");
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// A client killed with SIGKILL (no OP_BYE) leaves no session and no
+/// address-vector entry behind: both go after the idle timeout. A client
+/// that was merely idle for as long gets a new session at its next
+/// request, at once (the server answers the forgotten token with
+/// OP_NO_SESSION), not after its RPC timeout.
+#[test]
+fn a_killed_client_leaves_no_session_behind() {
+    let Some(p) = expiring_pool("a_killed_client_leaves_no_session_behind") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(10);
+    });
+    c.mkdir("/d", 0o755).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fabric_child_client", "--nocapture"])
+        .env("CHFS_TEST_CHILD_SERVER", &p.addrs()[0])
+        .env("CHFS_TEST_CHILD_SECRET", p.secret().unwrap())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let ready = out
+            .lines()
+            .map_while(|l| l.ok())
+            .any(|l| l.contains("CHILD READY"));
+        assert!(ready, "the child client did not start");
+    }
+    assert!(c.stat("/child").unwrap().is_dir());
+    // SIGKILL: no goodbye.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Both endpoints (the killed client's, this idle one's) lose their
+    // sessions and leave the address vector.
+    let t = Instant::now();
+    while log_count(&p, "fabric peer removed") < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "sessions expired: {}, peers removed: {}",
+            log_count(&p, "fabric session expired"),
+            log_count(&p, "fabric peer removed")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(log_count(&p, "fabric session expired") >= 2);
+    // The idle client's next request works, well within its timeout.
+    let t = Instant::now();
+    assert!(c.stat("/d").unwrap().is_dir());
+    let fd = c.create("/d/f", O_RDWR, 0o644).unwrap();
+    let data = pattern(3 << 20, 5);
+    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+    assert!(back == data);
+    c.close(fd).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+/// A server restarted at the same address answers the old session's
+/// requests OP_NO_SESSION: the client's next request succeeds at once (a
+/// new session, the request sent again), well within its timeout.
+#[test]
+fn a_restarted_server_is_back_at_the_next_request() {
+    let Some(mut p) = expiring_pool("a_restarted_server_is_back_at_the_next_request") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(10);
+    });
+    c.mkdir("/before", 0o755).unwrap();
+    for round in 0..3 {
+        p.restart(0).unwrap();
+        let t = Instant::now();
+        c.mkdir(&format!("/after{round}"), 0o755).unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "round {round}: took {:?}",
+            t.elapsed()
+        );
+        let t = Instant::now();
+        let data = pattern(2 << 20, round);
+        let fd = c.create("/f", O_RDWR | O_TRUNC, 0o644).unwrap();
+        assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+        c.close(fd).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(3));
+    }
+}

@@ -39,6 +39,17 @@ pub struct Counters {
     pub lookup_hits: AtomicU64,
     /// Lookups sent to owners for them.
     pub lookup_forwards: AtomicU64,
+    /// Fabric sessions open now (updated once a second).
+    pub fabric_sessions: AtomicU64,
+    /// Client endpoints in the fabric address vector now (updated once a
+    /// second).
+    pub fabric_peers: AtomicU64,
+    /// Fabric sessions ended for idleness (clients that died without
+    /// saying goodbye).
+    pub fabric_expired: AtomicU64,
+    /// Messages of sessions unknown here, answered so that their client
+    /// opens a new one.
+    pub fabric_no_session: AtomicU64,
 }
 
 impl Counters {
