@@ -665,6 +665,9 @@ fn a_killed_client_leaves_no_session_behind() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(log_count(&p, "fabric session expired") >= 2);
+    // ... and status counts them.
+    let st = c.server_status().pop().unwrap().1.unwrap();
+    assert!(st.fabric_expired >= 2, "{st:?}");
     // The idle client's next request works, well within its timeout.
     let t = Instant::now();
     assert!(c.stat("/d").unwrap().is_dir());
@@ -710,5 +713,42 @@ fn a_restarted_server_is_back_at_the_next_request() {
         assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
         c.close(fd).unwrap();
         assert!(t.elapsed() < Duration::from_secs(3));
+    }
+}
+
+/// `status` counts fabric sessions and the chunk data moved by RMA (and
+/// registration fallbacks to copies: none here).
+#[test]
+fn status_counts_fabric_sessions_and_rma() {
+    let Some(p) = fabric_pool(1, "status_counts_fabric_sessions_and_rma") else {
+        return;
+    };
+    let status = |c: &chfs_client::Client| c.server_status().pop().unwrap().1.unwrap();
+    let c = fabric_client(&p);
+    let before = status(&c);
+    assert!(before.fabric_sessions >= 1, "{before:?}");
+    let c2 = fabric_client(&p);
+    c2.mkdir("/x", 0o755).unwrap();
+    assert!(status(&c).fabric_sessions >= 2);
+    c.set_chunk_size(1 << 20).unwrap();
+    let data = pattern(4 << 20, 3);
+    let fd = c.create("/f", O_RDWR, 0o644).unwrap();
+    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+    assert!(back == data);
+    c.close(fd).unwrap();
+    let after = status(&c);
+    assert!(after.rma_pulls >= before.rma_pulls + 4, "{after:?}");
+    assert!(after.rma_pushes >= before.rma_pushes + 4, "{after:?}");
+    assert_eq!(after.reg_fallbacks, 0);
+    assert_eq!(after.fabric_expired, 0);
+    // The other client's sessions end with it.
+    let open = after.fabric_sessions;
+    drop(c2);
+    let t = Instant::now();
+    while status(&c).fabric_sessions >= open {
+        assert!(t.elapsed() < Duration::from_secs(5), "no session ended");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

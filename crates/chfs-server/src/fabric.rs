@@ -178,6 +178,10 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
             t.sweep(&shared, &ep, idle);
             swept = Instant::now();
         }
+        shared.counters.fabric_sessions.store(
+            t.sessions.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let m = match ep.recv(Duration::from_secs(1)) {
             Ok(m) => m,
             Err(FabricError::Timeout { .. }) => continue,
@@ -563,6 +567,7 @@ async fn serve_rma(
                 .map_err(fabric)?;
             let buf = timed(tokio::time::timeout(RMA_TIMEOUT, pull).await)?
                 .ok_or_else(|| ErrorReply::new(libc::EIO, "the pull buffer did not come back"))?;
+            Counters::inc(&shared.counters.rma_pulls);
             let data = Bytes::from_owner(Pooled {
                 buf: Some(buf),
                 len,
@@ -594,6 +599,7 @@ async fn serve_rma(
                         let (local, off) = match ep.register(d.clone()) {
                             Ok(r) => (Local::Pinned(r.pinned.clone()), r.off),
                             Err(_) => {
+                                Counters::inc(&shared.counters.reg_fallbacks);
                                 let mut b = ep.buffer(n).map_err(fabric)?;
                                 b[..n].copy_from_slice(&d);
                                 (Local::Buffer(b), 0)
@@ -603,6 +609,7 @@ async fn serve_rma(
                             .start_write(peer, local, off, n, key, 0, SEND_TIMEOUT)
                             .map_err(fabric)?;
                         timed(tokio::time::timeout(RMA_TIMEOUT, push).await)?;
+                        Counters::inc(&shared.counters.rma_pushes);
                     }
                     Ok(chfs_proto::Response::Written(n as u32))
                 }
