@@ -752,3 +752,58 @@ fn status_counts_fabric_sessions_and_rma() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Over `ofi+shm`, chunks larger than a message: reads of 1 MiB chunks
+/// move by RMA into windows the link owns (shm does not revoke a closed
+/// registration, so a window whose request was not answered is never
+/// freed: a late write lands in it, not in reused memory).
+#[test]
+fn one_mib_chunks_over_ofi_shm() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "one_mib_chunks_over_ofi_shm",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: 2,
+            args: vec!["-p".into(), "ofi+shm".into()],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool over ofi+shm");
+    for a in p.addrs() {
+        assert!(a.starts_with("ofi+shm://"), "{a}");
+    }
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(10);
+    });
+    for cs in [1u32 << 20, 65_536] {
+        c.set_chunk_size(cs).unwrap();
+        let path = format!("/shm-{cs}");
+        let len = 4 * cs as usize + 4321;
+        let data = pattern(len, cs as u64);
+        let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+        assert_eq!(c.pwrite(fd, &data, 0).unwrap(), len);
+        let mut back = vec![0u8; len + 10];
+        assert_eq!(c.pread(fd, &mut back, 0).unwrap(), len, "chunk size {cs}");
+        assert!(back[..len] == data[..], "chunk size {cs}");
+        let mut part = vec![0u8; (len - 1000).min(300_000)];
+        assert_eq!(c.pread(fd, &mut part, 777).unwrap(), part.len());
+        assert!(part[..] == data[777..777 + part.len()]);
+        c.close(fd).unwrap();
+    }
+    let st = c.server_status();
+    assert!(st.iter().all(|(_, s)| s.is_ok()));
+    assert!(
+        st.iter()
+            .map(|(_, s)| s.as_ref().unwrap().rma_pushes)
+            .sum::<u64>()
+            >= 8
+    );
+}
