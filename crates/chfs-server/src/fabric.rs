@@ -417,10 +417,17 @@ fn request(
     }
     if h.flags & FLAG_RMA != 0 && h.flags & !(FLAG_FORWARDED | FLAG_RMA) == 0 {
         let pulls = pulls(shared);
-        rt.spawn(async move {
+        let mut served = Box::pin(async move {
             let r = serve_rma(&sh, &ep, pulls, peer, h, payload, forwarded).await;
             reply(&ep, peer, h, r);
         });
+        // Polled once here: a write's pull (a read's handler, usually
+        // done at once, and its push) is posted from this thread, not
+        // after a hop to a runtime thread; the rest runs in a task.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if served.as_mut().poll(&mut cx).is_pending() {
+            rt.spawn(served);
+        }
         return;
     }
     if h.flags & !FLAG_FORWARDED != 0 {
@@ -473,6 +480,49 @@ fn pulls(_shared: &Shared) -> Pulls {
 
 /// Pull buffers kept.
 const PULLS_KEPT: usize = 64;
+
+/// Spare pull buffers of a size kept ready (allocated, faulted in and
+/// registered by a blocking thread, off the request's path: a fresh
+/// buffer's first touch cost more than the copy it saves, and the
+/// buffers a store keeps as chunks do not come back).
+const PULLS_SPARE: usize = 4;
+/// ... but no more than this many bytes of them (at least one buffer).
+const PULLS_SPARE_BYTES: usize = 16 << 20;
+
+/// Tops the pool up to [`PULLS_SPARE`] buffers of `len` bytes (at most
+/// [`PULLS_SPARE_BYTES`]) in the background.
+fn restock(ep: &Arc<Endpoint>, pulls: &Pulls, len: usize) {
+    static BUSY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let spare = chfs_sys::lock(pulls)
+        .iter()
+        .filter(|b| b.len() == len)
+        .count();
+    let want = (PULLS_SPARE_BYTES / len.max(1)).clamp(1, PULLS_SPARE);
+    if spare >= want || BUSY.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let (ep, pool) = (ep.clone(), Arc::downgrade(pulls));
+    let r = tokio::runtime::Handle::try_current().map(|rt| {
+        rt.spawn_blocking(move || {
+            for _ in spare..want {
+                let Ok(mut b) = ep.buffer(len) else { break };
+                for i in (0..len).step_by(4096) {
+                    b[i] = 0;
+                }
+                let Some(pool) = pool.upgrade() else { break };
+                let mut pool = chfs_sys::lock(&pool);
+                if pool.len() >= PULLS_KEPT {
+                    break;
+                }
+                pool.push(b);
+            }
+            BUSY.store(false, std::sync::atomic::Ordering::Release);
+        })
+    });
+    if r.is_err() {
+        BUSY.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
 
 /// A pull buffer lent to a chunk as its memory; back to the pool when the
 /// chunk lets go of it.
@@ -562,6 +612,7 @@ async fn serve_rma(
                 Some(b) => b,
                 None => ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
             };
+            restock(ep, &pulls, buf.len());
             let pull = ep
                 .start_read(peer, Local::Buffer(buf), 0, len, key, 0, SEND_TIMEOUT)
                 .map_err(fabric)?;
