@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{RpcClient, RpcError, Session};
-use chfs_fabric::rpc::{FLAG_RMA, OP_BYE};
+use chfs_fabric::rpc::{FLAG_RMA, OP_BYE, OP_NO_SESSION};
 use chfs_fabric::{Address, Endpoint, Protocol, RemoteKey, Window};
 use chfs_proto::frame::{Header, FLAG_ERROR};
 use chfs_proto::handshake::Credential;
@@ -97,6 +97,10 @@ pub(crate) struct FabricLink {
     windows: Mutex<Vec<Arc<Window>>>,
 }
 
+/// A link unused for this long reads the endpoint before it sends
+/// ([`RpcClient::progress`]).
+const IDLE_PROGRESS: Duration = Duration::from_millis(200);
+
 /// Windows a link keeps for reuse, and the smallest allocated.
 const WINDOWS_KEPT: usize = 16;
 const WINDOW_MIN: usize = 64 << 10;
@@ -111,10 +115,38 @@ pub(crate) struct FabricTicket {
 
 /// A window lent to the server for one request.
 struct Bulk {
-    window: Arc<Window>,
+    window: Option<Arc<Window>>,
     /// A read's: the server writes up to this many bytes there and
     /// answers `Written(n)`.
     read: bool,
+    /// The provider does not revoke a closed registration (shm): a
+    /// window whose request was not answered is never freed.
+    keep_unanswered: bool,
+}
+
+impl Bulk {
+    fn window(&self) -> &Arc<Window> {
+        self.window.as_ref().expect("held until settled")
+    }
+}
+
+/// Windows of requests never answered over a provider that does not
+/// revoke registrations (shm): the server may still write into them (a
+/// read it serves late) or read them, so their memory is never given back
+/// to the allocator. Each is at most a chunk; one per request that timed
+/// out or failed after it was sent.
+static QUARANTINE: Mutex<Vec<Arc<Window>>> = Mutex::new(Vec::new());
+
+impl Drop for Bulk {
+    /// A window still here was lent for a request that got no answer:
+    /// dropped (tcp revokes the key on close), or over shm kept forever.
+    fn drop(&mut self) {
+        if let Some(w) = self.window.take() {
+            if self.keep_unanswered {
+                lock(&QUARANTINE).push(w);
+            }
+        }
+    }
 }
 
 fn rpc_err(addr: &str, what: &str, e: RpcError) -> Error {
@@ -227,14 +259,12 @@ impl FabricLink {
         use chfs_proto::msg::op;
         let (len, read) = match op {
             op::WRITE if tail.len() >= self.rdma_thresh => (tail.len(), false),
-            op::READ if self.rpc.endpoint().address().protocol != Protocol::Shm => {
-                match Request::decode(op, Bytes::copy_from_slice(head)) {
-                    Ok(Request::Read { len, .. }) if len as usize >= self.rdma_thresh => {
-                        (len as usize, true)
-                    }
-                    _ => return Ok(None),
+            op::READ => match Request::decode(op, Bytes::copy_from_slice(head)) {
+                Ok(Request::Read { len, .. }) if len as usize >= self.rdma_thresh => {
+                    (len as usize, true)
                 }
-            }
+                _ => return Ok(None),
+            },
             _ => return Ok(None),
         };
         let window = self.window(len)?;
@@ -247,7 +277,15 @@ impl FabricLink {
             len: len as u64,
             ..window.remote_key()
         };
-        Ok(Some((Bulk { window, read }, key)))
+        let keep_unanswered = self.rpc.endpoint().address().protocol == Protocol::Shm;
+        Ok(Some((
+            Bulk {
+                window: Some(window),
+                read,
+                keep_unanswered,
+            },
+            key,
+        )))
     }
 
     /// Sends a request whose payload is `head` followed by `tail` (the
@@ -259,6 +297,11 @@ impl FabricLink {
                 Error::new(libc::EIO, format!("link to server {addr} is broken"))
                     .with_conn_fault(ConnFault::NotSent),
             );
+        }
+        if self.idle_for() >= IDLE_PROGRESS {
+            // Lets the provider notice a connection that ended meanwhile
+            // (a restarted server), so that this request is not lost on it.
+            self.rpc.progress();
         }
         let bulk = self.bulk(op, head, tail)?;
         let mut payload = Vec::with_capacity(head.len() + tail.len().min(MAX_MESSAGE));
@@ -329,6 +372,20 @@ impl FabricLink {
             .saturating_sub(t.sent.elapsed())
             .max(Duration::from_millis(1));
         let r = match self.rpc.wait(t.id, left) {
+            Ok((h, _)) if h.op == OP_NO_SESSION => {
+                // The server restarted, or ended the session for idleness:
+                // it did not serve the request. The pool sends it again on
+                // a new link (a new session).
+                self.fail();
+                return Err(Error::new(
+                    libc::ENOTCONN,
+                    format!(
+                        "server {} no longer knows this session (restarted, or idle too long)",
+                        self.addr
+                    ),
+                )
+                .with_conn_fault(ConnFault::NotSent));
+            }
             Ok((h, payload)) => {
                 self.note_io();
                 self.decode(h, payload)
@@ -349,23 +406,23 @@ impl FabricLink {
                 return Err(rpc_err(&self.addr, "lost", e).with_conn_fault(ConnFault::Lost));
             }
         };
-        let Some(bulk) = t.bulk else {
+        let Some(mut bulk) = t.bulk else {
             return r.map(Landing::Reply);
         };
         // Answered: the server is done with the window (after an error it
         // may have given up on an RMA still in flight: not reused).
         let ok = r.is_ok();
         let out = match r {
-            Ok(Response::Written(n)) if bulk.read && n as usize <= bulk.window.len() => {
+            Ok(Response::Written(n)) if bulk.read && n as usize <= bulk.window().len() => {
                 let n = n as usize;
                 let copied = match dst {
                     Some(d) if n <= d.len() => bulk
-                        .window
+                        .window()
                         .copy_out(0, &mut d[..n])
                         .map(|_| Landing::Landed(n)),
                     _ => {
                         let mut v = vec![0u8; n];
-                        bulk.window
+                        bulk.window()
                             .copy_out(0, &mut v)
                             .map(|_| Landing::Reply(Response::Data(Bytes::from(v))))
                     }
@@ -382,7 +439,9 @@ impl FabricLink {
             r => r.map(Landing::Reply),
         };
         if ok {
-            self.keep(bulk.window);
+            if let Some(w) = bulk.window.take() {
+                self.keep(w);
+            }
         }
         out
     }

@@ -572,3 +572,250 @@ fn a_client_that_goes_away_ends_its_sessions() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Counts `what` in server 0's log.
+fn log_count(p: &LocalPool, what: &str) -> usize {
+    std::fs::read_to_string(p.log_dir().join("server0.log"))
+        .unwrap_or_default()
+        .matches(what)
+        .count()
+}
+
+/// One fabric server whose sessions expire after 2 s idle, its fabric
+/// debug log on.
+fn expiring_pool(test: &str) -> Option<LocalPool> {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return None;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: 1,
+            args: vec![
+                "-p".into(),
+                "ofi+tcp".into(),
+                "--idle-timeout".into(),
+                "2".into(),
+            ],
+            log_level: "chfs_server::fabric=debug,warn".into(),
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd");
+    Some(p)
+}
+
+/// Run by `a_client_killed_leaves_no_session_behind` in a child process
+/// (this test binary again): connects to the server it is given, makes a
+/// request, says so and waits to be killed.
+#[test]
+fn fabric_child_client() {
+    let (Ok(server), Ok(secret)) = (
+        std::env::var("CHFS_TEST_CHILD_SERVER"),
+        std::env::var("CHFS_TEST_CHILD_SECRET"),
+    ) else {
+        return;
+    };
+    let c = chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: vec![server],
+        secret: secret.into_bytes(),
+        rpc_timeout: Duration::from_secs(10),
+        ..Default::default()
+    })
+    .unwrap();
+    c.mkdir("/child", 0o755).unwrap();
+    println!("CHILD READY");
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// A client killed with SIGKILL (no OP_BYE) leaves no session and no
+/// address-vector entry behind: both go after the idle timeout. A client
+/// that was merely idle for as long gets a new session at its next
+/// request, at once (the server answers the forgotten token with
+/// OP_NO_SESSION), not after its RPC timeout.
+#[test]
+fn a_killed_client_leaves_no_session_behind() {
+    let Some(p) = expiring_pool("a_killed_client_leaves_no_session_behind") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(10);
+    });
+    c.mkdir("/d", 0o755).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fabric_child_client", "--nocapture"])
+        .env("CHFS_TEST_CHILD_SERVER", &p.addrs()[0])
+        .env("CHFS_TEST_CHILD_SECRET", p.secret().unwrap())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let ready = out
+            .lines()
+            .map_while(|l| l.ok())
+            .any(|l| l.contains("CHILD READY"));
+        assert!(ready, "the child client did not start");
+    }
+    assert!(c.stat("/child").unwrap().is_dir());
+    // SIGKILL: no goodbye.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Both endpoints (the killed client's, this idle one's) lose their
+    // sessions and leave the address vector.
+    let t = Instant::now();
+    while log_count(&p, "fabric peer removed") < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "sessions expired: {}, peers removed: {}",
+            log_count(&p, "fabric session expired"),
+            log_count(&p, "fabric peer removed")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(log_count(&p, "fabric session expired") >= 2);
+    // ... and status counts them.
+    let st = c.server_status().pop().unwrap().1.unwrap();
+    assert!(st.fabric_expired >= 2, "{st:?}");
+    // The idle client's next request works, well within its timeout.
+    let t = Instant::now();
+    assert!(c.stat("/d").unwrap().is_dir());
+    let fd = c.create("/d/f", O_RDWR, 0o644).unwrap();
+    let data = pattern(3 << 20, 5);
+    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+    assert!(back == data);
+    c.close(fd).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+/// A server restarted at the same address answers the old session's
+/// requests OP_NO_SESSION: the client's next request succeeds at once (a
+/// new session, the request sent again), well within its timeout.
+#[test]
+fn a_restarted_server_is_back_at_the_next_request() {
+    let Some(mut p) = expiring_pool("a_restarted_server_is_back_at_the_next_request") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(10);
+    });
+    c.mkdir("/before", 0o755).unwrap();
+    for round in 0..3 {
+        p.restart(0).unwrap();
+        let t = Instant::now();
+        c.mkdir(&format!("/after{round}"), 0o755).unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "round {round}: took {:?}",
+            t.elapsed()
+        );
+        let t = Instant::now();
+        let data = pattern(2 << 20, round);
+        let fd = c.create("/f", O_RDWR | O_TRUNC, 0o644).unwrap();
+        assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+        c.close(fd).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(3));
+    }
+}
+
+/// `status` counts fabric sessions and the chunk data moved by RMA (and
+/// registration fallbacks to copies: none here).
+#[test]
+fn status_counts_fabric_sessions_and_rma() {
+    let Some(p) = fabric_pool(1, "status_counts_fabric_sessions_and_rma") else {
+        return;
+    };
+    let status = |c: &chfs_client::Client| c.server_status().pop().unwrap().1.unwrap();
+    let c = fabric_client(&p);
+    let before = status(&c);
+    assert!(before.fabric_sessions >= 1, "{before:?}");
+    let c2 = fabric_client(&p);
+    c2.mkdir("/x", 0o755).unwrap();
+    assert!(status(&c).fabric_sessions >= 2);
+    c.set_chunk_size(1 << 20).unwrap();
+    let data = pattern(4 << 20, 3);
+    let fd = c.create("/f", O_RDWR, 0o644).unwrap();
+    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+    assert!(back == data);
+    c.close(fd).unwrap();
+    let after = status(&c);
+    assert!(after.rma_pulls >= before.rma_pulls + 4, "{after:?}");
+    assert!(after.rma_pushes >= before.rma_pushes + 4, "{after:?}");
+    assert_eq!(after.reg_fallbacks, 0);
+    assert_eq!(after.fabric_expired, 0);
+    // The other client's sessions end with it.
+    let open = after.fabric_sessions;
+    drop(c2);
+    let t = Instant::now();
+    while status(&c).fabric_sessions >= open {
+        assert!(t.elapsed() < Duration::from_secs(5), "no session ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Over `ofi+shm`, chunks larger than a message: reads of 1 MiB chunks
+/// move by RMA into windows the link owns (shm does not revoke a closed
+/// registration, so a window whose request was not answered is never
+/// freed: a late write lands in it, not in reused memory).
+#[test]
+fn one_mib_chunks_over_ofi_shm() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "one_mib_chunks_over_ofi_shm",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: 2,
+            args: vec!["-p".into(), "ofi+shm".into()],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool over ofi+shm");
+    for a in p.addrs() {
+        assert!(a.starts_with("ofi+shm://"), "{a}");
+    }
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(10);
+    });
+    for cs in [1u32 << 20, 65_536] {
+        c.set_chunk_size(cs).unwrap();
+        let path = format!("/shm-{cs}");
+        let len = 4 * cs as usize + 4321;
+        let data = pattern(len, cs as u64);
+        let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+        assert_eq!(c.pwrite(fd, &data, 0).unwrap(), len);
+        let mut back = vec![0u8; len + 10];
+        assert_eq!(c.pread(fd, &mut back, 0).unwrap(), len, "chunk size {cs}");
+        assert!(back[..len] == data[..], "chunk size {cs}");
+        let mut part = vec![0u8; (len - 1000).min(300_000)];
+        assert_eq!(c.pread(fd, &mut part, 777).unwrap(), part.len());
+        assert!(part[..] == data[777..777 + part.len()]);
+        c.close(fd).unwrap();
+    }
+    let st = c.server_status();
+    assert!(st.iter().all(|(_, s)| s.is_ok()));
+    assert!(
+        st.iter()
+            .map(|(_, s)| s.as_ref().unwrap().rma_pushes)
+            .sum::<u64>()
+            >= 8
+    );
+}

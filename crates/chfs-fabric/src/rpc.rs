@@ -65,6 +65,13 @@ pub const OP_PROOF: u16 = 0xff04;
 pub const OP_VERDICT: u16 = 0xff05;
 /// The client ends the session the token names (no answer).
 pub const OP_BYE: u16 = 0xff06;
+/// The server's answer to a message whose token names no session it
+/// knows (it restarted, or the session expired idle): sent to the
+/// message's reply-to address ([`encode_message_from`]), with the
+/// request's frame id, `FLAG_ERROR` and an error reply (ENOTCONN). The
+/// request was not served: the client opens a new session and sends it
+/// again.
+pub const OP_NO_SESSION: u16 = 0xff07;
 /// Request flag (fabric only; to join chfs-proto's `FLAG_*` when the
 /// transport is integrated): the bulk data is not in the frame; the
 /// payload ends with a [`RemoteKey`] naming the client's memory.
@@ -112,6 +119,70 @@ pub fn encode_message(token: u64, id: u64, op: u16, flags: u16, payload: &[u8]) 
     m.extend_from_slice(&header.encode());
     m.extend_from_slice(payload);
     m
+}
+
+/// A message in a session with the sender's address after the frame, so
+/// that a server that does not know the session (restarted, expired) can
+/// still answer [`OP_NO_SESSION`]:
+///
+/// ```text
+/// | token u64 | frame (header, payload) | from_len u16 | from (utf-8, `ofi+tcp://IP:PORT`) |
+/// ```
+pub fn encode_message_from(
+    token: u64,
+    id: u64,
+    op: u16,
+    flags: u16,
+    payload: &[u8],
+    from: &[u8],
+) -> Vec<u8> {
+    let mut m = Vec::with_capacity(TOKEN_LEN + HEADER_LEN + payload.len() + 2 + from.len());
+    m.extend_from_slice(&token.to_le_bytes());
+    let header = Header {
+        len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
+        id,
+        op,
+        flags,
+    };
+    m.extend_from_slice(&header.encode());
+    m.extend_from_slice(payload);
+    m.extend_from_slice(&(from.len() as u16).to_le_bytes());
+    m.extend_from_slice(from);
+    m
+}
+
+/// Splits a message into token, header, payload and the sender's address
+/// if it gave one ([`encode_message_from`]).
+pub fn decode_message_from(m: &[u8]) -> Result<(u64, Header, Bytes, Option<Address>), ProtoError> {
+    if m.len() < TOKEN_LEN + HEADER_LEN {
+        return Err(ProtoError::Truncated {
+            needed: TOKEN_LEN + HEADER_LEN - m.len(),
+        });
+    }
+    let head: &[u8; HEADER_LEN] = m[TOKEN_LEN..TOKEN_LEN + HEADER_LEN]
+        .try_into()
+        .expect("header bytes");
+    let header = Header::decode(head)?;
+    let end = (TOKEN_LEN + HEADER_LEN).saturating_add(header.len as usize);
+    if m.len() <= end {
+        let (t, h, p) = decode_message(m)?;
+        return Ok((t, h, p, None));
+    }
+    let rest = &m[end..];
+    let bad = |why: &str| ProtoError::Malformed(format!("fabric message: {why}"));
+    if rest.len() < 2 {
+        return Err(bad("truncated sender address"));
+    }
+    let n = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+    if rest.len() != 2 + n {
+        return Err(bad("sender address of the wrong length"));
+    }
+    let from = std::str::from_utf8(&rest[2..])
+        .map_err(|_| bad("sender address not utf-8"))?
+        .parse::<Address>()
+        .map_err(|e| bad(&e.to_string()))?;
+    let (t, h, p) = decode_message(&m[..end])?;
+    Ok((t, h, p, Some(from)))
 }
 
 /// Splits a message into token, header and payload, checking the
@@ -253,6 +324,8 @@ struct Inbox {
 /// from any number of threads.
 pub struct RpcClient {
     ep: Arc<Endpoint>,
+    /// Its address, the reply-to of every message in a session.
+    from: Vec<u8>,
     rdma_thresh: usize,
     next_id: AtomicU64,
     inbox: Mutex<Inbox>,
@@ -263,6 +336,7 @@ impl RpcClient {
     /// A client on `ep` (which it then reads: nothing else should).
     pub fn new(ep: Arc<Endpoint>) -> RpcClient {
         RpcClient {
+            from: ep.address().to_string().into_bytes(),
             ep,
             rdma_thresh: RDMA_THRESH,
             next_id: AtomicU64::new(1),
@@ -374,7 +448,9 @@ impl RpcClient {
     }
 
     /// Sends one frame in session `s` without waiting for its answer;
-    /// returns its id, for [`RpcClient::wait`].
+    /// returns its id, for [`RpcClient::wait`]. A frame in a session
+    /// carries this endpoint's address ([`encode_message_from`]): a server
+    /// that does not know the session answers [`OP_NO_SESSION`] there.
     pub fn post(
         &self,
         s: &Session,
@@ -384,7 +460,11 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let m = encode_message(s.token, id, op, flags, payload);
+        let m = if s.token == 0 || op == OP_BYE {
+            encode_message(s.token, id, op, flags, payload)
+        } else {
+            encode_message_from(s.token, id, op, flags, payload, &self.from)
+        };
         self.ep.send(s.peer, &m, timeout)?;
         Ok(id)
     }
@@ -492,6 +572,46 @@ impl RpcClient {
             return Err(RpcError::Remote(decode_error(payload)?));
         }
         Ok(Response::decode(payload)?)
+    }
+
+    /// Reads what the endpoint has now if no other thread is reading it,
+    /// filing replies for their callers. With manual progress (tcp under
+    /// rxm) this is also when the provider learns of connections that
+    /// ended while nobody read: a link unused for a while calls this
+    /// before it sends, so that a message to a server that restarted goes
+    /// over a new connection (and is answered [`OP_NO_SESSION`]) instead
+    /// of being lost on the dead one.
+    pub fn progress(&self) {
+        let mut inbox = self.lock();
+        if inbox.reading {
+            return;
+        }
+        inbox.reading = true;
+        drop(inbox);
+        let mut got = Vec::new();
+        // A few reads: the provider may learn of the ended connection in
+        // one and tear it down in the next.
+        for _ in 0..4 {
+            match self.ep.recv(Duration::from_micros(1)) {
+                Ok(m) => got.push(decode_message(&m)),
+                Err(Error::Timeout { .. }) => {}
+                Err(_) => break,
+            }
+        }
+        let mut inbox = self.lock();
+        inbox.reading = false;
+        for g in got {
+            match g {
+                Ok((_, h, payload))
+                    if !inbox.abandoned.remove(&h.id)
+                        && h.id < self.next_id.load(Ordering::Relaxed) =>
+                {
+                    inbox.replies.insert(h.id, (h, payload));
+                }
+                _ => inbox.strays += 1,
+            }
+        }
+        self.cv.notify_all();
     }
 
     /// Waits for the reply to call `id`: reads the endpoint if no other
@@ -643,9 +763,9 @@ impl RpcServer {
             Err(Error::Timeout { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        let decoded = decode_message(&m);
+        let decoded = decode_message_from(&m);
         drop(m);
-        let Ok((token, h, payload)) = decoded else {
+        let Ok((token, h, payload, _)) = decoded else {
             self.stats.dropped += 1;
             return Ok(true);
         };
@@ -874,6 +994,27 @@ mod tests {
         let (_, h, p) = decode_message(&m).unwrap();
         assert_eq!(h.flags, FLAG_RMA);
         assert_eq!(RemoteKey::decode(&p[4..]).unwrap(), key);
+    }
+
+    #[test]
+    fn message_from_golden_bytes() {
+        let m = encode_message_from(7, 9, 3, 0, b"ab", b"ofi+tcp://1.2.3.4:5");
+        let mut want = vec![7, 0, 0, 0, 0, 0, 0, 0];
+        want.extend_from_slice(&[2, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]);
+        want.extend_from_slice(b"ab");
+        want.extend_from_slice(&[19, 0]);
+        want.extend_from_slice(b"ofi+tcp://1.2.3.4:5");
+        assert_eq!(m, want);
+        let (t, h, p, from) = decode_message_from(&m).unwrap();
+        assert_eq!((t, h.id, h.op, &p[..]), (7, 9, 3, &b"ab"[..]));
+        assert_eq!(from.unwrap().to_string(), "ofi+tcp://1.2.3.4:5");
+        // Without a sender, as before; a bad trailer is refused.
+        let plain = encode_message(7, 9, 3, 0, b"ab");
+        assert!(decode_message_from(&plain).unwrap().3.is_none());
+        assert!(decode_message_from(&m[..m.len() - 1]).is_err());
+        assert!(decode_message_from(&[&plain[..], &[1][..]].concat()).is_err());
+        // The strict decoder refuses the trailer.
+        assert!(decode_message(&m).is_err());
     }
 
     #[test]

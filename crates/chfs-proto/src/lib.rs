@@ -28,8 +28,10 @@ pub use msg::{Request, Response};
 /// roles, `Response::Sized`; 6: `SetSize::stray`, errnos in the flush and
 /// rebalance states, `ServerStatus::forwarded`/`reads`/`writes`; 8:
 /// `Lookup`, `WatchStat`, `Invalidate`, `ServerStatus::lookups`/`lookup_hits`/`lookup_forwards`/
-/// `node_local_entries`/`node_local_bytes`; 9: `NodeLocal`).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// `node_local_entries`/`node_local_bytes`; 9: `NodeLocal`; 10:
+/// `ServerStatus::fabric_sessions`/`fabric_expired`/`rma_pulls`/
+/// `rma_pushes`/`reg_fallbacks`).
+pub const PROTOCOL_VERSION: u16 = 10;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

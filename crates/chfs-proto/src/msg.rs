@@ -304,6 +304,16 @@ pub struct ServerStatus {
     /// files.
     pub node_local_entries: u64,
     pub node_local_bytes: u64,
+    /// Fabric transport (`chfsd -p ofi+*`): sessions open now, sessions
+    /// ended for idleness (clients gone without a goodbye), chunk data
+    /// moved by RMA (writes' data pulled from clients, reads' pushed into
+    /// them), and pushes that went through a copy because the chunk's
+    /// memory could not be registered. All 0 without a fabric endpoint.
+    pub fabric_sessions: u64,
+    pub fabric_expired: u64,
+    pub rma_pulls: u64,
+    pub rma_pushes: u64,
+    pub reg_fallbacks: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1310,6 +1320,11 @@ impl Response {
                 out.put_u64(s.lookup_forwards);
                 out.put_u64(s.node_local_entries);
                 out.put_u64(s.node_local_bytes);
+                out.put_u64(s.fabric_sessions);
+                out.put_u64(s.fabric_expired);
+                out.put_u64(s.rma_pulls);
+                out.put_u64(s.rma_pushes);
+                out.put_u64(s.reg_fallbacks);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1406,6 +1421,11 @@ impl Response {
                 lookup_forwards: r.u64()?,
                 node_local_entries: r.u64()?,
                 node_local_bytes: r.u64()?,
+                fabric_sessions: r.u64()?,
+                fabric_expired: r.u64()?,
+                rma_pulls: r.u64()?,
+                rma_pushes: r.u64()?,
+                reg_fallbacks: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1855,6 +1875,9 @@ mod tests {
                 cpu_ns: 14,
                 connections: 15,
                 peers: 16,
+                fabric_sessions: 17,
+                rma_pulls: 18,
+                reg_fallbacks: 19,
                 ..Default::default()
             })),
             Response::Count(7),

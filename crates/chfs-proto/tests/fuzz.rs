@@ -604,7 +604,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 27), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 32), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -636,6 +636,11 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         lookup_forwards: n[24],
                         node_local_entries: n[25],
                         node_local_bytes: n[26],
+                        fabric_sessions: n[27],
+                        fabric_expired: n[28],
+                        rma_pulls: n[29],
+                        rma_pushes: n[30],
+                        reg_fallbacks: n[31],
                         backend,
                         flush,
                     }))

@@ -15,16 +15,17 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{
-    decode_hello, decode_message, encode_message, encode_welcome, FLAG_RMA, OP_AUTH_HELLO,
-    OP_AUTH_REPLY, OP_BYE, OP_PROOF, OP_VERDICT,
+    decode_hello, decode_message_from, encode_message, encode_welcome, FLAG_RMA, OP_AUTH_HELLO,
+    OP_AUTH_REPLY, OP_BYE, OP_NO_SESSION, OP_PROOF, OP_VERDICT,
 };
-use chfs_fabric::{Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey};
-use chfs_proto::frame::{Header, FLAG_FORWARDED, HEADER_LEN};
+use chfs_fabric::{Address, Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey};
+use chfs_proto::frame::{Header, FLAG_ERROR, FLAG_FORWARDED, HEADER_LEN};
 use chfs_proto::handshake::{self, Accept, Hello, HelloReply, Pending};
+use chfs_proto::msg::encode_error;
 use chfs_proto::{ErrorReply, Request};
 use tracing::{debug, info, warn};
 
@@ -47,7 +48,107 @@ enum SessionState {
 
 struct Session {
     peer: Peer,
+    /// The client's address (its entry in [`Table::peers`]).
+    addr: String,
     state: SessionState,
+    /// When its last message came.
+    last: Instant,
+}
+
+/// A client endpoint in the address vector: inserted once whatever its
+/// number of sessions, removed when it has had none for [`PEER_GRACE`].
+struct PeerEntry {
+    peer: Peer,
+    sessions: usize,
+    last: Instant,
+}
+
+/// How long a peer with no session stays in the address vector (the
+/// answer to a refused hello, or an [`OP_NO_SESSION`], must get out; the
+/// client usually says hello again at once).
+const PEER_GRACE: Duration = Duration::from_secs(2);
+
+/// The sessions and the peers they use.
+#[derive(Default)]
+struct Table {
+    sessions: HashMap<u64, Session>,
+    peers: HashMap<String, PeerEntry>,
+}
+
+impl Table {
+    /// The peer at `addr`, inserted into the address vector if new.
+    fn peer(&mut self, ep: &Endpoint, addr: &Address) -> Result<Peer, FabricError> {
+        let key = addr.to_string();
+        if let Some(p) = self.peers.get_mut(&key) {
+            p.last = Instant::now();
+            return Ok(p.peer);
+        }
+        let peer = ep.connect(addr)?;
+        self.peers.insert(
+            key,
+            PeerEntry {
+                peer,
+                sessions: 0,
+                last: Instant::now(),
+            },
+        );
+        Ok(peer)
+    }
+
+    fn open(&mut self, token: u64, s: Session) {
+        if let Some(p) = self.peers.get_mut(&s.addr) {
+            p.sessions += 1;
+        }
+        self.sessions.insert(token, s);
+    }
+
+    fn close(&mut self, token: u64) -> bool {
+        let Some(s) = self.sessions.remove(&token) else {
+            return false;
+        };
+        if let Some(p) = self.peers.get_mut(&s.addr) {
+            p.sessions = p.sessions.saturating_sub(1);
+            p.last = Instant::now();
+        }
+        true
+    }
+
+    /// Ends sessions idle for longer than `idle` (clients that died
+    /// without [`OP_BYE`]) and removes peers left without a session for
+    /// [`PEER_GRACE`] from the address vector.
+    fn sweep(&mut self, shared: &Shared, ep: &Endpoint, idle: Option<Duration>) {
+        if let Some(idle) = idle {
+            let old: Vec<u64> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.last.elapsed() > idle)
+                .map(|(t, _)| *t)
+                .collect();
+            for t in old {
+                self.close(t);
+                Counters::inc(&shared.counters.fabric_expired);
+                debug!(sessions = self.sessions.len(), "fabric session expired");
+            }
+        }
+        self.peers.retain(|addr, p| {
+            if p.sessions > 0 || p.last.elapsed() < PEER_GRACE {
+                return true;
+            }
+            match ep.disconnect(p.peer) {
+                Ok(()) => debug!(%addr, "fabric peer removed"),
+                Err(e) => debug!(%addr, "fabric: cannot remove the peer: {e}"),
+            }
+            false
+        });
+        shared.counters.fabric_sessions.store(
+            self.sessions.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        shared.counters.fabric_peers.store(
+            self.peers.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
 }
 
 /// Starts the progress thread serving `ep` until the server stops.
@@ -65,12 +166,22 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
     info!(addr = %ep.address(), "serving over the fabric");
     // Requests first served here may spawn and use the runtime's timers.
     let _rt = rt.enter();
-    let mut sessions: HashMap<u64, Session> = HashMap::new();
+    let mut t = Table::default();
     let stop = shared.shutdown.subscribe();
+    let idle = shared.limits.idle;
+    let mut swept = Instant::now();
     loop {
         if *stop.borrow() {
             break;
         }
+        if swept.elapsed() >= Duration::from_secs(1) {
+            t.sweep(&shared, &ep, idle);
+            swept = Instant::now();
+        }
+        shared.counters.fabric_sessions.store(
+            t.sessions.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let m = match ep.recv(Duration::from_secs(1)) {
             Ok(m) => m,
             Err(FabricError::Timeout { .. }) => continue,
@@ -79,57 +190,53 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
                 continue;
             }
         };
-        let decoded = decode_message(&m);
+        let decoded = decode_message_from(&m);
         drop(m);
-        let Ok((token, h, payload)) = decoded else {
+        let Ok((token, h, payload, from)) = decoded else {
             debug!("fabric: a message that is not a frame, dropped");
             continue;
         };
         if token == 0 {
             if h.op == OP_AUTH_HELLO {
-                hello(&shared, &ep, &rt, &mut sessions, h, &payload);
+                hello(&shared, &ep, &rt, &mut t, h, &payload);
             } else {
                 debug!(op = h.op, "fabric: a message of no session, dropped");
             }
             continue;
         }
         if h.op == OP_BYE {
-            if sessions.remove(&token).is_some() {
-                debug!(sessions = sessions.len(), "fabric session closed");
+            if t.close(token) {
+                debug!(sessions = t.sessions.len(), "fabric session closed");
             }
             continue;
         }
-        let Some(s) = sessions.get(&token) else {
-            debug!(
-                op = h.op,
-                "fabric: a message of an unknown session, dropped"
-            );
+        let Some(s) = t.sessions.get_mut(&token) else {
+            no_session(&shared, &ep, &rt, &mut t, h, from);
             continue;
         };
+        s.last = Instant::now();
         let peer = s.peer;
         match &s.state {
             SessionState::Challenged(pending) => {
                 if h.op != OP_PROOF {
-                    sessions.remove(&token);
+                    t.close(token);
                     continue;
                 }
                 let proof: Option<&handshake::Proof> = payload[..].try_into().ok();
                 let verdict = match proof.map(|p| pending.check(p)) {
                     Some(Ok(role)) => {
-                        debug!(?role, sessions = sessions.len(), "fabric session accepted");
-                        if let Some(s) = sessions.get_mut(&token) {
-                            s.state = SessionState::Open(Access(Some(role)));
-                        }
+                        debug!(?role, "fabric session accepted");
+                        s.state = SessionState::Open(Access(Some(role)));
                         handshake::accepted()
                     }
                     Some(Err((v, e))) => {
                         Counters::inc(&shared.counters.refused);
                         warn!("fabric session refused: {}", e.message);
-                        sessions.remove(&token);
+                        t.close(token);
                         v
                     }
                     None => {
-                        sessions.remove(&token);
+                        t.close(token);
                         continue;
                     }
                 };
@@ -145,12 +252,52 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
     info!("fabric endpoint closed");
 }
 
+/// A message whose token names no session here (this server restarted,
+/// or the session expired): answered [`OP_NO_SESSION`] at the address the
+/// message gave, so that the client opens a new session at once and sends
+/// the request again, instead of waiting out its timeout.
+fn no_session(
+    shared: &Shared,
+    ep: &Arc<Endpoint>,
+    rt: &tokio::runtime::Handle,
+    t: &mut Table,
+    h: Header,
+    from: Option<Address>,
+) {
+    let Some(from) = from else {
+        debug!(
+            op = h.op,
+            "fabric: a message of an unknown session, dropped"
+        );
+        return;
+    };
+    let peer = match t.peer(ep, &from) {
+        Ok(p) => p,
+        Err(e) => {
+            debug!(%from, "fabric: cannot add the peer: {e}");
+            return;
+        }
+    };
+    Counters::inc(&shared.counters.fabric_no_session);
+    debug!(op = h.op, %from, "fabric: a message of an unknown session, answered");
+    let mut e = Vec::new();
+    encode_error(
+        &mut e,
+        &ErrorReply::new(
+            libc::ENOTCONN,
+            "no such fabric session here (the server restarted, or the session expired)",
+        ),
+    );
+    let m = encode_message(0, h.id, OP_NO_SESSION, FLAG_ERROR, &e);
+    send_aside(rt, ep, peer, m, "no-session answer");
+}
+
 /// A client's hello: a new session (open, or challenged) or a refusal.
 fn hello(
     shared: &Shared,
     ep: &Arc<Endpoint>,
     rt: &tokio::runtime::Handle,
-    sessions: &mut HashMap<u64, Session>,
+    t: &mut Table,
     h: Header,
     payload: &[u8],
 ) {
@@ -158,7 +305,7 @@ fn hello(
         debug!("fabric: malformed hello, dropped");
         return;
     };
-    let peer = match ep.connect(&addr) {
+    let peer = match t.peer(ep, &addr) {
         Ok(p) => p,
         Err(e) => {
             debug!(%addr, "fabric: cannot add the peer: {e}");
@@ -193,10 +340,16 @@ fn hello(
         }
     };
     let token = loop {
-        let t = u64::from_le_bytes(handshake::random_bytes());
-        if t != 0 && !sessions.contains_key(&t) {
-            break t;
+        let tk = u64::from_le_bytes(handshake::random_bytes());
+        if tk != 0 && !t.sessions.contains_key(&tk) {
+            break tk;
         }
+    };
+    let session = |state| Session {
+        peer,
+        addr: addr.to_string(),
+        state,
+        last: Instant::now(),
     };
     let (token, reply) = match answer {
         Accept::Refuse(r) => {
@@ -205,13 +358,11 @@ fn hello(
             (0, r)
         }
         Accept::Open(r) => {
-            let state = SessionState::Open(Access(None));
-            sessions.insert(token, Session { peer, state });
+            t.open(token, session(SessionState::Open(Access(None))));
             (token, r)
         }
         Accept::Challenge(r, pending) => {
-            let state = SessionState::Challenged(pending);
-            sessions.insert(token, Session { peer, state });
+            t.open(token, session(SessionState::Challenged(pending)));
             (token, r)
         }
     };
@@ -266,10 +417,17 @@ fn request(
     }
     if h.flags & FLAG_RMA != 0 && h.flags & !(FLAG_FORWARDED | FLAG_RMA) == 0 {
         let pulls = pulls(shared);
-        rt.spawn(async move {
+        let mut served = Box::pin(async move {
             let r = serve_rma(&sh, &ep, pulls, peer, h, payload, forwarded).await;
             reply(&ep, peer, h, r);
         });
+        // Polled once here: a write's pull (a read's handler, usually
+        // done at once, and its push) is posted from this thread, not
+        // after a hop to a runtime thread; the rest runs in a task.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if served.as_mut().poll(&mut cx).is_pending() {
+            rt.spawn(served);
+        }
         return;
     }
     if h.flags & !FLAG_FORWARDED != 0 {
@@ -322,6 +480,49 @@ fn pulls(_shared: &Shared) -> Pulls {
 
 /// Pull buffers kept.
 const PULLS_KEPT: usize = 64;
+
+/// Spare pull buffers of a size kept ready (allocated, faulted in and
+/// registered by a blocking thread, off the request's path: a fresh
+/// buffer's first touch cost more than the copy it saves, and the
+/// buffers a store keeps as chunks do not come back).
+const PULLS_SPARE: usize = 4;
+/// ... but no more than this many bytes of them (at least one buffer).
+const PULLS_SPARE_BYTES: usize = 16 << 20;
+
+/// Tops the pool up to [`PULLS_SPARE`] buffers of `len` bytes (at most
+/// [`PULLS_SPARE_BYTES`]) in the background.
+fn restock(ep: &Arc<Endpoint>, pulls: &Pulls, len: usize) {
+    static BUSY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let spare = chfs_sys::lock(pulls)
+        .iter()
+        .filter(|b| b.len() == len)
+        .count();
+    let want = (PULLS_SPARE_BYTES / len.max(1)).clamp(1, PULLS_SPARE);
+    if spare >= want || BUSY.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let (ep, pool) = (ep.clone(), Arc::downgrade(pulls));
+    let r = tokio::runtime::Handle::try_current().map(|rt| {
+        rt.spawn_blocking(move || {
+            for _ in spare..want {
+                let Ok(mut b) = ep.buffer(len) else { break };
+                for i in (0..len).step_by(4096) {
+                    b[i] = 0;
+                }
+                let Some(pool) = pool.upgrade() else { break };
+                let mut pool = chfs_sys::lock(&pool);
+                if pool.len() >= PULLS_KEPT {
+                    break;
+                }
+                pool.push(b);
+            }
+            BUSY.store(false, std::sync::atomic::Ordering::Release);
+        })
+    });
+    if r.is_err() {
+        BUSY.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
 
 /// A pull buffer lent to a chunk as its memory; back to the pool when the
 /// chunk lets go of it.
@@ -411,11 +612,13 @@ async fn serve_rma(
                 Some(b) => b,
                 None => ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
             };
+            restock(ep, &pulls, buf.len());
             let pull = ep
                 .start_read(peer, Local::Buffer(buf), 0, len, key, 0, SEND_TIMEOUT)
                 .map_err(fabric)?;
             let buf = timed(tokio::time::timeout(RMA_TIMEOUT, pull).await)?
                 .ok_or_else(|| ErrorReply::new(libc::EIO, "the pull buffer did not come back"))?;
+            Counters::inc(&shared.counters.rma_pulls);
             let data = Bytes::from_owner(Pooled {
                 buf: Some(buf),
                 len,
@@ -447,6 +650,7 @@ async fn serve_rma(
                         let (local, off) = match ep.register(d.clone()) {
                             Ok(r) => (Local::Pinned(r.pinned.clone()), r.off),
                             Err(_) => {
+                                Counters::inc(&shared.counters.reg_fallbacks);
                                 let mut b = ep.buffer(n).map_err(fabric)?;
                                 b[..n].copy_from_slice(&d);
                                 (Local::Buffer(b), 0)
@@ -456,6 +660,7 @@ async fn serve_rma(
                             .start_write(peer, local, off, n, key, 0, SEND_TIMEOUT)
                             .map_err(fabric)?;
                         timed(tokio::time::timeout(RMA_TIMEOUT, push).await)?;
+                        Counters::inc(&shared.counters.rma_pushes);
                     }
                     Ok(chfs_proto::Response::Written(n as u32))
                 }

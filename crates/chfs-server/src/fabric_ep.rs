@@ -119,13 +119,42 @@ impl Peers {
         let rpc = self
             .client(&a)
             .map_err(|e| ErrorReply::new(e.errno(), format!("no {} endpoint: {e}", a.protocol)))?;
+        for _ in 0..2 {
+            match self.call_once(&rpc, &a, addr, cred, op, flags, payload, timeout) {
+                // The peer restarted or expired the session: it did not
+                // serve the request; once more in a new session.
+                Err(None) => continue,
+                Err(Some(e)) => return Err(err(e)),
+                Ok(r) => return r,
+            }
+        }
+        Err(ErrorReply::new(
+            libc::ENOTCONN,
+            format!("server {addr}: no session"),
+        ))
+    }
+
+    /// One attempt: Err(None) when the peer did not know the session (it
+    /// is forgotten here too).
+    #[allow(clippy::too_many_arguments)]
+    fn call_once(
+        &self,
+        rpc: &chfs_fabric::rpc::RpcClient,
+        a: &chfs_fabric::Address,
+        addr: &str,
+        cred: &handshake::Credential,
+        op: u16,
+        flags: u16,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Result<Response, ErrorReply>, Option<chfs_fabric::rpc::RpcError>> {
         let known = chfs_sys::lock(&self.sessions).get(addr).copied();
         let s = match known {
             Some(s) => s,
             None => {
                 let s = rpc
-                    .handshake(&a, handshake::Role::Server, cred, timeout)
-                    .map_err(err)?;
+                    .handshake(a, handshake::Role::Server, cred, timeout)
+                    .map_err(Some)?;
                 chfs_sys::lock(&self.sessions).insert(addr.to_string(), s);
                 s
             }
@@ -134,22 +163,28 @@ impl Peers {
             .post(&s, op, flags, payload, timeout)
             .and_then(|id| rpc.wait(id, timeout));
         match r {
-            Ok((h, payload)) => {
-                if h.flags & FLAG_ERROR != 0 {
-                    Err(decode_error(payload)
-                        .unwrap_or_else(|e| ErrorReply::new(e.errno(), e.to_string())))
-                } else {
-                    Response::decode(payload).map_err(|e| ErrorReply::new(e.errno(), e.to_string()))
-                }
+            Ok((h, _)) if h.op == chfs_fabric::rpc::OP_NO_SESSION => {
+                chfs_sys::lock(&self.sessions).remove(addr);
+                let _ = rpc.endpoint().disconnect(s.peer);
+                Err(None)
             }
+            Ok((h, payload)) => Ok(if h.flags & FLAG_ERROR != 0 {
+                Err(decode_error(payload)
+                    .unwrap_or_else(|e| ErrorReply::new(e.errno(), e.to_string())))
+            } else {
+                Response::decode(payload).map_err(|e| ErrorReply::new(e.errno(), e.to_string()))
+            }),
             Err(e) => {
-                if !matches!(&e, RpcError::Fabric(FabricError::Timeout { .. })) {
+                if !matches!(
+                    &e,
+                    chfs_fabric::rpc::RpcError::Fabric(FabricError::Timeout { .. })
+                ) {
                     // A broken pair: a new session (and rxm connection)
                     // next time.
                     chfs_sys::lock(&self.sessions).remove(addr);
                     let _ = rpc.endpoint().disconnect(s.peer);
                 }
-                Err(err(e))
+                Err(Some(e))
             }
         }
     }

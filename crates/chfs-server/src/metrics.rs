@@ -39,6 +39,24 @@ pub struct Counters {
     pub lookup_hits: AtomicU64,
     /// Lookups sent to owners for them.
     pub lookup_forwards: AtomicU64,
+    /// Fabric sessions open now.
+    pub fabric_sessions: AtomicU64,
+    /// Client endpoints in the fabric address vector now (updated once a
+    /// second).
+    pub fabric_peers: AtomicU64,
+    /// Fabric sessions ended for idleness (clients that died without
+    /// saying goodbye).
+    pub fabric_expired: AtomicU64,
+    /// Messages of sessions unknown here, answered so that their client
+    /// opens a new one.
+    pub fabric_no_session: AtomicU64,
+    /// Chunk data moved by RMA: writes' data read from clients, reads'
+    /// data written into them.
+    pub rma_pulls: AtomicU64,
+    pub rma_pushes: AtomicU64,
+    /// RMA pushes that went through a copy because the chunk's memory
+    /// could not be registered.
+    pub reg_fallbacks: AtomicU64,
 }
 
 impl Counters {

@@ -195,6 +195,11 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 lookups: Counters::get(&c.lookups),
                 lookup_hits: Counters::get(&c.lookup_hits),
                 lookup_forwards: Counters::get(&c.lookup_forwards),
+                fabric_sessions: Counters::get(&c.fabric_sessions),
+                fabric_expired: Counters::get(&c.fabric_expired),
+                rma_pulls: Counters::get(&c.rma_pulls),
+                rma_pushes: Counters::get(&c.rma_pushes),
+                reg_fallbacks: Counters::get(&c.reg_fallbacks),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))
