@@ -226,3 +226,93 @@ fn tree_listing_types_follow_an_entry_replaced() {
         assert_eq!(kinds(&*s)[1], ("/k/x".to_string(), 8));
     }
 }
+
+/// Directory keys read by one call of `f` on this thread.
+fn keys_visited(f: impl FnOnce()) -> usize {
+    use crate::dirindex::KEYS_VISITED;
+    let before = KEYS_VISITED.with(|c| c.get());
+    f();
+    KEYS_VISITED.with(|c| c.get()) - before
+}
+
+/// A page reads the directory keys of what it lists (and a few more),
+/// not every directory of the store: a small subtree beside 2,000
+/// directories, listed whole, in pages, resumed deep inside it, with the
+/// skipped area inside it, and after a restart of the persistent engines.
+#[test]
+fn tree_listing_reads_only_the_directories_it_lists_from() {
+    let check = |s: &dyn Store, ctx: &str| {
+        // The subtree: /m/s and 4 directories below it, 17 entries listed
+        // from 5 directories.
+        let want: Vec<String> = {
+            let mut v = vec!["/m/s/a".to_string()];
+            for d in ["b", "b/c", "b/c/d", "e"] {
+                v.push(format!("/m/s/{d}"));
+                for f in 0..3 {
+                    v.push(format!("/m/s/{d}/f{f}"));
+                }
+            }
+            v.sort();
+            v
+        };
+        let mut got = Vec::new();
+        let n = keys_visited(|| got = all(s, "/m/s", None, 100));
+        assert_eq!(got, want, "{ctx}");
+        // `all` lists twice (with and without headers); each listing
+        // reads the 5 keys and the next one, /m/z0000/ (before: 4,012).
+        assert!(n <= 2 * (5 + 1), "{ctx}: {n} keys read for 5 directories");
+        let n = keys_visited(|| got = all(s, "/m/s", None, 2));
+        assert_eq!(got, want, "{ctx}");
+        // 9 pages: each reads a few keys ahead and looks up the
+        // ancestors of where it resumes.
+        assert!(n <= 2 * 9 * (5 + 4), "{ctx}: {n} keys read in pages");
+        let n = keys_visited(|| {
+            got = page(s, "/m/s", None, "/m/s/b/c/d/f0", 100).0;
+        });
+        assert_eq!(got[0], "/m/s/b/c/d/f1", "{ctx}");
+        // 4 ancestors looked up, /m/s/e/ and /m/z0000/ read.
+        assert!(n <= 2 * (4 + 2), "{ctx}: {n} keys read to resume");
+        let n = keys_visited(|| got = all(s, "/m/s", Some("/m/s/b/c"), 100));
+        let kept: Vec<String> = want
+            .iter()
+            .filter(|p| !p.starts_with("/m/s/b/c/"))
+            .cloned()
+            .collect();
+        assert_eq!(got, kept, "{ctx}");
+        // The skipped key is read once: the rest of its area is passed
+        // over in one step.
+        assert!(n <= 2 * (5 + 1), "{ctx}: {n} keys read with a skip");
+    };
+    let fill = |s: &dyn Store| {
+        for i in 0..1000 {
+            s.create(&format!("/m/r{i:04}/x"), meta(false), b"", true)
+                .unwrap();
+            s.create(&format!("/m/z{i:04}/x"), meta(false), b"", true)
+                .unwrap();
+        }
+        s.create("/m/s", meta(true), b"", true).unwrap();
+        s.create("/m/s/a", meta(false), b"", true).unwrap();
+        for d in ["b", "b/c", "b/c/d", "e"] {
+            s.create(&format!("/m/s/{d}"), meta(true), b"", true)
+                .unwrap();
+            for f in 0..3 {
+                s.create(&format!("/m/s/{d}/f{f}"), meta(false), b"", true)
+                    .unwrap();
+            }
+        }
+    };
+    for (s, _dir) in engines() {
+        fill(&*s);
+        check(&*s, "open");
+    }
+    let pd = tempfile::tempdir().unwrap();
+    let f = pd.path().join("s.pmem");
+    fill(&crate::PmemStore::open(&f, 8 << 20).unwrap());
+    check(&crate::PmemStore::open(&f, 0).unwrap(), "pmem restarted");
+    let xd = tempfile::tempdir().unwrap();
+    fill(&crate::PosixStore::open(xd.path(), 0).unwrap());
+    check(
+        &crate::PosixStore::open(xd.path(), 0).unwrap(),
+        "posix restarted",
+    );
+}
