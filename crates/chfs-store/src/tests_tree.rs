@@ -316,3 +316,94 @@ fn tree_listing_reads_only_the_directories_it_lists_from() {
         "posix restarted",
     );
 }
+
+/// Pages of random listings (directory, skipped area, resume point, page
+/// size) against a model over random paths, some not normalised (as a
+/// damaged medium may give back: "a//b", no leading `/`): each entry is
+/// listed as its parent's key and its name, when its parent is at or
+/// below the directory and not at or below the skipped one.
+#[test]
+fn tree_listing_matches_a_model_of_random_paths() {
+    use chfs_proto::path::parent;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let parts = ["a", "b", "a.b", "a-", "é", "", "ab"];
+    let s = crate::MemStore::new(0);
+    let mut paths = BTreeSet::new();
+    for _ in 0..600 {
+        let depth = 1 + rnd(5);
+        // Without a leading `/` (at least 2 deep: "é" would be listed as
+        // "/é", as is "/é" itself).
+        let mut p = if rnd(10) == 0 && depth > 1 {
+            String::new()
+        } else {
+            "/".to_string()
+        };
+        for i in 0..depth {
+            if i > 0 {
+                p.push('/');
+            }
+            // Not "" first: "//x" is listed as "/x", as is "/x".
+            p.push_str(parts[if i == 0 { rnd(5) } else { rnd(parts.len()) }]);
+        }
+        if p.is_empty() || p.ends_with('/') {
+            continue;
+        }
+        s.create(&p, meta(rnd(2) == 0), b"", false).unwrap();
+        paths.insert(p);
+    }
+    // Some removed again (directories losing their last entry).
+    for p in paths.clone() {
+        if rnd(4) == 0 {
+            s.remove(&p, 0, &mut |_| Ok(())).unwrap();
+            paths.remove(&p);
+        }
+    }
+    let listed = |p: &str| {
+        let d = parent(p);
+        let name = p.rsplit('/').next().unwrap_or(p);
+        (d.to_string(), crate::dirindex::key_of(d) + name)
+    };
+    let dirs = ["/", "/a", "/a/a.b", "/b", "a", "/é", "/a-", "/nothing"];
+    for round in 0..300 {
+        let dir = dirs[rnd(dirs.len())];
+        let skip = [None, Some("/a/a"), Some("/a"), Some("/b/b"), Some("a/b")][rnd(5)];
+        let max = [1, 2, 5, 50, 1000][rnd(5)];
+        let want: Vec<String> = paths
+            .iter()
+            .map(|p| listed(p))
+            .filter(|(d, _)| is_within(d, dir) && !skip.is_some_and(|sk| is_within(d, sk)))
+            .map(|(_, p)| p)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        // From the start, or after a path listed or not.
+        let after = match rnd(3) {
+            0 => String::new(),
+            1 if !want.is_empty() => want[rnd(want.len())].clone(),
+            _ => listed(paths.iter().nth(rnd(paths.len())).unwrap()).1 + "a",
+        };
+        let mut got = Vec::new();
+        let mut at = after.clone();
+        loop {
+            let (p, done) = page(&s, dir, skip, &at, max);
+            if let Some(l) = p.last() {
+                at = l.clone();
+            }
+            got.extend(p);
+            if done {
+                break;
+            }
+        }
+        let want: Vec<String> = want.into_iter().filter(|p| *p > after).collect();
+        assert_eq!(
+            got, want,
+            "round {round}: {dir} {skip:?} after {after:?} max {max}"
+        );
+    }
+}
