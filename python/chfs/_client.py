@@ -472,6 +472,15 @@ class Client:
         _raise_walk_errors(errs)
         return paths
 
+    def _find_info(self, path: str, maxdepth: int | None, withdirs: bool) -> dict:
+        """fsspec's ``find(detail=True)`` without the directory itself:
+        full path to info dict, sorted (see ``chfs.spec``)."""
+        if maxdepth is not None and maxdepth < 1:
+            raise ValueError("maxdepth must be at least 1")
+        found, errs = self._c.find_info(path, maxdepth, withdirs)
+        _raise_walk_errors(errs)
+        return found
+
     def _find(self, path: str, maxdepth: int | None, threads: int = 0) -> list:
         """``(path, status tuple)`` below ``path``, unsorted (see
         :meth:`find`)."""

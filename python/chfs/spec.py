@@ -22,7 +22,7 @@ import stat as _stat
 
 from fsspec.spec import AbstractFileSystem
 
-from ._client import Client, _stat_result
+from ._client import Client
 
 
 def _info(path: str, st: os.stat_result, target: os.stat_result | None = None) -> dict:
@@ -142,13 +142,14 @@ class ChfsFileSystem(AbstractFileSystem):
             if withdirs:  # fsspec lists the directory itself
                 paths.insert(0, path)  # every other path sorts after it
             return paths
-        found = self.client._find(path, maxdepth)
+        # The info dicts are made natively, in sorted order (no status
+        # tuple or os.stat_result per entry).
+        found = self.client._find_info(path, maxdepth, withdirs)
         if not withdirs:
-            found = [(p, s) for p, s in found if not _stat.S_ISDIR(s[0])]
-        else:
-            found.append((path, None))  # fsspec lists the directory itself
-        found.sort()
-        return {p: _info(p, st if s is None else _stat_result(s)) for p, s in found}
+            return found
+        out = {path: _info(path, st)}  # fsspec lists the directory itself
+        out.update(found)  # every other path sorts after it
+        return out
 
     def exists(self, path, **kwargs):
         return self.client.exists(self._strip_protocol(path))

@@ -74,8 +74,13 @@ def test_find_and_glob_match_fsspecs_generic_walk(pool, tmp):
         {"maxdepth": 1},
         {"maxdepth": 2, "withdirs": True},
         {"detail": True},
+        {"detail": True, "withdirs": True},
+        {"detail": True, "maxdepth": 2, "withdirs": True},
     ):
         assert fs.find(tmp, **kw) == AbstractFileSystem.find(fs, tmp, **kw), kw
+        if kw.get("detail"):  # the info dicts are made natively: same order
+            names = dict(kw, detail=False)
+            assert list(fs.find(tmp, **kw)) == fs.find(tmp, **names), kw
     assert fs.find(f"{tmp}/a/1.csv") == [f"{tmp}/a/1.csv"]
     assert fs.find(f"{tmp}/none") == []
     assert fs.glob(f"{tmp}/**/*.csv") == sorted(

@@ -1,11 +1,12 @@
 //! In-memory name index (parent directory -> names of its entries), kept
 //! by every engine and rebuilt at open by the persistent ones.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
-use chfs_proto::path::{is_within, parent};
+use chfs_proto::path::parent;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Shards of the sharded maps (path index, directory index).
@@ -201,9 +202,56 @@ impl std::borrow::Borrow<[u8]> for Name {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Directory keys this thread has read (or looked up) for tree
+    /// listings: what a page costs, whatever the machine's speed.
+    pub(crate) static KEYS_VISITED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts `n` directory keys read for a tree listing (tests only).
+#[inline]
+fn visited(_n: usize) {
+    #[cfg(test)]
+    KEYS_VISITED.with(|c| c.set(c.get() + _n));
+}
+
 /// parent directory -> names of entries (chunk 0) in it.
 pub(crate) struct DirIndex {
     dirs: Vec<Shard<PathMap<BTreeSet<Name>>>>,
+    /// The keys of the directories in `dirs` (see [`key_of`]), in byte
+    /// order: a tree listing reads those below its directory from here,
+    /// a range of them at a time, instead of every directory of every
+    /// shard. Changed only when a directory gets its first entry or
+    /// loses its last one, under that directory's shard lock (taken
+    /// first); read alone.
+    keys: Shard<BTreeSet<Box<str>>>,
+}
+
+/// The key of directory `dir`: its path and `/` (`/` for the root), what
+/// the paths of its entries start with. Keys sort as the paths of the
+/// directories' entries do; those of the directories at or below `dir`
+/// are exactly those starting with `dir`'s key (all of them for the root,
+/// whose key is taken as "" there: see [`prefix_of`]).
+pub(crate) fn key_of(dir: &str) -> String {
+    let mut k = String::with_capacity(dir.len() + 1);
+    k.push_str(dir);
+    if dir != "/" {
+        k.push('/');
+    }
+    k
+}
+
+/// What the keys of the directories at or below `dir` start with (as
+/// [`is_within`](chfs_proto::path::is_within) tells for the directories
+/// themselves): "" for the root,
+/// else its key.
+pub(crate) fn prefix_of(dir: &str) -> String {
+    if dir == "/" {
+        String::new()
+    } else {
+        key_of(dir)
+    }
 }
 
 /// (parent, last component) of a path. Paths recovered from a damaged
@@ -221,6 +269,7 @@ impl DirIndex {
             dirs: (0..SHARDS)
                 .map(|_| Shard::new(PathMap::default()))
                 .collect(),
+            keys: Shard::new(BTreeSet::new()),
         }
     }
 
@@ -241,10 +290,13 @@ impl DirIndex {
             // would page forever.
             return;
         }
-        self.shard(dir)
-            .entry(dir.to_string())
-            .or_default()
-            .replace(Name::new(name, kind));
+        let mut d = self.shard(dir);
+        if let Some(set) = d.get_mut(dir) {
+            set.replace(Name::new(name, kind));
+            return;
+        }
+        d.insert(dir.to_string(), BTreeSet::from([Name::new(name, kind)]));
+        lock(&self.keys).insert(key_of(dir).into_boxed_str());
     }
 
     pub fn remove(&self, path: &str) {
@@ -257,6 +309,7 @@ impl DirIndex {
             set.remove(name.as_bytes());
             if set.is_empty() {
                 d.remove(dir);
+                lock(&self.keys).remove(key_of(dir).as_str());
             }
         }
     }
@@ -311,18 +364,58 @@ impl DirIndex {
         range.next().is_some()
     }
 
-    /// The directories at or below `dir` that have entries, leaving out
-    /// those at or below `skip`.
-    pub fn dirs_below(&self, dir: &str, skip: Option<&str>) -> Vec<String> {
-        let mut out = Vec::new();
-        for sh in &self.dirs {
-            for d in lock(sh).keys() {
-                if is_within(d, dir) && !skip.is_some_and(|s| is_within(d, s)) {
-                    out.push(d.clone());
+    /// Up to `max` keys of directories with entries into `out`, in byte
+    /// order, from `from` (included or not) on: those starting with
+    /// `prefix`, leaving out those starting with `skip` (a key: it is
+    /// passed over in one step). Returns whether more may follow (false
+    /// at the first key past `prefix`'s range). Reads the keys it gives
+    /// and at most 2 more (plus log factors to find them).
+    pub fn keys_from(
+        &self,
+        from: Bound<&str>,
+        prefix: &str,
+        skip: Option<&str>,
+        max: usize,
+        out: &mut VecDeque<String>,
+    ) -> bool {
+        // The first key after those starting with `skip` ('0' follows
+        // '/'): what a listing goes on from when it meets one.
+        let past = skip.map(|sp| {
+            let mut p = sp.strip_suffix('/').unwrap_or(sp).to_string();
+            p.push('0');
+            p
+        });
+        let from = match from {
+            Bound::Included(f) | Bound::Excluded(f) if f < prefix => Bound::Included(prefix),
+            f => f,
+        };
+        let keys = lock(&self.keys);
+        let mut range = keys.range::<str, _>((from, Bound::Unbounded));
+        let mut n = 0;
+        while n < max {
+            let Some(k) = range.next() else {
+                return false;
+            };
+            visited(1);
+            if !k.starts_with(prefix) {
+                return false;
+            }
+            if let (Some(sp), Some(past)) = (skip, past.as_deref()) {
+                if k.starts_with(sp) {
+                    range = keys.range::<str, _>((Bound::Included(past), Bound::Unbounded));
+                    continue;
                 }
             }
+            out.push_back(k.to_string());
+            n += 1;
         }
-        out
+        true
+    }
+
+    /// Whether the directory with key `key` has entries.
+    pub fn has_key(&self, key: &str) -> bool {
+        visited(1);
+        lock(&self.keys).contains(key)
     }
 
     pub fn has_children(&self, dir: &str) -> bool {

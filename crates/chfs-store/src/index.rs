@@ -488,10 +488,23 @@ impl<M: Medium> Indexed<M> {
 }
 
 impl<M: Medium> Indexed<M> {
-    /// The directories at or below `dir` with entries here (see
-    /// [`Store::list_tree`]).
-    pub(crate) fn dirs_below(&self, dir: &str, skip: Option<&str>) -> Vec<String> {
-        self.dirs.dirs_below(dir, skip)
+    /// Up to `max` keys of the directories with entries here from `from`
+    /// on, starting with `prefix` and not with `skip` (see
+    /// [`DirIndex::keys_from`], [`Store::list_tree`]).
+    pub(crate) fn dir_keys(
+        &self,
+        from: std::ops::Bound<&str>,
+        prefix: &str,
+        skip: Option<&str>,
+        max: usize,
+        out: &mut std::collections::VecDeque<String>,
+    ) -> bool {
+        self.dirs.keys_from(from, prefix, skip, max, out)
+    }
+
+    /// Whether the directory with key `key` has entries here.
+    pub(crate) fn has_dir_key(&self, key: &str) -> bool {
+        self.dirs.has_key(key)
     }
 
     /// Up to `max` names of directory `dir` after `after`, with their

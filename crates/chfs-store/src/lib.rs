@@ -207,9 +207,10 @@ pub trait Store: Send + Sync + 'static {
     /// `emit(path, file type, header)` for each, at most `max`; the file
     /// type is the mode's `S_IFMT` bits >> 12, and the header comes with
     /// `with_meta` only (without it the directory index alone answers: no
-    /// lookup per entry). Returns whether the listing is complete. Every
-    /// directory with entries here is looked at (a cost per call of the
-    /// directories held, not of `dir`'s tree); a directory's names are
+    /// lookup per entry). Returns whether the listing is complete. A call
+    /// costs what it lists (plus log factors), not the directories held
+    /// outside `dir`'s tree: those below `dir` are a range of the
+    /// directory index's ordered keys, read as reached; a directory's names are
     /// read a batch at a time, so entries created or removed meanwhile
     /// are listed or not, but none twice.
     #[allow(clippy::too_many_arguments)]

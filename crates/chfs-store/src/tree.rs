@@ -14,17 +14,27 @@
 //! head (or the next directory's key): when that does not start with the
 //! run's key, with no comparison at all.
 //!
+//! The directories to list from come from the directory index's ordered
+//! set of directory keys: those below the listed directory are the keys
+//! starting with its key, one range of that set, read a few at a time as
+//! the merge reaches them (a skipped area is another range, passed over
+//! in one step). So a page costs what it lists, plus log factors, however
+//! many other directories the server holds (before, every page read and
+//! sorted the keys of all of them).
+//!
 //! Resuming after the path `p`: a directory whose key is a prefix of `p`
 //! resumes after the name `p` has past the key (a name has no `/`, so
 //! bytewise `name > rest` is exactly `key + name > p`); one whose key
-//! sorts after `p` lists from its start; any other has only entries
-//! before `p`.
+//! sorts after `p` lists from its start (the range of keys read starts
+//! after `p`); any other has only entries before `p`.
 
 use std::cmp::Ordering;
+use std::collections::VecDeque;
+use std::ops::Bound;
 
 use chfs_proto::Meta;
 
-use crate::dirindex::NameBatch;
+use crate::dirindex::{prefix_of, NameBatch};
 use crate::index::{Indexed, Medium};
 
 /// Names read from a directory at a time.
@@ -135,6 +145,77 @@ fn head(r: &Run) -> [&[u8]; 2] {
     [r.key.as_bytes(), r.name()]
 }
 
+/// The keys of the directories to list from, in byte order, read from
+/// the directory index a range at a time as the merge reaches them: a
+/// first few, then twice as many each time (up to [`KEYS`]), so that a
+/// page reads about the keys of the directories it lists from, however
+/// many others the store holds.
+struct Keys<'a> {
+    prefix: &'a str,
+    skip: Option<&'a str>,
+    /// Read and not yet taken.
+    read: VecDeque<String>,
+    /// Where the next range starts: after the last key read (or at the
+    /// prefix, or after the path a page resumes after).
+    from: String,
+    included: bool,
+    more: bool,
+    want: usize,
+}
+
+/// The most directory keys read from the directory index at a time.
+const KEYS: usize = 1024;
+
+impl<'a> Keys<'a> {
+    fn new(prefix: &'a str, skip: Option<&'a str>, after: &str) -> Self {
+        // Directories whose key sorts after `after` list from their start
+        // (a key equal to `after` has entries after it: its own).
+        let (from, included) = if after.is_empty() || after < prefix {
+            (prefix.to_string(), true)
+        } else {
+            (after.to_string(), false)
+        };
+        Self {
+            prefix,
+            skip,
+            read: VecDeque::new(),
+            from,
+            included,
+            // The root skipped: nothing is listed.
+            more: skip != Some(""),
+            want: 8,
+        }
+    }
+
+    /// Whether the directory with key `key` is one listed from.
+    fn wants(&self, key: &str) -> bool {
+        key.starts_with(self.prefix) && !self.skip.is_some_and(|sp| key.starts_with(sp))
+    }
+
+    /// The next key, read if needed.
+    fn peek<M: Medium>(&mut self, st: &Indexed<M>) -> Option<&str> {
+        if self.read.is_empty() && self.more {
+            let from = if self.included {
+                Bound::Included(self.from.as_str())
+            } else {
+                Bound::Excluded(self.from.as_str())
+            };
+            self.more = st.dir_keys(from, self.prefix, self.skip, self.want, &mut self.read);
+            self.want = (self.want * 2).min(KEYS);
+            if let Some(last) = self.read.back() {
+                self.from.clone_from(last);
+                self.included = false;
+            }
+        }
+        self.read.front().map(String::as_str)
+    }
+
+    /// The next key (after [`Keys::peek`] gave it).
+    fn pop(&mut self) -> String {
+        self.read.pop_front().unwrap_or_default()
+    }
+}
+
 /// See [`crate::Store::list_tree`].
 pub(crate) fn list<M: Medium>(
     st: &Indexed<M>,
@@ -145,38 +226,30 @@ pub(crate) fn list<M: Medium>(
     with_meta: bool,
     emit: &mut dyn FnMut(&str, u8, Option<&Meta>),
 ) -> bool {
-    let mut keys: Vec<String> = st
-        .dirs_below(dir, skip)
-        .into_iter()
-        .map(|mut d| {
-            if d != "/" {
-                d.push('/');
-            }
-            d
-        })
-        .collect();
-    keys.sort_unstable();
+    let prefix = prefix_of(dir);
+    // What the keys of the skipped area start with; `Some("")` (the
+    // root skipped): every key.
+    let skip = skip.map(prefix_of);
+    let mut keys = Keys::new(&prefix, skip.as_deref(), after);
     // The runs in the merge (each with an entry ready).
     let mut active: Vec<Run> = Vec::new();
-    let mut next = 0;
     if !after.is_empty() {
         // Directories holding `after`'s position: its ancestors' keys.
         for (i, _) in after.match_indices('/') {
             let key = &after[..=i];
-            if let Ok(k) = keys.binary_search_by(|k| k.as_str().cmp(key)) {
-                let mut r = Run::new(keys[k].clone(), &after.as_bytes()[i + 1..]);
+            if keys.wants(key) && st.has_dir_key(key) {
+                let mut r = Run::new(key.to_string(), &after.as_bytes()[i + 1..]);
                 if r.ready(st, with_meta) {
                     active.push(r);
                 }
             }
         }
-        next = keys.partition_point(|k| k.as_str() <= after);
     }
     let mut n = 0;
     let mut path = String::new();
     loop {
         if n == max {
-            return active.is_empty() && next == keys.len();
+            return active.is_empty() && keys.peek(st).is_none();
         }
         // The smallest run.
         let mut min = None;
@@ -186,13 +259,11 @@ pub(crate) fn list<M: Medium>(
             }
         }
         // Directories whose entries may come before its head join.
-        if next < keys.len()
-            && min.is_none_or(|m| {
-                cmp_joined([keys[next].as_bytes(), b""], head(&active[m])) == Ordering::Less
-            })
-        {
-            let mut r = Run::new(std::mem::take(&mut keys[next]), b"");
-            next += 1;
+        let join = keys.peek(st).is_some_and(|k| {
+            min.is_none_or(|m| cmp_joined([k.as_bytes(), b""], head(&active[m])) == Ordering::Less)
+        });
+        if join {
+            let mut r = Run::new(keys.pop(), b"");
             if r.ready(st, with_meta) {
                 active.push(r);
             }
@@ -202,7 +273,7 @@ pub(crate) fn list<M: Medium>(
             return true;
         };
         // The run gives entries up to the next smallest head or key.
-        let mut bound: Option<[&[u8]; 2]> = keys.get(next).map(|k| [k.as_bytes(), &b""[..]]);
+        let mut bound: Option<[&[u8]; 2]> = keys.peek(st).map(|k| [k.as_bytes(), &b""[..]]);
         for (i, r) in active.iter().enumerate() {
             if i != m && bound.is_none_or(|b| cmp_joined(head(r), b) == Ordering::Less) {
                 bound = Some(head(r));

@@ -627,8 +627,10 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             // This node's area is listed only when asked for (it is not
             // in the listing of its parent either).
             let skip = sh.node_local.as_deref().filter(|&a| !is_within(&prefix, a));
-            // A page scans the directories this server holds: off the
-            // async workers' backs (block_in_place) on a large store.
+            // A page reads as much as it lists (directory keys from the
+            // store's ordered set, then names; headers with `META`): off
+            // the async workers' backs (block_in_place), as a page may
+            // list 65,536 entries.
             let mut page = TreePage::default();
             page.done = blocking(|| {
                 st.list_tree(&prefix, skip, &after, max, with_meta, &mut |p, kind, m| {
