@@ -34,7 +34,19 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
-        let pool = LocalPool::start_with(PoolOptions::default().with_new_secret()).expect("pool");
+        Env::over(None)
+    }
+
+    /// A pool whose servers speak `protocol` (`chfsd -p`; None: TCP).
+    fn over(protocol: Option<&str>) -> Env {
+        let mut opts = PoolOptions::default().with_new_secret();
+        if let Some(p) = protocol {
+            opts.args = vec!["-p".into(), p.into()];
+        }
+        let pool = LocalPool::start_with(opts).expect("pool");
+        if let Some(p) = protocol {
+            assert!(pool.server_string().starts_with(&format!("{p}://")));
+        }
         let mount = format!("/chfs-test-{}-{:x}", std::process::id(), rand());
         assert!(!Path::new(&mount).exists());
         Env {
@@ -171,7 +183,10 @@ fn write_all(c: &Client, p: &str, data: &[u8]) {
 
 #[test]
 fn coreutils_cat_cp_ls_mkdir_mv_rm_md5sum_dd() {
-    let e = Env::new();
+    coreutils(&Env::new());
+}
+
+fn coreutils(e: &Env) {
     let c = e.client();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     write_all(&c, "/a.bin", &data);
@@ -242,7 +257,10 @@ fn coreutils_cat_cp_ls_mkdir_mv_rm_md5sum_dd() {
 
 #[test]
 fn python_open_listdir_walk_copytree() {
-    let e = Env::new();
+    python_open_listdir(&Env::new());
+}
+
+fn python_open_listdir(e: &Env) {
     let c = e.client();
     let script = format!(
         r#"
@@ -276,7 +294,10 @@ print(open("a.txt").read().count("alpha"))
 
 #[test]
 fn c_stdio_local_file_and_fork() {
-    let e = Env::new();
+    c_stdio_fork(&Env::new());
+}
+
+fn c_stdio_fork(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "stdio");
     let local = e.tmp.path().join("local.txt");
@@ -315,7 +336,10 @@ fn without_a_server_calls_fail_with_errno_and_other_paths_work() {
 
 #[test]
 fn tar_create_and_extract() {
-    let e = Env::new();
+    tar(&Env::new());
+}
+
+fn tar(e: &Env) {
     let c = e.client();
     c.mkdir("/t", 0o755).unwrap();
     write_all(&c, "/t/one", b"first file\n");
@@ -631,7 +655,10 @@ fn mpi_file_per_rank_and_shared_file() {
 /// inherited) reaches the prefix through its own preload.
 #[test]
 fn exec_publishes_writes_and_the_new_image_has_its_own_preload() {
-    let e = Env::new();
+    exec_publish(&Env::new());
+}
+
+fn exec_publish(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "exec");
     let out = e
@@ -775,5 +802,71 @@ fn statfs_link_mknod_utimes_scandir_getdents_copies_spawn_exit() {
         run(&[flag, &e.m(&p)]);
         let got = read_all(&c, &p);
         assert!(got == pat(10_000), "{flag}: {} bytes read back", got.len());
+    }
+}
+
+/// The interposer over libfabric (`chfsd -p ofi+tcp`, addresses
+/// `ofi+tcp://...` in CHFS_SERVER): coreutils (cat, cp, ls, mkdir, mv,
+/// md5sum, dd, find, rm), Python's open/listdir/walk/copytree, stdio and a
+/// forked child reading on from the parent's descriptor, tar both ways,
+/// and an exec publishing what it wrote; each against a fresh pool.
+#[test]
+fn programs_over_ofi_tcp() {
+    if !fabric("programs_over_ofi_tcp") {
+        return;
+    }
+    type Run = fn(&Env);
+    let runs: [(&str, Run); 5] = [
+        ("coreutils", coreutils),
+        ("python", python_open_listdir),
+        ("stdio and fork", c_stdio_fork),
+        ("tar", tar),
+        ("exec", exec_publish),
+    ];
+    for (what, run) in runs {
+        eprintln!("over ofi+tcp: {what}");
+        run(&Env::over(Some("ofi+tcp")));
+    }
+}
+
+/// Is the fabric transport built (else skipped, or failed when
+/// CHFS_TEST_REQUIRE requires `fabric`)?
+fn fabric(test: &str) -> bool {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return false;
+    }
+    true
+}
+
+/// A preloaded program's signals (tests/c/signals.c), over TCP and over
+/// ofi+tcp, where the first call into the pool loads libfabric (whose
+/// Debian build pulls in a library installing SIGINT/SIGTERM handlers
+/// that exit(1)): the program's own SIGTERM handler gets SIGTERM after
+/// that call, and SIGINT at its default still kills it by the signal.
+#[test]
+fn a_preloaded_programs_signal_handlers_stay_its_own() {
+    let mut protocols = vec![None];
+    if fabric("a_preloaded_programs_signal_handlers_stay_its_own (ofi+tcp)") {
+        protocols.push(Some("ofi+tcp"));
+    }
+    for protocol in protocols {
+        let e = Env::over(protocol);
+        let c = e.client();
+        let exe = e.compile("cc", "signals");
+        let out = e
+            .cmd(exe.to_str().unwrap())
+            .arg(e.m("/sig"))
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            (out.status.signal(), out.stdout.as_slice()),
+            (Some(libc::SIGINT), &b"ok\n"[..]),
+            "{protocol:?}: {}, stderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(read_all(&c, "/sig"), b"signals");
     }
 }
