@@ -18,6 +18,7 @@ def _data(i: int, size: int) -> bytes:
     return hashlib.sha256(str(i).encode()).digest() * (size // 32)
 
 
+@pytest.mark.fabric
 def test_threads_share_one_client(client, tmp):
     errors = []
 
@@ -132,6 +133,7 @@ def _read_in_child(args):
 _CLIENT = None
 
 
+@pytest.mark.fabric
 def test_multiprocessing_fork_readers_share_the_parents_client(client, tmp):
     global _CLIENT
     _CLIENT = client
@@ -148,6 +150,7 @@ def test_multiprocessing_fork_readers_share_the_parents_client(client, tmp):
         assert f.read() == _data(0, 1 << 20)
 
 
+@pytest.mark.fabric
 def test_a_file_opened_before_fork_is_read_on_in_the_child(client, tmp):
     p = f"{tmp}/forked"
     data = os.urandom(5 << 20)
@@ -186,6 +189,7 @@ def _fsspec_worker(args):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+@pytest.mark.fabric
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_multiprocessing_readers_through_fsspec(client, tmp, method):
     import fsspec
@@ -201,6 +205,7 @@ def test_multiprocessing_readers_through_fsspec(client, tmp, method):
         assert p.map(_fsspec_worker, [(fs, x) for x in paths]) == want
 
 
+@pytest.mark.fabric
 def test_threads_of_a_forked_child_reopen_an_inherited_file_together(client, tmp):
     """Several threads of a child use a file opened before the fork at
     once: each may find it needs reopening; none may deadlock on another
