@@ -683,7 +683,10 @@ fn exec_publish(e: &Env) {
 /// parent published (here by fsync), as a process on another node would.
 #[test]
 fn python_subprocess_with_a_file_open() {
-    let e = Env::new();
+    python_subprocess(&Env::new());
+}
+
+fn python_subprocess(e: &Env) {
     let c = e.client();
     let script = format!(
         r#"
@@ -717,7 +720,10 @@ print("ok")
 /// flushes stdio and publishes open files at exit(3).
 #[test]
 fn exit_without_close_publishes_everything() {
-    let e = Env::new();
+    exit_publishes(&Env::new());
+}
+
+fn exit_publishes(e: &Env) {
     let c = e.client();
     let script = format!(
         r#"
@@ -746,7 +752,10 @@ sys.exit(0)
 /// `dup2` onto one fails with EBUSY.
 #[test]
 fn closing_every_descriptor_leaves_the_clients_own() {
-    let e = Env::new();
+    closeall(&Env::new());
+}
+
+fn closeall(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "closeall");
     for mode in ["loop", "range", "from"] {
@@ -780,7 +789,10 @@ fn closing_every_descriptor_leaves_the_clients_own() {
 /// `_Exit` without close (published).
 #[test]
 fn statfs_link_mknod_utimes_scandir_getdents_copies_spawn_exit() {
-    let e = Env::new();
+    calls(&Env::new());
+}
+
+fn calls(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "calls");
     let local = e.tmp.path().join("local");
@@ -816,12 +828,16 @@ fn programs_over_ofi_tcp() {
         return;
     }
     type Run = fn(&Env);
-    let runs: [(&str, Run); 5] = [
+    let runs: [(&str, Run); 9] = [
         ("coreutils", coreutils),
         ("python", python_open_listdir),
         ("stdio and fork", c_stdio_fork),
         ("tar", tar),
         ("exec", exec_publish),
+        ("python subprocess", python_subprocess),
+        ("exit without close", exit_publishes),
+        ("closing every descriptor", closeall),
+        ("calls, spawn, system, popen", calls),
     ];
     for (what, run) in runs {
         eprintln!("over ofi+tcp: {what}");
