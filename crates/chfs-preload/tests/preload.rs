@@ -363,7 +363,10 @@ fn tar(e: &Env) {
 /// failure). With and without client write buffering (CHFS_BUF_SIZE).
 #[test]
 fn fsx_random_operations_match_a_model() {
-    let e = Env::new();
+    fsx(&Env::new());
+}
+
+fn fsx(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "fsx");
     let base: u64 = std::env::var("CHFS_FSX_SEED")
@@ -588,15 +591,36 @@ fn fuse_answers(mp: &Path) -> bool {
 /// another's after a barrier; everything checked through the native client.
 #[test]
 fn mpi_file_per_rank_and_shared_file() {
+    if mpi_here("mpi_file_per_rank_and_shared_file") {
+        mpi_ranks(&Env::new());
+    }
+}
+
+/// The same over ofi+tcp: every rank's client (and Open MPI, which may
+/// load libfabric itself) in one process.
+#[test]
+fn mpi_file_per_rank_and_shared_file_over_ofi_tcp() {
+    let test = "mpi_file_per_rank_and_shared_file_over_ofi_tcp";
+    if mpi_here(test) && fabric(test) {
+        mpi_ranks(&Env::over(Some("ofi+tcp")));
+    }
+}
+
+/// Are mpicc and mpirun here (else the test is skipped, or fails when
+/// CHFS_TEST_REQUIRE has mpi)?
+fn mpi_here(test: &str) -> bool {
     if !have("mpicc") || !have("mpirun") {
         chfs_localpool::skip(
             "mpi",
-            "mpi_file_per_rank_and_shared_file",
+            test,
             "no mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)",
         );
-        return;
+        return false;
     }
-    let e = Env::new();
+    true
+}
+
+fn mpi_ranks(e: &Env) {
     let c = e.client();
     let exe = e.compile("mpicc", "mpi");
     let ranks = 4usize;
@@ -828,7 +852,7 @@ fn programs_over_ofi_tcp() {
         return;
     }
     type Run = fn(&Env);
-    let runs: [(&str, Run); 9] = [
+    let runs: [(&str, Run); 10] = [
         ("coreutils", coreutils),
         ("python", python_open_listdir),
         ("stdio and fork", c_stdio_fork),
@@ -838,6 +862,7 @@ fn programs_over_ofi_tcp() {
         ("exit without close", exit_publishes),
         ("closing every descriptor", closeall),
         ("calls, spawn, system, popen", calls),
+        ("fsx", fsx),
     ];
     for (what, run) in runs {
         eprintln!("over ofi+tcp: {what}");
