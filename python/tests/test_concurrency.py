@@ -4,6 +4,8 @@ import hashlib
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -244,3 +246,36 @@ def test_threads_of_a_forked_child_reopen_an_inherited_file_together(client, tmp
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
     f.close()
+
+
+_SIGNALS = """
+import os, signal, chfs
+got = []
+signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+c = chfs.Client()
+c.stat("/")
+assert c.servers()[0].startswith(os.environ["EXPECT"]), c.servers()
+os.kill(os.getpid(), signal.SIGTERM)
+assert got == [signal.SIGTERM], got
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+except KeyboardInterrupt:
+    print("ok")
+"""
+
+
+@pytest.mark.fabric
+def test_signal_handlers_stay_pythons_once_the_transport_is_loaded(pool, protocol):
+    """A fresh interpreter whose first call opens the transport (over
+    ofi+tcp it loads libfabric, whose Debian build brings handlers that
+    exit(1) on SIGINT and SIGTERM): its SIGTERM handler still runs and
+    Ctrl-C is still KeyboardInterrupt."""
+    expect = f"{protocol}://" if protocol != "tcp" else ""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNALS],
+        env={**os.environ, "EXPECT": expect},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (out.returncode, out.stdout) == (0, "ok\n"), out.stderr
