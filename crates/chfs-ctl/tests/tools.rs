@@ -92,6 +92,19 @@ fn stagein_from_stdin_then_flush_status_and_wait_over(protocol: Option<&str>) {
     assert_eq!(&fs::read(backend.join("data/f3")).unwrap()[..7], b"changed");
     let out = chfs(&["flush-status"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains(": 0 dirty chunks"));
+    // `chfs sync` writes everything back too.
+    let fd = c.open("/data/f4", libc::O_WRONLY, 0).unwrap();
+    c.pwrite(fd, b"synced", 0).unwrap();
+    c.close(fd).unwrap();
+    let out = chfs(&["sync"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(&fs::read(backend.join("data/f4")).unwrap()[..6], b"synced");
+    let out = chfs(&["flush-status"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(": 0 dirty chunks"));
     let out = Command::new(env!("CARGO_BIN_EXE_chstagein"))
         .arg("/nope")
         .envs(env)
