@@ -12,6 +12,7 @@ import pytest
 import chfs
 
 
+@pytest.mark.fabric
 def test_open_returns_the_io_layers_of_the_builtin_open(client, tmp):
     p = f"{tmp}/f"
     with client.open(p, "wb") as f:
@@ -140,6 +141,7 @@ def test_readinto_fills_any_writable_buffer_in_place(client, tmp):
         assert f.readinto(buf) == 5 and f.readinto(buf) == 0
 
 
+@pytest.mark.fabric
 def test_large_file_across_chunks_with_unaligned_writes(client, tmp):
     p = f"{tmp}/big"
     size = 48 << 20
@@ -180,6 +182,7 @@ def test_large_file_across_chunks_with_unaligned_writes(client, tmp):
         ("rmdir_file", errno.ENOTDIR, NotADirectoryError),
     ],
 )
+@pytest.mark.fabric
 def test_errors_are_oserror_subclasses_with_the_errno(client, tmp, case, errno_, exc):
     f = f"{tmp}/file"
     with client.open(f, "w"):
@@ -203,6 +206,7 @@ def test_errors_are_oserror_subclasses_with_the_errno(client, tmp, case, errno_,
     assert e.value.filename is not None
 
 
+@pytest.mark.fabric
 def test_stat_listdir_scandir(client, tmp):
     client.mkdir(f"{tmp}/sub")
     with client.open(f"{tmp}/a", "wb") as f:
@@ -229,6 +233,7 @@ def test_stat_listdir_scandir(client, tmp):
     assert client.getsize(f"{tmp}/a") == 5
 
 
+@pytest.mark.fabric
 def test_mkdir_makedirs_rename_remove_rmdir(client, tmp):
     client.makedirs(f"{tmp}/x/y/z")
     with pytest.raises(FileExistsError):
@@ -280,6 +285,7 @@ def test_walk_matches_the_tree_topdown_bottomup_and_pruned(client, tmp):
     assert isinstance(errors[0], FileNotFoundError)
 
 
+@pytest.mark.fabric
 def test_find_lists_every_entry_once_with_maxdepth(client, tmp):
     names = set()
     for i in range(6):
@@ -305,6 +311,7 @@ def test_find_lists_every_entry_once_with_maxdepth(client, tmp):
         client.find(tmp, maxdepth=0)
 
 
+@pytest.mark.fabric
 def test_pool_calls_statfs_sync_flush_status_stagein(client, tmp, tmp_path):
     fs = client.statfs()
     assert fs.servers == 2 and fs.total >= fs.used
@@ -343,6 +350,7 @@ def test_client_servers_argument_and_missing_server(pool, monkeypatch):
     assert e.value.errno == errno.EINVAL
 
 
+@pytest.mark.fabric
 def test_a_client_without_the_pool_key_is_refused(pool, monkeypatch):
     monkeypatch.delenv("CHFS_SECRET_FILE")
     with pytest.raises(PermissionError) as e:
@@ -379,6 +387,7 @@ def _walked(client, root, dirs):
     return client.find(root, maxdepth=10_000, dirs=dirs)
 
 
+@pytest.mark.fabric
 def test_find_of_a_whole_tree_equals_the_walk(client, tmp):
     _tree(client, tmp)
     for dirs in (False, True):

@@ -4,6 +4,8 @@ import hashlib
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -18,6 +20,7 @@ def _data(i: int, size: int) -> bytes:
     return hashlib.sha256(str(i).encode()).digest() * (size // 32)
 
 
+@pytest.mark.fabric
 def test_threads_share_one_client(client, tmp):
     errors = []
 
@@ -132,6 +135,7 @@ def _read_in_child(args):
 _CLIENT = None
 
 
+@pytest.mark.fabric
 def test_multiprocessing_fork_readers_share_the_parents_client(client, tmp):
     global _CLIENT
     _CLIENT = client
@@ -148,6 +152,7 @@ def test_multiprocessing_fork_readers_share_the_parents_client(client, tmp):
         assert f.read() == _data(0, 1 << 20)
 
 
+@pytest.mark.fabric
 def test_a_file_opened_before_fork_is_read_on_in_the_child(client, tmp):
     p = f"{tmp}/forked"
     data = os.urandom(5 << 20)
@@ -186,6 +191,7 @@ def _fsspec_worker(args):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+@pytest.mark.fabric
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_multiprocessing_readers_through_fsspec(client, tmp, method):
     import fsspec
@@ -201,6 +207,7 @@ def test_multiprocessing_readers_through_fsspec(client, tmp, method):
         assert p.map(_fsspec_worker, [(fs, x) for x in paths]) == want
 
 
+@pytest.mark.fabric
 def test_threads_of_a_forked_child_reopen_an_inherited_file_together(client, tmp):
     """Several threads of a child use a file opened before the fork at
     once: each may find it needs reopening; none may deadlock on another
@@ -239,3 +246,36 @@ def test_threads_of_a_forked_child_reopen_an_inherited_file_together(client, tmp
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
     f.close()
+
+
+_SIGNALS = """
+import os, signal, chfs
+got = []
+signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+c = chfs.Client()
+c.stat("/")
+assert c.servers()[0].startswith(os.environ["EXPECT"]), c.servers()
+os.kill(os.getpid(), signal.SIGTERM)
+assert got == [signal.SIGTERM], got
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+except KeyboardInterrupt:
+    print("ok")
+"""
+
+
+@pytest.mark.fabric
+def test_signal_handlers_stay_pythons_once_the_transport_is_loaded(pool, protocol):
+    """A fresh interpreter whose first call opens the transport (over
+    ofi+tcp it loads libfabric, whose Debian build brings handlers that
+    exit(1) on SIGINT and SIGTERM): its SIGTERM handler still runs and
+    Ctrl-C is still KeyboardInterrupt."""
+    expect = f"{protocol}://" if protocol != "tcp" else ""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNALS],
+        env={**os.environ, "EXPECT": expect},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (out.returncode, out.stdout) == (0, "ok\n"), out.stderr

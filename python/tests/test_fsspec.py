@@ -53,6 +53,7 @@ def test_the_protocol_is_registered_by_the_entry_point(pool):
     assert ChfsFileSystem._strip_protocol("chfs:///") == "/"
 
 
+@pytest.mark.fabric
 def test_open_url_text_and_binary(pool, tmp):
     with fsspec.open(f"chfs://{tmp}/x.txt", "w") as f:
         f.write("hello\n")
@@ -62,6 +63,7 @@ def test_open_url_text_and_binary(pool, tmp):
     assert [o.path for o in of] == [f"{tmp}/x.txt"]
 
 
+@pytest.mark.fabric
 def test_find_and_glob_match_fsspecs_generic_walk(pool, tmp):
     fs = fsspec.filesystem("chfs")
     for d in ("a/b/c", "a/d", "e/f"):
@@ -90,6 +92,7 @@ def test_find_and_glob_match_fsspecs_generic_walk(pool, tmp):
     assert fs.du(tmp) == 0 + 1 + 2 + 3 + 4
 
 
+@pytest.mark.fabric
 def test_mv_renames_a_tree_and_info_ls(pool, tmp):
     fs = fsspec.filesystem("chfs")
     fs.pipe_file(f"{tmp}/src/a/f", b"data")
@@ -107,6 +110,7 @@ def test_mv_renames_a_tree_and_info_ls(pool, tmp):
         fs.info(f"{tmp}/nothing")
 
 
+@pytest.mark.fabric
 def test_pandas_round_trip(pool, tmp):
     # scripts/test.sh (which sets CHFS_TEST_REQUIRE) installs pandas:
     # there a missing pandas fails the test instead of skipping it.

@@ -621,3 +621,25 @@ fn a_full_pool_gives_short_writes_and_honest_sizes() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "enospc: ok\n");
 }
+
+/// A C program's signal handlers stay its own once libchfs has reached
+/// the pool, over TCP and over ofi+tcp (where that loads libfabric):
+/// tests/c/signals.c.
+#[test]
+fn a_c_programs_signal_handlers_stay_its_own() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("signals", tmp.path());
+    for protocol in protocols("a_c_programs_signal_handlers_stay_its_own") {
+        let pool = p.pool_over(1, protocol);
+        let out = run(clean(&exe).env("CHFS_SERVER", pool.server_string()));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            (out.status.signal(), String::from_utf8_lossy(&out.stdout)),
+            (Some(libc::SIGINT), "signals: ok\n".into()),
+            "{protocol:?}: {}, stderr {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -59,7 +59,7 @@ fn endpoint_for(protocol: Protocol, server: &Address) -> Result<Arc<RpcClient>> 
     if let Some(ip) = server.socket_addr().and_then(|sa| route_to(&sa)) {
         cfg = cfg.bind(&ip, None);
     }
-    let ep = Endpoint::open(&cfg).map_err(|e| {
+    let ep = crate::cloexec::new_fds_cloexec(|| Endpoint::open(&cfg)).map_err(|e| {
         Error::new(
             e.errno(),
             format!("cannot open a {protocol} endpoint for server {server}: {e}"),
@@ -167,7 +167,9 @@ impl FabricLink {
             .map_err(|e| Error::new(libc::EINVAL, format!("CHFS_SECRET(_FILE): {e}")))?;
         let rpc = endpoint_for(a.protocol, &a)?;
         let timeout = cfg.rpc_timeout;
-        let session = match rpc.handshake(&a, cfg.role, &cred, timeout) {
+        // The handshake opens the connection (descriptors not inherited).
+        let handshake = || rpc.handshake(&a, cfg.role, &cred, timeout);
+        let session = match crate::cloexec::new_fds_cloexec(handshake) {
             Ok(s) => s,
             Err(e) => {
                 // A broken rxm connection to that server is not reused.

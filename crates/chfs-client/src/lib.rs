@@ -9,6 +9,7 @@
 
 pub mod cabi;
 mod client;
+mod cloexec;
 pub mod config;
 mod conn;
 mod error;

@@ -33,7 +33,17 @@ fn mpirun(ranks: usize, server: &str, args: &[&str]) -> Output {
 
 #[test]
 fn chfind_under_mpirun_matches_gnu_find() {
-    let pool = LocalPool::start(4).expect("start chfsd pool");
+    chfind_under_mpirun_matches_gnu_find_over(None);
+}
+
+// The same with the servers and every rank's client over libfabric.
+over_ofi_tcp!(
+    chfind_under_mpirun_matches_gnu_find_over_ofi_tcp,
+    chfind_under_mpirun_matches_gnu_find_over
+);
+
+fn chfind_under_mpirun_matches_gnu_find_over(protocol: Option<&str>) {
+    let pool = pool_over(4, vec![], protocol);
     let c = connect(&pool);
     let tmp = local_dir();
     let local = tmp.path();
@@ -75,6 +85,20 @@ fn chfind_under_mpirun_matches_gnu_find() {
         assert!(gout.status.success(), "find {q:?}");
         let gnu = sorted_lines(&text(&gout.stdout), local.to_str().unwrap());
         assert!(!gnu.is_empty(), "{q:?} matched nothing: a weak query");
+
+        // chfind alone first (one process walks every server).
+        let out = tool(
+            &bin("chfind"),
+            &[&["/t"][..], &cq].concat(),
+            &[("CHFS_SERVER", &server)],
+        )
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{q:?}: {}", text(&out.stderr));
+        assert!(
+            sorted_lines(&text(&out.stdout), "") == gnu,
+            "{q:?}: chfind alone differs from find"
+        );
 
         let out = mpirun(3, &server, &[&["/t"][..], &cq].concat());
         assert_eq!(out.status.code(), Some(0), "{q:?}: {}", text(&out.stderr));

@@ -5,14 +5,27 @@ use std::fs;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use chfs_localpool::{LocalPool, PoolOptions};
+use chfs_localpool::LocalPool;
 
 mod common;
-use common::rank_totals;
+use common::{pool_over, rank_totals};
 
 #[test]
 fn stagein_from_stdin_then_flush_status_and_wait() {
-    let backend = std::env::temp_dir().join(format!("chfs-ctl-tools-{}", std::process::id()));
+    stagein_from_stdin_then_flush_status_and_wait_over(None);
+}
+
+over_ofi_tcp!(
+    stagein_from_stdin_then_flush_status_and_wait_over_ofi_tcp,
+    stagein_from_stdin_then_flush_status_and_wait_over
+);
+
+fn stagein_from_stdin_then_flush_status_and_wait_over(protocol: Option<&str>) {
+    let backend = std::env::temp_dir().join(format!(
+        "chfs-ctl-tools-{}{}",
+        std::process::id(),
+        suffix(protocol)
+    ));
     let _ = fs::remove_dir_all(&backend);
     fs::create_dir_all(backend.join("data")).unwrap();
     for i in 0..20 {
@@ -28,12 +41,7 @@ fn stagein_from_stdin_then_flush_status_and_wait() {
         "--flush-idle-msec".into(),
         "60000".into(),
     ];
-    let pool = LocalPool::start_with(PoolOptions {
-        servers: 2,
-        args,
-        ..Default::default()
-    })
-    .unwrap();
+    let pool = pool_over(2, args, protocol);
     let env = [("CHFS_SERVER", pool.server_string())];
     let mut child = Command::new(env!("CARGO_BIN_EXE_chstagein"))
         .arg("-v")
@@ -84,6 +92,19 @@ fn stagein_from_stdin_then_flush_status_and_wait() {
     assert_eq!(&fs::read(backend.join("data/f3")).unwrap()[..7], b"changed");
     let out = chfs(&["flush-status"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains(": 0 dirty chunks"));
+    // `chfs sync` writes everything back too.
+    let fd = c.open("/data/f4", libc::O_WRONLY, 0).unwrap();
+    c.pwrite(fd, b"synced", 0).unwrap();
+    c.close(fd).unwrap();
+    let out = chfs(&["sync"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(&fs::read(backend.join("data/f4")).unwrap()[..6], b"synced");
+    let out = chfs(&["flush-status"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(": 0 dirty chunks"));
     let out = Command::new(env!("CARGO_BIN_EXE_chstagein"))
         .arg("/nope")
         .envs(env)
@@ -116,10 +137,23 @@ fn mpirun_here(test: &str) -> bool {
 /// below DIR, and together they stage all of them once.
 #[test]
 fn stagein_split_across_mpi_ranks() {
+    stagein_split_across_mpi_ranks_over(None);
+}
+
+over_ofi_tcp!(
+    stagein_split_across_mpi_ranks_over_ofi_tcp,
+    stagein_split_across_mpi_ranks_over
+);
+
+fn stagein_split_across_mpi_ranks_over(protocol: Option<&str>) {
     if !mpirun_here("stagein_split_across_mpi_ranks") {
         return;
     }
-    let backend = std::env::temp_dir().join(format!("chfs-ctl-tools-mpi-{}", std::process::id()));
+    let backend = std::env::temp_dir().join(format!(
+        "chfs-ctl-tools-mpi-{}{}",
+        std::process::id(),
+        suffix(protocol)
+    ));
     let _ = fs::remove_dir_all(&backend);
     let mut total = 0u64;
     for d in 0..3 {
@@ -130,17 +164,16 @@ fn stagein_split_across_mpi_ranks() {
             total += len as u64;
         }
     }
-    let pool = LocalPool::start_with(PoolOptions {
-        servers: 2,
-        args: vec![
+    let pool = pool_over(
+        2,
+        vec![
             "--backend".into(),
             backend.display().to_string(),
             "--flush-idle-msec".into(),
             "60000".into(),
         ],
-        ..Default::default()
-    })
-    .unwrap();
+        protocol,
+    );
     let list = backend.join("list");
     fs::write(&list, "/in/d0\n/in/d1\n").unwrap();
     let out = Command::new("mpirun")
@@ -177,6 +210,12 @@ fn stagein_split_across_mpi_ranks() {
     }
     drop(pool);
     let _ = fs::remove_dir_all(&backend);
+}
+
+/// What names a test's local directories over `protocol` apart from
+/// the same test's over TCP (both may run at once).
+fn suffix(protocol: Option<&str>) -> String {
+    protocol.map(|p| format!("-{p}")).unwrap_or_default()
 }
 
 /// A temporary directory removed on drop.
@@ -278,10 +317,19 @@ fn local_tree(root: &std::path::Path) {
 /// neither local nor in the pool is an error naming it.
 #[test]
 fn stagein_copies_local_files_and_directories_without_a_backend() {
-    let t = TmpDir::new("local");
+    stagein_copies_local_files_and_directories_without_a_backend_over(None);
+}
+
+over_ofi_tcp!(
+    stagein_copies_local_files_and_directories_without_a_backend_over_ofi_tcp,
+    stagein_copies_local_files_and_directories_without_a_backend_over
+);
+
+fn stagein_copies_local_files_and_directories_without_a_backend_over(protocol: Option<&str>) {
+    let t = TmpDir::new(&format!("local{}", suffix(protocol)));
     let src = t.0.join("src");
     local_tree(&src);
-    let pool = LocalPool::start(2).unwrap();
+    let pool = pool_over(2, vec![], protocol);
     let c = client(&pool);
     let run = |dir: &std::path::Path, args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_chstagein"))
@@ -349,11 +397,20 @@ fn stagein_copies_local_files_and_directories_without_a_backend() {
 /// stages its share, together all of it once).
 #[test]
 fn chfs_stagein_copies_a_local_directory_as_chstagein_does() {
-    let t = TmpDir::new("chfs-stagein");
+    chfs_stagein_copies_a_local_directory_as_chstagein_does_over(None);
+}
+
+over_ofi_tcp!(
+    chfs_stagein_copies_a_local_directory_as_chstagein_does_over_ofi_tcp,
+    chfs_stagein_copies_a_local_directory_as_chstagein_does_over
+);
+
+fn chfs_stagein_copies_a_local_directory_as_chstagein_does_over(protocol: Option<&str>) {
+    let t = TmpDir::new(&format!("chfs-stagein{}", suffix(protocol)));
     let (src, ranked) = (t.0.join("src"), t.0.join("ranked"));
     local_tree(&src);
     local_tree(&ranked);
-    let pool = LocalPool::start(2).unwrap();
+    let pool = pool_over(2, vec![], protocol);
     let chfs = |dir: &str, env: &[(&str, String)]| {
         let out = Command::new(env!("CARGO_BIN_EXE_chfs"))
             .args(["stagein", "-v", dir])
@@ -390,13 +447,22 @@ fn chfs_stagein_copies_a_local_directory_as_chstagein_does() {
 /// entries out and together copy all of it once.
 #[test]
 fn local_directory_split_across_mpi_ranks() {
+    local_directory_split_across_mpi_ranks_over(None);
+}
+
+over_ofi_tcp!(
+    local_directory_split_across_mpi_ranks_over_ofi_tcp,
+    local_directory_split_across_mpi_ranks_over
+);
+
+fn local_directory_split_across_mpi_ranks_over(protocol: Option<&str>) {
     if !mpirun_here("local_directory_split_across_mpi_ranks") {
         return;
     }
-    let t = TmpDir::new("local-mpi");
+    let t = TmpDir::new(&format!("local-mpi{}", suffix(protocol)));
     let src = t.0.join("src");
     local_tree(&src);
-    let pool = LocalPool::start(2).unwrap();
+    let pool = pool_over(2, vec![], protocol);
     let out = Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-n", "3"])
         .args(["-x", "CHFS_SERVER"])
@@ -428,17 +494,16 @@ fn local_paths_inside_the_backend_are_fetched_not_copied() {
     fs::write(backend.join("in/sub/small"), b"small").unwrap();
     let mtime = |p: &str| fs::metadata(backend.join(p)).unwrap().modified().unwrap();
     let before = (mtime("in/big"), mtime("in/sub/small"));
-    let pool = LocalPool::start_with(PoolOptions {
-        servers: 2,
-        args: vec![
+    let pool = pool_over(
+        2,
+        vec![
             "--backend".into(),
             backend.display().to_string(),
             "--flush-idle-msec".into(),
             "50".into(),
         ],
-        ..Default::default()
-    })
-    .unwrap();
+        None,
+    );
     let run = |dir: &std::path::Path, args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_chstagein"))
             .args(args)
@@ -514,7 +579,16 @@ fn every_client_setting_is_in_the_tools_help_and_the_readme() {
 /// keeps the area).
 #[test]
 fn chfs_df_shows_the_node_local_area_apart() {
-    let pool = LocalPool::start(2).unwrap();
+    chfs_df_shows_the_node_local_area_apart_over(None);
+}
+
+over_ofi_tcp!(
+    chfs_df_shows_the_node_local_area_apart_over_ofi_tcp,
+    chfs_df_shows_the_node_local_area_apart_over
+);
+
+fn chfs_df_shows_the_node_local_area_apart_over(protocol: Option<&str>) {
+    let pool = pool_over(2, vec![], protocol);
     let c = client(&pool);
     for (f, n) in [("/.nodelocal/scratch", 5000), ("/shared", 7000)] {
         let fd = c.create(f, chfs_client::flags::O_WRONLY, 0o644).unwrap();

@@ -241,6 +241,78 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     fd
 }
 
+/// The other descriptors a transport makes for itself (libfabric's, opened
+/// by the client when it reaches an `ofi+` server: a socket pair and an
+/// epoll set per connection manager, pipes or eventfds as wait objects in
+/// other providers) are the library's too: a program closing every
+/// descriptor would otherwise cut the fabric off.
+#[no_mangle]
+pub unsafe extern "C" fn socketpair(
+    domain: c_int,
+    ty: c_int,
+    proto: c_int,
+    sv: *mut c_int,
+) -> c_int {
+    // SAFETY: libc's socketpair with the caller's arguments.
+    let rc = unsafe { real::socketpair(domain, ty, proto, sv) };
+    // SAFETY: on success libc wrote two descriptors at `sv`.
+    unsafe { hold_pair(rc, sv) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pipe(fds: *mut c_int) -> c_int {
+    // SAFETY: libc's pipe with the caller's array.
+    let rc = unsafe { real::pipe(fds) };
+    // SAFETY: on success libc wrote two descriptors at `fds`.
+    unsafe { hold_pair(rc, fds) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pipe2(fds: *mut c_int, flags: c_int) -> c_int {
+    // SAFETY: libc's pipe2 with the caller's arguments.
+    let rc = unsafe { real::pipe2(fds, flags) };
+    // SAFETY: on success libc wrote two descriptors at `fds`.
+    unsafe { hold_pair(rc, fds) }
+}
+
+/// The two descriptors at `fds` (written by a call that returned `rc`)
+/// held when the client made them.
+unsafe fn hold_pair(rc: c_int, fds: *mut c_int) -> c_int {
+    if rc == 0 && client_thread() {
+        for i in 0..2 {
+            // SAFETY: `fds` points to the two descriptors just made.
+            unsafe { *fds.add(i) = hold(*fds.add(i)) };
+        }
+    }
+    rc
+}
+
+/// A descriptor `fd` just made, held when the client made it.
+fn hold_new(fd: c_int) -> c_int {
+    if fd >= 0 && client_thread() {
+        return hold(fd);
+    }
+    fd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: libc's epoll_create with the caller's argument.
+    hold_new(unsafe { real::epoll_create(size) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: libc's epoll_create1 with the caller's argument.
+    hold_new(unsafe { real::epoll_create1(flags) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn eventfd(initval: c_uint, flags: c_int) -> c_int {
+    // SAFETY: libc's eventfd with the caller's arguments.
+    hold_new(unsafe { real::eventfd(initval, flags) })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn chfs_preload_fcntl(fd: c_int, cmd: c_int, arg: *mut c_void) -> c_int {
     if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && owned::has(fd) && client_thread() {

@@ -101,6 +101,12 @@ real! {
     fn close_range(first: c_uint, last: c_uint, flags: c_uint) -> c_int;
     fn closefrom(low: c_int) -> ();
     fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
+    fn socketpair(domain: c_int, ty: c_int, proto: c_int, sv: *mut c_int) -> c_int;
+    fn pipe(fds: *mut c_int) -> c_int;
+    fn pipe2(fds: *mut c_int, flags: c_int) -> c_int;
+    fn epoll_create(size: c_int) -> c_int;
+    fn epoll_create1(flags: c_int) -> c_int;
+    fn eventfd(initval: c_uint, flags: c_int) -> c_int;
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
     fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;

@@ -34,7 +34,19 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
-        let pool = LocalPool::start_with(PoolOptions::default().with_new_secret()).expect("pool");
+        Env::over(None)
+    }
+
+    /// A pool whose servers speak `protocol` (`chfsd -p`; None: TCP).
+    fn over(protocol: Option<&str>) -> Env {
+        let mut opts = PoolOptions::default().with_new_secret();
+        if let Some(p) = protocol {
+            opts.args = vec!["-p".into(), p.into()];
+        }
+        let pool = LocalPool::start_with(opts).expect("pool");
+        if let Some(p) = protocol {
+            assert!(pool.server_string().starts_with(&format!("{p}://")));
+        }
         let mount = format!("/chfs-test-{}-{:x}", std::process::id(), rand());
         assert!(!Path::new(&mount).exists());
         Env {
@@ -171,7 +183,10 @@ fn write_all(c: &Client, p: &str, data: &[u8]) {
 
 #[test]
 fn coreutils_cat_cp_ls_mkdir_mv_rm_md5sum_dd() {
-    let e = Env::new();
+    coreutils(&Env::new());
+}
+
+fn coreutils(e: &Env) {
     let c = e.client();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     write_all(&c, "/a.bin", &data);
@@ -242,7 +257,10 @@ fn coreutils_cat_cp_ls_mkdir_mv_rm_md5sum_dd() {
 
 #[test]
 fn python_open_listdir_walk_copytree() {
-    let e = Env::new();
+    python_open_listdir(&Env::new());
+}
+
+fn python_open_listdir(e: &Env) {
     let c = e.client();
     let script = format!(
         r#"
@@ -276,7 +294,10 @@ print(open("a.txt").read().count("alpha"))
 
 #[test]
 fn c_stdio_local_file_and_fork() {
-    let e = Env::new();
+    c_stdio_fork(&Env::new());
+}
+
+fn c_stdio_fork(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "stdio");
     let local = e.tmp.path().join("local.txt");
@@ -315,7 +336,10 @@ fn without_a_server_calls_fail_with_errno_and_other_paths_work() {
 
 #[test]
 fn tar_create_and_extract() {
-    let e = Env::new();
+    tar(&Env::new());
+}
+
+fn tar(e: &Env) {
     let c = e.client();
     c.mkdir("/t", 0o755).unwrap();
     write_all(&c, "/t/one", b"first file\n");
@@ -339,7 +363,10 @@ fn tar_create_and_extract() {
 /// failure). With and without client write buffering (CHFS_BUF_SIZE).
 #[test]
 fn fsx_random_operations_match_a_model() {
-    let e = Env::new();
+    fsx(&Env::new());
+}
+
+fn fsx(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "fsx");
     let base: u64 = std::env::var("CHFS_FSX_SEED")
@@ -564,15 +591,36 @@ fn fuse_answers(mp: &Path) -> bool {
 /// another's after a barrier; everything checked through the native client.
 #[test]
 fn mpi_file_per_rank_and_shared_file() {
+    if mpi_here("mpi_file_per_rank_and_shared_file") {
+        mpi_ranks(&Env::new());
+    }
+}
+
+/// The same over ofi+tcp: every rank's client (and Open MPI, which may
+/// load libfabric itself) in one process.
+#[test]
+fn mpi_file_per_rank_and_shared_file_over_ofi_tcp() {
+    let test = "mpi_file_per_rank_and_shared_file_over_ofi_tcp";
+    if mpi_here(test) && fabric(test) {
+        mpi_ranks(&Env::over(Some("ofi+tcp")));
+    }
+}
+
+/// Are mpicc and mpirun here (else the test is skipped, or fails when
+/// CHFS_TEST_REQUIRE has mpi)?
+fn mpi_here(test: &str) -> bool {
     if !have("mpicc") || !have("mpirun") {
         chfs_localpool::skip(
             "mpi",
-            "mpi_file_per_rank_and_shared_file",
+            test,
             "no mpicc/mpirun (apt-get install openmpi-bin libopenmpi-dev)",
         );
-        return;
+        return false;
     }
-    let e = Env::new();
+    true
+}
+
+fn mpi_ranks(e: &Env) {
     let c = e.client();
     let exe = e.compile("mpicc", "mpi");
     let ranks = 4usize;
@@ -631,7 +679,10 @@ fn mpi_file_per_rank_and_shared_file() {
 /// inherited) reaches the prefix through its own preload.
 #[test]
 fn exec_publishes_writes_and_the_new_image_has_its_own_preload() {
-    let e = Env::new();
+    exec_publish(&Env::new());
+}
+
+fn exec_publish(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "exec");
     let out = e
@@ -656,7 +707,10 @@ fn exec_publishes_writes_and_the_new_image_has_its_own_preload() {
 /// parent published (here by fsync), as a process on another node would.
 #[test]
 fn python_subprocess_with_a_file_open() {
-    let e = Env::new();
+    python_subprocess(&Env::new());
+}
+
+fn python_subprocess(e: &Env) {
     let c = e.client();
     let script = format!(
         r#"
@@ -690,7 +744,10 @@ print("ok")
 /// flushes stdio and publishes open files at exit(3).
 #[test]
 fn exit_without_close_publishes_everything() {
-    let e = Env::new();
+    exit_publishes(&Env::new());
+}
+
+fn exit_publishes(e: &Env) {
     let c = e.client();
     let script = format!(
         r#"
@@ -719,7 +776,10 @@ sys.exit(0)
 /// `dup2` onto one fails with EBUSY.
 #[test]
 fn closing_every_descriptor_leaves_the_clients_own() {
-    let e = Env::new();
+    closeall(&Env::new());
+}
+
+fn closeall(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "closeall");
     for mode in ["loop", "range", "from"] {
@@ -753,7 +813,10 @@ fn closing_every_descriptor_leaves_the_clients_own() {
 /// `_Exit` without close (published).
 #[test]
 fn statfs_link_mknod_utimes_scandir_getdents_copies_spawn_exit() {
-    let e = Env::new();
+    calls(&Env::new());
+}
+
+fn calls(e: &Env) {
     let c = e.client();
     let exe = e.compile("cc", "calls");
     let local = e.tmp.path().join("local");
@@ -775,5 +838,76 @@ fn statfs_link_mknod_utimes_scandir_getdents_copies_spawn_exit() {
         run(&[flag, &e.m(&p)]);
         let got = read_all(&c, &p);
         assert!(got == pat(10_000), "{flag}: {} bytes read back", got.len());
+    }
+}
+
+/// The interposer over libfabric (`chfsd -p ofi+tcp`, addresses
+/// `ofi+tcp://...` in CHFS_SERVER): coreutils (cat, cp, ls, mkdir, mv,
+/// md5sum, dd, find, rm), Python's open/listdir/walk/copytree, stdio and a
+/// forked child reading on from the parent's descriptor, tar both ways,
+/// and an exec publishing what it wrote; each against a fresh pool.
+#[test]
+fn programs_over_ofi_tcp() {
+    if !fabric("programs_over_ofi_tcp") {
+        return;
+    }
+    type Run = fn(&Env);
+    let runs: [(&str, Run); 10] = [
+        ("coreutils", coreutils),
+        ("python", python_open_listdir),
+        ("stdio and fork", c_stdio_fork),
+        ("tar", tar),
+        ("exec", exec_publish),
+        ("python subprocess", python_subprocess),
+        ("exit without close", exit_publishes),
+        ("closing every descriptor", closeall),
+        ("calls, spawn, system, popen", calls),
+        ("fsx", fsx),
+    ];
+    for (what, run) in runs {
+        eprintln!("over ofi+tcp: {what}");
+        run(&Env::over(Some("ofi+tcp")));
+    }
+}
+
+/// Is the fabric transport built (else skipped, or failed when
+/// CHFS_TEST_REQUIRE requires `fabric`)?
+fn fabric(test: &str) -> bool {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return false;
+    }
+    true
+}
+
+/// A preloaded program's signals (tests/c/signals.c), over TCP and over
+/// ofi+tcp, where the first call into the pool loads libfabric (whose
+/// Debian build pulls in a library installing SIGINT/SIGTERM handlers
+/// that exit(1)): the program's own SIGTERM handler gets SIGTERM after
+/// that call, and SIGINT at its default still kills it by the signal.
+#[test]
+fn a_preloaded_programs_signal_handlers_stay_its_own() {
+    let mut protocols = vec![None];
+    if fabric("a_preloaded_programs_signal_handlers_stay_its_own (ofi+tcp)") {
+        protocols.push(Some("ofi+tcp"));
+    }
+    for protocol in protocols {
+        let e = Env::over(protocol);
+        let c = e.client();
+        let exe = e.compile("cc", "signals");
+        let out = e
+            .cmd(exe.to_str().unwrap())
+            .arg(e.m("/sig"))
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            (out.status.signal(), out.stdout.as_slice()),
+            (Some(libc::SIGINT), &b"ok\n"[..]),
+            "{protocol:?}: {}, stderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(read_all(&c, "/sig"), b"signals");
     }
 }

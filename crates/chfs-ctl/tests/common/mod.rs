@@ -250,3 +250,48 @@ pub fn fuse_unusable() -> Option<String> {
         Ok(_) => None,
     }
 }
+
+/// A pool of `servers` chfsd with `args` (no secret), speaking `protocol`
+/// (`chfsd -p`; None: TCP).
+pub fn pool_over(
+    servers: usize,
+    mut args: Vec<String>,
+    protocol: Option<&str>,
+) -> chfs_localpool::LocalPool {
+    if let Some(p) = protocol {
+        args.extend(["-p".into(), p.into()]);
+    }
+    let pool = chfs_localpool::LocalPool::start_with(chfs_localpool::PoolOptions {
+        servers,
+        args,
+        ..Default::default()
+    })
+    .expect("start chfsd pool");
+    if let Some(p) = protocol {
+        assert!(pool.server_string().starts_with(&format!("{p}://")));
+    }
+    pool
+}
+
+/// Is the fabric transport built (`ofi+tcp` testable)? If not, the test
+/// named `test` is skipped (failed when CHFS_TEST_REQUIRE has `fabric`).
+pub fn fabric_built(test: &str) -> bool {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return false;
+    }
+    true
+}
+
+/// Defines the test `$over_fabric` running `$body(Some("ofi+tcp"))`.
+#[macro_export]
+macro_rules! over_ofi_tcp {
+    ($over_fabric:ident, $body:ident) => {
+        #[test]
+        fn $over_fabric() {
+            if common::fabric_built(stringify!($over_fabric)) {
+                $body(Some("ofi+tcp"));
+            }
+        }
+    };
+}
