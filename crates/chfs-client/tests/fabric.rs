@@ -212,7 +212,13 @@ fn a_dead_server_gives_an_errno_not_a_hang() {
         "took {:?}",
         t.elapsed()
     );
-    assert_eq!(e.errno(), libc::ECONNREFUSED, "{e}");
+    // EACCES when, in the meantime, a server of another pool (another test
+    // running in parallel) took the port: it refuses this pool's secret.
+    // Seen once in 7 full runs.
+    assert!(
+        [libc::ECONNREFUSED, libc::EACCES].contains(&e.errno()),
+        "{e}"
+    );
 }
 
 /// A server killed in the middle of a large write: the write fails with an
