@@ -111,12 +111,15 @@ fn chunks_from_the_rdma_threshold_move_by_rma() {
     let Some(p) = fabric_pool(2, "chunks_from_the_rdma_threshold_move_by_rma") else {
         return;
     };
-    for thresh in [32 * 1024, 4096] {
+    // (1 MiB: above a message, so that smaller chunk data that does
+    // not fit one moves by RMA too.)
+    for thresh in [32 * 1024, 4096, 1 << 20] {
         let c = client(&p, |c| {
             c.secret = p.secret().unwrap().as_bytes().to_vec();
             c.rdma_thresh = thresh;
         });
-        for cs in [1 << 20, 4 << 20, 65_536, 40_000] {
+        // (69,000 and 69,600: a chunk just inside and just past a message.)
+        for cs in [1 << 20, 4 << 20, 65_536, 40_000, 69_000, 69_600] {
             c.set_chunk_size(cs).unwrap();
             let path = format!("/rma-{thresh}-{cs}");
             let len = 3 * cs as usize + 12_345;
