@@ -53,6 +53,26 @@ struct Session {
     state: SessionState,
     /// When its last message came.
     last: Instant,
+    /// Its requests being served (a session is not ended under them:
+    /// their answers, and a read's or write's RMA, need its peer).
+    busy: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One of a session's requests being served, until dropped (after its
+/// answer left).
+struct Busy(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Busy {
+    fn new(n: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Busy(n.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A client endpoint in the address vector: inserted once whatever its
@@ -118,6 +138,13 @@ impl Table {
     /// [`PEER_GRACE`] from the address vector.
     fn sweep(&mut self, shared: &Shared, ep: &Endpoint, idle: Option<Duration>) {
         if let Some(idle) = idle {
+            // A session whose requests take longer than the idle time
+            // is not idle: its idle time starts when they are answered.
+            for s in self.sessions.values_mut() {
+                if s.busy.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                    s.last = Instant::now();
+                }
+            }
             let old: Vec<u64> = self
                 .sessions
                 .iter()
@@ -245,7 +272,8 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
             }
             SessionState::Open(access) => {
                 let access = *access;
-                request(&shared, &ep, &rt, peer, access, h, payload);
+                let busy = Busy::new(&s.busy);
+                request(&shared, &ep, &rt, peer, access, h, payload, busy);
             }
         }
     }
@@ -350,6 +378,7 @@ fn hello(
         addr: addr.to_string(),
         state,
         last: Instant::now(),
+        busy: Default::default(),
     };
     let (token, reply) = match answer {
         Accept::Refuse(r) => {
@@ -398,6 +427,7 @@ fn send_aside(
 
 /// A request of an open session: served in a task of the runtime, its
 /// reply sent from there.
+#[allow(clippy::too_many_arguments)]
 fn request(
     shared: &Arc<Shared>,
     ep: &Arc<Endpoint>,
@@ -406,6 +436,7 @@ fn request(
     access: Access,
     h: Header,
     payload: Bytes,
+    busy: Busy,
 ) {
     let forwarded = h.flags & FLAG_FORWARDED != 0;
     let (sh, ep) = (shared.clone(), ep.clone());
@@ -420,6 +451,7 @@ fn request(
         let mut served = Box::pin(async move {
             let r = serve_rma(&sh, &ep, pulls, peer, h, payload, forwarded).await;
             reply(&ep, peer, h, r);
+            drop(busy);
         });
         // Polled once here: a write's pull (a read's handler, usually
         // done at once, and its push) is posted from this thread, not
@@ -457,6 +489,7 @@ fn request(
             rt.spawn(async move {
                 let r = served.await;
                 reply(&ep, peer, h, r);
+                drop(busy);
             });
         }
         Err(e) => {
