@@ -471,7 +471,13 @@ fn request(
         return;
     }
     match Request::decode(h.op, payload) {
-        Ok(req) => {
+        Ok(mut req) => {
+            if let Request::ListTree { max, flags, .. } = &mut req {
+                // Not more entries than a message can hold: the rest of a
+                // larger page would be read (and encoded) only to be cut
+                // off by `fit_listing` and read again for the next page.
+                *max = (*max).min(tree_page_cap(*flags, ep.max_message()));
+            }
             let small = h.len as usize <= INLINE_MAX && shared.cache.is_none();
             let mut served =
                 Box::pin(async move { crate::handler::handle(&sh, req, forwarded).await });
@@ -704,6 +710,19 @@ async fn serve_rma(
     }
 }
 
+/// Most entries of a tree listing page that a message of `max_message`
+/// bytes can hold: each takes at least 6 bytes (front coding: shared and
+/// rest lengths, a byte of its own, its type), and its metadata record
+/// with [`chfs_proto::msg::tree::META`].
+fn tree_page_cap(flags: u8, max_message: usize) -> u32 {
+    let per = 6 + if flags & chfs_proto::msg::tree::META != 0 {
+        chfs_proto::meta::META_LEN
+    } else {
+        0
+    };
+    (max_message.saturating_sub(64) / per).clamp(1, u32::MAX as usize) as u32
+}
+
 /// A directory listing or a tree listing larger than a message is cut to
 /// a page that fits (`done` false: the client asks for the rest after its
 /// last name or path, as it does when a page is full).
@@ -779,5 +798,45 @@ fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, E
     }
     if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
         debug!(op = h.op, "fabric: reply not sent: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chfs_proto::msg::{tree, TreePage};
+    use chfs_proto::{Meta, Response};
+
+    /// A tree page is asked for no more entries than a message holds,
+    /// and not many fewer: a page of the capped number of the smallest
+    /// entries is cut by at most a few percent (the rest of a page read
+    /// beyond what fits was read for nothing, and again for the next
+    /// page: 30,001 entries with headers over ofi+tcp took 535 ms, 84 ms
+    /// with the cap).
+    #[test]
+    fn tree_pages_are_capped_to_what_a_message_holds() {
+        let max = crate::fabric_ep::MAX_MESSAGE;
+        for flags in [0, tree::META] {
+            let cap = tree_page_cap(flags, max) as usize;
+            let mut page = TreePage::default();
+            let meta = Meta::default();
+            for i in 0..cap {
+                // Consecutive paths differing in their last bytes.
+                let p = format!("/d/{i:08}");
+                page.push_entry(&p, 8, (flags & tree::META != 0).then_some(&meta));
+            }
+            let Response::Tree(fit) = fit_listing(Response::Tree(page), max) else {
+                panic!("not a tree page");
+            };
+            assert!(
+                fit.len() * 100 >= cap * 90,
+                "flags {flags}: {} of {cap} fit",
+                fit.len()
+            );
+            let mut b = Vec::new();
+            Response::Tree(fit).encode(&mut b);
+            assert!(b.len() + 8 + HEADER_LEN <= max);
+        }
+        assert_eq!(tree_page_cap(tree::META, 100), 1);
     }
 }
