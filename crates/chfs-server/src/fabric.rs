@@ -478,6 +478,12 @@ fn request(
                 // off by `fit_listing` and read again for the next page.
                 *max = (*max).min(tree_page_cap(*flags, ep.max_message()));
             }
+            if let Request::Readdir { max, .. } | Request::ReaddirDirs { max, .. } = &mut req {
+                // The same for a directory page (a name and a record
+                // each, 67 bytes at least).
+                let most = ep.max_message().saturating_sub(64) / (3 + chfs_proto::meta::META_LEN);
+                *max = (*max).min(most.max(1) as u32);
+            }
             let small = h.len as usize <= INLINE_MAX && shared.cache.is_none();
             let mut served =
                 Box::pin(async move { crate::handler::handle(&sh, req, forwarded).await });
