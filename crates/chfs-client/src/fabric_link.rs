@@ -35,6 +35,10 @@ use crate::error::{ConnFault, Error, Result};
 /// checked by the handshake.
 pub(crate) const MAX_MESSAGE: usize = 64 * 1024 + 4096;
 
+/// Room a message needs besides a request's head and data (the sender's
+/// address, the frame header, the tag of a data reply), and some.
+const INLINE_MARGIN: usize = 64;
+
 /// Is `addr` a fabric address (`ofi+...://`)?
 pub(crate) fn is_fabric(addr: &str) -> bool {
     addr.starts_with("ofi+")
@@ -259,10 +263,16 @@ impl FabricLink {
     /// window the server writes.
     fn bulk(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Option<(Bulk, RemoteKey)>> {
         use chfs_proto::msg::op;
+        // Data that would not fit a message with its request or reply
+        // moves by RMA whatever the threshold (CHFS_RDMA_THRESH may be set
+        // above a message's size).
+        let fits = |n: usize| head.len() + n + INLINE_MARGIN <= MAX_MESSAGE;
         let (len, read) = match op {
-            op::WRITE if tail.len() >= self.rdma_thresh => (tail.len(), false),
+            op::WRITE if tail.len() >= self.rdma_thresh || !fits(tail.len()) => (tail.len(), false),
             op::READ => match Request::decode(op, Bytes::copy_from_slice(head)) {
-                Ok(Request::Read { len, .. }) if len as usize >= self.rdma_thresh => {
+                Ok(Request::Read { len, .. })
+                    if len as usize >= self.rdma_thresh || !fits(len as usize) =>
+                {
                     (len as usize, true)
                 }
                 _ => return Ok(None),

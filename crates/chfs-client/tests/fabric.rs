@@ -111,12 +111,15 @@ fn chunks_from_the_rdma_threshold_move_by_rma() {
     let Some(p) = fabric_pool(2, "chunks_from_the_rdma_threshold_move_by_rma") else {
         return;
     };
-    for thresh in [32 * 1024, 4096] {
+    // (1 MiB: above a message, so that smaller chunk data that does
+    // not fit one moves by RMA too.)
+    for thresh in [32 * 1024, 4096, 1 << 20] {
         let c = client(&p, |c| {
             c.secret = p.secret().unwrap().as_bytes().to_vec();
             c.rdma_thresh = thresh;
         });
-        for cs in [1 << 20, 4 << 20, 65_536, 40_000] {
+        // (69,000 and 69,600: a chunk just inside and just past a message.)
+        for cs in [1 << 20, 4 << 20, 65_536, 40_000, 69_000, 69_600] {
             c.set_chunk_size(cs).unwrap();
             let path = format!("/rma-{thresh}-{cs}");
             let len = 3 * cs as usize + 12_345;
@@ -824,4 +827,97 @@ fn one_mib_chunks_over_ofi_shm() {
             .sum::<u64>()
             >= 8
     );
+}
+
+/// A request that takes longer than the server's idle timeout (a relayed
+/// lookup whose owner hangs for 7 s) is answered, and its session does
+/// not expire under it (it did: the client was removed from the address
+/// vector before the answer left, which was lost, and the client failed
+/// with ETIMEDOUT after its own timeout).
+#[test]
+fn a_session_with_a_request_in_flight_does_not_expire() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "a_session_with_a_request_in_flight_does_not_expire",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: 2,
+            args: vec![
+                "-p".into(),
+                "ofi+tcp".into(),
+                "--idle-timeout".into(),
+                "2".into(),
+                "--rpc-timeout-msec".into(),
+                "30000".into(),
+            ],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd");
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.lookup = chfs_client::Lookup::RelayGroup(2);
+        c.contact_seed = Some(0);
+        c.rpc_timeout = Duration::from_secs(25);
+    });
+    // A path a contact relays (owned by the other server).
+    let forwards = |c: &chfs_client::Client| -> Vec<(String, u64)> {
+        c.server_status()
+            .into_iter()
+            .map(|(a, s)| (a, s.expect("status").lookup_forwards))
+            .collect()
+    };
+    let (path, contact) = (0..64)
+        .find_map(|i| {
+            let path = format!("/relayed{i}");
+            let before = forwards(&c);
+            let _ = c.stat(&path);
+            let after = forwards(&c);
+            let k = (0..2).find(|&k| after[k].1 > before[k].1)?;
+            Some((path, after[k].0.clone()))
+        })
+        .expect("a path relayed by a contact");
+    let owner = 1 - p.addrs().iter().position(|s| *s == contact).unwrap();
+    // (made by another client: this one's lookups of a path it changed
+    // skip the contact for a while)
+    let other = fabric_client(&p);
+    let fd = other.create(&path, O_WRONLY, 0o644).unwrap();
+    other.close(fd).unwrap();
+    p.signal(owner, libc::SIGSTOP).unwrap();
+    let pid = p.pid(owner).unwrap();
+    let t = Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+        .unwrap_or(false)
+    {
+        assert!(t.elapsed() < Duration::from_secs(5), "server not stopped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The owner resumes after the contact has swept the session (2 s
+    // idle) and the peer (2 s later) more than once.
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(7));
+        // SAFETY: a signal to the server this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    });
+    let t = Instant::now();
+    let r = c.stat(&path);
+    let waited = t.elapsed();
+    resume.join().unwrap();
+    r.unwrap_or_else(|e| panic!("{e} after {waited:?}"));
+    assert!(waited < Duration::from_secs(15), "{waited:?}");
+    // Nor did its session expire meanwhile.
+    let expired = c
+        .server_status()
+        .into_iter()
+        .find(|(a, _)| *a == contact)
+        .map(|(_, s)| s.expect("status").fabric_expired);
+    assert_eq!(expired, Some(0));
 }

@@ -84,6 +84,14 @@ fn missing_names_are_asked_for_once(args: &[&str]) {
     assert!(missing(&m.p("d/moved")));
     fs::write(m.p("d/moved"), b"again").unwrap();
     assert_eq!(fs::read(m.p("d/moved")).unwrap(), b"again");
+    // A symbolic link, and a directory renamed onto a missing name.
+    assert!(missing(&m.p("d/link")));
+    std::os::unix::fs::symlink("moved", m.p("d/link")).unwrap();
+    assert_eq!(fs::read(m.p("d/link")).unwrap(), b"again");
+    assert!(missing(&m.p("d/sub2")));
+    fs::rename(m.p("d/sub"), m.p("d/sub2")).unwrap();
+    assert!(m.p("d/sub2").is_dir());
+    assert!(missing(&m.p("d/sub")));
 }
 
 #[test]

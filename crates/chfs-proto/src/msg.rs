@@ -1679,7 +1679,14 @@ mod tests {
         assert!(Response::decode(Bytes::from(b)).is_err());
     }
 
+    thread_local! {
+        /// The opcodes `rt` has checked on this thread.
+        static SEEN: std::cell::RefCell<std::collections::BTreeSet<u16>> =
+            const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
+    }
+
     fn rt(req: Request) {
+        SEEN.with(|s| s.borrow_mut().insert(req.op()));
         let mut b = Vec::new();
         req.encode(&mut b);
         assert_eq!(
@@ -1838,6 +1845,34 @@ mod tests {
             size: 10,
             chunk_size: 4,
         });
+        rt(Request::GetServers);
+        rt(Request::Status);
+        rt(Request::Shutdown);
+        rt(Request::Stat { path: "/a".into() });
+        rt(Request::RemoveChunks {
+            path: "/a".into(),
+            from_idx: 3,
+        });
+        rt(Request::HasChildren { path: "/d".into() });
+        for flags in [0, tree::META] {
+            rt(Request::ListTree {
+                prefix: "/d".into(),
+                after: "/d/x/y".into(),
+                max: 100,
+                flags,
+            });
+        }
+        // Every opcode was checked (its round trip, and that
+        // `keeps_payload` tells whether its decoded value keeps the
+        // payload's buffer, which a server reuses for those that don't):
+        // a new request must be added here.
+        let seen = SEEN.with(|s| s.borrow().clone());
+        let missing: Vec<_> = op::ALL
+            .iter()
+            .filter(|o| !seen.contains(o))
+            .map(|&o| op::name(o))
+            .collect();
+        assert!(missing.is_empty(), "requests not checked: {missing:?}");
     }
 
     #[test]
