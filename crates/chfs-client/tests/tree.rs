@@ -203,3 +203,31 @@ fn cache_mode_servers_make_the_caller_walk() {
     drop(p);
     let _ = std::fs::remove_dir_all(&backend);
 }
+
+/// A tree whose paths add up to more than a listing's 32-bit offsets hold
+/// (4 GiB) is not listed (`None`: the caller walks), never with wrong
+/// paths; shown with a small limit, below and above the tree's size.
+#[test]
+fn a_tree_too_large_for_one_listing_makes_the_caller_walk() {
+    let p = LocalPool::start(2).expect("pool");
+    let c = client(&p, |_| {});
+    build(&c, "/big");
+    let t = c.list_tree("/big", false).unwrap().unwrap();
+    let size = t.page.paths.len();
+    assert!(size > 100, "{size}");
+    let same = c
+        .list_tree_limited("/big", false, 7, size)
+        .unwrap()
+        .expect("within the limit");
+    assert_eq!(same, t);
+    for with_meta in [false, true] {
+        for page in [7, 65536] {
+            assert!(c
+                .list_tree_limited("/big", with_meta, page, size - 1)
+                .unwrap()
+                .is_none());
+        }
+    }
+    // Not a refusal of the servers: the next listing is asked for again.
+    assert_eq!(c.list_tree("/big", false).unwrap().unwrap(), t);
+}

@@ -25,6 +25,11 @@ use crate::error::Result;
 /// decoded).
 const TREE_PAGE: u32 = 65536;
 
+/// Most bytes of paths a listing holds: its offsets are `u32`
+/// ([`TreePage::ends`]). A larger tree is walked instead ([`Client::list_tree`]
+/// gives `Ok(None)`), never listed with wrapped offsets (wrong paths).
+const TREE_BYTES: usize = u32::MAX as usize;
+
 /// Everything below a directory, in byte order of the full paths (see
 /// [`Client::list_tree`]).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -84,8 +89,11 @@ impl Client {
     /// walk instead (and the client does not ask again while the server
     /// list stays the same). Any other error of any server fails the
     /// listing.
+    ///
+    /// Also `Ok(None)` for a tree whose paths add up to more than 4 GiB
+    /// (the listing's offsets are 32-bit): walk that one too.
     pub fn list_tree(&self, root: &str, with_meta: bool) -> Result<Option<TreeListing>> {
-        self.list_tree_paged(root, with_meta, TREE_PAGE)
+        self.list_tree_limited(root, with_meta, TREE_PAGE, TREE_BYTES)
     }
 
     /// [`Client::list_tree`] asking for at most `page` entries per request
@@ -97,6 +105,20 @@ impl Client {
         with_meta: bool,
         page: u32,
     ) -> Result<Option<TreeListing>> {
+        self.list_tree_limited(root, with_meta, page, TREE_BYTES)
+    }
+
+    /// [`Client::list_tree_paged`] giving `Ok(None)` once the paths add up
+    /// to more than `max_bytes` (for tests of the limit, which is 4 GiB).
+    #[doc(hidden)]
+    pub fn list_tree_limited(
+        &self,
+        root: &str,
+        with_meta: bool,
+        page: u32,
+        max_bytes: usize,
+    ) -> Result<Option<TreeListing>> {
+        let max_bytes = max_bytes.min(TREE_BYTES);
         let st = self.state();
         let root = normalize(root)?;
         let version = st.ring.list().version;
@@ -105,8 +127,11 @@ impl Client {
         }
         let servers = st.servers_for(&root)?;
         let flags = if with_meta { tree::META } else { 0 };
-        // One server's pages, one after the other.
-        let fetch = |i: usize| -> Result<TreePage> {
+        // Bytes of paths received from all servers so far.
+        let bytes = std::sync::atomic::AtomicUsize::new(0);
+        // One server's pages, one after the other (`None`: the listing
+        // grew past `max_bytes`).
+        let fetch = |i: usize| -> Result<Option<TreePage>> {
             let mut run = TreePage::default();
             let mut after = String::new();
             loop {
@@ -126,12 +151,16 @@ impl Client {
                     }
                     Response::Tree(p) => {
                         let done = p.done;
+                        let n = p.paths.len();
+                        if bytes.fetch_add(n, Ordering::Relaxed) + n > max_bytes {
+                            return Ok(None);
+                        }
                         if !p.is_empty() {
                             after = p.path(p.len() - 1).to_string();
                             append(&mut run, p);
                         }
                         if done || after.is_empty() {
-                            return Ok(run);
+                            return Ok(Some(run));
                         }
                     }
                     other => return Err(unexpected(other)),
@@ -139,7 +168,7 @@ impl Client {
             }
         };
         // A thread per server but the first, which this thread lists.
-        let results: Vec<Result<TreePage>> = std::thread::scope(|s| {
+        let results: Vec<Result<Option<TreePage>>> = std::thread::scope(|s| {
             let fetch = &fetch;
             let handles: Vec<_> = servers
                 .iter()
@@ -159,7 +188,9 @@ impl Client {
         let mut runs = Vec::with_capacity(results.len());
         for r in results {
             match r {
-                Ok(run) => runs.push(run),
+                Ok(Some(run)) => runs.push(run),
+                // Too large for one listing's offsets: walk it.
+                Ok(None) => return Ok(None),
                 Err(e) if matches!(e.errno(), libc::EPROTO | libc::EOPNOTSUPP) => {
                     self.inner.no_tree.store(version + 1, Ordering::Relaxed);
                     return Ok(None);
