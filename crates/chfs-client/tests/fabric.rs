@@ -921,3 +921,114 @@ fn a_session_with_a_request_in_flight_does_not_expire() {
         .map(|(_, s)| s.expect("status").fabric_expired);
     assert_eq!(expired, Some(0));
 }
+
+/// Servers on different hosts forward to each other over the fabric
+/// (`--test-peers-remote` makes peers on this host take that path too):
+/// chunks larger than a message move by RMA, as a client's do — a
+/// rebalance's moved 1 MiB chunks (`AdoptChunk`), and 1 MiB and 200 KiB
+/// writes and reads forwarded by a server that does not own them (asked by
+/// a client that knows only that server).
+#[test]
+fn large_chunks_forwarded_between_fabric_hosts_move_by_rma() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "large_chunks_forwarded_between_fabric_hosts_move_by_rma",
+            "built without libfabric",
+        );
+        return;
+    }
+    let mut p = LocalPool::start_with(
+        PoolOptions {
+            servers: 1,
+            args: vec!["-p".into(), "ofi+tcp".into(), "--test-peers-remote".into()],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd over ofi+tcp");
+    let c = fabric_client(&p);
+    c.set_chunk_size(1 << 20).unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..12u64)
+        .map(|i| {
+            let len = if i % 2 == 0 {
+                (3 << 20) + 100
+            } else {
+                200 << 10
+            };
+            (format!("/before{i}"), pattern(len, 100 + i))
+        })
+        .collect();
+    let write_all = |c: &chfs_client::Client, files: &[(String, Vec<u8>)]| {
+        for (path, data) in files {
+            let fd = c.create(path, O_RDWR, 0o644).unwrap();
+            assert_eq!(c.pwrite(fd, data, 0).unwrap(), data.len(), "{path}");
+            c.close(fd).unwrap();
+        }
+    };
+    let check_all = |c: &chfs_client::Client, files: &[(String, Vec<u8>)]| {
+        for (path, data) in files {
+            let fd = c.open(path, O_RDONLY, 0).unwrap();
+            let mut back = vec![0u8; data.len() + 10];
+            assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len(), "{path}");
+            assert!(back[..data.len()] == data[..], "{path}: data differs");
+            c.close(fd).unwrap();
+        }
+    };
+    write_all(&c, &files);
+    // (its list of servers, of one, is kept until it is told of another)
+    let one = client(&p, |cfg| {
+        cfg.secret = p.secret().unwrap().as_bytes().to_vec();
+        cfg.node_list_cache_timeout = Duration::from_secs(3600);
+    });
+    one.set_chunk_size(1 << 20).unwrap();
+    p.add_server().unwrap();
+    let c2 = client(&p, |cfg| {
+        cfg.secret = p.secret().unwrap().as_bytes().to_vec();
+        cfg.role = chfs_proto::handshake::Role::Admin;
+    });
+    c2.set_chunk_size(1 << 20).unwrap();
+    assert_eq!(c2.servers().len(), 2);
+    // The rebalance moves chunks to the new server by AdoptChunk.
+    let r = c2.rebalance().unwrap();
+    assert!(r.moved > 0 && r.failed == 0, "{r:?}");
+    check_all(&c2, &files);
+    // A client that knows only the first server (`one`): what the second
+    // owns is forwarded to it, both ways.
+    let forwarded = |c: &chfs_client::Client| -> u64 {
+        c.server_status()
+            .into_iter()
+            .map(|(_, s)| s.expect("status").forwarded)
+            .sum()
+    };
+    let before = forwarded(&c2);
+    let after_files: Vec<(String, Vec<u8>)> = (0..12u64)
+        .map(|i| {
+            let len = if i % 2 == 0 {
+                (1 << 20) + (1 << 20)
+            } else {
+                200 << 10
+            };
+            (format!("/after{i}"), pattern(len, 200 + i))
+        })
+        .collect();
+    write_all(&one, &after_files);
+    check_all(&one, &after_files);
+    check_all(&one, &files);
+    assert!(
+        forwarded(&c2) >= before + 6,
+        "{} forwarded: the test proves nothing",
+        forwarded(&c2) - before
+    );
+    check_all(&c2, &after_files);
+    // Renames move chunks to the new name's owners (PutChunk).
+    let moved: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|(path, data)| {
+            let to = path.replace("/before", "/renamed");
+            c2.rename(path, &to).unwrap();
+            (to, data.clone())
+        })
+        .collect();
+    check_all(&c2, &moved);
+}

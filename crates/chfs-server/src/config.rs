@@ -93,6 +93,11 @@ pub struct Config {
     #[arg(long = "max-inflight", env = "CHFS_MAX_INFLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_inflight: u32,
 
+    /// Tests only: reach every peer known by a fabric address over the
+    /// fabric, as if it ran on another host (not through its local socket).
+    #[arg(long = "test-peers-remote", hide = true)]
+    pub test_peers_remote: bool,
+
     /// Bytes one connection may hold in the server at once: the data of
     /// its requests being served and of their replies not yet sent
     /// (suffixes K, M, G); beyond, its requests wait (back-pressure). A

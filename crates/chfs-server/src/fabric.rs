@@ -598,7 +598,8 @@ impl Drop for Pooled {
 const RMA_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A request whose bulk data is in the client's memory (`FLAG_RMA`, the
-/// payload ending with a [`RemoteKey`]): a `Write`'s data is read from
+/// payload ending with a [`RemoteKey`]): a `Write`'s data (or a chunk a
+/// peer moves here: `AdoptChunk`, `PutChunk`) is read from
 /// there (into a pull buffer that becomes the chunk's memory) before it is
 /// served; a `Read`'s data is written there after, and `Written(n)`
 /// answers it, sent only once the write completed.
@@ -635,18 +636,15 @@ async fn serve_rma(
                 "the client's memory was not reached in time",
             )),
         };
+    let bulk_in = matches!(
+        &req,
+        Request::Write { data, .. } | Request::AdoptChunk { data, .. } | Request::PutChunk { data, .. }
+            if data.is_empty() && len > 0
+    );
     match req {
-        Request::Write {
-            path,
-            fileid,
-            chunk_size,
-            mode,
-            idx,
-            off,
-            flags,
-            epoch,
-            data,
-        } if data.is_empty() && len > 0 => {
+        // A write's data, or a chunk a peer moves to this server
+        // (rebalance, rename), read from the sender's memory.
+        mut req if bulk_in => {
             let kept = {
                 let mut pool = chfs_sys::lock(&pulls);
                 pool.iter()
@@ -664,22 +662,17 @@ async fn serve_rma(
             let buf = timed(tokio::time::timeout(RMA_TIMEOUT, pull).await)?
                 .ok_or_else(|| ErrorReply::new(libc::EIO, "the pull buffer did not come back"))?;
             Counters::inc(&shared.counters.rma_pulls);
-            let data = Bytes::from_owner(Pooled {
+            let pulled = Bytes::from_owner(Pooled {
                 buf: Some(buf),
                 len,
                 pool: Arc::downgrade(&pulls),
             });
-            let req = Request::Write {
-                path,
-                fileid,
-                chunk_size,
-                mode,
-                idx,
-                off,
-                flags,
-                epoch,
-                data,
-            };
+            match &mut req {
+                Request::Write { data, .. }
+                | Request::AdoptChunk { data, .. }
+                | Request::PutChunk { data, .. } => *data = pulled,
+                _ => unreachable!("matched above"),
+            }
             crate::handler::handle(shared, req, forwarded).await
         }
         req @ Request::Read { .. } => {

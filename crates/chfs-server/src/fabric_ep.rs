@@ -49,12 +49,64 @@ pub struct Peers {
     sessions: std::sync::Mutex<HashMap<String, chfs_fabric::rpc::Session>>,
     /// Peers found to have no local socket here.
     remote: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Treat every fabric peer as on another host (tests: the cross-host
+    /// path on one machine; chfsd's hidden `--test-peers-remote`).
+    all_remote: bool,
+}
+
+/// The bulk part of a peer request that moves by RMA (as a client's
+/// does): a write's (or a moved chunk's: `AdoptChunk`, `PutChunk`) data the peer reads from memory
+/// lent for the call, or a read's destination the peer writes.
+enum Bulk {
+    None,
+    Out(bytes::Bytes),
+    In(usize),
+}
+
+/// Margin for a request's or reply's own bytes in a message beside its
+/// data (as the client's).
+const INLINE_MARGIN: usize = 512;
+
+/// Takes the bulk data out of `req` when it moves by RMA: at least
+/// [`chfs_fabric::rpc::RDMA_THRESH`], or more than fits a message with the
+/// request (or reply).
+fn bulk_of(req: &Request) -> (Bulk, Option<Request>) {
+    let big = |n: usize| n >= chfs_fabric::rpc::RDMA_THRESH || n + INLINE_MARGIN > MAX_MESSAGE;
+    match req {
+        Request::Write { data, .. }
+        | Request::AdoptChunk { data, .. }
+        | Request::PutChunk { data, .. }
+            if big(data.len()) =>
+        {
+            let mut r = req.clone();
+            let out = match &mut r {
+                Request::Write { data, .. }
+                | Request::AdoptChunk { data, .. }
+                | Request::PutChunk { data, .. } => std::mem::take(data),
+                _ => unreachable!("matched above"),
+            };
+            (Bulk::Out(out), Some(r))
+        }
+        Request::Read { len, .. } if big(*len as usize) => (Bulk::In(*len as usize), None),
+        _ => (Bulk::None, None),
+    }
 }
 
 impl Peers {
+    /// Peers of which every one is taken to be on another host when `yes`.
+    pub fn all_remote(yes: bool) -> Self {
+        Self {
+            all_remote: yes,
+            ..Default::default()
+        }
+    }
+
     /// Is the peer at `addr` reached through its local socket (it runs on
     /// this host: a connection is open, or its socket answers)?
     pub fn is_local<C>(&self, addr: &str, conns: &std::sync::Mutex<HashMap<String, C>>) -> bool {
+        if self.all_remote {
+            return false;
+        }
         if chfs_sys::lock(conns).contains_key(addr) {
             return true;
         }
@@ -82,11 +134,12 @@ impl Peers {
         flags: u16,
         timeout: Duration,
     ) -> Result<Response, ErrorReply> {
+        let (bulk, stripped) = bulk_of(req);
         let mut payload = Vec::new();
-        req.encode(&mut payload);
+        stripped.as_ref().unwrap_or(req).encode(&mut payload);
         let (op, addr, cred) = (req.op(), addr.to_string(), cred.clone());
         tokio::task::spawn_blocking(move || {
-            self.call_blocking(&addr, &cred, op, flags, &payload, timeout)
+            self.call_blocking(&addr, &cred, op, flags, &payload, &bulk, timeout)
         })
         .await
         .unwrap_or_else(|e| {
@@ -97,6 +150,7 @@ impl Peers {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn call_blocking(
         &self,
         addr: &str,
@@ -104,6 +158,7 @@ impl Peers {
         op: u16,
         flags: u16,
         payload: &[u8],
+        bulk: &Bulk,
         timeout: Duration,
     ) -> Result<Response, ErrorReply> {
         use chfs_fabric::rpc::RpcError;
@@ -120,7 +175,7 @@ impl Peers {
             .client(&a)
             .map_err(|e| ErrorReply::new(e.errno(), format!("no {} endpoint: {e}", a.protocol)))?;
         for _ in 0..2 {
-            match self.call_once(&rpc, &a, addr, cred, op, flags, payload, timeout) {
+            match self.call_once(&rpc, &a, addr, cred, op, flags, payload, bulk, timeout) {
                 // The peer restarted or expired the session: it did not
                 // serve the request; once more in a new session.
                 Err(None) => continue,
@@ -146,8 +201,10 @@ impl Peers {
         op: u16,
         flags: u16,
         payload: &[u8],
+        bulk: &Bulk,
         timeout: Duration,
     ) -> Result<Result<Response, ErrorReply>, Option<chfs_fabric::rpc::RpcError>> {
+        use chfs_fabric::rpc::RpcError;
         let known = chfs_sys::lock(&self.sessions).get(addr).copied();
         let s = match known {
             Some(s) => s,
@@ -159,9 +216,47 @@ impl Peers {
                 s
             }
         };
-        let r = rpc
-            .post(&s, op, flags, payload, timeout)
-            .and_then(|id| rpc.wait(id, timeout));
+        let exchange = |flags: u16, payload: &[u8]| {
+            rpc.post(&s, op, flags, payload, timeout)
+                .and_then(|id| rpc.wait(id, timeout))
+        };
+        let with_key = |key: chfs_fabric::RemoteKey| {
+            let mut p = payload.to_vec();
+            p.extend_from_slice(&key.encode());
+            exchange(flags | chfs_fabric::rpc::FLAG_RMA, &p)
+        };
+        let ep = rpc.endpoint();
+        // Over ofi+shm a closed registration does not revoke the peer's
+        // access: memory lent to a call that did not end well is never
+        // freed (a late RMA reaches only it).
+        let keep = ep.address().protocol == chfs_fabric::Protocol::Shm;
+        let mut landed = None;
+        let r = match bulk {
+            Bulk::None => exchange(flags, payload),
+            Bulk::Out(data) => {
+                let r = ep
+                    .expose(data, with_key)
+                    .map_err(RpcError::Fabric)
+                    .and_then(|r| r);
+                if keep && r.is_err() {
+                    std::mem::forget(data.clone());
+                }
+                r
+            }
+            Bulk::In(len) => {
+                let mut dst = vec![0u8; *len];
+                let r = ep
+                    .expose_mut(&mut dst, with_key)
+                    .map_err(RpcError::Fabric)
+                    .and_then(|r| r);
+                if keep && r.is_err() {
+                    std::mem::forget(dst);
+                } else {
+                    landed = Some(dst);
+                }
+                r
+            }
+        };
         match r {
             Ok((h, _)) if h.op == chfs_fabric::rpc::OP_NO_SESSION => {
                 chfs_sys::lock(&self.sessions).remove(addr);
@@ -172,7 +267,29 @@ impl Peers {
                 Err(decode_error(payload)
                     .unwrap_or_else(|e| ErrorReply::new(e.errno(), e.to_string())))
             } else {
-                Response::decode(payload).map_err(|e| ErrorReply::new(e.errno(), e.to_string()))
+                match (
+                    Response::decode(payload)
+                        .map_err(|e| ErrorReply::new(e.errno(), e.to_string())),
+                    landed,
+                ) {
+                    // A read whose data the peer wrote into `dst`.
+                    (Ok(Response::Written(n)), Some(mut dst)) => {
+                        if n as usize > dst.len() {
+                            Err(ErrorReply::new(
+                                libc::EPROTO,
+                                format!("server {addr}: more data than asked for"),
+                            ))
+                        } else {
+                            dst.truncate(n as usize);
+                            Ok(Response::Data(dst.into()))
+                        }
+                    }
+                    (Ok(Response::Data(_)), Some(_)) => Err(ErrorReply::new(
+                        libc::EPROTO,
+                        format!("server {addr}: data inline for a read by RMA"),
+                    )),
+                    (r, _) => r,
+                }
             }),
             Err(e) => {
                 if !matches!(

@@ -58,6 +58,13 @@ impl Peers {
         }
     }
 
+    /// Every peer known by a fabric address reached over the fabric, as
+    /// if on another host (tests of that path on one machine).
+    pub fn all_remote(mut self, yes: bool) -> Self {
+        self.fabric = Arc::new(crate::fabric_ep::Peers::all_remote(yes));
+        self
+    }
+
     /// The per-request timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout

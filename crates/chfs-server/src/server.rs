@@ -274,7 +274,8 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
             me: None,
         })),
         me: me.clone(),
-        peers: Peers::new(cred, Duration::from_millis(cfg.rpc_timeout_msec.max(1))),
+        peers: Peers::new(cred, Duration::from_millis(cfg.rpc_timeout_msec.max(1)))
+            .all_remote(cfg.test_peers_remote),
         contact: crate::relay::Contact::new(Duration::from_millis(cfg.lookup_cache_msec)),
         node_local,
         watchers: Default::default(),
