@@ -197,8 +197,7 @@ impl PyClient {
         threads: usize,
     ) -> PyResult<(Vec<(String, StatTuple)>, Vec<(String, i32, String)>)> {
         let (c, _) = self.get(py)?;
-        let root = chfs_proto::path::normalize(path)
-            .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
+        let root = normalized(path)?;
         let depth0 = components(&root);
         let threads = walk_threads(&c, threads);
         if maxdepth.is_none() {
@@ -208,11 +207,8 @@ impl PyClient {
             let tree = py.detach(|| {
                 let t = c.list_tree(&root, true).ok()??;
                 Some(
-                    (0..t.len())
-                        .filter_map(|i| {
-                            let p = t.path(i);
-                            Some((p.to_string(), stat_tuple(&Stat::from_meta(p, t.meta(i)?))))
-                        })
+                    tree_stats(&t)
+                        .map(|(p, s)| (p.to_string(), stat_tuple(&s)))
                         .collect::<Vec<_>>(),
                 )
             });
@@ -252,19 +248,14 @@ impl PyClient {
         threads: usize,
     ) -> PyResult<(Bound<'py, PyDict>, Vec<(String, i32, String)>)> {
         let (c, _) = self.get(py)?;
-        let root = chfs_proto::path::normalize(path)
-            .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
+        let root = normalized(path)?;
         let keep = |s: &Stat| withdirs || !s.is_dir();
         if maxdepth.is_none() {
             if let Some(t) = py.detach(|| c.list_tree(&root, true).ok().flatten()) {
                 let mut infos = Infos::new(py);
-                for i in 0..t.len() {
-                    let p = t.path(i);
-                    if let Some(m) = t.meta(i) {
-                        let s = Stat::from_meta(p, m);
-                        if keep(&s) {
-                            infos.add(p, &s)?;
-                        }
+                for (p, s) in tree_stats(&t) {
+                    if keep(&s) {
+                        infos.add(p, &s)?;
                     }
                 }
                 return Ok((infos.out, Vec::new()));
@@ -311,8 +302,7 @@ impl PyClient {
         threads: usize,
     ) -> PyResult<(Bound<'py, PyList>, Vec<(String, i32, String)>)> {
         let (c, _) = self.get(py)?;
-        let root = chfs_proto::path::normalize(path)
-            .map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))?;
+        let root = normalized(path)?;
         if maxdepth.is_none() {
             // The whole tree: one request per server and page, merged in
             // order; the list of str is made in one pass over the one
@@ -577,6 +567,20 @@ fn joined<T>(parts: Vec<Vec<T>>) -> Vec<T> {
         all.append(&mut p);
     }
     all
+}
+
+/// `path` normalised, or the OSError naming it.
+fn normalized(path: &str) -> PyResult<String> {
+    chfs_proto::path::normalize(path).map_err(|e| os_error(chfs_client::Error::from(e), Some(path)))
+}
+
+/// The entries of a tree listing made with headers, as paths and statuses
+/// (an entry whose header is missing is left out).
+fn tree_stats(t: &chfs_client::TreeListing) -> impl Iterator<Item = (&str, Stat)> + '_ {
+    (0..t.len()).filter_map(move |i| {
+        let p = t.path(i);
+        Some((p, Stat::from_meta(p, t.meta(i)?)))
+    })
 }
 
 fn components(p: &str) -> usize {
