@@ -156,11 +156,12 @@ fn ring_threads_do_not_preempt_the_processes_they_serve() {
 /// daemon (SIGUSR1, by its PID) to log its counts and reads them back.
 fn kernel_requests(m: &Mount) -> std::collections::HashMap<String, u64> {
     const LINE: &str = "kernel requests served";
+    // Complete lines only (a line being written has no newline yet).
     let lines = |m: &Mount| -> Vec<String> {
         fs::read_to_string(&m.log)
             .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(LINE))
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n') && l.contains(LINE))
             .map(str::to_string)
             .collect()
     };
