@@ -6,7 +6,9 @@
  *
  * PHASES (default "csu"): c = N creates (open(O_CREAT|O_WRONLY) + close
  * of an empty file, as mdtest -F does), s = N stats, u = N unlinks of
- * DIR/file.mdtest.0.I. Each phase prints its time per operation and the
+ * DIR/file.mdtest.0.I, n = N stats of those names expecting ENOENT (an
+ * existence check: "nc" creates names the kernel holds as negative
+ * entries, which it creates without a LOOKUP). Each phase prints its time per operation and the
  * caller's CPU time and context switches per operation (getrusage). Run
  * one phase per call, with a pause longer than the mount's timeouts in
  * between, to see the requests IO500's phases see. $OPLOOP_HOOK, if set,
@@ -15,6 +17,7 @@
  *
  *   cc -O2 -o mount_oploop crates/chfs-fuse/examples/mount_oploop.c
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +65,8 @@ static int run(char op, const char *dir, int n)
 			bad = fd < 0 || close(fd) != 0;
 		} else if (op == 's') {
 			bad = stat(p, &st) != 0;
+		} else if (op == 'n') {
+			bad = stat(p, &st) == 0 || errno != ENOENT;
 		} else {
 			bad = unlink(p) != 0;
 		}
@@ -73,7 +78,10 @@ static int run(char op, const char *dir, int n)
 	double t1 = now();
 	getrusage(RUSAGE_SELF, &r1);
 	hook("end");
-	const char *name = op == 'c' ? "create" : op == 's' ? "stat" : "unlink";
+	const char *name = op == 'c'   ? "create"
+			   : op == 's' ? "stat"
+			   : op == 'n' ? "stat-missing"
+				       : "unlink";
 	printf("%s %d %.2f us/op, caller cpu %.2f us/op, context switches %.2f/op\n",
 	       name, n, (t1 - t0) * 1e6 / n,
 	       (us(r0.ru_utime, r1.ru_utime) + us(r0.ru_stime, r1.ru_stime)) / n,
@@ -84,13 +92,13 @@ static int run(char op, const char *dir, int n)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: %s DIR N [csu]\n", argv[0]);
+		fprintf(stderr, "usage: %s DIR N [csun]\n", argv[0]);
 		return 2;
 	}
 	int n = atoi(argv[2]);
 	const char *phases = argc > 3 ? argv[3] : "csu";
 	for (const char *c = phases; *c; c++)
-		if (strchr("csu", *c) && run(*c, argv[1], n))
+		if (strchr("csun", *c) && run(*c, argv[1], n))
 			return 1;
 	return 0;
 }

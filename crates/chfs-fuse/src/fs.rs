@@ -18,7 +18,7 @@ use fuser::{
 };
 use tracing::{debug, warn};
 
-use crate::core::{Attr, Caller, Core, Error, Fh, FileKind, Ino, Opened, SetAttr, TimeSet};
+use crate::core::{op, Attr, Caller, Core, Error, Fh, FileKind, Ino, Opened, SetAttr, TimeSet};
 
 pub use crate::core::FsOptions;
 
@@ -211,10 +211,12 @@ impl Filesystem for ChfsFs {
     }
 
     fn destroy(&mut self) {
+        self.core.requests().count(op::DESTROY);
         self.core.destroy();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.core.requests().count(op::LOOKUP);
         let neg = self.core.options().negative_timeout;
         match self.core.lookup(Ino(parent.0), name) {
             // Node id 0: the kernel keeps the name as absent for `neg`.
@@ -226,10 +228,14 @@ impl Filesystem for ChfsFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // fuser hands each inode of a BATCH_FORGET here one by one (its
+        // type for the batch is private): FORGET counts inodes forgotten.
+        self.core.requests().count(op::FORGET);
         self.core.forget(Ino(ino.0), nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.core.requests().count(op::GETATTR);
         match self.core.getattr(Ino(ino.0)) {
             Ok((ttl, a)) => reply.attr(&ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
@@ -254,6 +260,7 @@ impl Filesystem for ChfsFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.core.requests().count(op::SETATTR);
         let a = SetAttr {
             size,
             mode,
@@ -270,6 +277,7 @@ impl Filesystem for ChfsFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.core.requests().count(op::READLINK);
         match self.core.readlink(Ino(ino.0)) {
             Ok(t) => reply.data(t.as_bytes()),
             Err(e) => reply.error(errno(e)),
@@ -286,6 +294,7 @@ impl Filesystem for ChfsFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.core.requests().count(op::MKNOD);
         let r = self
             .core
             .mknod(caller(req), Ino(parent.0), name, mode, rdev);
@@ -301,15 +310,18 @@ impl Filesystem for ChfsFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        self.core.requests().count(op::MKDIR);
         let r = self.core.mkdir(caller(req), Ino(parent.0), name, mode);
         self.reply_entry(reply, r);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.core.requests().count(op::UNLINK);
         reply_empty(reply, self.core.unlink(Ino(parent.0), name));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.core.requests().count(op::RMDIR);
         reply_empty(reply, self.core.rmdir(Ino(parent.0), name));
     }
 
@@ -321,6 +333,7 @@ impl Filesystem for ChfsFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.core.requests().count(op::SYMLINK);
         let r = self
             .core
             .symlink(caller(req), Ino(parent.0), link_name, target.as_os_str());
@@ -337,6 +350,13 @@ impl Filesystem for ChfsFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        // The kernel sends RENAME2 only with flags (RENAME_NOREPLACE...).
+        let opcode = if flags.bits() == 0 {
+            op::RENAME
+        } else {
+            op::RENAME2
+        };
+        self.core.requests().count(opcode);
         reply_empty(
             reply,
             self.core
@@ -352,11 +372,13 @@ impl Filesystem for ChfsFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.core.requests().count(op::LINK);
         let r = self.core.link(Ino(ino.0), Ino(newparent.0), newname);
         self.reply_entry(reply, r);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.core.requests().count(op::OPEN);
         match self.core.open(Ino(ino.0), flags.0) {
             Ok(o) => reply.opened(FileHandle(o.fh.0), fopen_flags(&o)),
             Err(e) => reply.error(errno(e)),
@@ -374,6 +396,7 @@ impl Filesystem for ChfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.core.requests().count(op::READ);
         thread_local! {
             // One reusable buffer per serving thread: a fresh 1 MiB
             // allocation per read would page-fault on every request.
@@ -403,6 +426,7 @@ impl Filesystem for ChfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.core.requests().count(op::WRITE);
         match self.core.write(Fh(fh.0), offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
@@ -417,6 +441,7 @@ impl Filesystem for ChfsFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.core.requests().count(op::FLUSH);
         reply_empty(reply, self.core.flush(Fh(fh.0)));
     }
 
@@ -430,6 +455,7 @@ impl Filesystem for ChfsFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.core.requests().count(op::RELEASE);
         reply_empty(reply, self.core.release(Fh(fh.0)));
     }
 
@@ -441,10 +467,12 @@ impl Filesystem for ChfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.core.requests().count(op::FSYNC);
         reply_empty(reply, self.core.fsync(Fh(fh.0)));
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.core.requests().count(op::OPENDIR);
         reply.opened(FileHandle(self.core.opendir().0), FopenFlags::empty());
     }
 
@@ -456,6 +484,7 @@ impl Filesystem for ChfsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.core.requests().count(op::READDIR);
         let r = self
             .core
             .readdir(Ino(ino.0), Fh(fh.0), offset, |eino, off, kind, name| {
@@ -475,6 +504,7 @@ impl Filesystem for ChfsFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.core.requests().count(op::RELEASEDIR);
         self.core.releasedir(Fh(fh.0));
         reply.ok();
     }
@@ -487,11 +517,13 @@ impl Filesystem for ChfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.core.requests().count(op::FSYNCDIR);
         // Namespace changes are applied on the servers before they return.
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.core.requests().count(op::STATFS);
         match self.core.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.free, s.free, s.files, s.free, s.bsize, s.namelen, s.bsize,
@@ -510,6 +542,7 @@ impl Filesystem for ChfsFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.core.requests().count(op::SETXATTR);
         reply.error(errno(Error::EOPNOTSUPP));
     }
 
@@ -521,18 +554,22 @@ impl Filesystem for ChfsFs {
         _size: u32,
         reply: ReplyXattr,
     ) {
+        self.core.requests().count(op::GETXATTR);
         reply.error(errno(Error::EOPNOTSUPP));
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        self.core.requests().count(op::LISTXATTR);
         reply.error(errno(Error::EOPNOTSUPP));
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        self.core.requests().count(op::REMOVEXATTR);
         reply.error(errno(Error::EOPNOTSUPP));
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.core.requests().count(op::ACCESS);
         reply_empty(
             reply,
             self.core.access(caller(req), Ino(ino.0), mask.bits()),
@@ -549,6 +586,7 @@ impl Filesystem for ChfsFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.core.requests().count(op::CREATE);
         match self
             .core
             .create(caller(req), Ino(parent.0), name, mode, flags)

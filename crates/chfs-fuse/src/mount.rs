@@ -171,8 +171,9 @@ pub fn set_read_ahead(mp: &Path, kb: u32) -> std::io::Result<()> {
     )
 }
 
-/// Blocks SIGINT/SIGTERM/SIGHUP in the calling thread (and in the threads
-/// it starts afterwards), so that one thread can wait for them.
+/// Blocks SIGINT/SIGTERM/SIGHUP (unmount) and SIGUSR1 (log the kernel
+/// requests served) in the calling thread (and in the threads it starts
+/// afterwards), so that one thread can wait for them.
 pub fn block_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
     unsafe {
@@ -181,6 +182,7 @@ pub fn block_signals() -> libc::sigset_t {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGHUP);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
@@ -278,12 +280,17 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
         }
     }
     let sig_mp = mp.clone();
+    let sig_core = core.clone();
     std::thread::Builder::new()
         .name("chfuse-signals".into())
         .spawn(move || loop {
             let mut sig = 0;
             // SAFETY: `set` is an initialised signal set; `sig` is a valid out pointer.
             if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                continue;
+            }
+            if sig == libc::SIGUSR1 {
+                info!(requests = %sig_core.requests(), "kernel requests served");
                 continue;
             }
             info!(signal = sig, "unmounting on signal");
@@ -303,6 +310,7 @@ pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
         what: "session",
         source,
     })?;
+    info!(requests = %core.requests(), "kernel requests served");
     info!(mountpoint = %mp.display(), "unmounted");
     Ok(())
 }

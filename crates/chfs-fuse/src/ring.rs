@@ -31,6 +31,7 @@ use chfs_client::SharedBuffer;
 use chfs_sys::Mapping;
 use tracing::{debug, warn};
 
+use crate::core::op::*;
 use crate::core::{Attr, Caller, Core, Error, Fh, Ino, Opened, Result, SetAttr, TimeSet};
 use crate::fs::MAX_IO;
 
@@ -545,38 +546,6 @@ fn serve_queue(
     }
 }
 
-// Opcodes (include/uapi/linux/fuse.h).
-const LOOKUP: u32 = 1;
-const GETATTR: u32 = 3;
-const SETATTR: u32 = 4;
-const READLINK: u32 = 5;
-const SYMLINK: u32 = 6;
-const MKNOD: u32 = 8;
-const MKDIR: u32 = 9;
-const UNLINK: u32 = 10;
-const RMDIR: u32 = 11;
-const RENAME: u32 = 12;
-const LINK: u32 = 13;
-const OPEN: u32 = 14;
-const READ: u32 = 15;
-const WRITE: u32 = 16;
-const STATFS: u32 = 17;
-const RELEASE: u32 = 18;
-const FSYNC: u32 = 20;
-const SETXATTR: u32 = 21;
-const GETXATTR: u32 = 22;
-const LISTXATTR: u32 = 23;
-const REMOVEXATTR: u32 = 24;
-const FLUSH: u32 = 25;
-const OPENDIR: u32 = 27;
-const READDIR: u32 = 28;
-const RELEASEDIR: u32 = 29;
-const FSYNCDIR: u32 = 30;
-const ACCESS: u32 = 34;
-const CREATE: u32 = 35;
-const DESTROY: u32 = 38;
-const RENAME2: u32 = 45;
-
 // fuse_open_out.open_flags bits.
 const FOPEN_DIRECT_IO: u32 = 1 << 0;
 const FOPEN_NOFLUSH: u32 = 1 << 5;
@@ -722,6 +691,7 @@ fn handle(core: &Core, ent: &mut Entry) -> (u64, usize, i32) {
     let in_len = (u32_at(&h, ENT_IN_OUT + 16) as usize).min(PAYLOAD_SIZE);
     let op = &h[OP_IN..OP_IN + 128];
     let payload = ent.payload();
+    core.requests().count(opcode);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         dispatch(core, opcode, nodeid, who, op, payload, in_len)
     }));

@@ -151,3 +151,195 @@ fn ring_threads_do_not_preempt_the_processes_they_serve() {
     }
     assert!(rings > 0, "no ring threads found");
 }
+
+/// Kernel requests chfuse has served so far, by opcode name: asks the
+/// daemon (SIGUSR1, by its PID) to log its counts and reads them back.
+fn kernel_requests(m: &Mount) -> std::collections::HashMap<String, u64> {
+    const LINE: &str = "kernel requests served";
+    // Complete lines only (a line being written has no newline yet).
+    let lines = |m: &Mount| -> Vec<String> {
+        fs::read_to_string(&m.log)
+            .unwrap_or_default()
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n') && l.contains(LINE))
+            .map(str::to_string)
+            .collect()
+    };
+    let before = lines(m).len();
+    // SAFETY: plain syscall on the PID of the chfuse this test started.
+    assert_eq!(unsafe { libc::kill(m.pid() as i32, libc::SIGUSR1) }, 0);
+    let t = std::time::Instant::now();
+    let line = loop {
+        if let Some(l) = lines(m).get(before) {
+            break l.clone();
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "chfuse logged no request counts after SIGUSR1"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let counts = line.split("requests=").nth(1).unwrap_or("");
+    counts
+        .split_whitespace()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Requests with each opcode name served between two counts.
+fn delta(
+    a: &std::collections::HashMap<String, u64>,
+    b: &std::collections::HashMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    b.iter()
+        .map(|(k, v)| (k.clone(), v - a.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+fn get(d: &std::collections::BTreeMap<String, u64>, op: &str) -> u64 {
+    d.get(op).copied().unwrap_or(0)
+}
+
+/// The counts once chfuse has served `want` requests with opcode `op` in
+/// all: waits for those the kernel sends without waiting for a reply (the
+/// RELEASE of close(2), the FORGET after an unlink).
+fn settled(m: &Mount, op: &str, want: u64) -> std::collections::HashMap<String, u64> {
+    let t = std::time::Instant::now();
+    loop {
+        let c = kernel_requests(m);
+        if c.get(op).copied().unwrap_or(0) >= want
+            || t.elapsed() > std::time::Duration::from_secs(5)
+        {
+            return c;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn create(p: &std::path::Path, excl: bool) {
+    let mut o = fs::OpenOptions::new();
+    o.write(true);
+    if excl {
+        o.create_new(true);
+    } else {
+        o.create(true);
+    }
+    drop(o.open(p).unwrap());
+}
+
+const N: u64 = 40;
+
+/// What open(O_CREAT)+close and unlink cost in kernel requests on this
+/// kernel (Linux 6.18), counted by chfuse. With `default_permissions` the
+/// kernel marks a directory's mode/uid/gid stale after every create or
+/// remove in it (fuse_dir_changed invalidates STATX_BASIC_STATS) and
+/// fetches them (GETATTR) for the permission check of the next path walk
+/// through it, however long the attribute timeout; a new name is looked
+/// up (LOOKUP) before its CREATE; close(2) sends RELEASE, an unlinked
+/// inode a FORGET. Within the entry timeout an unlink sends no LOOKUP.
+fn create_and_unlink_cost(args: &[&str], default_permissions: bool) {
+    let pool = pool(1);
+    let mut all = vec![
+        "--attr-timeout",
+        "60",
+        "--entry-timeout",
+        "60",
+        "--negative-timeout",
+        "60",
+    ];
+    all.extend_from_slice(args);
+    let m = Mount::new(&pool, &all);
+    fs::create_dir(m.p("d")).unwrap();
+    create(&m.p("d/warm"), false);
+    let a = settled(&m, "RELEASE", 1);
+    for i in 0..N {
+        create(&m.p(&format!("d/f{i}")), false);
+    }
+    let b = settled(&m, "RELEASE", N + 1);
+    let c = delta(&a, &b);
+    let getattrs = if default_permissions { N } else { 0 };
+    assert_eq!(get(&c, "CREATE"), N, "{c:?}");
+    assert_eq!(get(&c, "LOOKUP"), N, "{c:?}");
+    assert_eq!(get(&c, "RELEASE"), N, "{c:?}");
+    assert_eq!(get(&c, "GETATTR"), getattrs, "{c:?}");
+    assert_eq!(c.values().sum::<u64>(), 3 * N + getattrs, "{c:?}");
+    for i in 0..N {
+        fs::remove_file(m.p(&format!("d/f{i}"))).unwrap();
+    }
+    let forgets0 = b.get("FORGET").copied().unwrap_or(0);
+    let u = delta(&b, &settled(&m, "FORGET", forgets0 + N));
+    assert_eq!(get(&u, "UNLINK"), N, "{u:?}");
+    assert_eq!(get(&u, "LOOKUP"), 0, "{u:?}");
+    assert_eq!(get(&u, "GETATTR"), getattrs, "{u:?}");
+    assert_eq!(get(&u, "FORGET"), N, "{u:?}");
+    assert_eq!(u.values().sum::<u64>(), 2 * N + getattrs, "{u:?}");
+    for i in 0..N {
+        assert!(missing(&m.p(&format!("d/f{i}"))));
+    }
+}
+
+#[test]
+fn create_and_unlink_cost_over_io_uring() {
+    create_and_unlink_cost(&[], true);
+}
+
+#[test]
+fn create_and_unlink_cost_over_dev_fuse() {
+    create_and_unlink_cost(&["--io-uring=false"], true);
+}
+
+#[test]
+fn without_default_permissions_the_directory_is_not_fetched_again() {
+    create_and_unlink_cost(&["-o", "nodefault_permissions"], false);
+}
+
+/// A name the kernel holds as a negative entry (looked up and found
+/// missing within the negative timeout) is created without a LOOKUP: the
+/// kernel revalidates the entry locally and sends CREATE at once. An
+/// exclusive create (O_EXCL) still looks the name up, and so does a
+/// create once the negative entry has expired or without negative
+/// entries. Nothing can put negative entries in the kernel but a LOOKUP
+/// of that name, so mdtest's creates of new names each need one.
+fn names_found_missing_cost(args: &[&str], negative: bool) {
+    let pool = pool(1);
+    let neg = if negative { "60" } else { "0" };
+    let mut all = vec!["--entry-timeout", "60", "--negative-timeout", neg];
+    all.extend_from_slice(args);
+    let m = Mount::new(&pool, &all);
+    fs::create_dir(m.p("d")).unwrap();
+    for i in 0..2 * N {
+        assert!(missing(&m.p(&format!("d/f{i}"))));
+    }
+    for (k, (range, excl)) in [(0..N, false), (N..2 * N, true)].into_iter().enumerate() {
+        let a = settled(&m, "RELEASE", k as u64 * N);
+        for i in range {
+            create(&m.p(&format!("d/f{i}")), excl);
+        }
+        let c = delta(&a, &kernel_requests(&m));
+        assert_eq!(get(&c, "CREATE"), N, "{c:?}");
+        let lookups = if negative && !excl { 0 } else { N };
+        assert_eq!(get(&c, "LOOKUP"), lookups, "excl {excl}: {c:?}");
+    }
+    for i in 0..2 * N {
+        assert!(m.p(&format!("d/f{i}")).is_file());
+    }
+}
+
+#[test]
+fn names_found_missing_are_created_without_a_lookup() {
+    names_found_missing_cost(&[], true);
+}
+
+#[test]
+fn names_found_missing_are_created_without_a_lookup_over_dev_fuse() {
+    names_found_missing_cost(&["--io-uring=false"], true);
+}
+
+#[test]
+fn without_negative_entries_every_create_looks_the_name_up() {
+    names_found_missing_cost(&[], false);
+}

@@ -18,6 +18,7 @@ use clap::Parser;
     version,
     about = "Mount a chfs-rs pool (CHFS_SERVER) with FUSE 3",
     after_help = "Unmount with `fusermount3 -u MOUNTPOINT` (or `umount`), or send SIGTERM.\n\
+SIGUSR1 logs the kernel requests served so far, by opcode (also logged at unmount).\n\
 Consistency between nodes: attributes and names may be cached by this node's kernel for\n\
 --attr-timeout / --entry-timeout seconds; data written on another node is seen at open\n\
 (page cache dropped at each open) once the writer has closed or fsynced."

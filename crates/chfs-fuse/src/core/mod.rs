@@ -14,6 +14,7 @@
 mod handles;
 mod inodes;
 mod options;
+mod requests;
 mod types;
 
 use std::collections::HashMap;
@@ -32,6 +33,7 @@ use handles::{DirEnt, DirH, FileH, Handle};
 use inodes::Table;
 
 pub use options::FsOptions;
+pub use requests::{op, op_name, Requests};
 pub use types::{Attr, Caller, Error, Fh, FileKind, FsStat, Ino, Opened, Result, SetAttr, TimeSet};
 
 /// State and operations of the file system over a chfs-rs client (shared
@@ -51,6 +53,8 @@ pub struct Core {
     /// do) and must then re-check permissions: answering from here for
     /// `attr_timeout` gives the same freshness as the kernel's own cache.
     dir_attrs: Mutex<HashMap<u64, (Instant, Stat)>>,
+    /// Kernel requests served, by opcode (counted by the transports).
+    requests: Requests,
 }
 
 /// A file name as UTF-8 (the client's paths are strings).
@@ -70,12 +74,18 @@ impl Core {
             next_fh: AtomicU64::new(1),
             doomed: Mutex::new(HashMap::new()),
             dir_attrs: Mutex::new(HashMap::new()),
+            requests: Requests::default(),
         }
     }
 
     /// The client the file system calls.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Kernel requests served so far, by opcode.
+    pub fn requests(&self) -> &Requests {
+        &self.requests
     }
 
     /// The options it was made with.
