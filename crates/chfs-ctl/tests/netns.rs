@@ -277,6 +277,23 @@ fn remote_io_helper() {
                 .iter()
                 .position(|a| a.contains(&format!("{host}:")))
                 .unwrap_or_else(|| panic!("no server of {host} in {servers:?}"));
+            let p = (0..10_000)
+                .map(|i| format!("/probe{i}"))
+                .find(|p| c.entry_servers(p).unwrap().0 == idx)
+                .expect("a path the server owns");
+            if let Ok(sync) = std::env::var("CHFS_TEST_SYNC") {
+                // Sessions open with every server (the host is there),
+                // then the test takes it away and says go.
+                let sync = std::path::Path::new(&sync);
+                assert!(c.server_status().iter().all(|(_, r)| r.is_ok()));
+                assert_eq!(c.stat(&p).unwrap_err().errno(), libc::ENOENT);
+                std::fs::write(sync.join("ready"), b"").unwrap();
+                let t = Instant::now();
+                while !sync.join("go").exists() {
+                    assert!(t.elapsed() < Duration::from_secs(60), "no go");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             let t = Instant::now();
             let status = c.server_status();
             let (_, r) = &status[idx];
@@ -285,10 +302,6 @@ fn remote_io_helper() {
                 r.as_ref().err().map_or(0, |e| e.errno()),
                 t.elapsed().as_millis()
             );
-            let p = (0..10_000)
-                .map(|i| format!("/probe{i}"))
-                .find(|p| c.entry_servers(p).unwrap().0 == idx)
-                .expect("a path the server owns");
             let t = Instant::now();
             let r = c.stat(&p);
             println!(
@@ -302,17 +315,43 @@ fn remote_io_helper() {
 }
 
 /// `probe:HOST` run on `on` through the helper: the errno and
-/// milliseconds of the status and the stat it printed.
+/// milliseconds of the status and the stat it printed. With `mid`, the
+/// helper first opens its sessions with every server, then `mid` runs
+/// (taking the host away), then the helper probes.
 fn probe(
     net: &Net,
     on: &str,
     env: &[(String, String)],
     helper: &str,
     host: &str,
+    mid: Option<&dyn Fn()>,
 ) -> Vec<(i32, u64)> {
     let mut penv = env.to_vec();
     penv.push(("CHFS_TEST_IO".into(), format!("probe:{host}")));
-    let out = net.on(on, &penv, helper);
+    let out = match mid {
+        None => net.on(on, &penv, helper),
+        Some(mid) => {
+            let sync = tempfile::Builder::new()
+                .prefix("chfs-probe-")
+                .tempdir()
+                .unwrap();
+            penv.push((
+                "CHFS_TEST_SYNC".into(),
+                sync.path().to_string_lossy().into_owned(),
+            ));
+            std::thread::scope(|s| {
+                let run = s.spawn(|| net.on(on, &penv, helper));
+                let t = Instant::now();
+                while !sync.path().join("ready").exists() && !run.is_finished() {
+                    assert!(t.elapsed() < Duration::from_secs(60), "helper not ready");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                mid();
+                std::fs::write(sync.path().join("go"), b"").unwrap();
+                run.join().unwrap()
+            })
+        }
+    };
     assert!(out.status.success(), "the probe failed");
     let got: Vec<(i32, u64)> = text(&out.stdout)
         .lines()
@@ -598,23 +637,48 @@ fn multi_host_pool(protocol: Option<&str>) {
                 );
             }
         };
-        sh(&["ip", "-n", &ns3, "link", "set", "eth0", "down"]).unwrap();
-        let got = probe(&net, h1, &penv, &helper, h3);
-        sh(&["ip", "-n", &ns3, "link", "set", "eth0", "up"]).unwrap();
-        within("link down", &got);
+        let down = || sh(&["ip", "-n", &ns3, "link", "set", "eth0", "down"]).unwrap();
+        let up = || sh(&["ip", "-n", &ns3, "link", "set", "eth0", "up"]).unwrap();
         // SAFETY: signals to the server this test started, by its
         // recorded PID, checked to be a chfsd above.
-        unsafe { libc::kill(pid3 as i32, libc::SIGSTOP) };
-        let got = probe(&net, h2, &penv, &helper, h3);
+        let stop = || unsafe { libc::kill(pid3 as i32, libc::SIGSTOP) };
         // SAFETY: as above.
-        unsafe { libc::kill(pid3 as i32, libc::SIGCONT) };
+        let cont = || unsafe { libc::kill(pid3 as i32, libc::SIGCONT) };
+        let served = |got: &[(i32, u64)]| {
+            assert!(
+                got.iter()
+                    .all(|&(errno, _)| errno == 0 || errno == libc::ENOENT),
+                "{got:?}"
+            )
+        };
+        // A client that starts while the host is away (its handshakes),
+        // and one whose sessions were open when it went away.
+        down();
+        let got = probe(&net, h1, &penv, &helper, h3, None);
+        up();
+        within("link down", &got);
+        served(&probe(&net, h2, &penv, &helper, h3, None));
+        let got = probe(&net, h1, &penv, &helper, h3, Some(&down));
+        up();
+        within("link down, sessions open", &got);
+        served(&probe(&net, h1, &penv, &helper, h3, None));
+        stop();
+        let got = probe(&net, h2, &penv, &helper, h3, None);
+        cont();
         within("server stopped", &got);
-        let got = probe(&net, h1, &penv, &helper, h3);
-        assert!(
-            got.iter()
-                .all(|&(errno, _)| errno == 0 || errno == libc::ENOENT),
-            "{got:?}"
+        let got = probe(
+            &net,
+            h2,
+            &penv,
+            &helper,
+            h3,
+            Some(&|| {
+                stop();
+            }),
         );
+        cont();
+        within("server stopped, sessions open", &got);
+        served(&probe(&net, h1, &penv, &helper, h3, None));
     }
 
     // A host that cannot be reached: a clear error naming it, found when
@@ -659,7 +723,13 @@ fn multi_host_pool(protocol: Option<&str>) {
     assert_eq!(pids.len(), 3);
     let out = ctl_run(&hf123, &["stop"], &env3);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // (A moment to exit after its port closed; not the 10 s of a send
+    // to a client gone while the server was stopped, which it waited for.)
+    let t = Instant::now();
     for p in &pids {
+        while chfsd_alive(*p) && t.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(!chfsd_alive(*p), "pid {p} still runs");
     }
     let out = ctl_run(&hf123, &["clean"], &[]);
