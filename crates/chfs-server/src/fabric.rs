@@ -161,7 +161,7 @@ impl Table {
             if p.sessions > 0 || p.last.elapsed() < PEER_GRACE {
                 return true;
             }
-            outbox().forget(p.peer);
+            outbox().forget(ep, p.peer);
             match ep.disconnect(p.peer) {
                 Ok(()) => debug!(%addr, "fabric peer removed"),
                 Err(e) => debug!(%addr, "fabric: cannot remove the peer: {e}"),
@@ -831,7 +831,8 @@ const PEER_QUEUED_BYTES: usize = 8 << 20;
 /// reply to it to leave, stalling every other client.
 #[derive(Default)]
 struct Outbox {
-    peers: std::sync::Mutex<HashMap<Peer, PeerOut>>,
+    /// By endpoint (its address in memory) and peer.
+    peers: std::sync::Mutex<HashMap<(usize, Peer), PeerOut>>,
     /// Messages queued over all peers.
     queued: std::sync::atomic::AtomicUsize,
 }
@@ -880,7 +881,13 @@ impl PeerOut {
     }
 }
 
-/// The server's outbox (one fabric endpoint serves a process).
+/// An endpoint's key in the [`Outbox`].
+fn ep_key(ep: &Endpoint) -> usize {
+    ep as *const Endpoint as usize
+}
+
+/// The process's outbox (of every endpoint that serves: a peer's number
+/// is its endpoint's).
 fn outbox() -> &'static Outbox {
     static OUTBOX: std::sync::OnceLock<Outbox> = std::sync::OnceLock::new();
     OUTBOX.get_or_init(Default::default)
@@ -890,7 +897,7 @@ impl Outbox {
     /// Sends `m` (the reply to a request `op`) to `peer` without waiting.
     fn send(&self, ep: &Arc<Endpoint>, peer: Peer, m: Vec<u8>, op: u16) {
         let mut g = chfs_sys::lock(&self.peers);
-        let o = g.entry(peer).or_default();
+        let o = g.entry((ep_key(ep), peer)).or_default();
         o.reap();
         if o.queued.is_empty() && o.try_post(ep, peer, &m, op) {
             return;
@@ -921,7 +928,8 @@ impl Outbox {
     /// wait).
     fn pump(&self, ep: &Arc<Endpoint>) {
         let mut g = chfs_sys::lock(&self.peers);
-        for (peer, o) in g.iter_mut() {
+        let at = ep_key(ep);
+        for ((_, peer), o) in g.iter_mut().filter(|((e, _), _)| *e == at) {
             o.reap();
             while let Some((m, op)) = o.queued.pop_front() {
                 if !o.try_post(ep, *peer, &m, op) {
@@ -942,8 +950,8 @@ impl Outbox {
 
     /// Drops what is on its way to `peer` (removed from the address
     /// vector: its number may name another peer later).
-    fn forget(&self, peer: Peer) {
-        if let Some(o) = chfs_sys::lock(&self.peers).remove(&peer) {
+    fn forget(&self, ep: &Endpoint, peer: Peer) {
+        if let Some(o) = chfs_sys::lock(&self.peers).remove(&(ep_key(ep), peer)) {
             self.queued
                 .fetch_sub(o.queued.len(), std::sync::atomic::Ordering::Relaxed);
         }
