@@ -337,6 +337,9 @@ impl FabricLink {
                 ),
             ));
         }
+        // The request's timeout counts from here: a send that waits (to a
+        // host that is gone) takes from it, not adds to it.
+        let sent = Instant::now();
         match self
             .rpc
             .post(&self.session, op, flags, &payload, self.timeout)
@@ -345,7 +348,7 @@ impl FabricLink {
                 self.note_io();
                 Ok(FabricTicket {
                     id,
-                    sent: Instant::now(),
+                    sent,
                     bulk: bulk.map(|(b, _)| b),
                 })
             }

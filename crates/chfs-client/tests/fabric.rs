@@ -1032,3 +1032,151 @@ fn large_chunks_forwarded_between_fabric_hosts_move_by_rma() {
         .collect();
     check_all(&c2, &moved);
 }
+
+/// Run by `a_stopped_client_does_not_stall_the_others` in a child process
+/// (this test binary again): many threads reading and writing 1 MiB
+/// chunks (by RMA) and reading 24 KiB pieces (answered in a message) of
+/// the file it is given, as fast as they can, until it is killed.
+#[test]
+fn fabric_stalling_client() {
+    let (Ok(server), Ok(secret)) = (
+        std::env::var("CHFS_TEST_STALL_SERVER"),
+        std::env::var("CHFS_TEST_STALL_SECRET"),
+    ) else {
+        return;
+    };
+    let c = chfs_client::Client::connect(chfs_client::ClientConfig {
+        servers: vec![server],
+        secret: secret.into_bytes(),
+        rpc_timeout: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .unwrap();
+    c.set_chunk_size(1 << 20).unwrap();
+    let c = std::sync::Arc::new(c);
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let fd = c.open("/stall/big", O_RDWR, 0).unwrap();
+                let mine = c.create(&format!("/stall/w{t}"), O_RDWR, 0o644).unwrap();
+                let data = pattern(1 << 20, t);
+                let mut buf = vec![0u8; 1 << 20];
+                for k in 0u64.. {
+                    let off = ((t * 7 + k) % 32) << 20;
+                    c.pread(fd, &mut buf, off).unwrap();
+                    c.pread(fd, &mut buf[..24 << 10], off + 4096).unwrap();
+                    if k % 4 == 0 {
+                        c.pwrite(mine, &data, (k % 8) << 20).unwrap();
+                    }
+                    if t == 0 && k % 2 == 0 {
+                        println!("STALLER RUNNING {k}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+/// A client process stopped (SIGSTOP) with 1 MiB reads and writes by RMA
+/// and replies to it pending does not stall the server's other clients:
+/// another client's stats and small reads keep being answered within a
+/// bound while it stays stopped, and it goes on once resumed (before: the
+/// progress thread waited for each reply to the stopped process to leave,
+/// up to 10 s, and every other client with it: the other client's stat
+/// timed out after 30 s).
+#[test]
+fn a_stopped_client_does_not_stall_the_others() {
+    let Some(p) = fabric_pool(1, "a_stopped_client_does_not_stall_the_others") else {
+        return;
+    };
+    let c = client(&p, |cfg| {
+        cfg.secret = p.secret().unwrap().as_bytes().to_vec();
+        cfg.rpc_timeout = Duration::from_secs(30);
+    });
+    c.set_chunk_size(1 << 20).unwrap();
+    c.mkdir("/stall", 0o755).unwrap();
+    let fd = c.create("/stall/big", O_RDWR, 0o644).unwrap();
+    let data = pattern(32 << 20, 9);
+    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+    c.close(fd).unwrap();
+    let small = c.create("/stall/small", O_RDWR, 0o644).unwrap();
+    c.pwrite(small, &data[..4096], 0).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fabric_stalling_client", "--nocapture"])
+        .env("CHFS_TEST_STALL_SERVER", &p.addrs()[0])
+        .env("CHFS_TEST_STALL_SECRET", p.secret().unwrap())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed (and resumed, to die) whatever happens below.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            // SAFETY: a signal to the child this test started, by its PID.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGCONT) };
+            let _ = self.0.wait();
+        }
+    }
+    let out = child.stdout.take().unwrap();
+    let child = Reap(child);
+    // Its progress reports, as they come.
+    let (tx, said) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let goes_on = |what: &str| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(20) {
+            if said
+                .recv_timeout(Duration::from_millis(100))
+                .is_ok_and(|l| l.contains("STALLER RUNNING"))
+            {
+                return;
+            }
+        }
+        panic!("the stalling client does not go on {what}");
+    };
+    goes_on("at first");
+    let mut worst = Duration::ZERO;
+    let mut buf = [0u8; 4096];
+    for round in 0..3 {
+        // Stopped in the middle of its transfers; the others are timed
+        // for longer than the server's send timeout (10 s).
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: a signal to the child this test started, by its PID.
+        unsafe { libc::kill(child.0.id() as i32, libc::SIGSTOP) };
+        let t = Instant::now();
+        let mut n = 0;
+        while t.elapsed() < Duration::from_secs(if round == 0 { 12 } else { 3 }) {
+            let op = Instant::now();
+            assert!(c.stat("/stall/small").unwrap().size == 4096);
+            assert_eq!(c.pread(small, &mut buf, 0).unwrap(), 4096);
+            worst = worst.max(op.elapsed());
+            n += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!("round {round}: {n} stat+read pairs, the slowest so far {worst:?}");
+        // SAFETY: as above.
+        unsafe { libc::kill(child.0.id() as i32, libc::SIGCONT) };
+        // What it was told before it stopped is still there for it.
+        while said.try_recv().is_ok() {}
+        goes_on("after it resumed");
+    }
+    assert!(
+        worst < Duration::from_secs(2),
+        "another client was stalled for {worst:?} by a stopped one"
+    );
+    drop(child);
+    // The server still serves everyone.
+    assert!(c.stat("/stall/big").unwrap().size == 32 << 20);
+}

@@ -216,8 +216,21 @@ impl Net {
     }
 }
 
-/// Run on a simulated host (through ssh) by the test below: writes or reads
-/// a file with the client library, as a job's process would.
+/// The content of a file the helper writes: `len` bytes (150,000 unless
+/// `CHFS_TEST_SIZE` says otherwise), a pattern of `seed`.
+fn helper_data(seed: u32) -> Vec<u8> {
+    let len: u32 = std::env::var("CHFS_TEST_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150_000);
+    (0..len).map(|i| ((i * 7 + seed) % 253) as u8).collect()
+}
+
+/// Run on a simulated host (through ssh) by the tests below: writes,
+/// reads or renames a file with the client library, as a job's process
+/// would; or (`probe:HOST`) asks the server of host HOST for its status and
+/// the entry of a path it owns for its metadata, and prints how each
+/// ended and how long it took.
 #[test]
 #[ignore = "helper run by multi_host_pool_over_ssh on the simulated hosts"]
 fn remote_io_helper() {
@@ -225,29 +238,157 @@ fn remote_io_helper() {
         return;
     };
     let c = chfs_client::Client::from_env().unwrap();
-    let data: Vec<u8> = (0..150_000u32).map(|i| (i * 7 % 253) as u8).collect();
     let (what, path) = op.split_once(':').unwrap();
+    let seed = path.len() as u32;
     match what {
         "write" => {
+            let data = helper_data(seed);
             let fd = c.create(path, libc::O_WRONLY, 0o644).unwrap();
-            c.write(fd, &data).unwrap();
+            assert_eq!(c.write(fd, &data).unwrap(), data.len());
             c.close(fd).unwrap();
         }
         "read" => {
+            let data = helper_data(seed);
             let fd = c.open(path, libc::O_RDONLY, 0).unwrap();
             let mut b = vec![0u8; data.len() + 10];
             let n = c.read(fd, &mut b).unwrap();
-            assert_eq!(&b[..n], &data[..], "content read on this host");
+            assert!(b[..n] == data[..], "content read on this host");
             println!("READ-OK {n}");
+        }
+        "readas" => {
+            // readas:/NEW:/OLD reads /NEW expecting what was written as /OLD.
+            let (path, old) = path.split_once(':').unwrap();
+            let data = helper_data(old.len() as u32);
+            let fd = c.open(path, libc::O_RDONLY, 0).unwrap();
+            let mut b = vec![0u8; data.len() + 10];
+            let n = c.read(fd, &mut b).unwrap();
+            assert!(b[..n] == data[..], "content read on this host");
+            println!("READ-OK {n}");
+        }
+        "rename" => {
+            let (from, to) = path.split_once(':').unwrap();
+            c.rename(from, to).unwrap();
+            println!("RENAMED");
+        }
+        "probe" => {
+            let host = path;
+            let servers = c.servers();
+            let idx = servers
+                .iter()
+                .position(|a| a.contains(&format!("{host}:")))
+                .unwrap_or_else(|| panic!("no server of {host} in {servers:?}"));
+            let p = (0..10_000)
+                .map(|i| format!("/probe{i}"))
+                .find(|p| c.entry_servers(p).unwrap().0 == idx)
+                .expect("a path the server owns");
+            if let Ok(sync) = std::env::var("CHFS_TEST_SYNC") {
+                // Sessions open with every server (the host is there),
+                // then the test takes it away and says go.
+                let sync = std::path::Path::new(&sync);
+                assert!(c.server_status().iter().all(|(_, r)| r.is_ok()));
+                assert_eq!(c.stat(&p).unwrap_err().errno(), libc::ENOENT);
+                std::fs::write(sync.join("ready"), b"").unwrap();
+                let t = Instant::now();
+                while !sync.join("go").exists() {
+                    assert!(t.elapsed() < Duration::from_secs(60), "no go");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            let t = Instant::now();
+            let status = c.server_status();
+            let (_, r) = &status[idx];
+            println!(
+                "STATUS {} {}",
+                r.as_ref().err().map_or(0, |e| e.errno()),
+                t.elapsed().as_millis()
+            );
+            let t = Instant::now();
+            let r = c.stat(&p);
+            println!(
+                "STAT {} {}",
+                r.err().map_or(0, |e| e.errno()),
+                t.elapsed().as_millis()
+            );
         }
         _ => panic!("bad op {op}"),
     }
 }
 
+/// `probe:HOST` run on `on` through the helper: the errno and
+/// milliseconds of the status and the stat it printed. With `mid`, the
+/// helper first opens its sessions with every server, then `mid` runs
+/// (taking the host away), then the helper probes.
+fn probe(
+    net: &Net,
+    on: &str,
+    env: &[(String, String)],
+    helper: &str,
+    host: &str,
+    mid: Option<&dyn Fn()>,
+) -> Vec<(i32, u64)> {
+    let mut penv = env.to_vec();
+    penv.push(("CHFS_TEST_IO".into(), format!("probe:{host}")));
+    let out = match mid {
+        None => net.on(on, &penv, helper),
+        Some(mid) => {
+            let sync = tempfile::Builder::new()
+                .prefix("chfs-probe-")
+                .tempdir()
+                .unwrap();
+            penv.push((
+                "CHFS_TEST_SYNC".into(),
+                sync.path().to_string_lossy().into_owned(),
+            ));
+            std::thread::scope(|s| {
+                let run = s.spawn(|| net.on(on, &penv, helper));
+                let t = Instant::now();
+                while !sync.path().join("ready").exists() && !run.is_finished() {
+                    assert!(t.elapsed() < Duration::from_secs(60), "helper not ready");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                mid();
+                std::fs::write(sync.path().join("go"), b"").unwrap();
+                run.join().unwrap()
+            })
+        }
+    };
+    assert!(out.status.success(), "the probe failed");
+    let got: Vec<(i32, u64)> = text(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("STATUS ") || l.starts_with("STAT "))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[1].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(got.len(), 2, "{}", text(&out.stdout));
+    got
+}
+
 #[test]
 fn multi_host_pool_over_ssh() {
+    multi_host_pool(None);
+}
+
+/// The same over libfabric's tcp provider (`chfsctl -p ofi+tcp`): the
+/// servers are known by `ofi+tcp://IP:PORT` addresses of their hosts,
+/// clients of other hosts move 1 MiB chunks by RMA, servers forward to
+/// each other across hosts (a rebalance's and a rename's moved chunks),
+/// and a host that goes away gives an errno within the clients' timeout.
+#[test]
+fn multi_host_pool_over_ssh_ofi_tcp() {
+    if common::fabric_built("multi_host_pool_over_ssh_ofi_tcp") {
+        multi_host_pool(Some("ofi+tcp"));
+    }
+}
+
+fn multi_host_pool(protocol: Option<&str>) {
+    let name = match protocol {
+        None => "multi_host_pool_over_ssh".to_string(),
+        Some(p) => format!("multi_host_pool_over_ssh over {p}"),
+    };
     if let Some(why) = skip_reason() {
-        chfs_localpool::skip("netns", "multi_host_pool_over_ssh", &why);
+        chfs_localpool::skip("netns", &name, &why);
         return;
     }
     let net = match Net::new(3) {
@@ -299,20 +440,28 @@ fn multi_host_pool_over_ssh() {
     };
 
     // start on two hosts (with a per-pool secret, the default).
-    let out = ctl_run(&hf12, &["-s", "256M", "start"], &[]);
+    let mut start = vec!["-s", "256M"];
+    if let Some(p) = protocol {
+        start.extend(["-p", p]);
+    }
+    start.push("start");
+    let out = ctl_run(&hf12, &start, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = eval_env(&text(&out.stdout));
     let servers = var(&env, "CHFS_SERVER").unwrap().to_string();
     let addrs: Vec<&str> = servers.split(',').collect();
     assert_eq!(addrs.len(), 2, "{servers}");
-    assert!(
-        addrs.iter().any(|a| a.starts_with(&format!("{h1}:"))),
-        "{servers}"
-    );
-    assert!(
-        addrs.iter().any(|a| a.starts_with(&format!("{h2}:"))),
-        "{servers}"
-    );
+    // Each server at its own host's address (of its fabric endpoint, not
+    // of a loopback or another interface).
+    let scheme = protocol.map_or(String::new(), |p| format!("{p}://"));
+    for h in [h1, h2] {
+        assert!(
+            addrs
+                .iter()
+                .any(|a| a.starts_with(&format!("{scheme}{h}:"))),
+            "{servers}"
+        );
+    }
     assert!(var(&env, "CHFS_SECRET_FILE").is_some());
     // Without the client key a process of a host is refused.
     let out = net.on(
@@ -333,6 +482,12 @@ fn multi_host_pool_over_ssh() {
         "{} --ignored --exact remote_io_helper --nocapture",
         me.display()
     );
+    // Over the fabric: 1 MiB chunks, so that data moves by RMA (a
+    // chunk's data is larger than a message), in files that span servers.
+    let mut env = env;
+    if protocol.is_some() {
+        env.push(("CHFS_CHUNK_SIZE".into(), (1 << 20).to_string()));
+    }
     let mut wenv = env.clone();
     wenv.push(("CHFS_TEST_IO".into(), "write:/from-h1.dat".into()));
     let out = net.on(h1, &wenv, &helper);
@@ -341,6 +496,24 @@ fn multi_host_pool_over_ssh() {
     renv.push(("CHFS_TEST_IO".into(), "read:/from-h1.dat".into()));
     let out = net.on(h2, &renv, &helper);
     assert!(out.status.success() && text(&out.stdout).contains("READ-OK 150000"));
+    if protocol.is_some() {
+        // Files of several chunks over both servers, and of one chunk
+        // larger than a message, written on one host and read on the other.
+        for (size, path) in [
+            (3 * (1 << 20) + 100, "/big-h1.dat"),
+            (200 << 10, "/mid-h1.dat"),
+        ] {
+            let mut wenv = env.clone();
+            wenv.push(("CHFS_TEST_SIZE".into(), size.to_string()));
+            wenv.push(("CHFS_TEST_IO".into(), format!("write:{path}")));
+            assert!(net.on(h1, &wenv, &helper).status.success());
+            let mut renv = env.clone();
+            renv.push(("CHFS_TEST_SIZE".into(), size.to_string()));
+            renv.push(("CHFS_TEST_IO".into(), format!("read:{path}")));
+            let out = net.on(h2, &renv, &helper);
+            assert!(text(&out.stdout).contains(&format!("READ-OK {size}")));
+        }
+    }
     let out = net.on(
         h1,
         &env,
@@ -362,12 +535,20 @@ fn multi_host_pool_over_ssh() {
     assert!(table.contains(&format!("{h1}#0")) && table.contains(&format!("{h2}#0")));
 
     // -A: a third host joins the running pool.
-    let out = ctl_run(&hf3, &["-A", "start"], &env);
+    let mut join = vec!["-A"];
+    if let Some(p) = protocol {
+        join.extend(["-p", p]);
+    }
+    join.push("start");
+    let out = ctl_run(&hf3, &join, &env);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let env3 = eval_env(&text(&out.stdout));
+    let mut env3 = eval_env(&text(&out.stdout));
+    if protocol.is_some() {
+        env3.push(("CHFS_CHUNK_SIZE".into(), (1 << 20).to_string()));
+    }
     let servers3 = var(&env3, "CHFS_SERVER").unwrap().to_string();
     assert_eq!(servers3.split(',').count(), 3, "{servers3}");
-    assert!(servers3.contains(&format!("{h3}:")));
+    assert!(servers3.contains(&format!("{scheme}{h3}:")), "{servers3}");
     let out = net.on(h3, &env3, &bin("chlist").display().to_string());
     assert_eq!(text(&out.stdout).lines().count(), 3);
     let mut wenv = env3.clone();
@@ -388,6 +569,117 @@ fn multi_host_pool_over_ssh() {
     let out = ctl_run(&hf3, &["rebalance"], &env3);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("3 server(s)"));
+    if protocol.is_some() {
+        // The rebalance moved 1 MiB chunks between hosts (AdoptChunk);
+        // renames move them again to the new names' owners (PutChunk),
+        // server to server across hosts; all read back from another host.
+        for (size, path) in [
+            (3 * (1 << 20) + 100, "/big-h1.dat"),
+            (200 << 10, "/mid-h1.dat"),
+        ] {
+            let to = path.replace("-h1", "-renamed");
+            let mut e = env3.clone();
+            e.push(("CHFS_TEST_SIZE".into(), size.to_string()));
+            e.push(("CHFS_TEST_IO".into(), format!("readas:{path}:{path}")));
+            let out = net.on(h3, &e, &helper);
+            assert!(text(&out.stdout).contains(&format!("READ-OK {size}")));
+            let mut e = env3.clone();
+            e.push(("CHFS_TEST_IO".into(), format!("rename:{path}:{to}")));
+            assert!(net.on(h2, &e, &helper).status.success());
+            let mut e = env3.clone();
+            e.push(("CHFS_TEST_SIZE".into(), size.to_string()));
+            e.push(("CHFS_TEST_IO".into(), format!("readas:{to}:{path}")));
+            let out = net.on(h1, &e, &helper);
+            assert!(text(&out.stdout).contains(&format!("READ-OK {size}")));
+        }
+        // Every server pulled data by RMA (clients' writes, chunks moved
+        // to it by its peers).
+        let out = ctl_run(&hf123, &["-v", "status"], &env3);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let counters = text(&out.stdout);
+        let pulls: Vec<u64> = counters
+            .lines()
+            .filter_map(|l| l.split(" rma_pulls=").nth(1))
+            .map(|v| v.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        assert!(
+            pulls.len() == 3 && pulls.iter().all(|&n| n > 0),
+            "{counters}"
+        );
+
+        // A host that goes away (its link down, then its server stopped
+        // with SIGSTOP): a client on another host gets an errno for what
+        // that server holds within its timeout, never a hang; and is
+        // served again once the host is back.
+        let timeout_ms = 3000;
+        let mut penv = env3.clone();
+        penv.push(("CHFS_RPC_TIMEOUT_MSEC".into(), timeout_ms.to_string()));
+        let ns3 = net.namespaces[2].clone();
+        let pid3: u32 = std::fs::read_dir(sc.scratch())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n.starts_with(&format!("chfsd@{h3}@")) && n.ends_with(".pid"))
+            .and_then(|n| std::fs::read_to_string(sc.scratch().join(n)).ok())
+            .and_then(|p| p.trim().parse().ok())
+            .expect("the pid of the server of host 3");
+        assert!(chfsd_alive(pid3));
+        let within = |what: &str, got: &[(i32, u64)]| {
+            for &(errno, ms) in got {
+                // (ENOENT: the stat was answered)
+                assert!(
+                    errno != 0 && errno != libc::ENOENT,
+                    "{what}: answered by an unreachable server"
+                );
+                assert!(
+                    ms < timeout_ms + 2000,
+                    "{what}: an errno after {ms} ms, timeout {timeout_ms} ms"
+                );
+            }
+        };
+        let down = || sh(&["ip", "-n", &ns3, "link", "set", "eth0", "down"]).unwrap();
+        let up = || sh(&["ip", "-n", &ns3, "link", "set", "eth0", "up"]).unwrap();
+        // SAFETY: signals to the server this test started, by its
+        // recorded PID, checked to be a chfsd above.
+        let stop = || unsafe { libc::kill(pid3 as i32, libc::SIGSTOP) };
+        // SAFETY: as above.
+        let cont = || unsafe { libc::kill(pid3 as i32, libc::SIGCONT) };
+        let served = |got: &[(i32, u64)]| {
+            assert!(
+                got.iter()
+                    .all(|&(errno, _)| errno == 0 || errno == libc::ENOENT),
+                "{got:?}"
+            )
+        };
+        // A client that starts while the host is away (its handshakes),
+        // and one whose sessions were open when it went away.
+        down();
+        let got = probe(&net, h1, &penv, &helper, h3, None);
+        up();
+        within("link down", &got);
+        served(&probe(&net, h2, &penv, &helper, h3, None));
+        let got = probe(&net, h1, &penv, &helper, h3, Some(&down));
+        up();
+        within("link down, sessions open", &got);
+        served(&probe(&net, h1, &penv, &helper, h3, None));
+        stop();
+        let got = probe(&net, h2, &penv, &helper, h3, None);
+        cont();
+        within("server stopped", &got);
+        let got = probe(
+            &net,
+            h2,
+            &penv,
+            &helper,
+            h3,
+            Some(&|| {
+                stop();
+            }),
+        );
+        cont();
+        within("server stopped, sessions open", &got);
+        served(&probe(&net, h1, &penv, &helper, h3, None));
+    }
 
     // A host that cannot be reached: a clear error naming it, found when
     // the secret is handed out, before any server starts; the secret
@@ -431,7 +723,13 @@ fn multi_host_pool_over_ssh() {
     assert_eq!(pids.len(), 3);
     let out = ctl_run(&hf123, &["stop"], &env3);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // (A moment to exit after its port closed; not the 10 s of a send
+    // to a client gone while the server was stopped, which it waited for.)
+    let t = Instant::now();
     for p in &pids {
+        while chfsd_alive(*p) && t.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(!chfsd_alive(*p), "pid {p} still runs");
     }
     let out = ctl_run(&hf123, &["clean"], &[]);

@@ -403,6 +403,54 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Sends `data` (at most [`Endpoint::max_message`] bytes) without
+    /// waiting for anything: injected ([`Sent::Done`]), posted (its
+    /// completion is the returned future's; dropping it leaves the copy
+    /// with the endpoint until the provider is done), or not sent at all
+    /// because the provider's queue is full ([`Sent::Again`]: try again
+    /// after progress). A peer that does not take its messages never holds
+    /// the caller, as [`Endpoint::send`] does until its timeout.
+    pub fn try_send(self: &Arc<Self>, peer: Peer, data: &[u8]) -> Result<Sent> {
+        self.check_message(data.len())?;
+        if data.len() <= self.attr().inject_size {
+            return match self.ep.inject(data, peer.0) {
+                Ok(()) => {
+                    self.sends.fetch_add(1, Ordering::Relaxed);
+                    Ok(Sent::Done)
+                }
+                Err(Error::Call { code: 11, .. }) => Ok(Sent::Again),
+                Err(e) => Err(e),
+            };
+        }
+        let pooled = self.lock().send_pool.pop();
+        let mut b = match pooled {
+            Some(b) => b,
+            None => self.buffer(self.max_message)?,
+        };
+        b[..data.len()].copy_from_slice(data);
+        match self
+            .ep
+            .post(Op::Send, Local::Buffer(b), 0, data.len(), peer.0)
+        {
+            Ok(id) => {
+                self.sends.fetch_add(1, Ordering::Relaxed);
+                Ok(Sent::Posted(InFlight {
+                    ep: self.clone(),
+                    id,
+                    name: "send",
+                    finished: false,
+                }))
+            }
+            Err(e) if e.is_again() => {
+                if let Local::Buffer(b) = e.local {
+                    self.lock().send_pool.push(b);
+                }
+                Ok(Sent::Again)
+            }
+            Err(e) => Err(e.error),
+        }
+    }
+
     /// Sends `len` bytes of `buf` at `off` without copying; gives the
     /// buffer back.
     pub fn send_buffer(
@@ -849,6 +897,16 @@ fn failed(op: &'static str, code: i32, prov_errno: i32) -> Error {
     }
 }
 
+/// What [`Endpoint::try_send`] did with a message.
+pub enum Sent {
+    /// Injected: the provider has it, nothing to wait for.
+    Done,
+    /// Posted: done when the future completes.
+    Posted(InFlight),
+    /// Not sent: the provider's queue was full.
+    Again,
+}
+
 /// An operation started with [`Endpoint::start_read`] or
 /// [`Endpoint::start_write`]: a future of its completion (the buffer
 /// posted comes back).
@@ -873,12 +931,17 @@ impl Future for InFlight {
         self.finished = true;
         Poll::Ready(match done.status {
             Ok(()) => {
-                let counter = if self.name == "read" {
-                    &self.ep.reads
-                } else {
-                    &self.ep.writes
+                match self.name {
+                    "read" => self.ep.reads.fetch_add(1, Ordering::Relaxed),
+                    "write" => self.ep.writes.fetch_add(1, Ordering::Relaxed),
+                    // A send (counted when posted): its buffer is reused.
+                    _ => {
+                        if let Some(b) = done.buffer {
+                            self.ep.lock().send_pool.push(b);
+                        }
+                        return Poll::Ready(Ok(None));
+                    }
                 };
-                counter.fetch_add(1, Ordering::Relaxed);
                 Ok(done.buffer)
             }
             Err((code, prov)) => Err(failed(self.name, code, prov)),

@@ -30,7 +30,7 @@ pub mod rpc;
 
 pub use addr::{Address, Protocol};
 pub use cache::{CacheStats, RegCache, Registered};
-pub use endpoint::{Config, Endpoint, InFlight, Message, Peer, Stats};
+pub use endpoint::{Config, Endpoint, InFlight, Message, Peer, Sent, Stats};
 pub use error::{Error, Result};
 pub use ffi::{
     libfabric_version, Buffer, DomainAttr, Local, Pinned, RemoteKey, StableBuf, WaitKind, Window,

@@ -396,8 +396,15 @@ impl RpcClient {
     ) -> Result<Session, RpcError> {
         use chfs_proto::handshake::{Connector, Verdict};
         let deadline = Instant::now() + timeout;
+        // Every step takes what is left of the one timeout (a probe or a
+        // send that waits, to a host that is gone, does not add to it).
+        let left = || {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
         let (c, hello) = Connector::start(role, cred).map_err(RpcError::Remote)?;
-        refused_at_once(server, timeout)?;
+        refused_at_once(server, left())?;
         let peer = self.ep.connect(server)?;
         let payload = encode_hello(
             &self.ep.address().to_string(),
@@ -409,7 +416,7 @@ impl RpcClient {
             OP_AUTH_HELLO,
             0,
             &payload,
-            timeout,
+            left(),
         )?;
         let (h, p) = self.reply(id, deadline, timeout)?;
         let malformed = |why: &str| {
@@ -432,7 +439,7 @@ impl RpcClient {
         let Some(proof) = proof else {
             return Ok(s);
         };
-        let id = self.post(&s, OP_PROOF, 0, &proof, timeout)?;
+        let id = self.post(&s, OP_PROOF, 0, &proof, left())?;
         let (h, p) = self.reply(id, deadline, timeout)?;
         let fixed = p.get(..Verdict::FIXED_LEN);
         let (Some(fixed), OP_VERDICT) = (fixed, h.op) else {

@@ -161,6 +161,7 @@ impl Table {
             if p.sessions > 0 || p.last.elapsed() < PEER_GRACE {
                 return true;
             }
+            outbox().forget(ep, p.peer);
             match ep.disconnect(p.peer) {
                 Ok(()) => debug!(%addr, "fabric peer removed"),
                 Err(e) => debug!(%addr, "fabric: cannot remove the peer: {e}"),
@@ -209,7 +210,18 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
             t.sessions.len() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
-        let m = match ep.recv(Duration::from_secs(1)) {
+        // Replies queued for peers are posted as earlier ones complete:
+        // the queue is read often while any wait.
+        let out = outbox();
+        if out.waiting() {
+            out.pump(&ep);
+        }
+        let wait = if out.waiting() {
+            Duration::from_millis(2)
+        } else {
+            Duration::from_secs(1)
+        };
+        let m = match ep.recv(wait) {
             Ok(m) => m,
             Err(FabricError::Timeout { .. }) => continue,
             Err(e) => {
@@ -773,7 +785,7 @@ fn fit_listing(resp: chfs_proto::Response, max: usize) -> chfs_proto::Response {
 
 /// Sends the reply to request `h`: the frame a stream would carry, in one
 /// message (EMSGSIZE instead when it does not fit one).
-fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
+fn reply(ep: &Arc<Endpoint>, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
     let r = r.map(|resp| fit_listing(resp, ep.max_message()));
     let (rh, head, tail, _) = response_frame(h.id, h.op, r);
     let mut m = Vec::with_capacity(8 + HEADER_LEN + head.len() + tail.len());
@@ -795,8 +807,154 @@ fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, E
         m.extend_from_slice(&rh.encode());
         m.extend_from_slice(&head);
     }
-    if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
-        debug!(op = h.op, "fabric: reply not sent: {e}");
+    outbox().send(ep, peer, m, h.op);
+}
+
+/// Most sends to one peer (a client's endpoint, whatever its number of
+/// sessions) posted and not yet completed; more wait in its queue.
+const PEER_POSTED_MAX: usize = 16;
+
+/// Most bytes of replies queued for one peer beyond those posted: a peer
+/// that takes none of them (a stopped process) costs the server at most
+/// this and [`PEER_POSTED_MAX`] messages; replies beyond are dropped (its
+/// calls time out, as they would with a lost message).
+const PEER_QUEUED_BYTES: usize = 8 << 20;
+
+/// Replies on their way out, per peer. A reply is never waited for:
+/// injected or posted at once (its completion checked later), or queued
+/// behind the peer's earlier ones when it already has
+/// [`PEER_POSTED_MAX`] in flight or the provider's queue is full; the
+/// progress thread posts queued ones as earlier ones complete
+/// ([`Outbox::pump`]). So a peer that stops reading (a SIGSTOPped client
+/// with replies pending) holds no thread and no other peer's replies:
+/// before, the progress thread waited up to [`SEND_TIMEOUT`] for each
+/// reply to it to leave, stalling every other client.
+#[derive(Default)]
+struct Outbox {
+    /// By endpoint (its address in memory) and peer.
+    peers: std::sync::Mutex<HashMap<(usize, Peer), PeerOut>>,
+    /// Messages queued over all peers.
+    queued: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Default)]
+struct PeerOut {
+    posted: std::collections::VecDeque<chfs_fabric::InFlight>,
+    queued: std::collections::VecDeque<(Vec<u8>, u16)>,
+    queued_bytes: usize,
+    /// Replies dropped since its queue was last empty.
+    dropped: u64,
+}
+
+impl PeerOut {
+    /// Forgets the posted sends that completed.
+    fn reap(&mut self) {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        self.posted
+            .retain_mut(|f| match std::pin::Pin::new(f).poll(&mut cx) {
+                std::task::Poll::Pending => true,
+                std::task::Poll::Ready(Ok(_)) => false,
+                std::task::Poll::Ready(Err(e)) => {
+                    debug!("fabric: reply not sent: {e}");
+                    false
+                }
+            });
+    }
+
+    /// Tries to send `m` now: false when it must wait.
+    fn try_post(&mut self, ep: &Arc<Endpoint>, peer: Peer, m: &[u8], op: u16) -> bool {
+        if self.posted.len() >= PEER_POSTED_MAX {
+            return false;
+        }
+        match ep.try_send(peer, m) {
+            Ok(chfs_fabric::Sent::Done) => true,
+            Ok(chfs_fabric::Sent::Posted(f)) => {
+                self.posted.push_back(f);
+                true
+            }
+            Ok(chfs_fabric::Sent::Again) => false,
+            Err(e) => {
+                debug!(op, "fabric: reply not sent: {e}");
+                true
+            }
+        }
+    }
+}
+
+/// An endpoint's key in the [`Outbox`].
+fn ep_key(ep: &Endpoint) -> usize {
+    ep as *const Endpoint as usize
+}
+
+/// The process's outbox (of every endpoint that serves: a peer's number
+/// is its endpoint's).
+fn outbox() -> &'static Outbox {
+    static OUTBOX: std::sync::OnceLock<Outbox> = std::sync::OnceLock::new();
+    OUTBOX.get_or_init(Default::default)
+}
+
+impl Outbox {
+    /// Sends `m` (the reply to a request `op`) to `peer` without waiting.
+    fn send(&self, ep: &Arc<Endpoint>, peer: Peer, m: Vec<u8>, op: u16) {
+        let mut g = chfs_sys::lock(&self.peers);
+        let o = g.entry((ep_key(ep), peer)).or_default();
+        o.reap();
+        if o.queued.is_empty() && o.try_post(ep, peer, &m, op) {
+            return;
+        }
+        if o.queued_bytes + m.len() > PEER_QUEUED_BYTES {
+            if o.dropped == 0 {
+                warn!(
+                    queued = o.queued.len(),
+                    "fabric: a client takes no replies (stopped?): its replies are dropped until it does"
+                );
+            }
+            o.dropped += 1;
+            return;
+        }
+        o.queued_bytes += m.len();
+        o.queued.push_back((m, op));
+        self.queued
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Are replies waiting to be posted?
+    fn waiting(&self) -> bool {
+        self.queued.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// Posts queued replies as far as their peers' completed sends and
+    /// the provider's queue allow (the progress thread, often while any
+    /// wait).
+    fn pump(&self, ep: &Arc<Endpoint>) {
+        let mut g = chfs_sys::lock(&self.peers);
+        let at = ep_key(ep);
+        for ((_, peer), o) in g.iter_mut().filter(|((e, _), _)| *e == at) {
+            o.reap();
+            while let Some((m, op)) = o.queued.pop_front() {
+                if !o.try_post(ep, *peer, &m, op) {
+                    o.queued.push_front((m, op));
+                    break;
+                }
+                o.queued_bytes -= m.len();
+                self.queued
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if o.queued.is_empty() && o.dropped > 0 {
+                debug!(dropped = o.dropped, "fabric: a client takes replies again");
+                o.dropped = 0;
+            }
+        }
+        g.retain(|_, o| !o.posted.is_empty() || !o.queued.is_empty());
+    }
+
+    /// Drops what is on its way to `peer` (removed from the address
+    /// vector: its number may name another peer later).
+    fn forget(&self, ep: &Endpoint, peer: Peer) {
+        if let Some(o) = chfs_sys::lock(&self.peers).remove(&(ep_key(ep), peer)) {
+            self.queued
+                .fetch_sub(o.queued.len(), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 

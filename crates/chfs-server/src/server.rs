@@ -386,7 +386,7 @@ pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), Serve
         }
         _ => {}
     }
-    rt.block_on(async move {
+    let r = rt.block_on(async move {
         let mut srv = start(cfg.clone()).await?;
         if let Some(p) = &cfg.pid_file {
             std::fs::write(p, format!("{}\n", std::process::id()))?;
@@ -428,5 +428,14 @@ pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), Serve
             let _ = std::fs::remove_file(p);
         }
         Ok(())
-    })
+    });
+    // Not waiting for blocking calls still running: a fabric send to a
+    // peer that is gone (the answer to a hello of a client that exited
+    // meanwhile) waits out its 10 s; the process would outlive its closed
+    // port by that long, when `chfsctl stop` reports it gone.
+    rt.shutdown_timeout(EXIT_GRACE);
+    r
 }
+
+/// How long an exiting server waits for its blocking calls.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
