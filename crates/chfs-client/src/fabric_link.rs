@@ -328,15 +328,8 @@ impl FabricLink {
                 0
             }
         };
-        if payload.len() + 32 > MAX_MESSAGE {
-            return Err(Error::new(
-                libc::EMSGSIZE,
-                format!(
-                    "server {addr}: a request of {} bytes does not fit a fabric message ({MAX_MESSAGE} bytes)",
-                    payload.len()
-                ),
-            ));
-        }
+        // A request larger than a message (a server list of thousands)
+        // is lent by the RPC client for the server to pull (`FLAG_LENT`).
         match self
             .rpc
             .post(&self.session, op, flags, &payload, self.timeout)
@@ -383,7 +376,7 @@ impl FabricLink {
             .timeout
             .saturating_sub(t.sent.elapsed())
             .max(Duration::from_millis(1));
-        let r = match self.rpc.wait(t.id, left) {
+        let r = match self.rpc.wait(&self.session, t.id, left) {
             Ok((h, _)) if h.op == OP_NO_SESSION => {
                 // The server restarted, or ended the session for idleness:
                 // it did not serve the request. The pool sends it again on

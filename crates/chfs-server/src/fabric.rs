@@ -19,10 +19,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{
-    decode_hello, decode_message_from, encode_message, encode_welcome, FLAG_RMA, OP_AUTH_HELLO,
-    OP_AUTH_REPLY, OP_BYE, OP_NO_SESSION, OP_PROOF, OP_VERDICT,
+    decode_hello, decode_message_from, encode_message, encode_welcome, lent_key, FLAG_LENT,
+    FLAG_RMA, OP_AUTH_HELLO, OP_AUTH_REPLY, OP_BYE, OP_NO_SESSION, OP_PROOF, OP_RELEASE,
+    OP_VERDICT,
 };
-use chfs_fabric::{Address, Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey};
+use chfs_fabric::{
+    Address, Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey, Window,
+};
 use chfs_proto::frame::{Header, FLAG_ERROR, FLAG_FORWARDED, HEADER_LEN};
 use chfs_proto::handshake::{self, Accept, Hello, HelloReply, Pending};
 use chfs_proto::msg::encode_error;
@@ -203,6 +206,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
         }
         if swept.elapsed() >= Duration::from_secs(1) {
             t.sweep(&shared, &ep, idle);
+            Lent::sweep();
             swept = Instant::now();
         }
         shared.counters.fabric_sessions.store(
@@ -234,6 +238,13 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
         if h.op == OP_BYE {
             if t.close(token) {
                 debug!(sessions = t.sessions.len(), "fabric session closed");
+            }
+            continue;
+        }
+        if h.op == OP_RELEASE {
+            // The client pulled a lent reply: its window goes.
+            if let Some(s) = t.sessions.get(&token) {
+                Lent::release(s.peer, h.id);
             }
             continue;
         }
@@ -273,7 +284,11 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
             SessionState::Open(access) => {
                 let access = *access;
                 let busy = Busy::new(&s.busy);
-                request(&shared, &ep, &rt, peer, access, h, payload, busy);
+                if h.flags & FLAG_LENT != 0 {
+                    lent_request(&shared, &ep, &rt, peer, access, h, payload, busy);
+                } else {
+                    request(&shared, &ep, &rt, peer, access, h, payload, busy);
+                }
             }
         }
     }
@@ -423,6 +438,136 @@ fn send_aside(
             debug!("fabric: {what} not sent: {e}");
         }
     });
+}
+
+/// A request larger than a message ([`FLAG_LENT`]): its payload is
+/// pulled from the client's memory (in a task: the progress thread
+/// completes the pull), then it is served as if it had come whole.
+#[allow(clippy::too_many_arguments)]
+fn lent_request(
+    shared: &Arc<Shared>,
+    ep: &Arc<Endpoint>,
+    rt: &tokio::runtime::Handle,
+    peer: Peer,
+    access: Access,
+    h: Header,
+    payload: Bytes,
+    busy: Busy,
+) {
+    let key = match lent_key(&payload) {
+        Ok(k) => k,
+        Err(e) => {
+            warn!(op = h.op, "malformed request over the fabric: {e}");
+            let e = ErrorReply::new(e.errno(), format!("malformed request: {e}"));
+            return reply(ep, peer, h, Err(e));
+        }
+    };
+    let len = key.len as usize;
+    let (sh, ep2, rt2) = (shared.clone(), ep.clone(), rt.clone());
+    rt.spawn(async move {
+        let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+        let pull = ep2
+            .buffer(len)
+            .and_then(|b| ep2.start_read(peer, Local::Buffer(b), 0, len, key, 0, SEND_TIMEOUT));
+        let pulled = match pull {
+            Ok(pull) => match tokio::time::timeout(RMA_TIMEOUT, pull).await {
+                Ok(Ok(Some(b))) => Ok(b),
+                Ok(Ok(None)) => Err(ErrorReply::new(
+                    libc::EIO,
+                    "the pull buffer did not come back",
+                )),
+                Ok(Err(e)) => Err(fabric(e)),
+                Err(_) => Err(ErrorReply::new(
+                    libc::ETIMEDOUT,
+                    "the request lent by the client was not reached in time",
+                )),
+            },
+            Err(e) => Err(fabric(e)),
+        };
+        match pulled {
+            Ok(b) => {
+                let h = Header {
+                    len: len as u32,
+                    flags: h.flags & !FLAG_LENT,
+                    ..h
+                };
+                let payload = Bytes::copy_from_slice(&b[..len]);
+                request(&sh, &ep2, &rt2, peer, access, h, payload, busy);
+            }
+            Err(e) => reply(&ep2, peer, h, Err(e)),
+        }
+    });
+}
+
+/// Replies larger than a message, lent to their clients ([`FLAG_LENT`]):
+/// kept until the client's [`OP_RELEASE`], at most [`LENT_KEPT`] (a
+/// client that never pulls), and no more than [`LENT_MAX_BYTES`] at a
+/// time (beyond, such replies fail with ENOBUFS).
+#[derive(Default)]
+struct Lent {
+    windows: HashMap<(Peer, u64), (Arc<Window>, Instant)>,
+    bytes: usize,
+}
+
+/// How long a lent reply waits for its client.
+const LENT_KEPT: Duration = Duration::from_secs(30);
+/// Bytes of lent replies held at most.
+const LENT_MAX_BYTES: usize = 256 << 20;
+
+impl Lent {
+    fn get() -> std::sync::MutexGuard<'static, Lent> {
+        static LENT: std::sync::OnceLock<std::sync::Mutex<Lent>> = std::sync::OnceLock::new();
+        chfs_sys::lock(LENT.get_or_init(Default::default))
+    }
+
+    /// Lends `body` (a reply's payload) to `peer` for its request `id`.
+    fn lend(ep: &Endpoint, peer: Peer, id: u64, body: &[u8]) -> Result<RemoteKey, ErrorReply> {
+        let mut l = Lent::get();
+        if l.bytes + body.len() > LENT_MAX_BYTES {
+            return Err(ErrorReply::new(
+                libc::ENOBUFS,
+                format!(
+                    "a reply of {} bytes would be lent, and {} bytes of replies wait to be fetched",
+                    body.len(),
+                    l.bytes
+                ),
+            ));
+        }
+        let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+        let w = ep.window(body.len()).map_err(fabric)?;
+        w.copy_in(0, body).map_err(fabric)?;
+        let key = RemoteKey {
+            len: body.len() as u64,
+            ..w.remote_key()
+        };
+        l.bytes += w.len();
+        if let Some((old, _)) = l.windows.insert((peer, id), (w, Instant::now())) {
+            l.bytes -= old.len();
+        }
+        Ok(key)
+    }
+
+    /// The client pulled its reply.
+    fn release(peer: Peer, id: u64) {
+        let mut l = Lent::get();
+        if let Some((w, _)) = l.windows.remove(&(peer, id)) {
+            l.bytes -= w.len();
+        }
+    }
+
+    /// Drops the replies whose clients did not fetch them in time.
+    fn sweep() {
+        let mut l = Lent::get();
+        let before = l.windows.len();
+        l.windows.retain(|_, (_, at)| at.elapsed() < LENT_KEPT);
+        if l.windows.len() != before {
+            l.bytes = l.windows.values().map(|(w, _)| w.len()).sum();
+            debug!(
+                dropped = before - l.windows.len(),
+                "fabric: lent replies never fetched, dropped"
+            );
+        }
+    }
 }
 
 /// A request of an open session: served in a task of the runtime, its
@@ -772,7 +917,9 @@ fn fit_listing(resp: chfs_proto::Response, max: usize) -> chfs_proto::Response {
 }
 
 /// Sends the reply to request `h`: the frame a stream would carry, in one
-/// message (EMSGSIZE instead when it does not fit one).
+/// message; a frame larger than a message is lent ([`FLAG_LENT`]: the
+/// message carries its key, the client pulls it). Listings are cut into
+/// pages that fit instead (the protocol pages them anyway).
 fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
     let r = r.map(|resp| fit_listing(resp, ep.max_message()));
     let (rh, head, tail, _) = response_frame(h.id, h.op, r);
@@ -781,19 +928,25 @@ fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, E
     m.extend_from_slice(&rh.encode());
     m.extend_from_slice(&head);
     m.extend_from_slice(&tail);
-    if m.len() > ep.max_message() {
-        let e = ErrorReply::new(
-            libc::EMSGSIZE,
-            format!(
-                "a reply of {} bytes is larger than a fabric message ({} bytes)",
-                m.len(),
-                ep.max_message()
-            ),
-        );
-        let (rh, head, _, _) = response_frame(h.id, h.op, Err(e));
+    if !chfs_fabric::rpc::fits_message(ep.max_message(), head.len() + tail.len(), 0) {
+        let lent = Lent::lend(ep, peer, h.id, &m[8 + HEADER_LEN..]);
+        let (rh, body) = match lent {
+            Ok(key) => {
+                let rh = Header {
+                    len: RemoteKey::LEN as u32,
+                    flags: rh.flags | FLAG_LENT,
+                    ..rh
+                };
+                (rh, key.encode().to_vec())
+            }
+            Err(e) => {
+                let (rh, head, _, _) = response_frame(h.id, h.op, Err(e));
+                (rh, head.to_vec())
+            }
+        };
         m.truncate(8);
         m.extend_from_slice(&rh.encode());
-        m.extend_from_slice(&head);
+        m.extend_from_slice(&body);
     }
     if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
         debug!(op = h.op, "fabric: reply not sent: {e}");
