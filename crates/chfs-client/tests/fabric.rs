@@ -1179,3 +1179,77 @@ fn server_lists_of_thousands_move_over_the_fabric() {
     }
     assert_eq!(of(&real[0]), want);
 }
+
+/// Anyone may send chfsd a message of a session it does not know, naming
+/// any address as its sender: chfsd answers `OP_NO_SESSION` there (a
+/// send that waits up to 10 s where nobody answers) and keeps the address
+/// in its address vector for 2 s. A flood of 3,000 such messages, each
+/// naming another address where nothing listens, gets at most ~100
+/// answers a second and at most 256 address-vector entries, the rest
+/// dropped and counted (`fabric_no_session_dropped`), while a new client
+/// is served at once, and chfsd survives: it used to remove a peer from
+/// its address vector 2 s after the answer was posted, under a send still
+/// in flight (one to an address where nobody answers waits 10 s), and
+/// crashed inside the provider (its listener gone: ECONNREFUSED).
+#[test]
+fn a_flood_of_unknown_sessions_is_bounded() {
+    use chfs_fabric::rpc::encode_message_from;
+    use chfs_fabric::{Config, Endpoint, Protocol};
+    let Some(p) = fabric_pool(1, "a_flood_of_unknown_sessions_is_bounded") else {
+        return;
+    };
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let ep = Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap();
+    let peer = ep.connect(&server).unwrap();
+    let mut stat = Vec::new();
+    chfs_proto::Request::Stat { path: "/".into() }.encode(&mut stat);
+    const FLOOD: u64 = 3000;
+    let t0 = Instant::now();
+    for i in 0..FLOOD {
+        let from = format!("ofi+tcp://127.2.{}.{}:1", i / 250, i % 250 + 1);
+        let m = encode_message_from(
+            0x5eed_0000_0000 + i,
+            i + 1,
+            chfs_proto::msg::op::STAT,
+            0,
+            &stat,
+            from.as_bytes(),
+        );
+        ep.send(peer, &m, Duration::from_secs(5)).unwrap();
+    }
+    let t = Instant::now();
+    let c = fabric_client(&p);
+    c.mkdir("/served", 0o755).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a new client during the flood took {:?}",
+        t.elapsed()
+    );
+    let status = || c.server_status().pop().unwrap().1.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut st = status();
+    while st.fabric_no_session + st.fabric_no_session_dropped < FLOOD {
+        assert!(Instant::now() < deadline, "not all seen: {st:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        st = status();
+    }
+    let most = 100.0 + 100.0 * t0.elapsed().as_secs_f64() + 5.0;
+    assert!(
+        (st.fabric_no_session as f64) <= most,
+        "{} answered in {:?}: {st:?}",
+        st.fabric_no_session,
+        t0.elapsed()
+    );
+    assert!(st.fabric_no_session >= 50, "{st:?}");
+    assert!(st.fabric_no_session_dropped >= FLOOD / 2, "{st:?}");
+    // The address vector holds at most the bound of strangers (and this
+    // client); they leave it 2 s after their answer.
+    assert!(st.fabric_peers <= 256 + 2, "{st:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while status().fabric_peers > 2 {
+        assert!(Instant::now() < deadline, "{:?}", status());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Still served.
+    c.mkdir("/after", 0o755).unwrap();
+}

@@ -82,6 +82,12 @@ impl Drop for Busy {
 /// number of sessions, removed when it has had none for [`PEER_GRACE`].
 struct PeerEntry {
     peer: Peer,
+    /// Handshake messages and answers to strangers being sent to it
+    /// ([`send_aside`], up to [`SEND_TIMEOUT`]): the peer is not removed
+    /// from the address vector under them (removing a peer with a send
+    /// in flight crashed chfsd inside the provider: a flood of messages
+    /// of unknown sessions naming addresses where nobody answers).
+    sending: Arc<std::sync::atomic::AtomicUsize>,
     sessions: usize,
     last: Instant,
 }
@@ -91,11 +97,56 @@ struct PeerEntry {
 /// client usually says hello again at once).
 const PEER_GRACE: Duration = Duration::from_secs(2);
 
+/// Answers to messages of sessions unknown here ([`OP_NO_SESSION`]) per
+/// second, and as many at once: anyone may send such a message naming
+/// any address, and each answer is a message to that address (a send on
+/// a blocking thread, up to [`SEND_TIMEOUT`] for an address where nobody
+/// answers) and an address-vector entry for [`PEER_GRACE`]. Beyond, such
+/// messages are dropped (counted): their senders, if real clients of a
+/// restarted server, find out at their request's timeout instead.
+const NO_SESSION_PER_SEC: f64 = 100.0;
+/// Peers without a session (strangers answered, refused hellos) in the
+/// address vector at most before a message of an unknown session from a
+/// new address is dropped rather than answered.
+const IDLE_PEERS_MAX: usize = 256;
+
+/// A token bucket for [`OP_NO_SESSION`] answers.
+struct Strangers {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Default for Strangers {
+    fn default() -> Self {
+        Strangers {
+            tokens: NO_SESSION_PER_SEC,
+            at: Instant::now(),
+        }
+    }
+}
+
+impl Strangers {
+    /// May one more answer go now?
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * NO_SESSION_PER_SEC;
+        self.tokens = (self.tokens + refill).min(NO_SESSION_PER_SEC);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// The sessions and the peers they use.
 #[derive(Default)]
 struct Table {
     sessions: HashMap<u64, Session>,
     peers: HashMap<String, PeerEntry>,
+    strangers: Strangers,
 }
 
 impl Table {
@@ -112,10 +163,16 @@ impl Table {
             PeerEntry {
                 peer,
                 sessions: 0,
+                sending: Default::default(),
                 last: Instant::now(),
             },
         );
         Ok(peer)
+    }
+
+    /// Marks a send to the peer at `addr` in flight until dropped.
+    fn sending(&self, addr: &str) -> Option<Busy> {
+        self.peers.get(addr).map(|p| Busy::new(&p.sending))
     }
 
     fn open(&mut self, token: u64, s: Session) {
@@ -161,7 +218,8 @@ impl Table {
             }
         }
         self.peers.retain(|addr, p| {
-            if p.sessions > 0 || p.last.elapsed() < PEER_GRACE {
+            let sending = p.sending.load(std::sync::atomic::Ordering::Acquire) > 0;
+            if p.sessions > 0 || sending || p.last.elapsed() < PEER_GRACE {
                 return true;
             }
             match ep.disconnect(p.peer) {
@@ -254,6 +312,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
         };
         s.last = Instant::now();
         let peer = s.peer;
+        let addr = s.addr.clone();
         match &s.state {
             SessionState::Challenged(pending) => {
                 if h.op != OP_PROOF {
@@ -279,7 +338,8 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
                     }
                 };
                 let m = encode_message(0, h.id, OP_VERDICT, 0, &verdict.encode());
-                send_aside(&rt, &ep, peer, m, "verdict");
+                let guard = t.sending(&addr);
+                send_aside(&rt, &ep, peer, m, guard, "verdict");
             }
             SessionState::Open(access) => {
                 let access = *access;
@@ -314,6 +374,13 @@ fn no_session(
         );
         return;
     };
+    let known = t.peers.contains_key(&from.to_string());
+    let idle = || t.peers.values().filter(|p| p.sessions == 0).count();
+    if (!known && idle() >= IDLE_PEERS_MAX) || !t.strangers.take() {
+        Counters::inc(&shared.counters.fabric_no_session_dropped);
+        debug!(op = h.op, %from, "fabric: a message of an unknown session, not answered (bound reached)");
+        return;
+    }
     let peer = match t.peer(ep, &from) {
         Ok(p) => p,
         Err(e) => {
@@ -332,7 +399,8 @@ fn no_session(
         ),
     );
     let m = encode_message(0, h.id, OP_NO_SESSION, FLAG_ERROR, &e);
-    send_aside(rt, ep, peer, m, "no-session answer");
+    let guard = t.sending(&from.to_string());
+    send_aside(rt, ep, peer, m, guard, "no-session answer");
 }
 
 /// A client's hello: a new session (open, or challenged) or a refusal.
@@ -417,7 +485,8 @@ fn hello(
         0,
         &encode_welcome(token, &reply.encode()),
     );
-    send_aside(rt, ep, peer, m, "welcome");
+    let guard = t.sending(&addr.to_string());
+    send_aside(rt, ep, peer, m, guard, "welcome");
 }
 
 /// Sends a handshake message from a blocking thread: the peer of a hello
@@ -430,6 +499,7 @@ fn send_aside(
     ep: &Arc<Endpoint>,
     peer: Peer,
     m: Vec<u8>,
+    sending: Option<Busy>,
     what: &'static str,
 ) {
     let ep = ep.clone();
@@ -437,6 +507,7 @@ fn send_aside(
         if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
             debug!("fabric: {what} not sent: {e}");
         }
+        drop(sending);
     });
 }
 
