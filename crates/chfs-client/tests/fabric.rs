@@ -1253,3 +1253,45 @@ fn a_flood_of_unknown_sessions_is_bounded() {
     // Still served.
     c.mkdir("/after", 0o755).unwrap();
 }
+
+/// Hellos whose proof never comes (a stranger's, or a client's that gave
+/// up) end after 10 s, whatever the idle timeout (an hour by default):
+/// before, each kept a session and its address-vector entry that long.
+#[test]
+fn sessions_never_proven_end() {
+    use chfs_fabric::rpc::{encode_hello, encode_message, OP_AUTH_HELLO};
+    use chfs_fabric::{Config, Endpoint, Protocol};
+    use chfs_proto::handshake::{Connector, Credential, Role};
+    let Some(p) = fabric_pool(1, "sessions_never_proven_end") else {
+        return;
+    };
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let ep = Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap();
+    let peer = ep.connect(&server).unwrap();
+    let cred = Credential::parse(p.secret().unwrap().as_bytes()).unwrap();
+    let me = ep.address().to_string();
+    for i in 0..50 {
+        let (_, hello) = Connector::start(Role::Client, &cred).unwrap();
+        let payload = encode_hello(&me, ep.max_message() as u32, &hello);
+        let m = encode_message(0, i + 1, OP_AUTH_HELLO, 0, &payload);
+        ep.send(peer, &m, Duration::from_secs(5)).unwrap();
+    }
+    let c = fabric_client(&p);
+    let status = || c.server_status().pop().unwrap().1.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status().fabric_sessions < 50 {
+        assert!(Instant::now() < deadline, "{:?}", status());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status();
+        if st.fabric_sessions <= 2 {
+            assert!(st.fabric_expired >= 50, "{st:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{st:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    c.mkdir("/still", 0o755).unwrap();
+}

@@ -141,6 +141,9 @@ impl Strangers {
     }
 }
 
+/// How long a session waits for the proof of its hello.
+const CHALLENGE_KEPT: Duration = Duration::from_secs(10);
+
 /// The sessions and the peers they use.
 #[derive(Default)]
 struct Table {
@@ -197,6 +200,26 @@ impl Table {
     /// without [`OP_BYE`]) and removes peers left without a session for
     /// [`PEER_GRACE`] from the address vector.
     fn sweep(&mut self, shared: &Shared, ep: &Endpoint, idle: Option<Duration>) {
+        // A hello whose proof never came (a stranger's, or a client's
+        // that gave up) ends after CHALLENGE_KEPT, whatever the idle
+        // timeout: else anyone could open sessions (and address-vector
+        // entries) that last an hour.
+        let unproven: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                matches!(s.state, SessionState::Challenged(_)) && s.last.elapsed() > CHALLENGE_KEPT
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in unproven {
+            self.close(t);
+            Counters::inc(&shared.counters.fabric_expired);
+            debug!(
+                sessions = self.sessions.len(),
+                "fabric session never proven, ended"
+            );
+        }
         if let Some(idle) = idle {
             // A session whose requests take longer than the idle time
             // is not idle: its idle time starts when they are answered.
