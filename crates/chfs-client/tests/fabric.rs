@@ -541,6 +541,40 @@ fn bad_input_over_ofi_tcp() {
         let e = chfs_proto::msg::decode_error(payload).unwrap();
         assert_eq!(e.errno, libc::EPROTO, "frame {id}: {}", e.message);
     }
+    // A read asked for in the message beyond what a message holds: refused
+    // (EMSGSIZE), not lent (chunk data moves by the client's RMA).
+    let c0 = fabric_client(&p);
+    c0.set_chunk_size(1 << 20).unwrap();
+    let fd = c0.create("/inline", O_WRONLY, 0o644).unwrap();
+    c0.write(fd, &pattern(200_000, 5)).unwrap();
+    c0.close(fd).unwrap();
+    let mut b = Vec::new();
+    chfs_proto::Request::Stat {
+        path: "/inline".into(),
+    }
+    .encode(&mut b);
+    let id = rpc.post(&s, chfs_proto::msg::op::STAT, 0, &b, t).unwrap();
+    let (_, payload) = rpc.wait(&s, id, t).unwrap();
+    let Ok(chfs_proto::Response::Meta(meta)) = chfs_proto::Response::decode(payload) else {
+        panic!("no entry");
+    };
+    let read = chfs_proto::Request::Read {
+        path: "/inline".into(),
+        fileid: meta.fileid,
+        idx: 0,
+        off: 0,
+        len: 200_000,
+        chunk_size: 1 << 20,
+        flags: 0,
+        epoch: meta.epoch(),
+    };
+    let mut b = Vec::new();
+    read.encode(&mut b);
+    let id = rpc.post(&s, read.op(), 0, &b, t).unwrap();
+    let (h, payload) = rpc.wait(&s, id, t).unwrap();
+    assert_ne!(h.flags & chfs_proto::frame::FLAG_ERROR, 0, "{h:?}");
+    let e = chfs_proto::msg::decode_error(payload).unwrap();
+    assert_eq!(e.errno, libc::EMSGSIZE, "{}", e.message);
     // The forged key: the server's RMA fails (tcp checks keys) and that
     // breaks the rxm connection between the two endpoints for good
     // (doc/fabric.md), so its error reply may be lost: an error or a

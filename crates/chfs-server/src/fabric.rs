@@ -1023,7 +1023,22 @@ fn reply(ep: &Endpoint, peer: Peer, h: Header, r: Result<chfs_proto::Response, E
     m.extend_from_slice(&head);
     m.extend_from_slice(&tail);
     if !chfs_fabric::rpc::fits_message(ep.max_message(), head.len() + tail.len(), 0) {
-        let lent = Lent::lend(ep, peer, h.id, &m[8 + HEADER_LEN..]);
+        // Chunk data (a tail) larger than a message moves by the
+        // client's RMA (`FLAG_RMA`), which it asks for: a read asked
+        // inline beyond a message is refused as before, not lent (it
+        // would hold server memory for a client that need not ask so).
+        let lent = if tail.is_empty() {
+            Lent::lend(ep, peer, h.id, &m[8 + HEADER_LEN..])
+        } else {
+            Err(ErrorReply::new(
+                libc::EMSGSIZE,
+                format!(
+                    "a read's reply of {} bytes is larger than a fabric message ({} bytes): ask for it by RMA",
+                    m.len(),
+                    ep.max_message()
+                ),
+            ))
+        };
         let (rh, body) = match lent {
             Ok(key) => {
                 let rh = Header {
