@@ -13,7 +13,7 @@
 //! on the next request) starts a new rxm connection and a new session.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -141,12 +141,22 @@ impl Bulk {
 /// out or failed after it was sent.
 static QUARANTINE: Mutex<Vec<Arc<Window>>> = Mutex::new(Vec::new());
 
+/// Bytes the quarantine holds.
+static QUARANTINED: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes the quarantine may hold: once it does, a request over such a
+/// provider lends no new window: its data goes in the message if it fits
+/// one, else it fails with ENOBUFS (a process whose server keeps not
+/// answering would otherwise give up a chunk of memory per request).
+pub(crate) const QUARANTINE_MAX: usize = 64 << 20;
+
 impl Drop for Bulk {
     /// A window still here was lent for a request that got no answer:
     /// dropped (tcp revokes the key on close), or over shm kept forever.
     fn drop(&mut self) {
         if let Some(w) = self.window.take() {
             if self.keep_unanswered {
+                QUARANTINED.fetch_add(w.len(), Ordering::Relaxed);
                 lock(&QUARANTINE).push(w);
             }
         }
@@ -279,6 +289,23 @@ impl FabricLink {
             },
             _ => return Ok(None),
         };
+        let keep_unanswered = self.rpc.endpoint().address().protocol == Protocol::Shm;
+        let held = QUARANTINED.load(Ordering::Relaxed);
+        if keep_unanswered && held >= QUARANTINE_MAX {
+            if fits(len) {
+                // In the message: nothing lent.
+                return Ok(None);
+            }
+            return Err(Error::new(
+                libc::ENOBUFS,
+                format!(
+                    "server {}: {held} bytes of RMA windows of requests never answered are held \
+                     (ofi+shm does not revoke them; at most {QUARANTINE_MAX}): no more transfers \
+                     of {len} bytes over it in this process",
+                    self.addr
+                ),
+            ));
+        }
         let window = self.window(len)?;
         if !read {
             window
@@ -289,7 +316,6 @@ impl FabricLink {
             len: len as u64,
             ..window.remote_key()
         };
-        let keep_unanswered = self.rpc.endpoint().address().protocol == Protocol::Shm;
         Ok(Some((
             Bulk {
                 window: Some(window),
@@ -328,15 +354,8 @@ impl FabricLink {
                 0
             }
         };
-        if payload.len() + 32 > MAX_MESSAGE {
-            return Err(Error::new(
-                libc::EMSGSIZE,
-                format!(
-                    "server {addr}: a request of {} bytes does not fit a fabric message ({MAX_MESSAGE} bytes)",
-                    payload.len()
-                ),
-            ));
-        }
+        // A request larger than a message (a server list of thousands)
+        // is lent by the RPC client for the server to pull (`FLAG_LENT`).
         // The request's timeout counts from here: a send that waits (to a
         // host that is gone) takes from it, not adds to it.
         let sent = Instant::now();
@@ -386,7 +405,7 @@ impl FabricLink {
             .timeout
             .saturating_sub(t.sent.elapsed())
             .max(Duration::from_millis(1));
-        let r = match self.rpc.wait(t.id, left) {
+        let r = match self.rpc.wait(&self.session, t.id, left) {
             Ok((h, _)) if h.op == OP_NO_SESSION => {
                 // The server restarted, or ended the session for idleness:
                 // it did not serve the request. The pool sends it again on

@@ -518,18 +518,69 @@ fn bad_input_over_ofi_tcp() {
     let mut forged = head.clone();
     forged.extend_from_slice(&bogus.encode());
     let id = rpc.post(&s, write.op(), FLAG_RMA, &cut, t).unwrap();
-    let (h, _) = rpc.wait(id, t).unwrap();
+    let (h, _) = rpc.wait(&s, id, t).unwrap();
     assert_ne!(
         h.flags & chfs_proto::frame::FLAG_ERROR,
         0,
         "answered with an error"
     );
+    // Lent frames (`FLAG_LENT`) that are not: a payload that is no key,
+    // and a key of more than a frame may hold: errors, nothing pulled.
+    use chfs_fabric::rpc::{encode_message_from, FLAG_LENT};
+    let from = ep.address().to_string();
+    let huge = RemoteKey {
+        addr: 0x1000,
+        len: u64::from(chfs_proto::frame::MAX_PAYLOAD) + 1,
+        key: 0xdead,
+    };
+    for (id, body) in [(900u64, &b"not a key"[..]), (901, &huge.encode()[..])] {
+        let m = encode_message_from(s.token, id, write.op(), FLAG_LENT, body, from.as_bytes());
+        ep.send(s.peer, &m, t).unwrap();
+        let (h, payload) = rpc.wait(&s, id, t).unwrap();
+        assert_ne!(h.flags & chfs_proto::frame::FLAG_ERROR, 0, "frame {id}");
+        let e = chfs_proto::msg::decode_error(payload).unwrap();
+        assert_eq!(e.errno, libc::EPROTO, "frame {id}: {}", e.message);
+    }
+    // A read asked for in the message beyond what a message holds: refused
+    // (EMSGSIZE), not lent (chunk data moves by the client's RMA).
+    let c0 = fabric_client(&p);
+    c0.set_chunk_size(1 << 20).unwrap();
+    let fd = c0.create("/inline", O_WRONLY, 0o644).unwrap();
+    c0.write(fd, &pattern(200_000, 5)).unwrap();
+    c0.close(fd).unwrap();
+    let mut b = Vec::new();
+    chfs_proto::Request::Stat {
+        path: "/inline".into(),
+    }
+    .encode(&mut b);
+    let id = rpc.post(&s, chfs_proto::msg::op::STAT, 0, &b, t).unwrap();
+    let (_, payload) = rpc.wait(&s, id, t).unwrap();
+    let Ok(chfs_proto::Response::Meta(meta)) = chfs_proto::Response::decode(payload) else {
+        panic!("no entry");
+    };
+    let read = chfs_proto::Request::Read {
+        path: "/inline".into(),
+        fileid: meta.fileid,
+        idx: 0,
+        off: 0,
+        len: 200_000,
+        chunk_size: 1 << 20,
+        flags: 0,
+        epoch: meta.epoch(),
+    };
+    let mut b = Vec::new();
+    read.encode(&mut b);
+    let id = rpc.post(&s, read.op(), 0, &b, t).unwrap();
+    let (h, payload) = rpc.wait(&s, id, t).unwrap();
+    assert_ne!(h.flags & chfs_proto::frame::FLAG_ERROR, 0, "{h:?}");
+    let e = chfs_proto::msg::decode_error(payload).unwrap();
+    assert_eq!(e.errno, libc::EMSGSIZE, "{}", e.message);
     // The forged key: the server's RMA fails (tcp checks keys) and that
     // breaks the rxm connection between the two endpoints for good
     // (doc/fabric.md), so its error reply may be lost: an error or a
     // timeout (here: the timeout).
     let id = rpc.post(&s, write.op(), FLAG_RMA, &forged, t).unwrap();
-    if let Ok((h, _)) = rpc.wait(id, t) {
+    if let Ok((h, _)) = rpc.wait(&s, id, t) {
         assert_ne!(
             h.flags & chfs_proto::frame::FLAG_ERROR,
             0,
@@ -1179,4 +1230,250 @@ fn a_stopped_client_does_not_stall_the_others() {
     drop(child);
     // The server still serves everyone.
     assert!(c.stat("/stall/big").unwrap().size == 32 << 20);
+}
+
+/// A call as a server of the pool (the pool secret) over the fabric, with
+/// the transport's own RPC client: what one chfsd sends another.
+fn server_call(
+    rpc: &chfs_fabric::rpc::RpcClient,
+    p: &LocalPool,
+    addr: &str,
+    req: &chfs_proto::Request,
+) -> Result<chfs_proto::Response, String> {
+    use chfs_proto::handshake::{Credential, Role};
+    let timeout = Duration::from_secs(10);
+    let cred = Credential::parse(p.secret().unwrap().as_bytes()).unwrap();
+    let a: chfs_fabric::Address = addr.parse().unwrap();
+    let s = rpc
+        .handshake(&a, Role::Server, &cred, timeout)
+        .map_err(|e| format!("handshake with {addr}: {e}"))?;
+    let mut payload = Vec::new();
+    req.encode(&mut payload);
+    let id = rpc
+        .post(&s, req.op(), 0, &payload, timeout)
+        .map_err(|e| format!("{addr}: post: {e} (errno {})", e.errno()))?;
+    let (h, payload) = rpc
+        .wait(&s, id, timeout)
+        .map_err(|e| format!("{addr}: wait: {e} (errno {})", e.errno()))?;
+    if h.flags & chfs_proto::frame::FLAG_ERROR != 0 {
+        let e = chfs_proto::msg::decode_error(payload).unwrap();
+        return Err(format!("{addr}: errno {}: {}", e.errno, e.message));
+    }
+    chfs_proto::Response::decode(payload).map_err(|e| format!("{addr}: {e}"))
+}
+
+/// Server lists of thousands of fabric addresses (more than one fabric
+/// message holds: ~1,900 `ofi+tcp` addresses) move over the fabric: an
+/// `UpdateServers` of 5,000 servers (2 real, the rest addresses where
+/// nothing listens) sent to each server, `GetServers` of a new client
+/// (its list is that of the pool), a server that joins (`Join` and its
+/// answer between servers over the fabric: `--test-peers-remote`) and the
+/// list the leader then pushes to the other member. Before, each failed
+/// with EINVAL or EMSGSIZE ("a message of N bytes; at most 69632").
+#[test]
+fn server_lists_of_thousands_move_over_the_fabric() {
+    use chfs_proto::{Request, Response};
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "server_lists_of_thousands_move_over_the_fabric",
+            "built without libfabric",
+        );
+        return;
+    }
+    let mut p = LocalPool::start_with(
+        PoolOptions {
+            servers: 2,
+            args: vec![
+                "-p".into(),
+                "ofi+tcp".into(),
+                "--test-peers-remote".into(),
+                "--rpc-timeout-msec".into(),
+                "10000".into(),
+            ],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd over ofi+tcp");
+    let cfg = chfs_fabric::Config::new(chfs_fabric::Protocol::Tcp).bind("127.0.0.1", None);
+    let ep = chfs_fabric::Endpoint::open(&cfg).expect("an ofi+tcp endpoint");
+    let rpc = chfs_fabric::rpc::RpcClient::new(std::sync::Arc::new(ep));
+    let real = p.addrs().to_vec();
+    let mut list = match server_call(&rpc, &p, &real[0], &Request::GetServers) {
+        Ok(Response::Servers(l)) => l,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(list.servers, real);
+    // Addresses in 127.1/16 at port 1: nothing listens there, so pushes
+    // and calls to them are refused at once.
+    list.servers
+        .extend((0..4998).map(|i| format!("ofi+tcp://127.1.{}.{}:1", i / 250, i % 250 + 1)));
+    list.version += 1;
+    let mut encoded = Vec::new();
+    Request::UpdateServers { list: list.clone() }.encode(&mut encoded);
+    assert!(encoded.len() > 2 * (64 << 10), "{} bytes", encoded.len());
+    for a in &real {
+        let r = server_call(&rpc, &p, a, &Request::UpdateServers { list: list.clone() });
+        assert_eq!(r, Ok(Response::Ok), "UpdateServers of 5,000 to {a}");
+    }
+    // A new client fetches the list from its server over the fabric.
+    let c = fabric_client(&p);
+    assert_eq!(c.servers(), list.servers);
+    // The real servers still serve it (the fake ones refuse at once).
+    let on_real: Vec<String> = (0..50_000)
+        .map(|i| format!("/f{i}"))
+        .filter(|f| c.entry_servers(f).unwrap().0 < 2)
+        .take(3)
+        .collect();
+    for f in &on_real {
+        let fd = c.create(f, O_WRONLY, 0o644).unwrap();
+        c.write(fd, b"hello").unwrap();
+        c.close(fd).unwrap();
+        assert_eq!(c.stat(f).unwrap().size, 5);
+    }
+    // A server joins: its Join goes to the leader over the fabric, whose
+    // answer is the list of 5,001; the leader pushes it to the others.
+    let added = p.add_server().expect("a server joins a pool of 5,000");
+    let mut want = list.servers.clone();
+    want.push(added.clone());
+    let of = |addr: &str| {
+        client(&p, |c| {
+            c.servers = vec![addr.to_string()];
+            c.secret = p.secret().unwrap().as_bytes().to_vec();
+        })
+        .servers()
+    };
+    assert_eq!(of(&added), want, "the list the new server got");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = of(&real[1]);
+        if got == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never got the list of 5,001 ({} servers)",
+            real[1],
+            got.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(of(&real[0]), want);
+}
+
+/// Anyone may send chfsd a message of a session it does not know, naming
+/// any address as its sender: chfsd answers `OP_NO_SESSION` there (a
+/// send that waits up to 10 s where nobody answers) and keeps the address
+/// in its address vector for 2 s. A flood of 3,000 such messages, each
+/// naming another address where nothing listens, gets at most ~100
+/// answers a second and at most 256 address-vector entries, the rest
+/// dropped and counted (`fabric_no_session_dropped`), while a new client
+/// is served at once, and chfsd survives: it used to remove a peer from
+/// its address vector 2 s after the answer was posted, under a send still
+/// in flight (one to an address where nobody answers waits 10 s), and
+/// crashed inside the provider (its listener gone: ECONNREFUSED).
+#[test]
+fn a_flood_of_unknown_sessions_is_bounded() {
+    use chfs_fabric::rpc::encode_message_from;
+    use chfs_fabric::{Config, Endpoint, Protocol};
+    let Some(p) = fabric_pool(1, "a_flood_of_unknown_sessions_is_bounded") else {
+        return;
+    };
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let ep = Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap();
+    let peer = ep.connect(&server).unwrap();
+    let mut stat = Vec::new();
+    chfs_proto::Request::Stat { path: "/".into() }.encode(&mut stat);
+    const FLOOD: u64 = 3000;
+    let t0 = Instant::now();
+    for i in 0..FLOOD {
+        let from = format!("ofi+tcp://127.2.{}.{}:1", i / 250, i % 250 + 1);
+        let m = encode_message_from(
+            0x5eed_0000_0000 + i,
+            i + 1,
+            chfs_proto::msg::op::STAT,
+            0,
+            &stat,
+            from.as_bytes(),
+        );
+        ep.send(peer, &m, Duration::from_secs(5)).unwrap();
+    }
+    let t = Instant::now();
+    let c = fabric_client(&p);
+    c.mkdir("/served", 0o755).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a new client during the flood took {:?}",
+        t.elapsed()
+    );
+    let status = || c.server_status().pop().unwrap().1.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut st = status();
+    while st.fabric_no_session + st.fabric_no_session_dropped < FLOOD {
+        assert!(Instant::now() < deadline, "not all seen: {st:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        st = status();
+    }
+    let most = 100.0 + 100.0 * t0.elapsed().as_secs_f64() + 5.0;
+    assert!(
+        (st.fabric_no_session as f64) <= most,
+        "{} answered in {:?}: {st:?}",
+        st.fabric_no_session,
+        t0.elapsed()
+    );
+    assert!(st.fabric_no_session >= 50, "{st:?}");
+    assert!(st.fabric_no_session_dropped >= FLOOD / 2, "{st:?}");
+    // The address vector holds at most the bound of strangers (and this
+    // client); they leave it 2 s after their answer.
+    assert!(st.fabric_peers <= 256 + 2, "{st:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while status().fabric_peers > 2 {
+        assert!(Instant::now() < deadline, "{:?}", status());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Still served.
+    c.mkdir("/after", 0o755).unwrap();
+}
+
+/// Hellos whose proof never comes (a stranger's, or a client's that gave
+/// up) end after 10 s, whatever the idle timeout (an hour by default):
+/// before, each kept a session and its address-vector entry that long.
+#[test]
+fn sessions_never_proven_end() {
+    use chfs_fabric::rpc::{encode_hello, encode_message, OP_AUTH_HELLO};
+    use chfs_fabric::{Config, Endpoint, Protocol};
+    use chfs_proto::handshake::{Connector, Credential, Role};
+    let Some(p) = fabric_pool(1, "sessions_never_proven_end") else {
+        return;
+    };
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let ep = Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap();
+    let peer = ep.connect(&server).unwrap();
+    let cred = Credential::parse(p.secret().unwrap().as_bytes()).unwrap();
+    let me = ep.address().to_string();
+    for i in 0..50 {
+        let (_, hello) = Connector::start(Role::Client, &cred).unwrap();
+        let payload = encode_hello(&me, ep.max_message() as u32, &hello);
+        let m = encode_message(0, i + 1, OP_AUTH_HELLO, 0, &payload);
+        ep.send(peer, &m, Duration::from_secs(5)).unwrap();
+    }
+    let c = fabric_client(&p);
+    let status = || c.server_status().pop().unwrap().1.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status().fabric_sessions < 50 {
+        assert!(Instant::now() < deadline, "{:?}", status());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status();
+        if st.fabric_sessions <= 2 {
+            assert!(st.fabric_expired >= 50, "{st:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{st:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    c.mkdir("/still", 0o755).unwrap();
 }

@@ -44,7 +44,7 @@ use chfs_proto::{ErrorReply, ProtoError, Request, Response};
 use crate::addr::Address;
 use crate::endpoint::{Endpoint, Peer};
 use crate::error::Error;
-use crate::ffi::{Buffer, Local, RemoteKey};
+use crate::ffi::{Buffer, Local, RemoteKey, Window};
 
 /// Length of the session token in front of each frame.
 pub const TOKEN_LEN: usize = 8;
@@ -76,6 +76,50 @@ pub const OP_NO_SESSION: u16 = 0xff07;
 /// transport is integrated): the bulk data is not in the frame; the
 /// payload ends with a [`RemoteKey`] naming the client's memory.
 pub const FLAG_RMA: u16 = 8;
+/// Frame flag (fabric only), on a request or a reply: the frame's payload
+/// is larger than a message holds ([`fits_message`]), so the message
+/// carries only a [`RemoteKey`] naming it in the sender's memory (its
+/// `len` the payload's length, at most chfs-proto's `MAX_PAYLOAD`), and
+/// the receiver pulls it by RMA before it decodes the frame as usual.
+/// One rule for every request and reply whose encoding grows with the
+/// pool (server lists: `GetServers`, `Join`, `UpdateServers`) or with its
+/// arguments. A lent request's memory is the client's until its answer
+/// comes (the server pulls before serving); a lent reply's is the
+/// server's until the client says [`OP_RELEASE`] (or a deadline passes).
+pub const FLAG_LENT: u16 = 16;
+/// The client has pulled the lent reply ([`FLAG_LENT`]) of the frame id
+/// it names, in the session the token names: the server frees it. No
+/// answer.
+pub const OP_RELEASE: u16 = 0xff08;
+
+/// Does a frame of `payload` bytes fit one message of `max_message`
+/// bytes, with `trailer` bytes after it (the sender's address of
+/// [`encode_message_from`])? A frame that does not is lent
+/// ([`FLAG_LENT`]).
+pub fn fits_message(max_message: usize, payload: usize, trailer: usize) -> bool {
+    TOKEN_LEN + HEADER_LEN + payload + trailer <= max_message
+}
+
+/// The key of a lent frame's payload ([`FLAG_LENT`]): the message's whole
+/// payload, its length at most chfs-proto's largest payload.
+pub fn lent_key(payload: &[u8]) -> Result<RemoteKey, ProtoError> {
+    let bad = |why: String| ProtoError::Malformed(format!("lent frame: {why}"));
+    if payload.len() != RemoteKey::LEN {
+        return Err(bad(format!(
+            "{} bytes, not a remote key of {}",
+            payload.len(),
+            RemoteKey::LEN
+        )));
+    }
+    let key = RemoteKey::decode(payload).map_err(|e| bad(e.to_string()))?;
+    if key.len == 0 || key.len > MAX_PAYLOAD as u64 {
+        return Err(ProtoError::FrameTooLarge {
+            len: key.len,
+            max: MAX_PAYLOAD as u64,
+        });
+    }
+    Ok(key)
+}
 /// `CHFS_RDMA_THRESH`'s default, as CHFS: transfers of at least this many
 /// bytes use RMA.
 pub const RDMA_THRESH: usize = 32 * 1024;
@@ -318,7 +362,15 @@ struct Inbox {
     abandoned: HashSet<u64>,
     /// Messages that were no reply to anyone here.
     strays: u64,
+    /// Windows holding the payloads of lent requests ([`FLAG_LENT`]) until
+    /// their answers come.
+    lent: HashMap<u64, Arc<Window>>,
 }
+
+/// Windows of lent requests never answered over a provider that does not
+/// revoke registrations (shm): the server may still read them, so their
+/// memory is never given back (as the client's chunk windows).
+static UNANSWERED: Mutex<Vec<Arc<Window>>> = Mutex::new(Vec::new());
 
 /// The client side: calls to any number of servers over one endpoint,
 /// from any number of threads.
@@ -469,18 +521,98 @@ impl RpcClient {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let m = if s.token == 0 || op == OP_BYE {
             encode_message(s.token, id, op, flags, payload)
-        } else {
+        } else if fits_message(self.ep.max_message(), payload.len(), 2 + self.from.len()) {
             encode_message_from(s.token, id, op, flags, payload, &self.from)
+        } else {
+            // Larger than a message: lent until the answer comes.
+            if payload.len() > MAX_PAYLOAD as usize {
+                return Err(RpcError::Proto(ProtoError::FrameTooLarge {
+                    len: payload.len() as u64,
+                    max: MAX_PAYLOAD as u64,
+                }));
+            }
+            let w = self.ep.window(payload.len())?;
+            w.copy_in(0, payload)?;
+            let key = RemoteKey {
+                len: payload.len() as u64,
+                ..w.remote_key()
+            };
+            self.lock().lent.insert(id, w);
+            encode_message_from(
+                s.token,
+                id,
+                op,
+                flags | FLAG_LENT,
+                &key.encode(),
+                &self.from,
+            )
         };
-        self.ep.send(s.peer, &m, timeout)?;
+        if let Err(e) = self.ep.send(s.peer, &m, timeout) {
+            self.settle_lent(id, false);
+            return Err(e.into());
+        }
         Ok(id)
     }
 
-    /// Waits for the answer to frame `id` ([`RpcClient::post`]): its
-    /// header and payload (an error reply is returned as such, with
-    /// `FLAG_ERROR`). After a timeout the answer is dropped when it comes.
-    pub fn wait(&self, id: u64, timeout: Duration) -> Result<(Header, Bytes), RpcError> {
-        self.reply(id, Instant::now() + timeout, timeout)
+    /// The window of lent request `id` once it is settled: freed when
+    /// `answered` (the server pulled it before it answered) or where the
+    /// provider revokes a closed registration; else (shm) never freed.
+    fn settle_lent(&self, id: u64, answered: bool) {
+        let Some(w) = self.lock().lent.remove(&id) else {
+            return;
+        };
+        if !answered && self.ep.address().protocol == crate::addr::Protocol::Shm {
+            UNANSWERED.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+        }
+    }
+
+    /// A lent reply ([`FLAG_LENT`]) of session `s`: its payload pulled
+    /// from the server's memory by `deadline`, then released
+    /// ([`OP_RELEASE`], whether the pull worked or not).
+    fn pull_lent(
+        &self,
+        s: &Session,
+        h: Header,
+        payload: &[u8],
+        deadline: Instant,
+    ) -> Result<(Header, Bytes), RpcError> {
+        let key = lent_key(payload)?;
+        let len = key.len as usize;
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let pulled = self
+            .ep
+            .buffer(len)
+            .and_then(|b| self.ep.read(s.peer, Local::Buffer(b), 0, len, key, 0, left));
+        let release = encode_message(s.token, h.id, OP_RELEASE, 0, &[]);
+        let _ = self.ep.send(s.peer, &release, Duration::from_millis(100));
+        let b = pulled?.expect("a buffer posted comes back");
+        let h = Header {
+            len: len as u32,
+            flags: h.flags & !FLAG_LENT,
+            ..h
+        };
+        Ok((h, Bytes::copy_from_slice(&b[..len])))
+    }
+
+    /// Waits for the answer to frame `id` ([`RpcClient::post`]) in session
+    /// `s`: its header and payload (an error reply is returned as such,
+    /// with `FLAG_ERROR`; a lent reply, [`FLAG_LENT`], pulled from the
+    /// server first). After a timeout the answer is dropped when it comes.
+    pub fn wait(
+        &self,
+        s: &Session,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(Header, Bytes), RpcError> {
+        let deadline = Instant::now() + timeout;
+        let r = self.reply(id, deadline, timeout);
+        self.settle_lent(id, r.is_ok());
+        match r {
+            Ok((h, p)) if h.flags & FLAG_LENT != 0 => self.pull_lent(s, h, &p, deadline),
+            r => r,
+        }
     }
 
     /// Sends `req` in session `s` and waits for its response.
@@ -1001,6 +1133,40 @@ mod tests {
         let (_, h, p) = decode_message(&m).unwrap();
         assert_eq!(h.flags, FLAG_RMA);
         assert_eq!(RemoteKey::decode(&p[4..]).unwrap(), key);
+    }
+
+    /// A frame larger than a message is lent: `FLAG_LENT` (16, none of
+    /// the frame's other flags) and a payload that is exactly the key of
+    /// the frame's payload, whose length is that of a frame at most.
+    #[test]
+    fn lent_frames() {
+        use chfs_proto::frame::{FLAG_CMA, FLAG_FORWARDED};
+        assert_eq!((FLAG_LENT, OP_RELEASE), (16, 0xff08));
+        assert_eq!(
+            FLAG_LENT & (FLAG_ERROR | FLAG_FORWARDED | FLAG_CMA | FLAG_RMA),
+            0
+        );
+        let max = 64 * 1024 + 4096;
+        assert!(fits_message(max, max - TOKEN_LEN - HEADER_LEN, 0));
+        assert!(!fits_message(max, max - TOKEN_LEN - HEADER_LEN + 1, 0));
+        assert!(!fits_message(max, max - TOKEN_LEN - HEADER_LEN, 1));
+        let key = RemoteKey {
+            addr: 0x1122_3344_5566_7788,
+            len: 175_406,
+            key: 0x0a0b,
+        };
+        assert_eq!(lent_key(&key.encode()).unwrap(), key);
+        assert!(lent_key(&key.encode()[..23]).is_err());
+        assert!(lent_key(&[&key.encode()[..], &[0]].concat()).is_err());
+        for len in [0, MAX_PAYLOAD as u64 + 1, u64::MAX] {
+            let k = RemoteKey { len, ..key };
+            assert!(lent_key(&k.encode()).is_err(), "{len}");
+        }
+        let k = RemoteKey {
+            len: MAX_PAYLOAD as u64,
+            ..key
+        };
+        assert!(lent_key(&k.encode()).is_ok());
     }
 
     #[test]

@@ -30,8 +30,10 @@ pub use msg::{Request, Response};
 /// `Lookup`, `WatchStat`, `Invalidate`, `ServerStatus::lookups`/`lookup_hits`/`lookup_forwards`/
 /// `node_local_entries`/`node_local_bytes`; 9: `NodeLocal`; 10:
 /// `ServerStatus::fabric_sessions`/`fabric_expired`/`rma_pulls`/
-/// `rma_pushes`/`reg_fallbacks`).
-pub const PROTOCOL_VERSION: u16 = 10;
+/// `rma_pushes`/`reg_fallbacks`; 11: `ServerStatus::fabric_peers`/
+/// `fabric_no_session`/`fabric_no_session_dropped`, and over the fabric
+/// lent frames, `FLAG_LENT` and `OP_RELEASE` of chfs-fabric's `rpc`).
+pub const PROTOCOL_VERSION: u16 = 11;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -314,6 +314,13 @@ pub struct ServerStatus {
     pub rma_pulls: u64,
     pub rma_pushes: u64,
     pub reg_fallbacks: u64,
+    /// Fabric: client endpoints in the address vector now (updated once
+    /// a second), messages of unknown sessions answered `OP_NO_SESSION`,
+    /// and those not answered because the bound on such answers was
+    /// reached (a flood of strangers).
+    pub fabric_peers: u64,
+    pub fabric_no_session: u64,
+    pub fabric_no_session_dropped: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1325,6 +1332,9 @@ impl Response {
                 out.put_u64(s.rma_pulls);
                 out.put_u64(s.rma_pushes);
                 out.put_u64(s.reg_fallbacks);
+                out.put_u64(s.fabric_peers);
+                out.put_u64(s.fabric_no_session);
+                out.put_u64(s.fabric_no_session_dropped);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1426,6 +1436,9 @@ impl Response {
                 rma_pulls: r.u64()?,
                 rma_pushes: r.u64()?,
                 reg_fallbacks: r.u64()?,
+                fabric_peers: r.u64()?,
+                fabric_no_session: r.u64()?,
+                fabric_no_session_dropped: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1913,6 +1926,7 @@ mod tests {
                 fabric_sessions: 17,
                 rma_pulls: 18,
                 reg_fallbacks: 19,
+                fabric_no_session_dropped: 20,
                 ..Default::default()
             })),
             Response::Count(7),

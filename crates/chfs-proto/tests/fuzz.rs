@@ -604,7 +604,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 32), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 35), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -641,6 +641,9 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         rma_pulls: n[29],
                         rma_pushes: n[30],
                         reg_fallbacks: n[31],
+                        fabric_peers: n[32],
+                        fabric_no_session: n[33],
+                        fabric_no_session_dropped: n[34],
                         backend,
                         flush,
                     }))

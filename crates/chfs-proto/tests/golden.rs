@@ -197,7 +197,7 @@ fn with_meta<'a>(head: &[&'a str], meta_hex: &[&'a str], tail: &[&'a str]) -> Ve
 fn protocol_constants() {
     // A bump of the version is a deliberate edit of this line, made with
     // the literals below that changed.
-    assert_eq!(PROTOCOL_VERSION, 10);
+    assert_eq!(PROTOCOL_VERSION, 11);
     assert_eq!(MAGIC, *b"CHFS-RS\x01");
     assert_eq!(HEADER_LEN, 16);
     assert_eq!(META_LEN, 64);
@@ -947,6 +947,9 @@ fn responses() {
         rma_pulls: 0x1d,
         rma_pushes: 0x1e,
         reg_fallbacks: 0x1f,
+        fabric_peers: 0x24,
+        fabric_no_session: 0x25,
+        fabric_no_session_dropped: 0x26,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -1001,6 +1004,9 @@ fn responses() {
                 "1d00000000000000",  // rma_pulls
                 "1e00000000000000",  // rma_pushes
                 "1f00000000000000",  // reg_fallbacks
+                "2400000000000000",  // fabric_peers
+                "2500000000000000",  // fabric_no_session
+                "2600000000000000",  // fabric_no_session_dropped
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes
@@ -1277,7 +1283,7 @@ fn handshake_messages() {
         &hello.encode(),
         &[
             "434846532d525301", // magic "CHFS-RS\x01"
-            "0a00",             // version u16
+            "0b00",             // version u16
             "02",               // role (server)
             "01",               // has_key
             "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", // nonce
@@ -1295,7 +1301,7 @@ fn handshake_messages() {
         &open.encode(),
         &[
             "434846532d525301", // magic
-            "0a00",             // version
+            "0b00",             // version
             "00000000",         // status i32
             "0000",             // message length u16, no message
             "00",               // auth: open
@@ -1315,7 +1321,7 @@ fn handshake_messages() {
         &challenge.encode(),
         &[
             "434846532d525301", // magic
-            "0a00",             // version
+            "0b00",             // version
             "00000000",         // status
             "0000",             // message length
             "01",               // auth: challenge
@@ -1329,7 +1335,7 @@ fn handshake_messages() {
         &refusal.encode(),
         &[
             "434846532d525301", // magic
-            "0a00",             // version
+            "0b00",             // version
             "0d000000",         // status (EACCES)
             "0200 6e6f",        // message "no"; no auth byte after a refusal
         ],
@@ -1341,13 +1347,13 @@ fn handshake_messages() {
         &version_refusal(3).encode(),
         &[
             "434846532d525301", // magic
-            "0a00",             // the acceptor's version
+            "0b00",             // the acceptor's version
             "47000000",         // status (EPROTO)
             "7300",             // message length (115)
-            // "protocol version 3 not supported: this server speaks version 10
+            // "protocol version 3 not supported: this server speaks version 11
             // (use client and server of the same chfs-rs release)"
             "70726f746f636f6c2076657273696f6e2033206e6f7420737570706f727465643a20",
-            "746869732073657276657220737065616b732076657273696f6e20313020",
+            "746869732073657276657220737065616b732076657273696f6e20313120",
             "2875736520636c69656e7420616e6420736572766572206f66207468652073616d65",
             "20636866732d72732072656c6561736529",
         ],
@@ -1451,7 +1457,7 @@ fn handshake_keys_and_proofs() {
             &[1; 32],
             &[2; 32],
         ),
-        &["0f7a3adcefacc52aea19138878c99e5bc6e31f61b6bb55f02a49a5dbce055a88"],
+        &["b013baadd23341235396f7534766d39bfbcae7925ce17f69788a5c2c3f891a3d"],
     );
     g.finish();
 }

@@ -19,10 +19,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{
-    decode_hello, decode_message_from, encode_message, encode_welcome, FLAG_RMA, OP_AUTH_HELLO,
-    OP_AUTH_REPLY, OP_BYE, OP_NO_SESSION, OP_PROOF, OP_VERDICT,
+    decode_hello, decode_message_from, encode_message, encode_welcome, lent_key, FLAG_LENT,
+    FLAG_RMA, OP_AUTH_HELLO, OP_AUTH_REPLY, OP_BYE, OP_NO_SESSION, OP_PROOF, OP_RELEASE,
+    OP_VERDICT,
 };
-use chfs_fabric::{Address, Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey};
+use chfs_fabric::{
+    Address, Buffer, Endpoint, Error as FabricError, Local, Peer, RemoteKey, Window,
+};
 use chfs_proto::frame::{Header, FLAG_ERROR, FLAG_FORWARDED, HEADER_LEN};
 use chfs_proto::handshake::{self, Accept, Hello, HelloReply, Pending};
 use chfs_proto::msg::encode_error;
@@ -79,6 +82,12 @@ impl Drop for Busy {
 /// number of sessions, removed when it has had none for [`PEER_GRACE`].
 struct PeerEntry {
     peer: Peer,
+    /// Handshake messages and answers to strangers being sent to it
+    /// ([`send_aside`], up to [`SEND_TIMEOUT`]): the peer is not removed
+    /// from the address vector under them (removing a peer with a send
+    /// in flight crashed chfsd inside the provider: a flood of messages
+    /// of unknown sessions naming addresses where nobody answers).
+    sending: Arc<std::sync::atomic::AtomicUsize>,
     sessions: usize,
     last: Instant,
 }
@@ -88,11 +97,59 @@ struct PeerEntry {
 /// client usually says hello again at once).
 const PEER_GRACE: Duration = Duration::from_secs(2);
 
+/// Answers to messages of sessions unknown here ([`OP_NO_SESSION`]) per
+/// second, and as many at once: anyone may send such a message naming
+/// any address, and each answer is a message to that address (a send on
+/// a blocking thread, up to [`SEND_TIMEOUT`] for an address where nobody
+/// answers) and an address-vector entry for [`PEER_GRACE`]. Beyond, such
+/// messages are dropped (counted): their senders, if real clients of a
+/// restarted server, find out at their request's timeout instead.
+const NO_SESSION_PER_SEC: f64 = 100.0;
+/// Peers without a session (strangers answered, refused hellos) in the
+/// address vector at most before a message of an unknown session from a
+/// new address is dropped rather than answered.
+const IDLE_PEERS_MAX: usize = 256;
+
+/// A token bucket for [`OP_NO_SESSION`] answers.
+struct Strangers {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Default for Strangers {
+    fn default() -> Self {
+        Strangers {
+            tokens: NO_SESSION_PER_SEC,
+            at: Instant::now(),
+        }
+    }
+}
+
+impl Strangers {
+    /// May one more answer go now?
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * NO_SESSION_PER_SEC;
+        self.tokens = (self.tokens + refill).min(NO_SESSION_PER_SEC);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// How long a session waits for the proof of its hello.
+const CHALLENGE_KEPT: Duration = Duration::from_secs(10);
+
 /// The sessions and the peers they use.
 #[derive(Default)]
 struct Table {
     sessions: HashMap<u64, Session>,
     peers: HashMap<String, PeerEntry>,
+    strangers: Strangers,
 }
 
 impl Table {
@@ -109,10 +166,16 @@ impl Table {
             PeerEntry {
                 peer,
                 sessions: 0,
+                sending: Default::default(),
                 last: Instant::now(),
             },
         );
         Ok(peer)
+    }
+
+    /// Marks a send to the peer at `addr` in flight until dropped.
+    fn sending(&self, addr: &str) -> Option<Busy> {
+        self.peers.get(addr).map(|p| Busy::new(&p.sending))
     }
 
     fn open(&mut self, token: u64, s: Session) {
@@ -137,6 +200,26 @@ impl Table {
     /// without [`OP_BYE`]) and removes peers left without a session for
     /// [`PEER_GRACE`] from the address vector.
     fn sweep(&mut self, shared: &Shared, ep: &Endpoint, idle: Option<Duration>) {
+        // A hello whose proof never came (a stranger's, or a client's
+        // that gave up) ends after CHALLENGE_KEPT, whatever the idle
+        // timeout: else anyone could open sessions (and address-vector
+        // entries) that last an hour.
+        let unproven: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                matches!(s.state, SessionState::Challenged(_)) && s.last.elapsed() > CHALLENGE_KEPT
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in unproven {
+            self.close(t);
+            Counters::inc(&shared.counters.fabric_expired);
+            debug!(
+                sessions = self.sessions.len(),
+                "fabric session never proven, ended"
+            );
+        }
         if let Some(idle) = idle {
             // A session whose requests take longer than the idle time
             // is not idle: its idle time starts when they are answered.
@@ -158,7 +241,9 @@ impl Table {
             }
         }
         self.peers.retain(|addr, p| {
-            if p.sessions > 0 || p.last.elapsed() < PEER_GRACE {
+            let sending = p.sending.load(std::sync::atomic::Ordering::Acquire) > 0
+                || outbox().sending_to(ep, p.peer);
+            if p.sessions > 0 || sending || p.last.elapsed() < PEER_GRACE {
                 return true;
             }
             outbox().forget(ep, p.peer);
@@ -204,6 +289,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
         }
         if swept.elapsed() >= Duration::from_secs(1) {
             t.sweep(&shared, &ep, idle);
+            Lent::sweep();
             swept = Instant::now();
         }
         shared.counters.fabric_sessions.store(
@@ -249,12 +335,20 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
             }
             continue;
         }
+        if h.op == OP_RELEASE {
+            // The client pulled a lent reply: its window goes.
+            if let Some(s) = t.sessions.get(&token) {
+                Lent::release(s.peer, h.id);
+            }
+            continue;
+        }
         let Some(s) = t.sessions.get_mut(&token) else {
             no_session(&shared, &ep, &rt, &mut t, h, from);
             continue;
         };
         s.last = Instant::now();
         let peer = s.peer;
+        let addr = s.addr.clone();
         match &s.state {
             SessionState::Challenged(pending) => {
                 if h.op != OP_PROOF {
@@ -280,12 +374,17 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
                     }
                 };
                 let m = encode_message(0, h.id, OP_VERDICT, 0, &verdict.encode());
-                send_aside(&rt, &ep, peer, m, "verdict");
+                let guard = t.sending(&addr);
+                send_aside(&rt, &ep, peer, m, guard, "verdict");
             }
             SessionState::Open(access) => {
                 let access = *access;
                 let busy = Busy::new(&s.busy);
-                request(&shared, &ep, &rt, peer, access, h, payload, busy);
+                if h.flags & FLAG_LENT != 0 {
+                    lent_request(&shared, &ep, &rt, peer, access, h, payload, busy);
+                } else {
+                    request(&shared, &ep, &rt, peer, access, h, payload, busy);
+                }
             }
         }
     }
@@ -311,6 +410,13 @@ fn no_session(
         );
         return;
     };
+    let known = t.peers.contains_key(&from.to_string());
+    let idle = || t.peers.values().filter(|p| p.sessions == 0).count();
+    if (!known && idle() >= IDLE_PEERS_MAX) || !t.strangers.take() {
+        Counters::inc(&shared.counters.fabric_no_session_dropped);
+        debug!(op = h.op, %from, "fabric: a message of an unknown session, not answered (bound reached)");
+        return;
+    }
     let peer = match t.peer(ep, &from) {
         Ok(p) => p,
         Err(e) => {
@@ -329,7 +435,8 @@ fn no_session(
         ),
     );
     let m = encode_message(0, h.id, OP_NO_SESSION, FLAG_ERROR, &e);
-    send_aside(rt, ep, peer, m, "no-session answer");
+    let guard = t.sending(&from.to_string());
+    send_aside(rt, ep, peer, m, guard, "no-session answer");
 }
 
 /// A client's hello: a new session (open, or challenged) or a refusal.
@@ -414,7 +521,8 @@ fn hello(
         0,
         &encode_welcome(token, &reply.encode()),
     );
-    send_aside(rt, ep, peer, m, "welcome");
+    let guard = t.sending(&addr.to_string());
+    send_aside(rt, ep, peer, m, guard, "welcome");
 }
 
 /// Sends a handshake message from a blocking thread: the peer of a hello
@@ -427,6 +535,7 @@ fn send_aside(
     ep: &Arc<Endpoint>,
     peer: Peer,
     m: Vec<u8>,
+    sending: Option<Busy>,
     what: &'static str,
 ) {
     let ep = ep.clone();
@@ -434,7 +543,138 @@ fn send_aside(
         if let Err(e) = ep.send(peer, &m, SEND_TIMEOUT) {
             debug!("fabric: {what} not sent: {e}");
         }
+        drop(sending);
     });
+}
+
+/// A request larger than a message ([`FLAG_LENT`]): its payload is
+/// pulled from the client's memory (in a task: the progress thread
+/// completes the pull), then it is served as if it had come whole.
+#[allow(clippy::too_many_arguments)]
+fn lent_request(
+    shared: &Arc<Shared>,
+    ep: &Arc<Endpoint>,
+    rt: &tokio::runtime::Handle,
+    peer: Peer,
+    access: Access,
+    h: Header,
+    payload: Bytes,
+    busy: Busy,
+) {
+    let key = match lent_key(&payload) {
+        Ok(k) => k,
+        Err(e) => {
+            warn!(op = h.op, "malformed request over the fabric: {e}");
+            let e = ErrorReply::new(e.errno(), format!("malformed request: {e}"));
+            return reply(ep, peer, h, Err(e));
+        }
+    };
+    let len = key.len as usize;
+    let (sh, ep2, rt2) = (shared.clone(), ep.clone(), rt.clone());
+    rt.spawn(async move {
+        let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+        let pull = ep2
+            .buffer(len)
+            .and_then(|b| ep2.start_read(peer, Local::Buffer(b), 0, len, key, 0, SEND_TIMEOUT));
+        let pulled = match pull {
+            Ok(pull) => match tokio::time::timeout(RMA_TIMEOUT, pull).await {
+                Ok(Ok(Some(b))) => Ok(b),
+                Ok(Ok(None)) => Err(ErrorReply::new(
+                    libc::EIO,
+                    "the pull buffer did not come back",
+                )),
+                Ok(Err(e)) => Err(fabric(e)),
+                Err(_) => Err(ErrorReply::new(
+                    libc::ETIMEDOUT,
+                    "the request lent by the client was not reached in time",
+                )),
+            },
+            Err(e) => Err(fabric(e)),
+        };
+        match pulled {
+            Ok(b) => {
+                let h = Header {
+                    len: len as u32,
+                    flags: h.flags & !FLAG_LENT,
+                    ..h
+                };
+                let payload = Bytes::copy_from_slice(&b[..len]);
+                request(&sh, &ep2, &rt2, peer, access, h, payload, busy);
+            }
+            Err(e) => reply(&ep2, peer, h, Err(e)),
+        }
+    });
+}
+
+/// Replies larger than a message, lent to their clients ([`FLAG_LENT`]):
+/// kept until the client's [`OP_RELEASE`], at most [`LENT_KEPT`] (a
+/// client that never pulls), and no more than [`LENT_MAX_BYTES`] at a
+/// time (beyond, such replies fail with ENOBUFS).
+#[derive(Default)]
+struct Lent {
+    windows: HashMap<(Peer, u64), (Arc<Window>, Instant)>,
+    bytes: usize,
+}
+
+/// How long a lent reply waits for its client.
+const LENT_KEPT: Duration = Duration::from_secs(30);
+/// Bytes of lent replies held at most.
+const LENT_MAX_BYTES: usize = 256 << 20;
+
+impl Lent {
+    fn get() -> std::sync::MutexGuard<'static, Lent> {
+        static LENT: std::sync::OnceLock<std::sync::Mutex<Lent>> = std::sync::OnceLock::new();
+        chfs_sys::lock(LENT.get_or_init(Default::default))
+    }
+
+    /// Lends `body` (a reply's payload) to `peer` for its request `id`.
+    fn lend(ep: &Endpoint, peer: Peer, id: u64, body: &[u8]) -> Result<RemoteKey, ErrorReply> {
+        let mut l = Lent::get();
+        if l.bytes + body.len() > LENT_MAX_BYTES {
+            return Err(ErrorReply::new(
+                libc::ENOBUFS,
+                format!(
+                    "a reply of {} bytes would be lent, and {} bytes of replies wait to be fetched",
+                    body.len(),
+                    l.bytes
+                ),
+            ));
+        }
+        let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+        let w = ep.window(body.len()).map_err(fabric)?;
+        w.copy_in(0, body).map_err(fabric)?;
+        let key = RemoteKey {
+            len: body.len() as u64,
+            ..w.remote_key()
+        };
+        l.bytes += w.len();
+        if let Some((old, _)) = l.windows.insert((peer, id), (w, Instant::now())) {
+            l.bytes -= old.len();
+        }
+        Ok(key)
+    }
+
+    /// The client pulled its reply.
+    fn release(peer: Peer, id: u64) {
+        let mut l = Lent::get();
+        if let Some((w, _)) = l.windows.remove(&(peer, id)) {
+            l.bytes -= w.len();
+        }
+    }
+
+    /// Drops the replies whose clients did not fetch them in time.
+    fn sweep() {
+        let mut l = Lent::get();
+        let before = l.windows.len();
+        l.windows.retain(|_, (_, at)| at.elapsed() < LENT_KEPT);
+        if l.windows.len() != before {
+            l.bytes = l.windows.values().map(|(w, _)| w.len()).sum();
+            debug!(
+                dropped = before - l.windows.len(),
+                "fabric: lent replies never fetched, dropped"
+            );
+        }
+    }
 }
 
 /// A request of an open session: served in a task of the runtime, its
@@ -784,7 +1024,9 @@ fn fit_listing(resp: chfs_proto::Response, max: usize) -> chfs_proto::Response {
 }
 
 /// Sends the reply to request `h`: the frame a stream would carry, in one
-/// message (EMSGSIZE instead when it does not fit one).
+/// message; a frame larger than a message is lent ([`FLAG_LENT`]: the
+/// message carries its key, the client pulls it). Listings are cut into
+/// pages that fit instead (the protocol pages them anyway).
 fn reply(ep: &Arc<Endpoint>, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
     let r = r.map(|resp| fit_listing(resp, ep.max_message()));
     let (rh, head, tail, _) = response_frame(h.id, h.op, r);
@@ -793,19 +1035,40 @@ fn reply(ep: &Arc<Endpoint>, peer: Peer, h: Header, r: Result<chfs_proto::Respon
     m.extend_from_slice(&rh.encode());
     m.extend_from_slice(&head);
     m.extend_from_slice(&tail);
-    if m.len() > ep.max_message() {
-        let e = ErrorReply::new(
-            libc::EMSGSIZE,
-            format!(
-                "a reply of {} bytes is larger than a fabric message ({} bytes)",
-                m.len(),
-                ep.max_message()
-            ),
-        );
-        let (rh, head, _, _) = response_frame(h.id, h.op, Err(e));
+    if !chfs_fabric::rpc::fits_message(ep.max_message(), head.len() + tail.len(), 0) {
+        // Chunk data (a tail) larger than a message moves by the
+        // client's RMA (`FLAG_RMA`), which it asks for: a read asked
+        // inline beyond a message is refused as before, not lent (it
+        // would hold server memory for a client that need not ask so).
+        let lent = if tail.is_empty() {
+            Lent::lend(ep, peer, h.id, &m[8 + HEADER_LEN..])
+        } else {
+            Err(ErrorReply::new(
+                libc::EMSGSIZE,
+                format!(
+                    "a read's reply of {} bytes is larger than a fabric message ({} bytes): ask for it by RMA",
+                    m.len(),
+                    ep.max_message()
+                ),
+            ))
+        };
+        let (rh, body) = match lent {
+            Ok(key) => {
+                let rh = Header {
+                    len: RemoteKey::LEN as u32,
+                    flags: rh.flags | FLAG_LENT,
+                    ..rh
+                };
+                (rh, key.encode().to_vec())
+            }
+            Err(e) => {
+                let (rh, head, _, _) = response_frame(h.id, h.op, Err(e));
+                (rh, head.to_vec())
+            }
+        };
         m.truncate(8);
         m.extend_from_slice(&rh.encode());
-        m.extend_from_slice(&head);
+        m.extend_from_slice(&body);
     }
     outbox().send(ep, peer, m, h.op);
 }
@@ -946,6 +1209,19 @@ impl Outbox {
             }
         }
         g.retain(|_, o| !o.posted.is_empty() || !o.queued.is_empty());
+    }
+
+    /// Has `peer` a reply posted and not yet completed? Such a peer is
+    /// not removed from the address vector: a peer removed under a send
+    /// crashed chfsd inside the provider (found with unknown-session
+    /// answers, which now wait for their send the same way).
+    fn sending_to(&self, ep: &Endpoint, peer: Peer) -> bool {
+        chfs_sys::lock(&self.peers)
+            .get_mut(&(ep_key(ep), peer))
+            .is_some_and(|o| {
+                o.reap();
+                !o.posted.is_empty()
+            })
     }
 
     /// Drops what is on its way to `peer` (removed from the address

@@ -150,6 +150,30 @@ impl Peers {
         })
     }
 
+    /// Sends a request already encoded (no bulk data) to the peer at
+    /// `addr` over the fabric ([`crate::peer::Peers::call_encoded`]).
+    pub async fn call_encoded(
+        self: Arc<Self>,
+        addr: &str,
+        cred: &handshake::Credential,
+        op: u16,
+        payload: bytes::Bytes,
+        flags: u16,
+        timeout: Duration,
+    ) -> Result<Response, ErrorReply> {
+        let (addr, cred) = (addr.to_string(), cred.clone());
+        tokio::task::spawn_blocking(move || {
+            self.call_blocking(&addr, &cred, op, flags, &payload, &Bulk::None, timeout)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(ErrorReply::new(
+                libc::EIO,
+                format!("fabric call failed: {e}"),
+            ))
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn call_blocking(
         &self,
@@ -218,7 +242,7 @@ impl Peers {
         };
         let exchange = |flags: u16, payload: &[u8]| {
             rpc.post(&s, op, flags, payload, timeout)
-                .and_then(|id| rpc.wait(id, timeout))
+                .and_then(|id| rpc.wait(&s, id, timeout))
         };
         let with_key = |key: chfs_fabric::RemoteKey| {
             let mut p = payload.to_vec();

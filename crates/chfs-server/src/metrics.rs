@@ -50,6 +50,9 @@ pub struct Counters {
     /// Messages of sessions unknown here, answered so that their client
     /// opens a new one.
     pub fabric_no_session: AtomicU64,
+    /// Of those, not answered: over the bound (`fabric::NO_SESSION_PER_SEC`,
+    /// `fabric::IDLE_PEERS_MAX`).
+    pub fabric_no_session_dropped: AtomicU64,
     /// Chunk data moved by RMA: writes' data read from clients, reads'
     /// data written into them.
     pub rma_pulls: AtomicU64,

@@ -133,13 +133,33 @@ impl Peers {
                 .call(addr, &self.cred, req, flags, self.timeout)
                 .await;
         }
+        let mut payload = Vec::new();
+        req.encode(&mut payload);
+        self.call_stream(addr, req.op(), flags, payload).await
+    }
+
+    /// Sends a request already encoded (`op`, `payload`; no bulk data) to
+    /// the server at `addr`: one request sent to many peers is encoded
+    /// once (a server list of thousands pushed to every member: encoding
+    /// it per member cost the leader O(members²) bytes at each join).
+    pub async fn call_encoded(&self, addr: &str, op: u16, payload: &Bytes, flags: u16) -> Reply {
+        if addr.starts_with("ofi+") && !self.fabric.is_local(addr, &self.conns) {
+            return self
+                .fabric
+                .clone()
+                .call_encoded(addr, &self.cred, op, payload.clone(), flags, self.timeout)
+                .await;
+        }
+        self.call_stream(addr, op, flags, payload.to_vec()).await
+    }
+
+    /// A call over the peer's stream connection (its Unix socket or TCP).
+    async fn call_stream(&self, addr: &str, op: u16, flags: u16, payload: Vec<u8>) -> Reply {
         let conn = self.conn(addr).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&conn.pending).insert(id, tx);
-        let mut payload = Vec::new();
-        req.encode(&mut payload);
-        if conn.tx.send((id, req.op(), flags, payload)).is_err() {
+        if conn.tx.send((id, op, flags, payload)).is_err() {
             lock(&conn.pending).remove(&id);
             return Err(ErrorReply::new(
                 libc::EIO,

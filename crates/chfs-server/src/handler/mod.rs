@@ -200,6 +200,9 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 rma_pulls: Counters::get(&c.rma_pulls),
                 rma_pushes: Counters::get(&c.rma_pushes),
                 reg_fallbacks: Counters::get(&c.reg_fallbacks),
+                fabric_peers: Counters::get(&c.fabric_peers),
+                fabric_no_session: Counters::get(&c.fabric_no_session),
+                fabric_no_session_dropped: Counters::get(&c.fabric_no_session_dropped),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))

@@ -92,13 +92,17 @@ pub(super) async fn join(sh: &Arc<Shared>, addr: String, fresh: bool) -> Reply {
     // those that take at most half the RPC timeout (so the joining server,
     // waiting one RPC timeout, is answered even when members hang), the
     // others are pushed to in the background.
+    // Encoded once for all of them (a list of thousands, to thousands).
+    let mut push = Vec::new();
+    Request::UpdateServers { list: new.clone() }.encode(&mut push);
+    let push = bytes::Bytes::from(push);
     let mut pushes = tokio::task::JoinSet::new();
     for s in new.servers.iter().filter(|s| **s != sh.me && **s != addr) {
-        let (sh, s, l) = (sh.clone(), s.clone(), new.clone());
+        let (sh, s, push) = (sh.clone(), s.clone(), push.clone());
         pushes.spawn(async move {
             if let Err(e) = sh
                 .peers
-                .call(&s, &Request::UpdateServers { list: l }, 0)
+                .call_encoded(&s, chfs_proto::msg::op::UPDATE_SERVERS, &push, 0)
                 .await
             {
                 warn!(server = %s, "cannot push the server list: {e}");
