@@ -309,6 +309,25 @@ fn registration_cache_hits_and_evicts() {
     // The first chunk's entry went first (least recently used): a miss.
     client.register(chunk.clone()).unwrap();
     assert_eq!(client.stats().cache.misses, 5);
+    // A hit makes an entry the most recently used: of the three cached
+    // now (others[1], others[2], chunk), others[1] is used again, so a new
+    // one evicts others[2], not it.
+    client.register(others[1].clone()).unwrap();
+    assert_eq!(client.stats().cache.misses, 5);
+    client
+        .register(bytes::Bytes::from(pattern(MIB, 9)))
+        .unwrap();
+    assert_eq!(client.stats().cache.misses, 6);
+    client.register(others[1].clone()).unwrap();
+    assert_eq!(client.stats().cache.misses, 6, "the entry used last stayed");
+    client.register(others[2].clone()).unwrap();
+    assert_eq!(
+        client.stats().cache.misses,
+        7,
+        "the least recently used went"
+    );
+    let st = client.stats().cache;
+    assert!(st.bytes <= 3 << 20 && st.entries <= 3, "{st:?}");
 }
 
 #[test]
