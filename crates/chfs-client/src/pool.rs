@@ -423,8 +423,9 @@ impl Pool {
         results: &mut [Option<Result<Landing>>],
     ) {
         // Each destination goes with its request (over the fabric the
-        // server may write it by RMA while the request is in flight).
-        let mut slots: Vec<Option<&mut [u8]>> = dsts.iter_mut().map(|d| Some(&mut **d)).collect();
+        // server may write it by RMA while the request is in flight);
+        // `which` is in ascending order.
+        let mut slots = dsts.iter_mut().enumerate();
         let mut inflight: VecDeque<(usize, Arc<Link>, Ticket<'_>)> = VecDeque::new();
         for i in which {
             if inflight.len() >= window {
@@ -433,10 +434,11 @@ impl Pool {
                 }
             }
             let op = &ops[i];
-            let Some(dst) = slots[i].take() else {
-                results[i] = Some(Err(Error::new(libc::EIO, "a read given twice in a batch")));
+            let Some((_, dst)) = slots.find(|(k, _)| *k == i) else {
+                results[i] = Some(Err(Error::new(libc::EIO, "reads of a batch out of order")));
                 continue;
             };
+            let dst: &mut [u8] = dst;
             match self
                 .conn(st, op.server)
                 .and_then(|c| c.send_read(op.op, &op.head, dst).map(|t| (c, t)))
