@@ -94,6 +94,13 @@ pub struct ClientStats {
     /// (`CHFS_POLL_USEC`).
     pub poll_hits: u64,
     pub poll_misses: u64,
+    /// Over the fabric: requests whose bulk data (from
+    /// `CHFS_RDMA_THRESH`) the server moved straight from or into the
+    /// caller's memory, lent for the request; and those whose data went
+    /// through a window of the client's, with a copy (`ofi+shm`, or a
+    /// read whose answer is not landed in a caller's buffer).
+    pub rma_lent: u64,
+    pub rma_copied: u64,
 }
 
 struct Inner {
@@ -283,6 +290,8 @@ impl Client {
             rpcs: self.inner.rpcs.load(Ordering::Relaxed),
             poll_hits: self.inner.pool.poll_counts().0,
             poll_misses: self.inner.pool.poll_counts().1,
+            rma_lent: self.inner.pool.rma_counts().0,
+            rma_copied: self.inner.pool.rma_counts().1,
         }
     }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use chfs_fabric::rpc::{RpcClient, RpcError, Session};
 use chfs_fabric::rpc::{FLAG_RMA, OP_BYE, OP_NO_SESSION};
-use chfs_fabric::{Address, Endpoint, Protocol, RemoteKey, Window};
+use chfs_fabric::{Address, Endpoint, Lent, Protocol, RemoteKey, Window};
 use chfs_proto::frame::{Header, FLAG_ERROR};
 use chfs_proto::handshake::Credential;
 use chfs_proto::msg::decode_error;
@@ -30,6 +30,7 @@ use chfs_sys::lock;
 use crate::config::ClientConfig;
 use crate::conn::Landing;
 use crate::error::{ConnFault, Error, Result};
+use crate::poll::Counts;
 
 /// Largest message: must be the server's (chfsd's `fabric::MAX_MESSAGE`),
 /// checked by the handshake.
@@ -96,9 +97,15 @@ pub(crate) struct FabricLink {
     pid: u32,
     /// Chunk data of at least this many bytes moves by RMA.
     rdma_thresh: usize,
-    /// Registered windows for RMA, kept for reuse (registering fresh
-    /// memory per call costs more than the copy into a reused one).
+    /// Registered windows for RMA, kept for reuse, where the caller's
+    /// memory is not lent ([`FabricLink::lends`]).
     windows: Mutex<Vec<Arc<Window>>>,
+    /// The provider revokes a closed registration (not shm): bulk data
+    /// moves straight from or into the caller's memory, lent for the
+    /// request, instead of through a window with a copy.
+    lends: bool,
+    /// The client's counters (lent and copied transfers).
+    counts: Arc<Counts>,
 }
 
 /// A link unused for this long reads the endpoint before it sends
@@ -110,11 +117,28 @@ const WINDOWS_KEPT: usize = 16;
 const WINDOW_MIN: usize = 64 << 10;
 
 /// A request in flight on a fabric link: its frame id, when it left, and
-/// the window its bulk data moves through (by the server's RMA), if any.
-pub(crate) struct FabricTicket {
+/// the memory its bulk data moves from or into by the server's RMA, if
+/// any: a window of the link's, or the caller's own memory lent for the
+/// flight (the borrow `'a`); and a read's destination, if its data is
+/// not lent.
+pub(crate) struct FabricTicket<'a> {
     id: u64,
     sent: Instant,
     bulk: Option<Bulk>,
+    /// The caller's memory the server reads (a write's data) or writes (a
+    /// read's destination, then `true`), lent until the answer came; the
+    /// lending ends (the registration is closed, revoking the key) when
+    /// the ticket is done with, whatever the outcome.
+    lent: Option<(Lent<'a>, bool)>,
+    dst: Option<&'a mut [u8]>,
+}
+
+/// How a request's bulk data moves.
+struct Moves<'a> {
+    bulk: Option<Bulk>,
+    lent: Option<(Lent<'a>, bool)>,
+    dst: Option<&'a mut [u8]>,
+    key: Option<RemoteKey>,
 }
 
 /// A window lent to the server for one request.
@@ -173,7 +197,7 @@ fn rpc_err(addr: &str, what: &str, e: RpcError) -> Error {
 impl FabricLink {
     /// Opens a session with the server at `addr` (the handshake with the
     /// pool's secret as `cfg.role`).
-    pub fn connect(addr: &str, cfg: &ClientConfig) -> Result<FabricLink> {
+    pub fn connect(addr: &str, cfg: &ClientConfig, counts: Arc<Counts>) -> Result<FabricLink> {
         let a: Address = addr
             .parse()
             .map_err(|e| Error::new(libc::EINVAL, format!("server {addr}: {e}")))?;
@@ -204,6 +228,8 @@ impl FabricLink {
             pid: crate::process_id(),
             rdma_thresh: cfg.rdma_thresh.max(1),
             windows: Mutex::new(Vec::new()),
+            lends: a.protocol != Protocol::Shm,
+            counts,
         })
     }
 
@@ -266,12 +292,19 @@ impl FabricLink {
         }
     }
 
-    /// The bulk part of a request, if it moves by RMA: a write's data of
-    /// at least the threshold copied into a window the server reads; a
-    /// read of at least the threshold (but over `ofi+shm`, whose provider
-    /// does not revoke access when a registration closes) lands in a
-    /// window the server writes.
-    fn bulk(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Option<(Bulk, RemoteKey)>> {
+    /// How the bulk part of a request moves, if by RMA: a write's data of
+    /// at least the threshold, read by the server; a read of at least the
+    /// threshold, written by the server. Where the provider revokes a
+    /// closed registration, straight from the caller's `tail` or into its
+    /// `dst` (lent for the flight); else (shm, or where the memory cannot
+    /// be registered) through a window of the link's, with a copy.
+    fn bulk<'a>(
+        &self,
+        op: u16,
+        head: &[u8],
+        tail: &'a [u8],
+        mut dst: Option<&'a mut [u8]>,
+    ) -> Result<Moves<'a>> {
         use chfs_proto::msg::op;
         // Data that would not fit a message with its request or reply
         // moves by RMA whatever the threshold (CHFS_RDMA_THRESH may be set
@@ -285,16 +318,65 @@ impl FabricLink {
                 {
                     (len as usize, true)
                 }
-                _ => return Ok(None),
+                _ => {
+                    return Ok(Moves {
+                        bulk: None,
+                        lent: None,
+                        dst,
+                        key: None,
+                    })
+                }
             },
-            _ => return Ok(None),
+            _ => {
+                return Ok(Moves {
+                    bulk: None,
+                    lent: None,
+                    dst,
+                    key: None,
+                })
+            }
         };
+        if self.lends && len > 0 {
+            let ep = self.rpc.endpoint();
+            let lent = if !read {
+                ep.lend(tail).ok()
+            } else {
+                match dst.take() {
+                    Some(d) if d.len() >= len => match ep.lend_mut(&mut d[..len]) {
+                        Ok(l) => Some(l),
+                        Err((_, d)) => {
+                            dst = Some(d);
+                            None
+                        }
+                    },
+                    d => {
+                        dst = d;
+                        None
+                    }
+                }
+            };
+            if let Some(l) = lent {
+                Counts::bump(&self.counts.rma_lent);
+                let key = l.remote_key();
+                return Ok(Moves {
+                    bulk: None,
+                    lent: Some((l, read)),
+                    dst,
+                    key: Some(key),
+                });
+            }
+        }
         let keep_unanswered = self.rpc.endpoint().address().protocol == Protocol::Shm;
         let held = QUARANTINED.load(Ordering::Relaxed);
         if keep_unanswered && held >= QUARANTINE_MAX {
             if fits(len) {
                 // In the message: nothing lent.
-                return Ok(None);
+                return Ok(Moves {
+                    bulk: None,
+                    lent: None,
+                    dst,
+                    key: None,
+                });
             }
             return Err(Error::new(
                 libc::ENOBUFS,
@@ -312,23 +394,49 @@ impl FabricLink {
                 .copy_in(0, tail)
                 .map_err(|e| Error::new(e.errno(), format!("server {}: {e}", self.addr)))?;
         }
+        Counts::bump(&self.counts.rma_copied);
         let key = RemoteKey {
             len: len as u64,
             ..window.remote_key()
         };
-        Ok(Some((
-            Bulk {
+        Ok(Moves {
+            bulk: Some(Bulk {
                 window: Some(window),
                 read,
                 keep_unanswered,
-            },
-            key,
-        )))
+            }),
+            lent: None,
+            dst,
+            key: Some(key),
+        })
     }
 
     /// Sends a request whose payload is `head` followed by `tail` (the
-    /// data of a write, which moves by RMA from the threshold on).
-    pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<FabricTicket> {
+    /// data of a write, which moves by RMA from the threshold on: the
+    /// server may read `tail` until the answer is waited for).
+    pub fn send_raw<'a>(&self, op: u16, head: &[u8], tail: &'a [u8]) -> Result<FabricTicket<'a>> {
+        self.send_with(op, head, tail, None)
+    }
+
+    /// Sends a read (`head`) whose data is to land in `dst`: written
+    /// there by the server's RMA where the caller's memory can be lent
+    /// (from the threshold on), else copied there when the answer comes.
+    pub fn send_read<'a>(
+        &self,
+        op: u16,
+        head: &[u8],
+        dst: &'a mut [u8],
+    ) -> Result<FabricTicket<'a>> {
+        self.send_with(op, head, &[], Some(dst))
+    }
+
+    fn send_with<'a>(
+        &self,
+        op: u16,
+        head: &[u8],
+        tail: &'a [u8],
+        dst: Option<&'a mut [u8]>,
+    ) -> Result<FabricTicket<'a>> {
         let addr = &self.addr;
         if !self.alive() {
             return Err(
@@ -341,11 +449,11 @@ impl FabricLink {
             // (a restarted server), so that this request is not lost on it.
             self.rpc.progress();
         }
-        let bulk = self.bulk(op, head, tail)?;
+        let moves = self.bulk(op, head, tail, dst)?;
         let mut payload = Vec::with_capacity(head.len() + tail.len().min(MAX_MESSAGE));
         payload.extend_from_slice(head);
-        let flags = match &bulk {
-            Some((_, key)) => {
+        let flags = match &moves.key {
+            Some(key) => {
                 payload.extend_from_slice(&key.encode());
                 FLAG_RMA
             }
@@ -368,7 +476,9 @@ impl FabricLink {
                 Ok(FabricTicket {
                     id,
                     sent,
-                    bulk: bulk.map(|(b, _)| b),
+                    bulk: moves.bulk,
+                    lent: moves.lent,
+                    dst: moves.dst,
                 })
             }
             Err(e) => {
@@ -379,7 +489,7 @@ impl FabricLink {
     }
 
     /// Sends a request.
-    pub fn send(&self, req: &Request) -> Result<FabricTicket> {
+    pub fn send(&self, req: &Request) -> Result<FabricTicket<'static>> {
         let mut head = Vec::with_capacity(64);
         req.encode(&mut head);
         self.send_raw(req.op(), &head, &[])
@@ -391,16 +501,18 @@ impl FabricLink {
     /// another). A timeout also marks the link broken: rxm may accept a
     /// small message for a peer that is gone and lose it, so the next
     /// request opens a new session, which finds out.
-    pub fn wait(&self, t: FabricTicket) -> Result<Response> {
+    pub fn wait(&self, t: FabricTicket<'_>) -> Result<Response> {
         match self.wait_into(t, None)? {
             Landing::Reply(r) => Ok(r),
             Landing::Landed(_) => unreachable!("no destination given"),
         }
     }
 
-    /// Waits for the answer; a read's data that came by RMA goes from the
-    /// window into `dst` when it fits ([`Landing::Landed`]).
-    pub fn wait_into(&self, t: FabricTicket, dst: Option<&mut [u8]>) -> Result<Landing> {
+    /// Waits for the answer; a read's data that came by RMA is in the
+    /// destination lent for it, or goes from the window into `dst` (or
+    /// the destination the ticket holds) when it fits
+    /// ([`Landing::Landed`]).
+    pub fn wait_into(&self, mut t: FabricTicket<'_>, dst: Option<&mut [u8]>) -> Result<Landing> {
         let left = self
             .timeout
             .saturating_sub(t.sent.elapsed())
@@ -440,7 +552,34 @@ impl FabricLink {
                 return Err(rpc_err(&self.addr, "lost", e).with_conn_fault(ConnFault::Lost));
             }
         };
-        let Some(mut bulk) = t.bulk else {
+        if let Some((lent, read)) = t.lent.take() {
+            let lent_len = lent.remote_key().len;
+            // Answered: the server is done with the memory (its RMA
+            // completed before it answered, or it gave up on it, and then
+            // the lending ends here: the key is revoked).
+            lent.end();
+            if r.is_err() {
+                // An error answer may come after the server gave up on an
+                // RMA still queued (its timeout): the connection is
+                // dropped, so nothing more of it reaches the memory.
+                self.fail();
+            }
+            return match r {
+                Ok(Response::Written(n)) if read && u64::from(n) <= lent_len => {
+                    Ok(Landing::Landed(n as usize))
+                }
+                Ok(other) if read => Err(Error::new(
+                    libc::EPROTO,
+                    format!(
+                        "server {}: unexpected answer to a read by RMA: {other:?}",
+                        self.addr
+                    ),
+                )),
+                r => r.map(Landing::Reply),
+            };
+        }
+        let dst = dst.or(t.dst.take());
+        let Some(mut bulk) = t.bulk.take() else {
             return r.map(Landing::Reply);
         };
         // Answered: the server is done with the window (after an error it

@@ -24,10 +24,14 @@ pub(crate) enum Link {
     Fabric(FabricLink),
 }
 
-/// A request in flight on a [`Link`].
-pub(crate) enum Ticket {
+/// A request in flight on a [`Link`], holding what it borrowed for its
+/// flight: the data a fabric server reads from the caller's memory, or a
+/// read's destination.
+pub(crate) enum Ticket<'a> {
     Socket(conn::Ticket),
-    Fabric(crate::fabric_link::FabricTicket),
+    /// A read whose data lands in the destination when the answer comes.
+    SocketInto(conn::Ticket, &'a mut [u8]),
+    Fabric(crate::fabric_link::FabricTicket<'a>),
 }
 
 impl Link {
@@ -35,7 +39,7 @@ impl Link {
     /// names, and performs the handshake.
     pub fn connect(addr: &str, cfg: &ClientConfig, counts: Arc<Counts>) -> Result<Link> {
         if is_fabric(addr) {
-            return FabricLink::connect(addr, cfg).map(Link::Fabric);
+            return FabricLink::connect(addr, cfg, counts).map(Link::Fabric);
         }
         Conn::connect(addr, cfg, counts).map(Link::Socket)
     }
@@ -95,16 +99,29 @@ impl Link {
         }
     }
 
-    /// Sends a request whose payload is `head` followed by `tail`.
-    pub fn send_raw(&self, op: u16, head: &[u8], tail: &[u8]) -> Result<Ticket> {
+    /// Sends a request whose payload is `head` followed by `tail` (which
+    /// a fabric server may read from here until the answer is waited for).
+    pub fn send_raw<'a>(&self, op: u16, head: &[u8], tail: &'a [u8]) -> Result<Ticket<'a>> {
         match self {
             Link::Socket(c) => c.send_raw(op, head, tail).map(Ticket::Socket),
             Link::Fabric(f) => f.send_raw(op, head, tail).map(Ticket::Fabric),
         }
     }
 
+    /// Sends a read (`head` the request) whose data is to land in `dst`
+    /// ([`Link::wait_landed`]); a fabric server may write it there by RMA
+    /// while the request is in flight.
+    pub fn send_read<'a>(&self, op: u16, head: &[u8], dst: &'a mut [u8]) -> Result<Ticket<'a>> {
+        match self {
+            Link::Socket(c) => c
+                .send_raw(op, head, &[])
+                .map(|t| Ticket::SocketInto(t, dst)),
+            Link::Fabric(f) => f.send_read(op, head, dst).map(Ticket::Fabric),
+        }
+    }
+
     /// Sends a request.
-    pub fn send(&self, req: &Request) -> Result<Ticket> {
+    pub fn send(&self, req: &Request) -> Result<Ticket<'static>> {
         match self {
             Link::Socket(c) => c.send(req).map(Ticket::Socket),
             Link::Fabric(f) => f.send(req).map(Ticket::Fabric),
@@ -112,20 +129,23 @@ impl Link {
     }
 
     /// Waits for the answer to a ticket of this link.
-    pub fn wait(&self, t: Ticket) -> Result<Response> {
+    pub fn wait(&self, t: Ticket<'_>) -> Result<Response> {
         match (self, t) {
             (Link::Socket(c), Ticket::Socket(t)) => c.wait(t),
+            (Link::Socket(c), Ticket::SocketInto(t, _)) => c.wait(t),
             (Link::Fabric(f), Ticket::Fabric(t)) => f.wait(t),
             _ => unreachable!("a ticket is waited for on its own link"),
         }
     }
 
-    /// Waits for the answer to a read's ticket, its data into `dst` when
-    /// the transport can land it there.
-    pub fn wait_into(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
+    /// Waits for the answer to a read sent with [`Link::send_read`], its
+    /// data into the destination given there when the transport can land
+    /// it there.
+    pub fn wait_landed(&self, t: Ticket<'_>) -> Result<Landing> {
         match (self, t) {
-            (Link::Socket(c), Ticket::Socket(t)) => c.wait_into(t, dst),
-            (Link::Fabric(f), Ticket::Fabric(t)) => f.wait_into(t, Some(dst)),
+            (Link::Socket(c), Ticket::SocketInto(t, dst)) => c.wait_into(t, dst),
+            (Link::Socket(c), Ticket::Socket(t)) => c.wait(t).map(Landing::Reply),
+            (Link::Fabric(f), Ticket::Fabric(t)) => f.wait_into(t, None),
             _ => unreachable!("a ticket is waited for on its own link"),
         }
     }

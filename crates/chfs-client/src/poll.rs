@@ -24,11 +24,22 @@ use chfs_sys::poll::START_NS;
 
 /// Counts over the connections of one client: replies (or parts of large
 /// ones) that arrived while polling, and waits that polled in vain and
-/// then slept.
+/// then slept; over the fabric, bulk data a server moved by RMA straight
+/// from or into the caller's memory (lent), and through a window it was
+/// copied into or out of.
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    pub rma_lent: AtomicU64,
+    pub rma_copied: AtomicU64,
+}
+
+impl Counts {
+    /// Adds one to a counter.
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// The polling state of one connection.

@@ -175,6 +175,15 @@ impl Pool {
         )
     }
 
+    /// Fabric requests whose bulk data moved straight from or into the
+    /// caller's memory, and through a window with a copy.
+    pub fn rma_counts(&self) -> (u64, u64) {
+        (
+            self.polls.rma_lent.load(Ordering::Relaxed),
+            self.polls.rma_copied.load(Ordering::Relaxed),
+        )
+    }
+
     /// Which callers use CPU lanes.
     pub fn set_lanes(&self, l: CpuLanes) {
         self.lanes.store(lanes_code(l), Ordering::Relaxed);
@@ -413,24 +422,33 @@ impl Pool {
         dsts: &mut [&mut [u8]],
         results: &mut [Option<Result<Landing>>],
     ) {
-        let mut inflight: VecDeque<(usize, Arc<Link>, Ticket)> = VecDeque::new();
+        // Each destination goes with its request (over the fabric the
+        // server may write it by RMA while the request is in flight);
+        // `which` is in ascending order.
+        let mut slots = dsts.iter_mut().enumerate();
+        let mut inflight: VecDeque<(usize, Arc<Link>, Ticket<'_>)> = VecDeque::new();
         for i in which {
             if inflight.len() >= window {
                 if let Some((j, c, t)) = inflight.pop_front() {
-                    results[j] = Some(c.wait_into(t, dsts[j]));
+                    results[j] = Some(c.wait_landed(t));
                 }
             }
             let op = &ops[i];
+            let Some((_, dst)) = slots.find(|(k, _)| *k == i) else {
+                results[i] = Some(Err(Error::new(libc::EIO, "reads of a batch out of order")));
+                continue;
+            };
+            let dst: &mut [u8] = dst;
             match self
                 .conn(st, op.server)
-                .and_then(|c| c.send_raw(op.op, &op.head, op.tail).map(|t| (c, t)))
+                .and_then(|c| c.send_read(op.op, &op.head, dst).map(|t| (c, t)))
             {
                 Ok((c, t)) => inflight.push_back((i, c, t)),
                 Err(e) => results[i] = Some(Err(e)),
             }
         }
         for (j, c, t) in inflight {
-            results[j] = Some(c.wait_into(t, dsts[j]));
+            results[j] = Some(c.wait_landed(t));
         }
     }
 
@@ -472,7 +490,7 @@ impl Pool {
         window: usize,
         results: &mut [Option<Result<Response>>],
     ) {
-        let mut inflight: VecDeque<(usize, Arc<Link>, Ticket)> = VecDeque::new();
+        let mut inflight: VecDeque<(usize, Arc<Link>, Ticket<'_>)> = VecDeque::new();
         for i in which {
             if inflight.len() >= window {
                 if let Some((j, c, t)) = inflight.pop_front() {

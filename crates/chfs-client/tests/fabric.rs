@@ -788,6 +788,57 @@ fn a_restarted_server_is_back_at_the_next_request() {
     }
 }
 
+/// Over ofi+tcp, chunk data from CHFS_RDMA_THRESH moves straight from
+/// the caller's buffer (writes) and into it (reads), lent for the
+/// request: no window, no copy (`ClientStats::rma_lent`), for 1 MiB
+/// chunks (one per call) and 64 KiB ones (16 in flight per call). Buffers
+/// are freed and new ones allocated each round (the allocator hands the
+/// same addresses back) with other bytes: each write sends the bytes the
+/// buffer holds now and each read lands in the buffer given now, never a
+/// registration of an earlier one. Before, each went through a window
+/// with a copy.
+#[test]
+fn large_chunks_move_from_and_into_the_callers_memory() {
+    let Some(p) = fabric_pool(2, "large_chunks_move_from_and_into_the_callers_memory") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    let before = c.stats();
+    let mut calls = 0u64;
+    for cs in [1u32 << 20, 64 << 10] {
+        c.set_chunk_size(cs).unwrap();
+        let path = format!("/lent-{cs}");
+        let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+        let len = 2 << 20;
+        let mut seen = std::collections::HashSet::new();
+        for round in 0..6u64 {
+            let data = pattern(len, round * 7 + cs as u64);
+            seen.insert(data.as_ptr() as usize);
+            assert_eq!(c.pwrite(fd, &data, 0).unwrap(), len);
+            let mut back = vec![0u8; len];
+            seen.insert(back.as_ptr() as usize);
+            assert_eq!(c.pread(fd, &mut back, 0).unwrap(), len);
+            assert!(back == data, "chunk size {cs}, round {round}");
+            // The other half of a buffer read again, unaligned, into a
+            // part of a reused one.
+            back.fill(0);
+            assert_eq!(c.pread(fd, &mut back[100..], 12_345).unwrap(), len - 12_345);
+            assert!(back[100..100 + len - 12_345] == data[12_345..]);
+            calls += len as u64 / cs as u64 * 2 + (len as u64 - 12_345).div_ceil(cs as u64);
+        }
+        // (Addresses came back: a stale lending would have shown.)
+        assert!(seen.len() < 12, "chunk size {cs}: {} addresses", seen.len());
+        c.close(fd).unwrap();
+        c.unlink(&path).unwrap();
+    }
+    let after = c.stats();
+    assert_eq!(after.rma_copied, before.rma_copied, "{after:?}");
+    assert!(
+        after.rma_lent >= before.rma_lent + calls,
+        "{after:?}, {calls}"
+    );
+}
+
 /// `status` counts fabric sessions and the chunk data moved by RMA (and
 /// registration fallbacks to copies: none here).
 #[test]
@@ -878,6 +929,10 @@ fn one_mib_chunks_over_ofi_shm() {
             .sum::<u64>()
             >= 8
     );
+    // shm does not revoke a closed registration: the caller's memory is
+    // never lent, data goes through the link's windows.
+    assert_eq!(c.stats().rma_lent, 0);
+    assert!(c.stats().rma_copied >= 16, "{:?}", c.stats());
 }
 
 /// A request that takes longer than the server's idle timeout (a relayed

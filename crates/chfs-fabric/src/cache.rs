@@ -78,8 +78,22 @@ struct Entry {
 struct Inner {
     /// Entries by start address.
     by_start: BTreeMap<usize, Entry>,
+    /// The same entries by last use (the clock is unique per use): the
+    /// least recently used is the first, found without a scan of every
+    /// entry (a cache of 64 KiB chunks holds thousands).
+    by_use: BTreeMap<u64, usize>,
     bytes: usize,
     clock: u64,
+}
+
+impl Inner {
+    /// Removes the entry starting at `start`, if any.
+    fn remove(&mut self, start: usize) {
+        if let Some(e) = self.by_start.remove(&start) {
+            self.by_use.remove(&e.last_use);
+            self.bytes -= e.pinned.range().1;
+        }
+    }
 }
 
 /// A registration cache of one domain.
@@ -101,6 +115,7 @@ impl RegCache {
             limit,
             inner: Mutex::new(Inner {
                 by_start: BTreeMap::new(),
+                by_use: BTreeMap::new(),
                 bytes: 0,
                 clock: 0,
             }),
@@ -126,9 +141,12 @@ impl RegCache {
             let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             inner.clock += 1;
             let now = inner.clock;
+            let inner = &mut *inner;
             if let Some((_, e)) = inner.by_start.range_mut(..=start).next_back() {
                 let (s, l) = e.pinned.range();
                 if start + len <= s + l {
+                    inner.by_use.remove(&e.last_use);
+                    inner.by_use.insert(now, s);
                     e.last_use = now;
                     self.hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(Registered {
@@ -157,32 +175,29 @@ impl RegCache {
             .map(|(&s, _)| s)
             .collect();
         for s in inside {
-            if let Some(e) = inner.by_start.remove(&s) {
-                inner.bytes -= e.pinned.range().1;
-            }
+            inner.remove(s);
         }
-        if let Some(old) = inner.by_start.insert(
+        inner.remove(start);
+        inner.by_start.insert(
             start,
             Entry {
                 pinned: pinned.clone(),
                 last_use: now,
             },
-        ) {
-            inner.bytes -= old.pinned.range().1;
-        }
+        );
+        inner.by_use.insert(now, start);
         inner.bytes += len;
         while inner.bytes > self.limit && inner.by_start.len() > 1 {
-            let lru = inner
-                .by_start
-                .iter()
-                .filter(|(&s, _)| s != start)
-                .min_by_key(|(_, e)| e.last_use)
-                .map(|(&s, _)| s);
-            let Some(s) = lru else { break };
-            if let Some(e) = inner.by_start.remove(&s) {
-                inner.bytes -= e.pinned.range().1;
-                self.evictions.fetch_add(1, Ordering::Relaxed);
+            // The least recently used other than the one just added (the
+            // newest: the last by use).
+            let Some((_, &s)) = inner.by_use.iter().next() else {
+                break;
+            };
+            if s == start {
+                break;
             }
+            inner.remove(s);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Registered {
             pinned,
@@ -195,6 +210,7 @@ impl RegCache {
     pub fn clear(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.by_start.clear();
+        inner.by_use.clear();
         inner.bytes = 0;
     }
 

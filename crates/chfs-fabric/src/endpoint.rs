@@ -21,8 +21,8 @@ use crate::addr::{Address, Protocol};
 use crate::cache::{CacheStats, RegCache, Registered};
 use crate::error::{Error, Result};
 use crate::ffi::{
-    self, Buffer, Completion, Domain, DomainAttr, Ep, Local, Op, PostError, RemoteKey, StableBuf,
-    WaitKind, Window,
+    self, Buffer, Completion, Domain, DomainAttr, Ep, Lent, Local, Op, PostError, RemoteKey,
+    StableBuf, WaitKind, Window,
 };
 
 /// How to open an endpoint.
@@ -344,6 +344,22 @@ impl Endpoint {
     /// Lets peers write `buf` with RMA while `f` runs.
     pub fn expose_mut<R>(&self, buf: &mut [u8], f: impl FnOnce(RemoteKey) -> R) -> Result<R> {
         ffi::expose_mut(self.ep.domain(), buf, f)
+    }
+
+    /// Lends `buf` to peers for remote reads until the [`Lent`] drops
+    /// (see there: revoked on drop where the provider revokes).
+    pub fn lend<'a>(&self, buf: &'a [u8]) -> Result<Lent<'a>> {
+        Lent::new(self.ep.domain(), buf)
+    }
+
+    /// Lends `buf` to peers for remote writes (and reads) until the
+    /// [`Lent`] drops; gives the borrow back with the error if the memory
+    /// cannot be registered.
+    pub fn lend_mut<'a>(
+        &self,
+        buf: &'a mut [u8],
+    ) -> std::result::Result<Lent<'a>, (Error, &'a mut [u8])> {
+        Lent::new_mut(self.ep.domain(), buf)
     }
 
     /// The registration of `buf` through the cache.

@@ -817,6 +817,76 @@ impl Drop for Exposure {
     }
 }
 
+/// A caller's memory lent to peers for as long as the borrow `'a` it
+/// took: registered when made (for remote reads, or with
+/// [`Lent::new_mut`] remote writes too), closed when dropped, so no peer
+/// reaches the memory after the borrow ends (over providers that revoke a
+/// closed registration: tcp does, libfabric 1.17's shm does not, see
+/// [`expose`]). Unlike [`expose`], the lending can outlive a call that
+/// made it: a request in flight holds it, and the memory's owner cannot
+/// touch (or free) it meanwhile. No copy, no cache: a fresh registration
+/// per lending, under a key never used before (the domain's keys count
+/// up), so a key of memory lent earlier never names memory lent later at
+/// the same address.
+pub struct Lent<'a> {
+    mr: Exposure,
+    key: RemoteKey,
+    _borrow: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: a Lent is only a registration handle (libfabric's MR objects may
+// be closed from any thread) and a borrow's lifetime; the memory it names
+// is reached by the provider, not through the Lent.
+unsafe impl Send for Lent<'_> {}
+
+impl<'a> Lent<'a> {
+    /// Lends `buf` for remote reads.
+    pub(crate) fn new(domain: &Arc<Domain>, buf: &'a [u8]) -> Result<Lent<'a>> {
+        Self::lend(domain, buf.as_ptr(), buf.len(), FI_REMOTE_READ)
+    }
+
+    /// Lends `buf` for remote writes (and reads): the borrow is taken
+    /// whole, so nothing here reads or writes `buf` while peers may. On
+    /// failure the borrow is given back.
+    pub(crate) fn new_mut(
+        domain: &Arc<Domain>,
+        buf: &'a mut [u8],
+    ) -> std::result::Result<Lent<'a>, (Error, &'a mut [u8])> {
+        let ptr = buf.as_mut_ptr();
+        match Self::lend(domain, ptr, buf.len(), FI_REMOTE_READ | FI_REMOTE_WRITE) {
+            Ok(l) => Ok(l),
+            Err(e) => Err((e, buf)),
+        }
+    }
+
+    fn lend(domain: &Arc<Domain>, ptr: *const u8, len: usize, access: u64) -> Result<Lent<'a>> {
+        if len == 0 {
+            return Err(Error::InvalidInput("lending an empty buffer".into()));
+        }
+        let mr = Exposure(domain.register(ptr, len, access)?);
+        let key = RemoteKey {
+            addr: domain.remote_addr(ptr, 0),
+            len: len as u64,
+            key: mr.0.key,
+        };
+        Ok(Lent {
+            mr,
+            key,
+            _borrow: std::marker::PhantomData,
+        })
+    }
+
+    /// The key a peer names the memory by.
+    pub fn remote_key(&self) -> RemoteKey {
+        self.key
+    }
+
+    /// Ends the lending now (as dropping it does).
+    pub fn end(self) {
+        drop(self.mr);
+    }
+}
+
 /// Lets peers read `buf` with RMA while `f` runs: registers it for remote
 /// reads, hands `f` the key, and closes the registration before
 /// returning, so no peer reaches the memory after the borrow ends.
