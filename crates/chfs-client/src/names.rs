@@ -286,8 +286,8 @@ impl NameCache {
         let Some(d) = dirs.get_mut(dir) else { return };
         let disturbed = d.fetch.take().unwrap_or(true);
         let (Some(now), Some(track)) = (now, d.track.as_ref()) else {
-            // (kept until ttl after its start, as without versions)
-            d.track = None;
+            // (expired already: its memory is freed at once)
+            d.drop_snapshot();
             return;
         };
         if disturbed {
@@ -326,7 +326,7 @@ impl NameCache {
             d.extended = true;
         } else {
             // Changed by someone else: as without versions.
-            d.track = None;
+            d.drop_snapshot();
         }
     }
 
