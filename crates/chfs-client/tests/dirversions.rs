@@ -157,3 +157,58 @@ fn servers_without_versions_leave_the_cache_as_it_was() {
     assert!(rpcs >= lookups / 2, "{rpcs} requests for {lookups} lookups");
     assert!(c.readdir("/d").unwrap().len() == 101);
 }
+
+/// After ttl and a check, every name another client lists in `dir` is
+/// found by `c` (no name that exists is called absent).
+fn sees_all(c: &Client, other: &Client, dir: &str) {
+    std::thread::sleep(TTL * 2);
+    let all = other.readdir(dir).unwrap();
+    assert!(!all.is_empty());
+    for e in all {
+        let p = format!("{dir}/{}", e.name);
+        assert!(c.lookup(&p).is_ok(), "{p} called absent");
+    }
+}
+
+#[test]
+fn a_restarted_server_and_a_rebalance_end_what_versions_tell() {
+    let mut p = LocalPool::start(2).expect("pool");
+    let other = client(&p, |_| {});
+    fill(&other, "/d", 300);
+    let c = client(&p, |cfg| {
+        cfg.node_list_cache_timeout = Duration::from_millis(100);
+    });
+    c.set_negative_ttl(TTL);
+    until_listed(&c, "/d");
+    let (_, rpcs) = missing_lookups(&c, "/d", TTL * 2);
+    assert!(rpcs <= 2 * 4, "{rpcs} requests: not kept by versions");
+
+    // A server restarted empty (DRAM), then names created again there
+    // by another client: found.
+    p.restart(1).unwrap();
+    for i in 0..20 {
+        other
+            .mknod(&format!("/d/again{i}"), libc::S_IFREG | 0o644, 0)
+            .unwrap();
+    }
+    sees_all(&c, &other, "/d");
+    until_listed(&c, "/d");
+
+    // A server joins and a rebalance moves entries between servers; then
+    // another client's creates: found.
+    p.add_server().unwrap();
+    let admin = client(&p, |_| {});
+    assert_eq!(admin.servers().len(), 3);
+    let r = admin.rebalance().unwrap();
+    assert!(r.moved > 0 && r.failed == 0, "{r:?}");
+    for i in 0..20 {
+        admin
+            .mknod(&format!("/d/moved{i}"), libc::S_IFREG | 0o644, 0)
+            .unwrap();
+    }
+    sees_all(&c, &admin, "/d");
+    // Kept by versions again once listed with the new list.
+    until_listed(&c, "/d");
+    let (_, rpcs) = missing_lookups(&c, "/d", TTL * 2);
+    assert!(rpcs <= 3 * 4, "{rpcs} requests: not kept by versions");
+}
