@@ -128,6 +128,9 @@ struct Inner {
     /// the connection on an unknown request, failing what else was in
     /// flight on it).
     no_tree: AtomicU64,
+    /// 1 + the server list version with which a server refused
+    /// directory versions (0: none did).
+    no_versions: AtomicU64,
 }
 
 /// A handle to a chfs-rs pool. Cheap to clone; all clones share
@@ -186,6 +189,7 @@ impl Client {
                 own,
                 backend_dir: Mutex::new(None),
                 no_tree: AtomicU64::new(0),
+                no_versions: AtomicU64::new(0),
             }),
             creds: None,
         })

@@ -544,6 +544,7 @@ fn retry_safe(e: &Error, op: u16) -> bool {
                 | READDIR
                 | READDIR_DIRS
                 | LIST_TREE
+                | DIR_VERSION
                 | HAS_CHILDREN
                 | FLUSH_STATUS
                 | FLUSH

@@ -343,3 +343,77 @@ fn names_found_missing_are_created_without_a_lookup_over_dev_fuse() {
 fn without_negative_entries_every_create_looks_the_name_up() {
     names_found_missing_cost(&[], false);
 }
+
+/// A file made through the mount in a directory far larger than a lookup
+/// snapshot of a listing may be (65,536 names) costs one request: the
+/// kernel's LOOKUP of the new name is answered by the snapshot, kept
+/// ttl after ttl by the servers' directory versions (one request per
+/// server and ttl), and the CREATE is the one request. Before, the
+/// directory was too large to keep and each LOOKUP went to its server.
+#[test]
+fn creates_in_a_large_directory_cost_one_request_each() {
+    let pool = pool(2);
+    let admin = client_of(&pool);
+    admin.mkdir("/big", 0o755).unwrap();
+    let n = 65536 + 200;
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let admin = &admin;
+            s.spawn(move || {
+                for i in (t..n).step_by(4) {
+                    admin
+                        .mknod(&format!("/big/old{i}"), libc::S_IFREG | 0o644, 0)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let ttl = std::time::Duration::from_millis(300);
+    let m = Mount::new(
+        &pool,
+        &["--negative-timeout", "0.3", "--entry-timeout", "0.3"],
+    );
+    // Lookups of missing names until the directory is listed (before,
+    // never: too large).
+    for i in 0..50 {
+        // (a burst: the directory is listed after 8 lookups within ttl)
+        for j in 0..10 {
+            assert!(missing(&m.p(&format!("big/burst{i}.{j}"))));
+        }
+        let r = requests(&admin);
+        assert!(missing(&m.p(&format!("big/warm{i}"))));
+        let r2 = requests(&admin);
+        let r3 = requests(&admin);
+        if r2 - r <= r3 - r2 {
+            break;
+        }
+    }
+    let r0 = requests(&admin);
+    let status = requests(&admin) - r0;
+    let r1 = requests(&admin);
+    let (creates, t) = (300, std::time::Instant::now());
+    for i in 0..creates {
+        fs::File::create(m.p(&format!("big/new{i}"))).unwrap();
+        if i % 100 == 99 {
+            // Past the ttl: the snapshot is checked, not relisted.
+            std::thread::sleep(ttl);
+        }
+    }
+    let ttls = (t.elapsed().as_millis() / ttl.as_millis()) as u64 + 1;
+    let sent = requests(&admin) - r1 - status;
+    // One create each, a check (2 servers) and a parent lookup per ttl.
+    assert!(
+        sent <= creates + 3 * ttls + 4,
+        "{sent} requests for {creates} creates over {ttls} ttls"
+    );
+    // Each file is there, and another client's is found within ttl.
+    assert_eq!(admin.readdir("/big").unwrap().len(), n + creates as usize);
+    admin
+        .mknod("/big/foreign", libc::S_IFREG | 0o644, 0)
+        .unwrap();
+    let t = std::time::Instant::now();
+    while missing(&m.p("big/foreign")) {
+        assert!(t.elapsed() < ttl * 2 + std::time::Duration::from_millis(500));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

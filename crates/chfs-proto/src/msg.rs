@@ -87,6 +87,7 @@ opcodes! {
     INVALIDATE = 34 => Invalidate,
     NODE_LOCAL = 35 => NodeLocal,
     LIST_TREE = 36 => ListTree,
+    DIR_VERSION = 37 => DirVersion,
 }
 
 /// Does a request of opcode `op`, decoded from a frame's payload, keep a
@@ -682,6 +683,31 @@ pub enum Request {
         /// `tree::*` flags.
         flags: u8,
     },
+    /// The version of the set of names of the entries this server holds
+    /// in directory `path` ([`Response::DirVersion`]): a client keeps a
+    /// listing of a large directory valid while no other client changed
+    /// it, without listing it again. Servers older than this op close the
+    /// connection with `EPROTO` (unknown opcode); a server in cache mode
+    /// refuses it with `EOPNOTSUPP` (the backend changes without
+    /// versions). Either way the client relists as before.
+    DirVersion {
+        /// Normalised directory path.
+        path: String,
+    },
+}
+
+/// A directory's version on one server ([`Request::DirVersion`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DirVersion {
+    /// When the directory got its first entry on this server (a number
+    /// from a sequence of the server's store, never given twice, not a
+    /// time); 0 when it has no entries there.
+    pub born: u64,
+    /// Adds and removals of names since `born`.
+    pub changes: u64,
+    /// The version of the server list this server uses (a server that
+    /// changed list may have moved entries or served requests for others).
+    pub list: u64,
 }
 
 /// A successful response.
@@ -731,6 +757,8 @@ pub enum Response {
     },
     /// A page of [`Request::ListTree`].
     Tree(TreePage),
+    /// The answer to [`Request::DirVersion`].
+    DirVersion(DirVersion),
 }
 
 fn put_meta(out: &mut Vec<u8>, m: &Meta) {
@@ -898,7 +926,8 @@ impl Request {
             | Request::HasChildren { path }
             | Request::RemoveChunks { path, .. }
             | Request::TruncateChunks { path, .. }
-            | Request::Lookup { path, .. } => Some(path),
+            | Request::Lookup { path, .. }
+            | Request::DirVersion { path } => Some(path),
             Request::ListTree { prefix, .. } => Some(prefix),
             Request::RenameMove { old, .. } => Some(old),
             r => r.key().map(|(p, _)| p),
@@ -950,7 +979,7 @@ impl Request {
                 out.put_str(contact);
                 out.put_u32(*keep_ms);
             }
-            Request::Invalidate { path } => out.put_str(path),
+            Request::Invalidate { path } | Request::DirVersion { path } => out.put_str(path),
             Request::NodeLocal { prefix } => out.put_str(prefix),
             Request::ListTree {
                 prefix,
@@ -1122,6 +1151,7 @@ impl Request {
                 max: r.u32()?,
                 flags: r.u8()?,
             },
+            op::DIR_VERSION => Request::DirVersion { path: r.string()? },
             op::GET_SERVERS => Request::GetServers,
             op::STATUS => Request::Status,
             op::SHUTDOWN => Request::Shutdown,
@@ -1285,6 +1315,7 @@ mod tag {
     pub const REBALANCE: u8 = 11;
     pub const SIZED: u8 = 12;
     pub const TREE: u8 = 13;
+    pub const DIR_VERSION: u8 = 14;
 }
 
 impl Response {
@@ -1382,6 +1413,12 @@ impl Response {
                 out.put_u64(*before);
             }
             Response::Tree(t) => put_tree(out, t),
+            Response::DirVersion(v) => {
+                out.put_u8(tag::DIR_VERSION);
+                out.put_u64(v.born);
+                out.put_u64(v.changes);
+                out.put_u64(v.list);
+            }
             Response::Rebalance(b) => {
                 out.put_u8(tag::REBALANCE);
                 out.put_u8(b.running as u8);
@@ -1468,6 +1505,11 @@ impl Response {
                 Response::Entries { entries, done }
             }
             tag::TREE => Response::Tree(get_tree(&mut r)?),
+            tag::DIR_VERSION => Response::DirVersion(DirVersion {
+                born: r.u64()?,
+                changes: r.u64()?,
+                list: r.u64()?,
+            }),
             tag::BOOL => Response::Bool(r.bool()?),
             tag::COUNT => Response::Count(r.u64()?),
             tag::FLUSH => Response::FlushState(get_flush(&mut r)?),
@@ -1875,6 +1917,7 @@ mod tests {
                 flags,
             });
         }
+        rt(Request::DirVersion { path: "/d".into() });
         // Every opcode was checked (its round trip, and that
         // `keeps_payload` tells whether its decoded value keeps the
         // payload's buffer, which a server reuses for those that don't):
@@ -1931,6 +1974,11 @@ mod tests {
             })),
             Response::Count(7),
             Response::Sized { meta, before: 9 },
+            Response::DirVersion(DirVersion {
+                born: 1,
+                changes: 2,
+                list: 3,
+            }),
             Response::FlushState(FlushState {
                 chunks: 1,
                 bytes: 2,

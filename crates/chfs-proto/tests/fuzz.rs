@@ -190,11 +190,12 @@ const REQUEST_OPS: &[u16] = &[
     op::INVALIDATE,
     op::NODE_LOCAL,
     op::LIST_TREE,
+    op::DIR_VERSION,
 ];
 
 /// Number of response tags (0 .. this), checked by
 /// `opcode_tables_are_complete`.
-const RESPONSE_TAGS: u8 = 14;
+const RESPONSE_TAGS: u8 = 15;
 
 /// Short strings: paths, names, addresses, messages, odd characters.
 fn text() -> BoxedStrategy<String> {
@@ -374,6 +375,10 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
                     flags,
                 })
                 .boxed(),
+        ),
+        (
+            op::DIR_VERSION,
+            text().prop_map(|path| Request::DirVersion { path }).boxed(),
         ),
         (
             op::JOIN,
@@ -712,6 +717,18 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         t.push(p, m, with_meta);
                     }
                     Response::Tree(t)
+                })
+                .boxed(),
+        ),
+        (
+            14,
+            vec(any::<u64>(), 3)
+                .prop_map(|n| {
+                    Response::DirVersion(chfs_proto::msg::DirVersion {
+                        born: n[0],
+                        changes: n[1],
+                        list: n[2],
+                    })
                 })
                 .boxed(),
         ),

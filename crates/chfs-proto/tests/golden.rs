@@ -348,10 +348,11 @@ fn request_name(r: &Request) -> &'static str {
         Request::Invalidate { .. } => "Invalidate",
         Request::NodeLocal { .. } => "NodeLocal",
         Request::ListTree { .. } => "ListTree",
+        Request::DirVersion { .. } => "DirVersion",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 33] = [
+const REQUEST_VARIANTS: [&str; 34] = [
     "Ping",
     "GetServers",
     "Join",
@@ -385,6 +386,7 @@ const REQUEST_VARIANTS: [&str; 33] = [
     "Invalidate",
     "NodeLocal",
     "ListTree",
+    "DirVersion",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -782,6 +784,11 @@ fn requests() {
             36,
             Some(vec!["01000000 2f", "00000000", "07000000", "00"]),
         ),
+        (
+            Request::DirVersion { path: "/d".into() },
+            37,
+            Some(vec!["02000000 2f64"]), // path: u32 length, bytes
+        ),
     ];
     for (i, (req, opcode, want)) in cases.iter().enumerate() {
         let name = request_name(req);
@@ -888,10 +895,11 @@ fn response_name(r: &Response) -> &'static str {
         Response::Rebalance(_) => "Rebalance",
         Response::Sized { .. } => "Sized",
         Response::Tree(_) => "Tree",
+        Response::DirVersion(_) => "DirVersion",
     }
 }
 
-const RESPONSE_VARIANTS: [&str; 14] = [
+const RESPONSE_VARIANTS: [&str; 15] = [
     "Ok",
     "Servers",
     "Status",
@@ -906,6 +914,7 @@ const RESPONSE_VARIANTS: [&str; 14] = [
     "Rebalance",
     "Sized",
     "Tree",
+    "DirVersion",
 ];
 
 #[test]
@@ -1070,6 +1079,19 @@ fn responses() {
         (
             Response::Count(0x0102_0304_0506_0708),
             vec!["09", "0807060504030201"],
+        ),
+        (
+            Response::DirVersion(msg::DirVersion {
+                born: 0x0102_0304_0506_0708,
+                changes: 9,
+                list: 3,
+            }),
+            vec![
+                "0e",               // tag
+                "0807060504030201", // born
+                "0900000000000000", // changes
+                "0300000000000000", // list (the server list's version)
+            ],
         ),
         (
             Response::FlushState(FlushState {

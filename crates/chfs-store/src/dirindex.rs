@@ -216,9 +216,34 @@ fn visited(_n: usize) {
     KEYS_VISITED.with(|c| c.set(c.get() + _n));
 }
 
+/// The names of one directory's entries held here, and the version of
+/// that set (see [`DirVersion`]).
+struct Names {
+    set: BTreeSet<Name>,
+    born: u64,
+    changes: u64,
+}
+
+/// The version of a directory's set of names on one server: `born` is a
+/// number taken from a per-store sequence when the directory got its first
+/// entry here (the sequence starts at the clock's nanoseconds when the
+/// store opens, so a restarted server does not give a number again),
+/// `changes` counts every change of the set since: a name added that was
+/// not there, a name removed that was (never a replaced entry or a changed
+/// file type). A client that saw version (b, c) and sees (b, c + k) after
+/// making k changes itself knows that nobody else changed the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirVersion {
+    /// Never 0.
+    pub born: u64,
+    pub changes: u64,
+}
+
 /// parent directory -> names of entries (chunk 0) in it.
 pub(crate) struct DirIndex {
-    dirs: Vec<Shard<PathMap<BTreeSet<Name>>>>,
+    dirs: Vec<Shard<PathMap<Names>>>,
+    /// The next [`DirVersion::born`].
+    born: std::sync::atomic::AtomicU64,
     /// The keys of the directories in `dirs` (see [`key_of`]), in byte
     /// order: a tree listing reads those below its directory from here,
     /// a range of them at a time, instead of every directory of every
@@ -270,10 +295,16 @@ impl DirIndex {
                 .map(|_| Shard::new(PathMap::default()))
                 .collect(),
             keys: Shard::new(BTreeSet::new()),
+            born: std::sync::atomic::AtomicU64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+                    .max(1),
+            ),
         }
     }
 
-    fn shard(&self, dir: &str) -> MutexGuard<'_, PathMap<BTreeSet<Name>>> {
+    fn shard(&self, dir: &str) -> MutexGuard<'_, PathMap<Names>> {
         lock(&self.dirs[shard_of(dir, SHARDS)])
     }
 
@@ -291,11 +322,21 @@ impl DirIndex {
             return;
         }
         let mut d = self.shard(dir);
-        if let Some(set) = d.get_mut(dir) {
-            set.replace(Name::new(name, kind));
+        if let Some(n) = d.get_mut(dir) {
+            if n.set.replace(Name::new(name, kind)).is_none() {
+                n.changes += 1;
+            }
             return;
         }
-        d.insert(dir.to_string(), BTreeSet::from([Name::new(name, kind)]));
+        let born = self.born.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        d.insert(
+            dir.to_string(),
+            Names {
+                set: BTreeSet::from([Name::new(name, kind)]),
+                born,
+                changes: 1,
+            },
+        );
         lock(&self.keys).insert(key_of(dir).into_boxed_str());
     }
 
@@ -305,9 +346,11 @@ impl DirIndex {
         }
         let (dir, name) = split(path);
         let mut d = self.shard(dir);
-        if let Some(set) = d.get_mut(dir) {
-            set.remove(name.as_bytes());
-            if set.is_empty() {
+        if let Some(n) = d.get_mut(dir) {
+            if n.set.remove(name.as_bytes()) {
+                n.changes += 1;
+            }
+            if n.set.is_empty() {
                 d.remove(dir);
                 lock(&self.keys).remove(key_of(dir).as_str());
             }
@@ -317,7 +360,7 @@ impl DirIndex {
     /// Up to `max + 1` names after `after` (to tell whether more follow).
     pub fn names(&self, dir: &str, after: &str, max: usize) -> Vec<String> {
         let d = self.shard(dir);
-        let Some(set) = d.get(dir) else {
+        let Some(Names { set, .. }) = d.get(dir) else {
             return Vec::new();
         };
         let range = if after.is_empty() {
@@ -339,7 +382,7 @@ impl DirIndex {
     pub fn names_into(&self, dir: &str, after: &[u8], max: usize, out: &mut NameBatch) -> bool {
         out.clear();
         let d = self.shard(dir);
-        let Some(set) = d.get(dir) else {
+        let Some(Names { set, .. }) = d.get(dir) else {
             return false;
         };
         let mut range = if after.is_empty() {
@@ -419,6 +462,15 @@ impl DirIndex {
     }
 
     pub fn has_children(&self, dir: &str) -> bool {
-        self.shard(dir).get(dir).is_some_and(|s| !s.is_empty())
+        self.shard(dir).get(dir).is_some_and(|n| !n.set.is_empty())
+    }
+
+    /// The version of `dir`'s set of names here; None when it has no
+    /// entries here.
+    pub fn version(&self, dir: &str) -> Option<DirVersion> {
+        self.shard(dir).get(dir).map(|n| DirVersion {
+            born: n.born,
+            changes: n.changes,
+        })
     }
 }

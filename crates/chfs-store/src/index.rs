@@ -766,6 +766,10 @@ impl<M: Medium> Store for Indexed<M> {
         Ok(self.dirs.has_children(dir))
     }
 
+    fn dir_version(&self, dir: &str) -> Option<crate::DirVersion> {
+        self.dirs.version(dir)
+    }
+
     fn paths_below(&self, dir: &str) -> Result<Vec<String>> {
         let mut out = Vec::new();
         for s in &self.files {

@@ -23,6 +23,7 @@ pub mod record;
 mod tree;
 mod usage;
 
+pub use dirindex::DirVersion;
 pub use media::PersistMode;
 pub use mem::MemStore;
 pub use pmem::PmemStore;
@@ -226,6 +227,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Does any entry have `dir` as its parent?
     fn has_children(&self, dir: &str) -> Result<bool>;
+
+    /// The version of the set of names of the entries held here with
+    /// parent `dir` (None: no entries): see [`DirVersion`].
+    fn dir_version(&self, dir: &str) -> Option<DirVersion>;
 
     /// Every path strictly below directory `dir` with a chunk held here.
     fn paths_below(&self, dir: &str) -> Result<Vec<String>>;

@@ -437,3 +437,55 @@ fn take_and_put_move_chunks() {
         assert_eq!(s.list_dir("/", "", 10).unwrap().0[0].0, "n");
     }
 }
+
+#[test]
+fn directory_versions_count_every_change_of_the_name_set_and_only_those() {
+    for (s, _dir) in engines() {
+        assert_eq!(s.dir_version("/d"), None, "no entries: absent");
+        s.create("/d/a", file_meta(1), b"", true).unwrap();
+        let v = s.dir_version("/d").expect("present");
+        assert!(v.born > 0);
+        assert_eq!(v.changes, 1);
+        // Not changes of the set: an existing entry created again, a
+        // write to it, its data chunks, another directory.
+        assert!(!s.create("/d/a", file_meta(2), b"", false).unwrap().1);
+        s.write("/d/a", 0, 0, b"xyz", &file_meta(1)).unwrap();
+        s.write("/d/a", 1, 0, b"xyz", &file_meta(1)).unwrap();
+        s.remove_chunks("/d/a", 1).unwrap();
+        s.create("/e/a", file_meta(3), b"", true).unwrap();
+        assert_eq!(s.dir_version("/d"), Some(v));
+        // Changes: a name added, a name removed, a name moved in.
+        s.create("/d/b", file_meta(4), b"", true).unwrap();
+        s.remove("/d/a", 0, &mut |_| Ok(())).unwrap();
+        let c = s.take("/e/a", 0).unwrap().unwrap();
+        s.put("/d/c", 0, c).unwrap();
+        let w = s.dir_version("/d").unwrap();
+        assert_eq!((w.born, w.changes), (v.born, 4));
+        // A failed removal changes nothing.
+        assert!(s.remove("/d/zz", 0, &mut |_| Ok(())).is_err());
+        assert_eq!(s.dir_version("/d"), Some(w));
+        // Emptied: absent; a new first entry starts a new life, never
+        // with a number given before (so absent -> present -> absent ->
+        // present is never mistaken for no change).
+        s.remove("/d/b", 0, &mut |_| Ok(())).unwrap();
+        s.remove_chunks("/d/c", 0).unwrap();
+        assert_eq!(s.dir_version("/d"), None);
+        s.create("/d/b", file_meta(5), b"", true).unwrap();
+        let x = s.dir_version("/d").unwrap();
+        assert_ne!(x.born, v.born);
+        assert_eq!(x.changes, 1);
+    }
+}
+
+#[test]
+fn directory_versions_of_a_reopened_store_are_born_again() {
+    let d = tempfile::tempdir().unwrap();
+    let before = {
+        let s = PosixStore::open(d.path(), 0).unwrap();
+        s.create("/d/a", file_meta(1), b"", true).unwrap();
+        s.dir_version("/d").unwrap()
+    };
+    let s = PosixStore::open(d.path(), 0).unwrap();
+    let after = s.dir_version("/d").expect("rebuilt at open");
+    assert!(after.born > before.born, "{after:?} after {before:?}");
+}

@@ -14,6 +14,7 @@ use chfs_sys::lock;
 
 use super::{expect_meta, ids, link_target, rw_flags, unexpected, Client, MAX_SYMLINKS};
 use crate::error::{fail, Error, Result};
+use crate::names::{Effect, Versions};
 use crate::pool::{Op, PoolState};
 use crate::types::Stat;
 
@@ -102,10 +103,21 @@ impl Client {
         use crate::names::Known;
         let p = normalize(path)?;
         let names = &self.inner.names;
-        match names.lookup(&p) {
+        let mut known = names.lookup(&p);
+        if known == Known::Check {
+            // An old snapshot: kept if the servers' versions tell that
+            // nobody else changed the directory's names.
+            let dir = path::parent(&p);
+            if let Some(at) = names.begin_check(dir) {
+                let v = self.dir_versions(&self.state(), dir);
+                names.end_check(dir, at, v);
+            }
+            known = names.lookup(&p);
+        }
+        match known {
             Known::Absent => return fail(libc::ENOENT, format!("{p}: no such file or directory")),
             Known::Present(m) => return Ok(self.to_stat(&p, m)),
-            Known::Ask => {}
+            Known::Ask | Known::Check => {}
         }
         let st = self.state();
         let r = self.lookup_meta(&st, &p);
@@ -124,6 +136,9 @@ impl Client {
     fn list_names(&self, st: &PoolState, dir: &str) {
         let names = &self.inner.names;
         if let Some(at) = names.begin_listing(dir) {
+            // The versions before the listing: its snapshot's base.
+            names.begin_base(dir);
+            names.end_base(dir, self.dir_versions(st, dir));
             let list = self.list_metas(st, dir).ok().map(|all| {
                 all.into_iter()
                     .map(|(name, (m, backend_only))| (name, (!backend_only).then_some(m)))
@@ -131,6 +146,37 @@ impl Client {
             });
             names.end_listing(dir, at, list);
         }
+    }
+
+    /// The versions of directory `dir` on every server that may hold its
+    /// entries (one request each, pipelined); None when a server failed,
+    /// answered with another server list than this client's, or does not
+    /// keep versions (an older server: EPROTO; cache mode: EOPNOTSUPP;
+    /// then they are not asked for again with this server list).
+    pub(super) fn dir_versions(&self, st: &PoolState, dir: &str) -> Option<Versions> {
+        let list = st.ring.list().version;
+        if self.inner.no_versions.load(Ordering::Relaxed) == list + 1 {
+            return None;
+        }
+        let servers = st.servers_for(dir).ok()?;
+        let req = Request::DirVersion {
+            path: dir.to_string(),
+        };
+        let ops = servers.iter().map(|&i| Op::req(i, &req)).collect();
+        let mut out = Vec::with_capacity(servers.len());
+        for (&i, r) in servers.iter().zip(self.pipeline(st, ops)) {
+            match r {
+                Ok(Response::DirVersion(v)) if v.list == list => {
+                    out.push((i, (v.born != 0).then_some((v.born, v.changes))));
+                }
+                Err(e) if matches!(e.errno(), libc::EPROTO | libc::EOPNOTSUPP) => {
+                    self.inner.no_versions.store(list + 1, Ordering::Relaxed);
+                    return None;
+                }
+                _ => return None,
+            }
+        }
+        Some(Versions { list, servers: out })
     }
 
     /// Checks that the parent of `path` is a directory (cached for a while).
@@ -199,7 +245,14 @@ impl Client {
             excl,
             data: bytes::Bytes::copy_from_slice(data),
         };
+        let names = &self.inner.names;
+        names.begin_change(path);
         let r = self.call_owner(st, path, 0, &req);
+        let effect = match &r {
+            Ok(Response::Created { created: true, .. }) => Effect::One,
+            _ => Effect::None,
+        };
+        names.end_change(path, st.owner(path, 0), st.ring.list().version, effect);
         match &r {
             Ok(_) => self.inner.names.added(path),
             Err(e) if e.errno() == libc::EEXIST => self.inner.names.added(path),
@@ -237,7 +290,10 @@ impl Client {
         );
         let sent = Instant::now();
         self.create_entry(&st, &p, m, true, &[])?;
-        self.inner.names.new_dir(&p, sent);
+        let servers = st.servers_for(&p)?;
+        self.inner
+            .names
+            .new_dir(&p, sent, st.ring.list().version, &servers);
         Ok(())
     }
 
@@ -299,7 +355,8 @@ impl Client {
             return fail(libc::ENOTDIR, format!("{p}: not a directory"));
         }
         self.check_empty(&st, &p)?;
-        self.call_owner(
+        self.inner.names.begin_change(&p);
+        let r = self.call_owner(
             &st,
             &p,
             0,
@@ -307,11 +364,22 @@ impl Client {
                 path: p.clone(),
                 kind: RemoveKind::Dir,
             },
-        )?;
+        );
+        self.end_removal(&st, &p, r.is_ok());
+        r?;
         self.forget_dirs(&p);
         self.inner.names.removed(&p);
         self.inner.names.forget_below(&p);
         Ok(())
+    }
+
+    /// A removal of the entry of `p` begun with `begin_change` was
+    /// answered (`done`: removed).
+    fn end_removal(&self, st: &PoolState, p: &str, done: bool) {
+        let effect = if done { Effect::One } else { Effect::None };
+        self.inner
+            .names
+            .end_change(p, st.owner(p, 0), st.ring.list().version, effect);
     }
 
     fn check_empty(&self, st: &PoolState, p: &str) -> Result<()> {
@@ -337,7 +405,8 @@ impl Client {
     pub fn unlink(&self, path: &str) -> Result<()> {
         let st = self.state();
         let p = normalize(path)?;
-        let m = expect_meta(self.call_owner(
+        self.inner.names.begin_change(&p);
+        let r = expect_meta(self.call_owner(
             &st,
             &p,
             0,
@@ -345,7 +414,9 @@ impl Client {
                 path: p.clone(),
                 kind: RemoveKind::NotDir,
             },
-        ))?;
+        ));
+        self.end_removal(&st, &p, r.is_ok());
+        let m = r?;
         self.inner.names.removed(&p);
         self.remove_data_chunks(&st, &p, &m, m.size.max(self.local_size(&p)))
     }
@@ -531,8 +602,16 @@ impl Client {
             own.changed_below(&old);
         }
         self.count(1);
-        self.inner.pool.call(&st, owner, &req)?;
         let names = &self.inner.names;
+        names.begin_change(&old);
+        names.begin_change(&new);
+        let r = self.inner.pool.call(&st, owner, &req);
+        // (entries leave one server's set and join another's, or replace
+        // one: versions no longer tell)
+        let list = st.ring.list().version;
+        names.end_change(&old, owner, list, Effect::Unknown);
+        names.end_change(&new, owner, list, Effect::Unknown);
+        r?;
         names.added(&new);
         names.removed(&old);
         if src.is_dir() {

@@ -645,6 +645,26 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             .map_err(|e| store_err(&prefix, e))?;
             Ok(Response::Tree(page))
         }
+        Request::DirVersion { path } => {
+            validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            if let Ns::Cached(_) = ns {
+                // Entries of the backend come and go without changing
+                // the cache's names: a version would not tell.
+                return Err(ErrorReply::new(
+                    libc::EOPNOTSUPP,
+                    "directory versions are not served in cache mode",
+                ));
+            }
+            // The list first: one changed after the names were read would
+            // be seen by the client's next check anyway.
+            let list = sh.placement().ring.list().version;
+            let v = st.dir_version(&path);
+            Ok(Response::DirVersion(chfs_proto::msg::DirVersion {
+                born: v.map_or(0, |v| v.born),
+                changes: v.map_or(0, |v| v.changes),
+                list,
+            }))
+        }
         Request::HasChildren { path } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
             Ok(Response::Bool(ns.has_children(sh, &path)?))
