@@ -141,6 +141,19 @@ struct Moves<'a> {
     key: Option<RemoteKey>,
 }
 
+impl<'a> Moves<'a> {
+    /// The data goes in the message (a read's into `dst`, if given, when
+    /// the answer comes).
+    fn none(dst: Option<&'a mut [u8]>) -> Self {
+        Moves {
+            bulk: None,
+            lent: None,
+            dst,
+            key: None,
+        }
+    }
+}
+
 /// A window lent to the server for one request.
 struct Bulk {
     window: Option<Arc<Window>>,
@@ -318,23 +331,9 @@ impl FabricLink {
                 {
                     (len as usize, true)
                 }
-                _ => {
-                    return Ok(Moves {
-                        bulk: None,
-                        lent: None,
-                        dst,
-                        key: None,
-                    })
-                }
+                _ => return Ok(Moves::none(dst)),
             },
-            _ => {
-                return Ok(Moves {
-                    bulk: None,
-                    lent: None,
-                    dst,
-                    key: None,
-                })
-            }
+            _ => return Ok(Moves::none(dst)),
         };
         if self.lends && len > 0 {
             let ep = self.rpc.endpoint();
@@ -371,12 +370,7 @@ impl FabricLink {
         if keep_unanswered && held >= QUARANTINE_MAX {
             if fits(len) {
                 // In the message: nothing lent.
-                return Ok(Moves {
-                    bulk: None,
-                    lent: None,
-                    dst,
-                    key: None,
-                });
+                return Ok(Moves::none(dst));
             }
             return Err(Error::new(
                 libc::ENOBUFS,

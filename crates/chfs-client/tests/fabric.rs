@@ -1532,3 +1532,78 @@ fn sessions_never_proven_end() {
     }
     c.mkdir("/still", 0o755).unwrap();
 }
+
+/// A server restarted under many clients with open sessions (each its
+/// own endpoint, as separate processes are): each client's next message
+/// names a session the new server does not know, and each should be told
+/// at once (`OP_NO_SESSION`: the client opens a new session and sends
+/// again) rather than wait out its RPC timeout (30 s by default) and fail
+/// with ETIMEDOUT (a timeout is not sent again by the pool). Fails today
+/// beyond ~100 clients: the bound on such answers (`NO_SESSION_PER_SEC`,
+/// a bucket of 100; `IDLE_PEERS_MAX`) drops the rest, which time out.
+/// Measured at load 10.9 on 2 cores: 20 clients all told within 35 ms;
+/// 200 clients: 117 told, the other 83 timed out (8 s here). Ignored
+/// until the bound lets the real clients of a restart through (found by
+/// review of the merges of i21-lists and i21-hosts).
+#[test]
+#[ignore = "fails: clients beyond the unknown-session answer bound time out after a restart"]
+fn many_clients_of_a_restarted_server_are_told_at_once() {
+    use chfs_fabric::rpc::{RpcClient, OP_NO_SESSION};
+    use chfs_fabric::{Config, Endpoint, Protocol};
+    use chfs_proto::handshake::{Credential, Role};
+    use std::sync::Arc;
+    let Some(mut p) = fabric_pool(1, "many_clients_of_a_restarted_server_are_told_at_once") else {
+        return;
+    };
+    let clients_n: usize = 200;
+    let timeout = Duration::from_secs(8);
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let cred = Credential::parse(p.secret().unwrap().as_bytes()).unwrap();
+    let clients: Vec<_> = (0..clients_n)
+        .map(|_| {
+            let ep = Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap();
+            let rpc = RpcClient::new(Arc::new(ep));
+            let s = rpc
+                .handshake(&server, Role::Client, &cred, timeout)
+                .unwrap();
+            (rpc, s)
+        })
+        .collect();
+    p.restart(0).unwrap();
+    let mut stat = Vec::new();
+    chfs_proto::Request::Stat { path: "/".into() }.encode(&mut stat);
+    let t0 = Instant::now();
+    let waits: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = clients
+            .iter()
+            .map(|(rpc, s)| {
+                let stat = &stat;
+                sc.spawn(move || {
+                    // As a link idle for a while does before it sends:
+                    // the provider notices the ended connection.
+                    rpc.progress();
+                    let r = rpc
+                        .post(s, chfs_proto::msg::op::STAT, 0, stat, timeout)
+                        .and_then(|id| rpc.wait(s, id, timeout));
+                    let told = r.as_ref().is_ok_and(|(h, _)| h.op == OP_NO_SESSION);
+                    if !told {
+                        eprintln!(
+                            "not told: {:?}",
+                            r.map(|(h, _)| h.op).map_err(|e| e.to_string())
+                        );
+                    }
+                    (told, t0.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let told = waits.iter().filter(|(t, _)| *t).count();
+    let slowest = waits.iter().map(|(_, d)| *d).max().unwrap();
+    println!("{told} of {clients_n} clients told of the restart; the slowest waited {slowest:?}");
+    assert_eq!(
+        told, clients_n,
+        "the others waited out their timeout ({timeout:?})"
+    );
+    assert!(slowest < Duration::from_secs(3), "{slowest:?}");
+}
