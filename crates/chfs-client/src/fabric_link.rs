@@ -337,11 +337,18 @@ impl FabricLink {
         };
         if self.lends && len > 0 {
             let ep = self.rpc.endpoint();
+            // Both lendings below: the `Lent` goes into the request's
+            // `FabricTicket` (through `Moves`), a crate-private type that
+            // this crate never leaks: every ticket is consumed by a wait
+            // or dropped (pipelines drop theirs on error), and either ends
+            // the lending before the caller's borrow ends.
             let lent = if !read {
-                ep.lend(tail).ok()
+                // SAFETY: see above; the ticket ends the lending.
+                unsafe { ep.lend(tail) }.ok()
             } else {
                 match dst.take() {
-                    Some(d) if d.len() >= len => match ep.lend_mut(&mut d[..len]) {
+                    // SAFETY: see above; the ticket ends the lending.
+                    Some(d) if d.len() >= len => match unsafe { ep.lend_mut(&mut d[..len]) } {
                         Ok(l) => Some(l),
                         Err((_, d)) => {
                             dst = Some(d);

@@ -348,14 +348,26 @@ impl Endpoint {
 
     /// Lends `buf` to peers for remote reads until the [`Lent`] drops
     /// (see there: revoked on drop where the provider revokes).
-    pub fn lend<'a>(&self, buf: &'a [u8]) -> Result<Lent<'a>> {
+    ///
+    /// # Safety
+    /// The [`Lent`] must be dropped, never leaked (`mem::forget`, a cycle
+    /// of `Arc`s), before the borrow ends: only its drop closes the
+    /// registration, so a leaked one would let peers reach the memory
+    /// after its owner got it back (or freed it). The borrow alone cannot
+    /// promise that, which is why [`Endpoint::expose`] takes a closure.
+    pub unsafe fn lend<'a>(&self, buf: &'a [u8]) -> Result<Lent<'a>> {
         Lent::new(self.ep.domain(), buf)
     }
 
     /// Lends `buf` to peers for remote writes (and reads) until the
     /// [`Lent`] drops; gives the borrow back with the error if the memory
     /// cannot be registered.
-    pub fn lend_mut<'a>(
+    ///
+    /// # Safety
+    /// As for [`Endpoint::lend`]: the [`Lent`] must be dropped, never
+    /// leaked, before the borrow ends (peers may write the memory until
+    /// then).
+    pub unsafe fn lend_mut<'a>(
         &self,
         buf: &'a mut [u8],
     ) -> std::result::Result<Lent<'a>, (Error, &'a mut [u8])> {

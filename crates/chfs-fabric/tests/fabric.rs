@@ -736,7 +736,8 @@ fn exposure_ends_with_the_call(protocol: Protocol, test: &str, refused_after: bo
         let during = if lend {
             // Lent (as a request in flight holds the caller's memory),
             // then the lending ends.
-            let lent = client.lend(&data).unwrap();
+            // SAFETY: dropped below, before `data` is touched again.
+            let lent = unsafe { client.lend(&data) }.unwrap();
             let got = call(lent.remote_key());
             drop(lent);
             got
@@ -846,7 +847,10 @@ fn memory_lent_for_writes_is_refused_after_the_lending_ends_tcp() {
         client
             .send(p, client.address().to_string().as_bytes(), T)
             .unwrap();
-        let lent = client.lend_mut(&mut dst).map_err(|(e, _)| e).unwrap();
+        // SAFETY: dropped below, before `dst` is read.
+        let lent = unsafe { client.lend_mut(&mut dst) }
+            .map_err(|(e, _)| e)
+            .unwrap();
         client.send(p, &lent.remote_key().encode(), T).unwrap();
         assert_eq!(&*client.recv(T).unwrap(), b"written");
         drop(lent);
