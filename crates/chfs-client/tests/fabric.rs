@@ -1610,3 +1610,58 @@ fn many_clients_of_a_restarted_server_are_told_at_once() {
     );
     assert!(slowest < Duration::from_secs(3), "{slowest:?}");
 }
+
+/// Chunks a server pushed to clients by RMA are freed when the store lets
+/// go of them (overwritten, removed): pushing a chunk does not keep its
+/// memory alive (a registration cache that owned what it registered kept
+/// up to 256 MiB of chunks the store had dropped, and the pull buffers
+/// among them never went back to their pool).
+#[test]
+fn chunks_pushed_by_rma_are_freed_with_the_file() {
+    let Some(p) = fabric_pool(1, "chunks_pushed_by_rma_are_freed_with_the_file") else {
+        return;
+    };
+    let pid = p.pid(0).unwrap();
+    let rss = || chfs_localpool::rss_kib(pid) / 1024;
+    let c = fabric_client(&p);
+    c.set_chunk_size(1 << 20).unwrap();
+    const FILES: usize = 10;
+    const LEN: usize = 20 << 20;
+    let data = pattern(LEN, 5);
+    let mut back = vec![0u8; LEN];
+    let start = rss();
+    for round in 0..2 {
+        for i in 0..FILES {
+            let path = format!("/freed-{i}");
+            let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+            assert_eq!(c.pwrite(fd, &data, 0).unwrap(), LEN);
+            back.fill(0);
+            assert_eq!(c.pread(fd, &mut back, 0).unwrap(), LEN);
+            assert!(back == data, "round {round}, file {i}");
+            c.close(fd).unwrap();
+        }
+    }
+    let full = rss();
+    assert!(
+        full >= start + 150,
+        "{} MiB stored, RSS {start} -> {full} MiB",
+        (FILES * LEN) >> 20
+    );
+    for i in 0..FILES {
+        c.unlink(&format!("/freed-{i}")).unwrap();
+    }
+    // (Removal is synchronous: a moment for the allocator anyway.)
+    let t = Instant::now();
+    let mut now = rss();
+    while now + 100 > full && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+        now = rss();
+    }
+    let st = c.server_status().pop().unwrap().1.unwrap();
+    eprintln!("RSS {start} -> {full} -> {now} MiB");
+    assert!(
+        now + 100 <= full,
+        "{} MiB stored and removed, RSS {start} -> {full} -> {now} MiB; {st:?}",
+        (FILES * LEN) >> 20
+    );
+}

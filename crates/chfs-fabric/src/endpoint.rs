@@ -21,8 +21,8 @@ use crate::addr::{Address, Protocol};
 use crate::cache::{CacheStats, RegCache, Registered};
 use crate::error::{Error, Result};
 use crate::ffi::{
-    self, Buffer, Completion, Domain, DomainAttr, Ep, Lent, Local, Op, PostError, RemoteKey,
-    StableBuf, WaitKind, Window,
+    self, Buffer, Completion, Domain, DomainAttr, Ep, Lent, Local, Op, Pinned, PostError,
+    RemoteKey, StableBuf, WaitKind, Window,
 };
 
 /// How to open an endpoint.
@@ -377,6 +377,16 @@ impl Endpoint {
     /// The registration of `buf` through the cache.
     pub fn register<B: StableBuf>(&self, buf: B) -> Result<Registered> {
         self.cache.get(buf).map_err(|(e, _)| e)
+    }
+
+    /// A registration of `buf` of its own, outside the cache: closed when
+    /// the last holder of the returned [`Pinned`] (an operation in flight
+    /// holds it) drops it, and `buf` with it. For memory whose owner may
+    /// let go of it at any time (a store's chunk): a cache entry would
+    /// keep it allocated until evicted. Gives `buf` back with the error
+    /// where the provider refuses to register it.
+    pub fn pin<B: StableBuf>(&self, buf: B) -> std::result::Result<Arc<Pinned>, (Error, B)> {
+        Pinned::new(self.ep.domain(), buf)
     }
 
     /// Counters.

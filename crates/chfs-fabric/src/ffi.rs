@@ -506,19 +506,50 @@ impl RawMr {
     fn close(&mut self) {}
 }
 
-/// Page-aligned zeroed heap memory.
+/// Page-aligned zeroed memory: from the allocator when small, else a
+/// mapping of its own ([`RawBuf::MAPPED`] bytes and more), so that freeing
+/// it gives the pages back to the system at once. (Registered buffers are
+/// long-lived or pooled, and a large one may become a chunk's memory that
+/// the store frees when the file goes: from the allocator's heap the
+/// pages stayed resident after free, hundreds of MiB of them in chfsd —
+/// the heap is not trimmed below its top.)
 struct RawBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
 
 impl RawBuf {
+    /// Sizes from which a buffer is a mapping of its own.
+    const MAPPED: usize = 64 * 1024;
+
     fn layout(len: usize) -> Result<std::alloc::Layout> {
         std::alloc::Layout::from_size_align(len.max(1), 4096)
             .map_err(|e| Error::InvalidInput(format!("buffer of {len} bytes: {e}")))
     }
 
     fn new(len: usize) -> Result<RawBuf> {
+        if len >= Self::MAPPED {
+            // SAFETY: a new private anonymous mapping (no address given,
+            // no file); the result is checked before use.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                let e = std::io::Error::last_os_error();
+                return Err(Error::InvalidInput(format!("cannot map {len} bytes: {e}")));
+            }
+            let ptr = std::ptr::NonNull::new(p.cast::<u8>())
+                .ok_or_else(|| Error::InvalidInput(format!("cannot map {len} bytes")))?;
+            // (Anonymous mappings are zeroed.)
+            return Ok(RawBuf { ptr, len });
+        }
         let layout = Self::layout(len)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -530,6 +561,11 @@ impl RawBuf {
 
 impl Drop for RawBuf {
     fn drop(&mut self) {
+        if self.len >= Self::MAPPED {
+            // SAFETY: mapped in `new` with this length, unmapped once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            return;
+        }
         let layout = Self::layout(self.len).expect("checked at allocation");
         // SAFETY: allocated in `new` with this layout, freed once.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };

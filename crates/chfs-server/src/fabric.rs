@@ -945,10 +945,14 @@ async fn serve_rma(
                         return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
                     }
                     if n > 0 {
-                        // The chunk's memory, registered through the cache
-                        // (the registration keeps it alive), else a copy.
-                        let (local, off) = match ep.register(d.clone()) {
-                            Ok(r) => (Local::Pinned(r.pinned.clone()), r.off),
+                        // The chunk's memory, registered for this push
+                        // (the registration keeps it alive until the write
+                        // completes, no longer: a cached one kept chunks
+                        // the store had dropped, up to the cache's 256 MiB,
+                        // and their pull buffers out of the pool), else a
+                        // copy.
+                        let (local, off) = match ep.pin(d.clone()) {
+                            Ok(r) => (Local::Pinned(r), 0),
                             Err(_) => {
                                 Counters::inc(&shared.counters.reg_fallbacks);
                                 let mut b = ep.buffer(n).map_err(fabric)?;
