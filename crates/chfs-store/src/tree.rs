@@ -22,6 +22,11 @@
 //! many other directories the server holds (before, every page read and
 //! sorted the keys of all of them).
 //!
+//! A directories-only listing (`dirs_only`, the protocol's `tree::DIRS`:
+//! chfind's ranks asking the other ranks' servers) merges the same runs
+//! and emits only the directories: a page costs what it passes over, and
+//! holds up to `max` directories.
+//!
 //! Resuming after the path `p`: a directory whose key is a prefix of `p`
 //! resumes after the name `p` has past the key (a name has no `/`, so
 //! bytewise `name > rest` is exactly `key + name > p`); one whose key
