@@ -126,6 +126,74 @@ fn tree_listing_is_what_the_walk_visits() {
     assert!(listed(&c, "/t").keys().any(|k| k.starts_with("/t/mm/")));
 }
 
+/// Tree listings shared by processes (`Client::list_tree_of`, the ranks
+/// of a parallel find): each lists the entries of the servers it picks,
+/// of them only those the walk reaches, so processes picking disjoint
+/// servers list every entry of `list_tree` once between them. The other
+/// servers send their directories only: pages of 16 directories, not of
+/// 16 entries of every kind.
+#[test]
+fn tree_listing_shared_by_processes() {
+    let p = LocalPool::start(3).expect("pool");
+    let c = client(&p, |_| {});
+    build(&c, "/t");
+    let all = c.list_tree("/t", true).unwrap().unwrap();
+    let want: Vec<&str> = (0..all.len()).map(|i| all.path(i)).collect();
+    for n in 1..=4 {
+        let mut got = Vec::new();
+        for me in 0..n {
+            for with_meta in [true, false] {
+                let l = c
+                    .list_tree_of("/t", with_meta, &|i| i % n == me)
+                    .unwrap()
+                    .unwrap();
+                let paged = c
+                    .list_tree_of_paged("/t", with_meta, &|i| i % n == me, 5)
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(paged, l, "{n} processes, {me}: pages of 5");
+                if with_meta {
+                    for i in 0..l.len() {
+                        let j = want.binary_search(&l.path(i)).unwrap();
+                        assert_eq!(l.meta(i), all.meta(j), "{}", l.path(i));
+                    }
+                    got.extend((0..l.len()).map(|i| l.path(i).to_string()));
+                } else {
+                    assert!(l.meta(0).is_none() || l.is_empty());
+                }
+            }
+        }
+        got.sort();
+        assert_eq!(got, want, "{n} processes");
+    }
+    // Only server 0's entries: the others' directories in pages of 16.
+    let dirs = (0..all.len()).filter(|&i| all.is_dir(i)).count();
+    let of0 = c.list_tree_of("/t", false, &|i| i == 0).unwrap().unwrap();
+    let before = c.stats().rpcs;
+    let l = c
+        .list_tree_of_paged("/t", false, &|i| i == 0, 16)
+        .unwrap()
+        .unwrap();
+    let asked = c.stats().rpcs - before;
+    assert_eq!(l, of0);
+    // Server 0's pages, a page per 16 of the others' directories, and a
+    // last page each.
+    let most = (of0.len() / 16 + 1) as u64 + (dirs / 16 + 2) as u64;
+    assert!(
+        asked <= most,
+        "{asked} requests for {} entries of server 0 and {dirs} directories (at most {most})",
+        of0.len()
+    );
+    // No server picked: nothing asked.
+    let before = c.stats().rpcs;
+    assert!(c
+        .list_tree_of("/t", true, &|_| false)
+        .unwrap()
+        .unwrap()
+        .is_empty());
+    assert_eq!(c.stats().rpcs, before);
+}
+
 #[test]
 fn tree_listing_with_entries_created_and_removed_meanwhile() {
     let p = LocalPool::start(2).expect("pool");

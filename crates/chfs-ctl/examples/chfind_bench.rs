@@ -13,6 +13,9 @@
 //! A fifth argument, a list of rank counts (`1,2,3`), also times
 //! `mpirun -n R chfind -q` for each R in every round (chfind built with
 //! `--features mpi`: `cargo build --release -p chfs-ctl --features mpi`).
+//! With CHFIND_BENCH_OTHER=PATH (another chfind build, e.g. an older
+//! one), each of those runs is followed by the same with PATH, so the two
+//! builds alternate under the same load.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,6 +50,30 @@ fn timed(cmd: &mut Command) -> (Duration, usize) {
     (el, out.stdout.iter().filter(|&&b| b == b'\n').count())
 }
 
+/// CPU seconds (user + system) of the process `pid` so far.
+fn proc_cpu(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: utime and stime
+    // are the 12th and 13th of them.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// CPU seconds of this process's waited-for children (mpirun and, through
+/// it, the ranks).
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `ru` is valid for writes.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 fn main() {
     let entries = arg(1, 100_000);
     let servers = arg(2, 2);
@@ -55,7 +82,14 @@ fn main() {
         .nth(4)
         .map(|s| s.split(',').filter_map(|r| r.parse().ok()).collect())
         .unwrap_or_default();
-    let mut t_ranks = vec![Vec::new(); ranks.len()];
+    let other: Option<PathBuf> = std::env::var_os("CHFIND_BENCH_OTHER").map(PathBuf::from);
+    // Per rank count and build: wall times and the finds' own rates
+    // (chfind -v: the slowest rank's time).
+    let builds = 1 + other.is_some() as usize;
+    let mut t_ranks = vec![vec![Vec::new(); builds]; ranks.len()];
+    let mut r_ranks = vec![vec![Vec::new(); builds]; ranks.len()];
+    // CPU seconds of a run: the servers' and mpirun's with its ranks'.
+    let mut c_ranks = vec![vec![Vec::new(); builds]; ranks.len()];
     let chfsd = chfs_localpool::find_chfsd().expect("chfsd (cargo build --release -p chfs-server)");
     let dir = chfsd.parent().unwrap().to_path_buf();
     let chfind = dir.join("chfind");
@@ -183,29 +217,42 @@ fn main() {
         t_chfind.push(el);
         n_chfind = n;
         for (k, &nr) in ranks.iter().enumerate() {
-            let t = Instant::now();
-            let out = Command::new("mpirun")
-                .args(["--allow-run-as-root", "--oversubscribe", "-n"])
-                .arg(nr.to_string())
-                .args(["-x", "CHFS_SERVER"])
-                .arg(&chfind)
-                .args(["-q", "-v"])
-                .args(io500("/b", "/ref"))
-                .env("CHFS_SERVER", pool.server_string())
-                .output()
-                .expect("mpirun");
-            t_ranks[k].push(t.elapsed());
-            let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            assert!(
-                out.status.success() && got == format!("MATCHED {n_chfind}/{entries}"),
-                "mpirun -n {nr} chfind -q: {got:?} {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            eprintln!(
-                "round {r}: mpirun -n {nr} chfind -q {:?} ({})",
-                t_ranks[k][r],
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            for (b, bin) in std::iter::once(&chfind).chain(&other).enumerate() {
+                let server_cpu =
+                    || -> f64 { (0..servers).filter_map(|i| pool.pid(i)).map(proc_cpu).sum() };
+                let cpu0 = (server_cpu(), children_cpu());
+                let t = Instant::now();
+                let out = Command::new("mpirun")
+                    .args(["--allow-run-as-root", "--oversubscribe", "-n"])
+                    .arg(nr.to_string())
+                    .args(["-x", "CHFS_SERVER"])
+                    .arg(bin)
+                    .args(["-q", "-v"])
+                    .args(io500("/b", "/ref"))
+                    .env("CHFS_SERVER", pool.server_string())
+                    .output()
+                    .expect("mpirun");
+                t_ranks[k][b].push(t.elapsed());
+                c_ranks[k][b].push((server_cpu() - cpu0.0, children_cpu() - cpu0.1));
+                let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                assert!(
+                    out.status.success() && got == format!("MATCHED {n_chfind}/{entries}"),
+                    "mpirun -n {nr} {} -q: {got:?} {err}",
+                    bin.display()
+                );
+                // "..., 0.123 s, 812345 entries/s, ..." of chfind -v.
+                let rate = err
+                    .split(", ")
+                    .find_map(|f| f.strip_suffix(" entries/s")?.parse::<f64>().ok())
+                    .unwrap_or(f64::NAN);
+                r_ranks[k][b].push(rate);
+                eprintln!(
+                    "round {r}: mpirun -n {nr} {} -q {:?} ({err})",
+                    bin.display(),
+                    t_ranks[k][b][r],
+                );
+            }
         }
         if mounted {
             let (el, n) = timed(Command::new("find").args(io500(
@@ -239,17 +286,34 @@ fn main() {
     let tc = median(t_chfind);
     println!("IO500-style query (-newer -size 3901c -name *01*): {n_chfind} matches of {entries}");
     println!(
-        "chfind ({servers} servers, readdir-by-index)   {:>8.3} s  {:>10.0} entries/s",
+        "chfind ({servers} servers)                     {:>8.3} s  {:>10.0} entries/s",
         tc.as_secs_f64(),
         rate(tc)
     );
     for (k, &nr) in ranks.iter().enumerate() {
-        let t = median(t_ranks[k].clone());
-        println!(
-            "mpirun -n {nr} chfind -q (incl. MPI start) {:>8.3} s  {:>10.0} entries/s",
-            t.as_secs_f64(),
-            rate(t)
-        );
+        for (b, bin) in std::iter::once(&chfind).chain(&other).enumerate() {
+            let t = median(t_ranks[k][b].clone());
+            let mut own = r_ranks[k][b].clone();
+            own.sort_by(f64::total_cmp);
+            let mut srv: Vec<f64> = c_ranks[k][b].iter().map(|c| c.0).collect();
+            let mut cli: Vec<f64> = c_ranks[k][b].iter().map(|c| c.1).collect();
+            srv.sort_by(f64::total_cmp);
+            cli.sort_by(f64::total_cmp);
+            println!(
+                "mpirun -n {nr} chfind -q (incl. MPI start) {:>8.3} s  {:>10.0} entries/s; the find (-v) {:>10.0} entries/s (median; min {:.0}, max {:.0}) [{}]",
+                t.as_secs_f64(),
+                rate(t),
+                own[own.len() / 2],
+                own[0],
+                own[own.len() - 1],
+                bin.display()
+            );
+            println!(
+                "    CPU (median): servers {:.3} s, mpirun and its ranks {:.3} s",
+                srv[srv.len() / 2],
+                cli[cli.len() / 2]
+            );
+        }
     }
     if mounted {
         let tm = median(t_mount);

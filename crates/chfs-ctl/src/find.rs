@@ -3,7 +3,7 @@
 //! One process lists the whole tree at once ([`Client::list_tree`]: one
 //! request per server and page, the entries a walk would visit, with
 //! their headers); when a server does not serve that (an older server,
-//! cache mode), and for several processes, it walks.
+//! cache mode), it walks.
 //!
 //! The walk is the client's [`Client::walk_parallel`]: every server holds
 //! the entries whose chunk 0 it owns, a directory is read one server at a
@@ -14,8 +14,10 @@
 //! Several processes (MPI ranks) can share one find with [`find_ranked`]:
 //! rank r of n examines the entries held by the servers whose index i has
 //! `i % n == r`, and learns the rest of the tree from the other servers'
-//! directories only ([`Client::readdir_dirs_index`]), so every entry is
-//! examined by exactly one rank.
+//! directories only, so every entry is examined by exactly one rank: the
+//! tree listing of its servers and the directories-only tree listing of
+//! the others ([`Client::list_tree_of`]), or when it walks,
+//! [`Client::readdir_dirs_index`] of the others' servers.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -208,7 +210,9 @@ pub fn find(
 /// [`find`] for rank `split.rank` of `split.ranks` processes: examines (and
 /// counts, and passes to `on_match`) only the entries of the servers the
 /// rank owns ([`RankSplit::owns`]; the starting point belongs to rank 0),
-/// and reads only the directories of the other servers to walk the tree.
+/// and reads only the directories of the other servers (their tree
+/// listings of directories, or when walking, their directory listings of
+/// directories) to learn which entries a walk reaches.
 /// The ranks' [`FindStats`] add up to one [`find`]'s. Errors are returned
 /// by the rank that owns the server (a failed directories-only listing of
 /// another rank's server is reported there too, by its owner's full
@@ -269,35 +273,35 @@ pub fn find_ranked(
             Vec::new(),
         );
     }
-    if split.ranks <= 1 {
-        // One process examines everything: the whole tree at once, one
-        // request per server and page (`Client::list_tree`: what the walk
-        // would visit), with headers only when a test reads more than the
-        // file type (`-size`, `-newer`). A server that does not serve it
-        // (older, cache mode), or any error, makes it walk, which reports
-        // errors directory by directory.
-        let with_meta = filter.size.is_some() || filter.newer_than.is_some();
-        if let Ok(Some(t)) = client.list_tree(&root, with_meta) {
-            let mut seen = seen.into_inner();
-            let mut matched = matched.into_inner();
-            for i in 0..t.len() {
-                let full = t.path(i);
-                let st = match t.meta(i) {
-                    Some(m) => Stat::from_meta(full, m),
-                    None if with_meta => continue,
-                    None => Stat {
-                        mode: (t.page.kinds[i] as u32) << 12,
-                        ..Default::default()
-                    },
-                };
-                seen += 1;
-                if filter.matches(chfs_proto::path::file_name(full), &st) {
-                    matched += 1;
-                    on_match(full);
-                }
+    // The whole tree at once, one request per server and page
+    // (`Client::list_tree_of`: what the walk would visit), with headers
+    // only when a test reads more than the file type (`-size`, `-newer`).
+    // Of several ranks each lists the entries of its own servers and
+    // only the directories of the others (which tell what is reached).
+    // A server that does not serve it (older, cache mode), or any error,
+    // makes the rank walk, which reports errors directory by directory
+    // (those of a server by the rank that owns it).
+    let with_meta = filter.size.is_some() || filter.newer_than.is_some();
+    if let Ok(Some(t)) = client.list_tree_of(&root, with_meta, &|i| split.owns(i)) {
+        let mut seen = seen.into_inner();
+        let mut matched = matched.into_inner();
+        for i in 0..t.len() {
+            let full = t.path(i);
+            let st = match t.meta(i) {
+                Some(m) => Stat::from_meta(full, m),
+                None if with_meta => continue,
+                None => Stat {
+                    mode: (t.page.kinds[i] as u32) << 12,
+                    ..Default::default()
+                },
+            };
+            seen += 1;
+            if filter.matches(chfs_proto::path::file_name(full), &st) {
+                matched += 1;
+                on_match(full);
             }
-            return (FindStats { seen, matched }, Vec::new());
         }
+        return (FindStats { seen, matched }, Vec::new());
     }
     let errors = client.walk_parallel(&root, threads, &|i| split.owns(i), &|full, e| {
         seen.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,7 @@
 //! chfind under `mpirun -n 3` against GNU find: a tree of 20,000 entries in
 //! a pool of 4 real chfsd servers (so the ranks own 2, 1 and 1 servers) and
-//! in a local directory. The lines printed by all ranks together must be
+//! in a local directory; and under `mpirun -n 2` with servers that refuse
+//! directory listings (the ranks list trees). The lines printed by all ranks together must be
 //! GNU find's, each exactly once, and `-q` prints one total on rank 0.
 //! And the other way round: a chfind started by an MPI program (IO500's
 //! find phase) inherits the launcher's variables and must run alone.
@@ -43,17 +44,30 @@ over_ofi_tcp!(
 );
 
 fn chfind_under_mpirun_matches_gnu_find_over(protocol: Option<&str>) {
-    let pool = pool_over(4, vec![], protocol);
+    matches_gnu_find(pool_over(4, vec![], protocol), 3);
+}
+
+/// The ranks list trees (as IO500 runs chfind, `mpirun -n 2`, each rank
+/// owning 2 of the 4 servers): servers that refuse every directory
+/// listing (`Readdir`, `ReaddirDirs`, as a server that does not know
+/// them) still give GNU find's lines and counts.
+#[test]
+fn chfind_ranks_list_trees_not_directories() {
+    let args = ["--unknown-op", "READDIR", "--unknown-op", "READDIR_DIRS"];
+    let pool = pool_over(4, args.iter().map(|a| a.to_string()).collect(), None);
+    matches_gnu_find(pool, 2);
+}
+
+/// `mpirun -n RANKS chfind` over `pool` (4 servers) against GNU find.
+fn matches_gnu_find(pool: LocalPool, ranks: usize) {
     let c = connect(&pool);
     let tmp = local_dir();
     let local = tmp.path();
     assert_eq!(build(&c, local, ENTRIES), ENTRIES);
     // Every server holds part of the tree (so every rank has work).
     for i in 0..c.server_count() {
-        assert!(
-            !c.readdir_index("/t/d00", i).unwrap().is_empty(),
-            "server {i}"
-        );
+        let mine = c.list_tree_of("/t/d00", false, &|j| j == i).unwrap();
+        assert!(!mine.unwrap().is_empty(), "server {i}");
     }
 
     let server = pool.server_string();
@@ -100,7 +114,7 @@ fn chfind_under_mpirun_matches_gnu_find_over(protocol: Option<&str>) {
             "{q:?}: chfind alone differs from find"
         );
 
-        let out = mpirun(3, &server, &[&["/t"][..], &cq].concat());
+        let out = mpirun(ranks, &server, &[&["/t"][..], &cq].concat());
         assert_eq!(out.status.code(), Some(0), "{q:?}: {}", text(&out.stderr));
         let mine = sorted_lines(&text(&out.stdout), "");
         if mine != gnu {
@@ -111,14 +125,14 @@ fn chfind_under_mpirun_matches_gnu_find_over(protocol: Option<&str>) {
                 .collect();
             let dups: Vec<_> = mine.windows(2).filter(|w| w[0] == w[1]).take(5).collect();
             panic!(
-                "{q:?}: chfind -n 3 printed {} lines vs find {}; not in find: {only_mine:?}; twice: {dups:?}",
+                "{q:?}: chfind -n {ranks} printed {} lines vs find {}; not in find: {only_mine:?}; twice: {dups:?}",
                 mine.len(),
                 gnu.len()
             );
         }
 
         // -q: one total, on rank 0, equal to GNU find's count.
-        let out = mpirun(3, &server, &[&["-q", "/t"][..], &cq].concat());
+        let out = mpirun(ranks, &server, &[&["-q", "/t"][..], &cq].concat());
         assert_eq!(
             out.status.code(),
             Some(0),
@@ -133,7 +147,7 @@ fn chfind_under_mpirun_matches_gnu_find_over(protocol: Option<&str>) {
     }
 
     // A missing starting point: one error (from rank 0), exit status 1.
-    let out = mpirun(3, &server, &["-q", "/nope"]);
+    let out = mpirun(ranks, &server, &["-q", "/nope"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert_eq!(err.matches("chfind: /nope").count(), 1, "{err}");

@@ -118,6 +118,10 @@ pub mod rw {
 pub mod tree {
     /// Return each entry's metadata record too (else only its file type).
     pub const META: u8 = 1;
+    /// Only directories (the other entries are passed over, not counted
+    /// against the page's `max`). A server older than the flag lists
+    /// every entry: a client keeps the directories of the reply.
+    pub const DIRS: u8 = 2;
 }
 
 /// One page of a [`Request::ListTree`] reply: entries as full paths in

@@ -62,9 +62,15 @@ fn main() {
             let mut n = 0;
             let t = Instant::now();
             let done = s
-                .list_tree("/pool/sub", None, "", 65_536, with_meta, &mut |_, _, _| {
-                    n += 1
-                })
+                .list_tree(
+                    "/pool/sub",
+                    None,
+                    "",
+                    65_536,
+                    with_meta,
+                    false,
+                    &mut |_, _, _| n += 1,
+                )
                 .unwrap();
             let us = t.elapsed().as_secs_f64() * 1e6;
             assert!(done);

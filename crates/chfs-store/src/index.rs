@@ -757,9 +757,12 @@ impl<M: Medium> Store for Indexed<M> {
         after: &str,
         max: usize,
         with_meta: bool,
+        dirs_only: bool,
         emit: &mut dyn FnMut(&str, u8, Option<&Meta>),
     ) -> Result<bool> {
-        Ok(tree::list(self, dir, skip, after, max, with_meta, emit))
+        Ok(tree::list(
+            self, dir, skip, after, max, with_meta, dirs_only, emit,
+        ))
     }
 
     fn has_children(&self, dir: &str) -> Result<bool> {

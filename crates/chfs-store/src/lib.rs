@@ -208,7 +208,9 @@ pub trait Store: Send + Sync + 'static {
     /// `emit(path, file type, header)` for each, at most `max`; the file
     /// type is the mode's `S_IFMT` bits >> 12, and the header comes with
     /// `with_meta` only (without it the directory index alone answers: no
-    /// lookup per entry). Returns whether the listing is complete. A call
+    /// lookup per entry). With `dirs_only` only directories are emitted
+    /// (and counted against `max`); the other entries are passed over.
+    /// Returns whether the listing is complete. A call
     /// costs what it lists (plus log factors), not the directories held
     /// outside `dir`'s tree: those below `dir` are a range of the
     /// directory index's ordered keys, read as reached; a directory's names are
@@ -222,6 +224,7 @@ pub trait Store: Send + Sync + 'static {
         after: &str,
         max: usize,
         with_meta: bool,
+        dirs_only: bool,
         emit: &mut dyn FnMut(&str, u8, Option<&Meta>),
     ) -> Result<bool>;
 

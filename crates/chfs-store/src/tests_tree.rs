@@ -73,7 +73,7 @@ fn page(
 ) -> (Vec<String>, bool) {
     let mut out = Vec::new();
     let done = s
-        .list_tree(dir, skip, after, max, true, &mut |p, kind, m| {
+        .list_tree(dir, skip, after, max, true, false, &mut |p, kind, m| {
             let m = m.expect("a header");
             assert_eq!(kind as u32, (m.mode >> 12) & 0xf, "{p}");
             assert_eq!(m.is_dir(), kind == 4);
@@ -82,7 +82,7 @@ fn page(
         .unwrap();
     let mut names = Vec::new();
     let done2 = s
-        .list_tree(dir, skip, after, max, false, &mut |p, kind, m| {
+        .list_tree(dir, skip, after, max, false, false, &mut |p, kind, m| {
             assert!(m.is_none());
             names.push((p.to_string(), kind));
         })
@@ -93,6 +93,33 @@ fn page(
         out
     );
     (out, done)
+}
+
+/// Every directory below `dir` listed with `dirs_only`, `max` a page.
+fn all_dirs(s: &dyn Store, dir: &str, skip: Option<&str>, max: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    let mut after = String::new();
+    loop {
+        let mut p = Vec::new();
+        let done = s
+            .list_tree(dir, skip, &after, max, false, true, &mut |p2, kind, _| {
+                assert_eq!(kind, 4, "{p2} is not a directory");
+                p.push(p2.to_string());
+            })
+            .unwrap();
+        assert!(p.len() <= max);
+        if let Some(l) = p.last() {
+            after = l.clone();
+        }
+        got.extend(p);
+        if done {
+            return got;
+        }
+        assert!(
+            !after.is_empty(),
+            "a page with no directory and more to come"
+        );
+    }
 }
 
 fn all(s: &dyn Store, dir: &str, skip: Option<&str>, max: usize) -> Vec<String> {
@@ -134,8 +161,19 @@ fn tree_listing_is_every_entry_below_in_byte_order_in_pages() {
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect();
+            let want_dirs: Vec<String> = want
+                .iter()
+                .filter(|p| t.iter().any(|(q, d)| *d && q == *p))
+                .cloned()
+                .collect();
+            assert!(!want_dirs.is_empty() && want_dirs.len() < want.len());
             for max in [1, 2, 3, 7, 64, 511, 512, 513, 100_000] {
                 assert_eq!(all(&*s, dir, skip, max), want, "{dir} {skip:?} max {max}");
+                assert_eq!(
+                    all_dirs(&*s, dir, skip, max),
+                    want_dirs,
+                    "directories only: {dir} {skip:?} max {max}"
+                );
             }
         }
         assert_eq!(page(&*s, "/nothing", None, "", 10), (vec![], true));
@@ -205,7 +243,7 @@ fn tree_listing_types_follow_an_entry_replaced() {
             .unwrap();
         let kinds = |s: &dyn Store| {
             let mut v = Vec::new();
-            s.list_tree("/k", None, "", 100, false, &mut |p, k, _| {
+            s.list_tree("/k", None, "", 100, false, false, &mut |p, k, _| {
                 v.push((p.to_string(), k))
             })
             .unwrap();

@@ -22,6 +22,11 @@
 //! many other directories the server holds (before, every page read and
 //! sorted the keys of all of them).
 //!
+//! A directories-only listing (`dirs_only`, the protocol's `tree::DIRS`:
+//! chfind's ranks asking the other ranks' servers) merges the same runs
+//! and emits only the directories: a page costs what it passes over, and
+//! holds up to `max` directories.
+//!
 //! Resuming after the path `p`: a directory whose key is a prefix of `p`
 //! resumes after the name `p` has past the key (a name has no `/`, so
 //! bytewise `name > rest` is exactly `key + name > p`); one whose key
@@ -36,6 +41,9 @@ use chfs_proto::Meta;
 
 use crate::dirindex::{prefix_of, NameBatch};
 use crate::index::{Indexed, Medium};
+
+/// A directory's file type (its mode's `S_IFMT` bits >> 12).
+const DIR_KIND: u8 = 4;
 
 /// Names read from a directory at a time.
 const BATCH: usize = 512;
@@ -217,6 +225,7 @@ impl<'a> Keys<'a> {
 }
 
 /// See [`crate::Store::list_tree`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn list<M: Medium>(
     st: &Indexed<M>,
     dir: &str,
@@ -224,6 +233,7 @@ pub(crate) fn list<M: Medium>(
     after: &str,
     max: usize,
     with_meta: bool,
+    dirs_only: bool,
     emit: &mut dyn FnMut(&str, u8, Option<&Meta>),
 ) -> bool {
     let prefix = prefix_of(dir);
@@ -291,20 +301,25 @@ pub(crate) fn list<M: Medium>(
             if within.is_some_and(|rest| r.name() >= rest) {
                 break;
             }
-            path.clear();
-            path.push_str(&r.key);
-            path.push_str(std::str::from_utf8(r.name()).unwrap_or_default());
             let kind = r.batch.kinds[r.at];
-            emit(
-                &path,
-                kind,
-                if with_meta {
-                    r.metas[r.at].as_ref()
-                } else {
-                    None
-                },
-            );
-            n += 1;
+            // Directories only: the others are passed over, not counted
+            // (a page holds `max` directories, however many files lie
+            // between them).
+            if !dirs_only || kind == DIR_KIND {
+                path.clear();
+                path.push_str(&r.key);
+                path.push_str(std::str::from_utf8(r.name()).unwrap_or_default());
+                emit(
+                    &path,
+                    kind,
+                    if with_meta {
+                        r.metas[r.at].as_ref()
+                    } else {
+                        None
+                    },
+                );
+                n += 1;
+            }
             r.at += 1;
             if !r.ready(st, with_meta) {
                 active.swap_remove(m);

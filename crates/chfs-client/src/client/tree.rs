@@ -118,6 +118,50 @@ impl Client {
         page: u32,
         max_bytes: usize,
     ) -> Result<Option<TreeListing>> {
+        self.list_tree_with(root, with_meta, &|_| true, page, max_bytes)
+    }
+
+    /// [`Client::list_tree`] for one of several processes sharing the
+    /// listing (the ranks of a parallel find): the entries held by the
+    /// servers `examine` picks (by index, as [`Client::walk_parallel`]'s
+    /// `examine`), and of them only those the walk from `root` would
+    /// visit. The other servers are asked for their directories only
+    /// ([`tree::DIRS`]), which tell which of the picked servers' entries
+    /// are reachable (an entry's parent directory may be held by any
+    /// server). So processes picking disjoint sets of servers covering
+    /// the pool list every entry of [`Client::list_tree`] exactly once
+    /// between them. `Ok(None)`, and errors, as [`Client::list_tree`];
+    /// no server picked: an empty listing, no request.
+    pub fn list_tree_of(
+        &self,
+        root: &str,
+        with_meta: bool,
+        examine: &(dyn Fn(usize) -> bool + Sync),
+    ) -> Result<Option<TreeListing>> {
+        self.list_tree_with(root, with_meta, examine, TREE_PAGE, TREE_BYTES)
+    }
+
+    /// [`Client::list_tree_of`] with `page` entries per request (for tests
+    /// of the paging).
+    #[doc(hidden)]
+    pub fn list_tree_of_paged(
+        &self,
+        root: &str,
+        with_meta: bool,
+        examine: &(dyn Fn(usize) -> bool + Sync),
+        page: u32,
+    ) -> Result<Option<TreeListing>> {
+        self.list_tree_with(root, with_meta, examine, page, TREE_BYTES)
+    }
+
+    fn list_tree_with(
+        &self,
+        root: &str,
+        with_meta: bool,
+        examine: &(dyn Fn(usize) -> bool + Sync),
+        page: u32,
+        max_bytes: usize,
+    ) -> Result<Option<TreeListing>> {
         let max_bytes = max_bytes.min(TREE_BYTES);
         let st = self.state();
         let root = normalize(root)?;
@@ -126,12 +170,21 @@ impl Client {
             return Ok(None);
         }
         let servers = st.servers_for(&root)?;
-        let flags = if with_meta { tree::META } else { 0 };
+        // Which servers' entries are listed (the others': directories).
+        let keep: Vec<bool> = servers.iter().map(|&i| examine(i)).collect();
+        if !keep.contains(&true) {
+            return Ok(Some(TreeListing::default()));
+        }
         // Bytes of paths received from all servers so far.
         let bytes = std::sync::atomic::AtomicUsize::new(0);
         // One server's pages, one after the other (`None`: the listing
-        // grew past `max_bytes`).
-        let fetch = |i: usize| -> Result<Option<TreePage>> {
+        // grew past `max_bytes`); with `full` false its directories only.
+        let fetch = |i: usize, full: bool| -> Result<Option<TreePage>> {
+            let flags = match (full, with_meta) {
+                (false, _) => tree::DIRS,
+                (true, true) => tree::META,
+                (true, false) => 0,
+            };
             let mut run = TreePage::default();
             let mut after = String::new();
             loop {
@@ -143,20 +196,26 @@ impl Client {
                 };
                 self.count(1);
                 match self.inner.pool.call(&st, i, &req)? {
-                    Response::Tree(p) if with_meta && p.metas.len() != p.len() => {
+                    Response::Tree(p) if flags & tree::META != 0 && p.metas.len() != p.len() => {
                         return Err(crate::error::Error::new(
                             libc::EPROTO,
                             "a tree listing without the headers asked for",
                         ));
                     }
-                    Response::Tree(p) => {
+                    Response::Tree(mut p) => {
                         let done = p.done;
+                        if !p.is_empty() {
+                            after = p.path(p.len() - 1).to_string();
+                        }
+                        if !full {
+                            // A server older than `DIRS` lists everything.
+                            p = dirs_of(p);
+                        }
                         let n = p.paths.len();
                         if bytes.fetch_add(n, Ordering::Relaxed) + n > max_bytes {
                             return Ok(None);
                         }
                         if !p.is_empty() {
-                            after = p.path(p.len() - 1).to_string();
                             append(&mut run, p);
                         }
                         if done || after.is_empty() {
@@ -172,10 +231,11 @@ impl Client {
             let fetch = &fetch;
             let handles: Vec<_> = servers
                 .iter()
+                .zip(&keep)
                 .skip(1)
-                .map(|&i| s.spawn(move || fetch(i)))
+                .map(|(&i, &full)| s.spawn(move || fetch(i, full)))
                 .collect();
-            let first = servers.first().map(|&i| fetch(i));
+            let first = servers.first().map(|&i| fetch(i, keep[0]));
             first
                 .into_iter()
                 .chain(
@@ -198,8 +258,25 @@ impl Client {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Some(merge(&root, runs, with_meta)))
+        Ok(Some(merge(&root, runs, &keep, with_meta)))
     }
+}
+
+/// The directories of page `p` (all of it when it holds only those).
+fn dirs_of(p: TreePage) -> TreePage {
+    if (0..p.len()).all(|i| p.is_dir(i)) {
+        return p;
+    }
+    let mut out = TreePage {
+        done: p.done,
+        ..Default::default()
+    };
+    for i in 0..p.len() {
+        if p.is_dir(i) {
+            out.push_entry(p.path(i), p.kinds[i], p.metas.get(i));
+        }
+    }
+    out
 }
 
 /// The next path of run `r` (its entry `at[r]`, starting at `start[r]`).
@@ -210,8 +287,9 @@ fn head<'a>(runs: &'a [TreePage], at: &[usize], start: &[usize], r: usize) -> Op
 }
 
 /// Merges the servers' sorted runs, dropping entries the walk from `root`
-/// would not reach.
-fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
+/// would not reach; the runs `keep` does not pick only tell which
+/// directories are reached (none of their entries is listed).
+fn merge(root: &str, runs: Vec<TreePage>, keep: &[bool], with_meta: bool) -> TreeListing {
     let total: usize = runs.iter().map(TreePage::len).sum();
     let bytes: usize = runs.iter().map(|p| p.paths.len()).sum();
     let mut out = TreePage {
@@ -226,7 +304,7 @@ fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
     let mut dirs: HashSet<String> = HashSet::new();
     let mut last_parent = String::new();
     let mut last_kept = false;
-    let mut take = |run: &TreePage, at: usize, path: &str| {
+    let mut take = |r: usize, run: &TreePage, at: usize, path: &str| {
         let dir = parent(path);
         if dir != last_parent {
             last_kept = dir == root || dirs.contains(dir);
@@ -234,6 +312,12 @@ fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
             last_parent.push_str(dir);
         }
         if !last_kept {
+            return;
+        }
+        if !keep[r] {
+            if run.is_dir(at) {
+                dirs.insert(path.to_string());
+            }
             return;
         }
         out.paths.push_str(path);
@@ -266,7 +350,7 @@ fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
                 }
             }
             let Some((r, path)) = min else { break };
-            take(&runs[r], at[r], path);
+            take(r, &runs[r], at[r], path);
             start[r] += path.len();
             at[r] += 1;
             heads[r] = head(&runs, &at, &start, r);
@@ -276,7 +360,7 @@ fn merge(root: &str, runs: Vec<TreePage>, with_meta: bool) -> TreeListing {
             .filter_map(|r| Some(Reverse((head(&runs, &at, &start, r)?, r))))
             .collect();
         while let Some(Reverse((path, r))) = heap.pop() {
-            take(&runs[r], at[r], path);
+            take(r, &runs[r], at[r], path);
             start[r] += path.len();
             at[r] += 1;
             if let Some(h) = head(&runs, &at, &start, r) {
@@ -327,9 +411,27 @@ mod tests {
                 runs[i % k].push((p, *d));
             }
             let runs: Vec<TreePage> = runs.iter().map(|r| page(r)).collect();
-            let got = merge("/r", runs, false);
+            let got = merge("/r", runs.clone(), &vec![true; k], false);
             let got: Vec<&str> = (0..got.len()).map(|i| got.path(i)).collect();
             assert_eq!(got, want, "{k} runs");
+            // Shared by n processes, each keeping the entries of its runs
+            // (the others' directories only telling what is reached):
+            // every entry once between them.
+            for n in 1..=3 {
+                let mut all: Vec<String> = Vec::new();
+                for me in 0..n {
+                    let keep: Vec<bool> = (0..k).map(|r| r % n == me).collect();
+                    let others: Vec<TreePage> = runs
+                        .iter()
+                        .zip(&keep)
+                        .map(|(p, &kept)| if kept { p.clone() } else { dirs_of(p.clone()) })
+                        .collect();
+                    let got = merge("/r", others, &keep, false);
+                    all.extend((0..got.len()).map(|i| got.path(i).to_string()));
+                }
+                all.sort();
+                assert_eq!(all, want, "{k} runs, {n} processes");
+            }
         }
     }
 

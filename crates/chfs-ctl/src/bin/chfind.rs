@@ -14,9 +14,11 @@ chfind — parallel find over the chfs-rs pool named by CHFS_SERVER
 
 Usage: chfind [-q] [-v] [-j THREADS] [PATH...] [TEST...]
 
-Every server's part of each directory is read with readdir-by-index, all
-servers in parallel (THREADS threads; default 4 per server, at most 64).
-Paths are chfs-rs paths (default /). All tests must pass (as find's -a):
+The whole tree is listed at once, a request per server and page, all
+servers in parallel; where a server does not serve that (older, cache
+mode), every server's part of each directory is read with readdir-by-index
+(THREADS threads; default 4 per server, at most 64). Paths are chfs-rs
+paths (default /). All tests must pass (as find's -a):
 
   -name PATTERN   last component matches the shell pattern (fnmatch, as GNU find)
   -newer FILE     modified after FILE (FILE is looked up in chfs-rs first,

@@ -627,20 +627,30 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             }
             let max = (max as usize).clamp(1, 65536);
             let with_meta = flags & tree::META != 0;
+            let dirs_only = flags & tree::DIRS != 0;
             // This node's area is listed only when asked for (it is not
             // in the listing of its parent either).
             let skip = sh.node_local.as_deref().filter(|&a| !is_within(&prefix, a));
             // A page reads as much as it lists (directory keys from the
-            // store's ordered set, then names; headers with `META`): off
+            // store's ordered set, then names, with `DIRS` also those it
+            // passes over; headers with `META`): off
             // the async workers' backs (block_in_place), as a page may
             // list 65,536 entries.
             let mut page = TreePage::default();
             page.done = blocking(|| {
-                st.list_tree(&prefix, skip, &after, max, with_meta, &mut |p, kind, m| {
-                    if m.is_none_or(|m| m.flags & FLAG_WHITEOUT == 0) {
-                        page.push_entry(p, kind, m);
-                    }
-                })
+                st.list_tree(
+                    &prefix,
+                    skip,
+                    &after,
+                    max,
+                    with_meta,
+                    dirs_only,
+                    &mut |p, kind, m| {
+                        if m.is_none_or(|m| m.flags & FLAG_WHITEOUT == 0) {
+                            page.push_entry(p, kind, m);
+                        }
+                    },
+                )
             })
             .map_err(|e| store_err(&prefix, e))?;
             Ok(Response::Tree(page))
