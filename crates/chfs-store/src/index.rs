@@ -377,10 +377,14 @@ impl<M: Medium> Indexed<M> {
             files.remove(path);
         }
         r?;
-        drop(files);
+        // The name is listed before the shard's lock is let go (as in
+        // `removed`): with the lock dropped first, a remove and a create
+        // of one path racing could leave the entry without its name (a
+        // file readdir never lists) or a name without its entry.
         if idx == 0 {
             self.dirs.add(path, kind_of(meta.mode));
         }
+        drop(files);
         Ok((meta, true))
     }
 
@@ -398,10 +402,13 @@ impl<M: Medium> Indexed<M> {
         if emptied {
             files.remove(path);
         }
-        drop(files);
+        // Under the shard's lock (files, then the directory index: the
+        // order `rebuilt` takes too), so that a create of the same path
+        // cannot list its name in between and lose it here.
         if idx == 0 {
             self.dirs.remove(path);
         }
+        drop(files);
         let meta = *r.meta();
         self.dropped(r)?;
         Ok(meta)
@@ -650,10 +657,10 @@ impl<M: Medium> Store for Indexed<M> {
         if chunks.is_empty() {
             files.remove(path);
         }
-        drop(files);
         if gone.contains_key(&0) {
             self.dirs.remove(path);
         }
+        drop(files);
         let n = gone.len() as u64;
         let mut first_err = None;
         for r in gone.into_values() {
