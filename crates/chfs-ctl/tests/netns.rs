@@ -39,7 +39,15 @@ struct Net {
     sshd: Vec<Child>,
     hosts: Vec<String>,
     subnet: String,
+    /// One simulated cluster at a time in this process: its names (bridge,
+    /// namespaces, veths) come from the process id, so the tests of this
+    /// binary running in parallel collided ("RTNETLINK answers: File
+    /// exists" in CI). Released after `drop` removed everything.
+    _one: std::sync::MutexGuard<'static, ()>,
 }
+
+/// See [`Net::_one`].
+static ONE_NET: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Drop for Net {
     fn drop(&mut self) {
@@ -79,6 +87,9 @@ impl Net {
     /// `n` hosts at 10.201.X.11.. (X from this process id), each in its own
     /// namespace with an sshd.
     fn new(n: usize) -> Result<Net, String> {
+        // A test that failed while holding it poisoned it; the names are
+        // free again once its Net was dropped.
+        let one = ONE_NET.lock().unwrap_or_else(|e| e.into_inner());
         let id = std::process::id();
         // A /24 not used on this machine (another run may hold one).
         let used = Command::new("ip")
@@ -100,6 +111,7 @@ impl Net {
             sshd: Vec::new(),
             hosts: Vec::new(),
             subnet: format!("10.201.{x}"),
+            _one: one,
         };
         let t = net.tmp.path().to_path_buf();
         let p = |f: &str| t.join(f).to_string_lossy().into_owned();
