@@ -228,6 +228,9 @@ impl Endpoint {
                 "an endpoint needs receive buffers of at least one byte".into(),
             ));
         }
+        if cfg.protocol == Protocol::Shm {
+            clear_stale_shm_regions();
+        }
         let domain = Domain::open(
             cfg.protocol.provider(),
             cfg.node.as_deref(),
@@ -996,6 +999,44 @@ impl Drop for InFlight {
         st.wakers.remove(&self.id);
         if st.done.remove(&self.id).is_none() {
             st.abandoned.insert(self.id);
+        }
+    }
+}
+
+/// libfabric's shm provider keeps each endpoint's queue in a file of
+/// /dev/shm named `PID:N:0` (N counting this process's endpoints), created
+/// exclusively. A process that ended without closing its endpoint (killed,
+/// or exiting with it open) leaves its file (16 MiB of tmpfs) behind, and
+/// a later process given the same PID got EBUSY ("fi_endpoint: Device or
+/// resource busy") opening its own: seen in CI once stale files had
+/// accumulated. Before this process (this PID: a forked child is another)
+/// opens its first shm endpoint, such files named with its PID are
+/// removed: no other live process has this PID, and this one has opened
+/// none yet. Files of dead processes with other PIDs stay until then.
+fn clear_stale_shm_regions() {
+    static DONE_FOR: Mutex<u32> = Mutex::new(0);
+    let pid = std::process::id();
+    let mut done = DONE_FOR.lock().unwrap_or_else(|e| e.into_inner());
+    if *done == pid {
+        return;
+    }
+    *done = pid;
+    let prefix = format!("{pid}:");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let mut parts = rest.split(':');
+        let numeric = |p: Option<&str>| {
+            p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        };
+        if numeric(parts.next()) && numeric(parts.next()) && parts.next().is_none() {
+            // Best effort: another user's file stays (sticky /dev/shm).
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
