@@ -484,7 +484,17 @@ impl FabricLink {
             }
             Err(e) => {
                 self.fail();
-                Err(rpc_err(addr, "send failed", e).with_conn_fault(ConnFault::NotSent))
+                // A send the provider took but did not finish in time may
+                // still leave (the server was stopped and goes on), and
+                // the server still knows this session: the request may
+                // yet be carried out, so it is lost, not unsent (sent
+                // again only where doing it twice is harmless). Any other
+                // error: the message never left whole.
+                let fault = match &e {
+                    RpcError::Fabric(f) if f.may_have_left() => ConnFault::Lost,
+                    _ => ConnFault::NotSent,
+                };
+                Err(rpc_err(addr, "send failed", e).with_conn_fault(fault))
             }
         }
     }

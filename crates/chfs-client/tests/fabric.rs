@@ -1665,3 +1665,98 @@ fn chunks_pushed_by_rma_are_freed_with_the_file() {
         (FILES * LEN) >> 20
     );
 }
+
+/// Waits until process `pid` is stopped (SIGSTOP).
+fn wait_stopped(pid: u32) {
+    let t = Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+        .unwrap_or(false)
+    {
+        assert!(t.elapsed() < Duration::from_secs(5), "server not stopped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A request whose send the provider took but did not finish within the
+/// request timeout (the server stopped) may still leave once the server
+/// goes on, on a session it still knows: an append reservation (as an
+/// exclusive create, a rename, a removal) is not sent again on a new
+/// session, where it would be carried out a second time. Before: the
+/// client sent it again once the server went on, and the append reserved
+/// its bytes twice (the file grew by twice the write). Run in a child process
+/// ([`fabric_send_timeout_child`]) where rxm sends every message over
+/// 1 KiB by rendezvous (`FI_OFI_RXM_BUFFER_SIZE`, `FI_OFI_RXM_SAR_LIMIT`,
+/// for the child and its servers): such a send is finished only when the
+/// server takes it, as sends are on providers whose completion means
+/// delivery (verbs).
+#[test]
+fn a_send_that_timed_out_is_not_sent_again() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "a_send_that_timed_out_is_not_sent_again",
+            "built without libfabric",
+        );
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fabric_send_timeout_child", "--nocapture"])
+        .env("CHFS_TEST_SEND_TIMEOUT_CHILD", "1")
+        .env("FI_OFI_RXM_BUFFER_SIZE", "1024")
+        .env("FI_OFI_RXM_SAR_LIMIT", "0")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("SEND TIMEOUT CHILD DONE"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Run by `a_send_that_timed_out_is_not_sent_again` in a child process.
+#[test]
+fn fabric_send_timeout_child() {
+    if std::env::var("CHFS_TEST_SEND_TIMEOUT_CHILD").is_err() {
+        return;
+    }
+    let p = fabric_pool(1, "fabric_send_timeout_child").expect("libfabric");
+    let c = client(&p, |cfg| {
+        cfg.secret = p.secret().unwrap().as_bytes().to_vec();
+        cfg.rpc_timeout = Duration::from_secs(3);
+    });
+    // Paths long enough (over 1 KiB) for their requests to go by
+    // rendezvous.
+    let mut dir = String::new();
+    for k in 0..6 {
+        dir = format!("{dir}/{}", char::from(b'a' + k).to_string().repeat(200));
+        c.mkdir(&dir, 0o755).unwrap();
+    }
+    let pid = p.pid(0).unwrap();
+    let log = format!("{dir}/log");
+    let fd = c.create(&log, O_WRONLY | O_APPEND, 0o644).unwrap();
+    // The append, with the server stopped; the server goes on 5 s later
+    // (after the request's send timed out, 3 s, before a handshake begun
+    // then would).
+    p.signal(0, libc::SIGSTOP).unwrap();
+    wait_stopped(pid);
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(5));
+        // SAFETY: a signal to the server this test started, by its PID.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    });
+    let t = Instant::now();
+    let r = c.write(fd, &[7u8; 100]);
+    println!("append: {r:?} after {:?}", t.elapsed());
+    resume.join().unwrap();
+    // The first send, if it left, is carried out by now.
+    std::thread::sleep(Duration::from_secs(1));
+    let size = c.stat(&log).unwrap().size;
+    assert!(
+        size == 100 || (size == 0 && r.is_err()),
+        "an append of 100 bytes grew the file to {size} ({r:?})"
+    );
+    println!("SEND TIMEOUT CHILD DONE");
+}

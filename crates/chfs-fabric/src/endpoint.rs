@@ -787,6 +787,7 @@ impl Endpoint {
             return Err(Error::Timeout {
                 op: name,
                 after: deadline.allowed,
+                posted: false,
             });
         }
         let st = self.lock();
@@ -820,6 +821,7 @@ impl Endpoint {
             return Err(Error::Timeout {
                 op: name,
                 after: deadline.allowed,
+                posted: id.is_some(),
             });
         }
         let left = deadline.at - now;

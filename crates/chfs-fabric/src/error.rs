@@ -60,6 +60,11 @@ pub enum Error {
         op: &'static str,
         /// How long it was waited for.
         after: Duration,
+        /// The provider had accepted the operation when the time ran out
+        /// (its completion was waited for): it may still be carried out,
+        /// a send may still reach the peer. `false`: the provider's queue
+        /// stayed full, it never took the operation.
+        posted: bool,
     },
 }
 
@@ -82,6 +87,18 @@ impl Error {
                 _ => libc::EIO,
             },
         }
+    }
+
+    /// May the message of a send that failed with this error still reach
+    /// the peer? Only where the provider had accepted it and the wait for
+    /// its completion timed out ([`Error::Timeout`] with `posted`): the
+    /// provider keeps the message and may send it later (a peer that was
+    /// stopped and goes on). Everything else was refused before the
+    /// provider took it, or ended by the provider (a completion with an
+    /// error: it sends no more of it; over tcp and shm that is a message
+    /// not written whole, which the peer never takes).
+    pub fn may_have_left(&self) -> bool {
+        matches!(self, Error::Timeout { posted: true, .. })
     }
 
     /// The peer cannot be reached or has gone: connection refused, reset,

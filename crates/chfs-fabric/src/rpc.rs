@@ -773,6 +773,7 @@ impl RpcClient {
                 return Err(Error::Timeout {
                     op: "rpc",
                     after: timeout,
+                    posted: true,
                 }
                 .into());
             }
