@@ -1760,3 +1760,81 @@ fn fabric_send_timeout_child() {
     );
     println!("SEND TIMEOUT CHILD DONE");
 }
+
+/// A session of `role` (with the pool secret) with the server at `addr`,
+/// over the transport's own RPC client.
+fn fabric_session(
+    rpc: &chfs_fabric::rpc::RpcClient,
+    p: &LocalPool,
+    addr: &str,
+    role: chfs_proto::handshake::Role,
+) -> chfs_fabric::rpc::Session {
+    let cred = chfs_proto::handshake::Credential::parse(p.secret().unwrap().as_bytes()).unwrap();
+    let a: chfs_fabric::Address = addr.parse().unwrap();
+    rpc.handshake(&a, role, &cred, Duration::from_secs(10))
+        .expect("handshake")
+}
+
+/// The status of the pool's only server.
+fn status_of(c: &chfs_client::Client) -> chfs_proto::msg::ServerStatus {
+    c.server_status().remove(0).1.expect("status")
+}
+
+/// Replies chfsd's outbox drops (a peer that takes none: over 16 posted
+/// and 8 MiB queued) are counted in status (`fabric_replies_dropped`),
+/// not only logged: a client that sends 400 listings of ~64 KiB and
+/// reads none of the answers (its endpoint makes no progress) has replies
+/// dropped, and counted.
+#[test]
+fn replies_dropped_for_a_client_that_takes_none_are_counted() {
+    use chfs_proto::Request;
+    let Some(p) = fabric_pool(
+        1,
+        "replies_dropped_for_a_client_that_takes_none_are_counted",
+    ) else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.mkdir("/big", 0o755).unwrap();
+    for i in 0..600 {
+        let fd = c
+            .create(&format!("/big/{i:0>100}"), O_WRONLY, 0o644)
+            .unwrap();
+        c.close(fd).unwrap();
+    }
+    assert_eq!(status_of(&c).fabric_replies_dropped, 0);
+    let cfg = chfs_fabric::Config::new(chfs_fabric::Protocol::Tcp).bind("127.0.0.1", None);
+    let ep = chfs_fabric::Endpoint::open(&cfg).expect("an ofi+tcp endpoint");
+    let rpc = chfs_fabric::rpc::RpcClient::new(std::sync::Arc::new(ep));
+    let s = fabric_session(&rpc, &p, &p.addrs()[0], chfs_proto::handshake::Role::Client);
+    let mut head = Vec::new();
+    Request::Readdir {
+        path: "/big".into(),
+        after: String::new(),
+        max: 10_000,
+    }
+    .encode(&mut head);
+    for _ in 0..400 {
+        rpc.post(
+            &s,
+            chfs_proto::msg::op::READDIR,
+            0,
+            &head,
+            Duration::from_secs(10),
+        )
+        .expect("post");
+    }
+    let t = Instant::now();
+    let dropped = loop {
+        let n = status_of(&c).fabric_replies_dropped;
+        if n > 0 || t.elapsed() > Duration::from_secs(20) {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(dropped > 0, "no reply dropped: the test proves nothing");
+    assert!(dropped <= 400, "{dropped}");
+    drop(rpc);
+    // The server serves the others meanwhile.
+    assert_eq!(c.readdir("/big").unwrap().len(), 600);
+}

@@ -32,8 +32,9 @@ pub use msg::{Request, Response};
 /// `ServerStatus::fabric_sessions`/`fabric_expired`/`rma_pulls`/
 /// `rma_pushes`/`reg_fallbacks`; 11: `ServerStatus::fabric_peers`/
 /// `fabric_no_session`/`fabric_no_session_dropped`, and over the fabric
-/// lent frames, `FLAG_LENT` and `OP_RELEASE` of chfs-fabric's `rpc`).
-pub const PROTOCOL_VERSION: u16 = 11;
+/// lent frames, `FLAG_LENT` and `OP_RELEASE` of chfs-fabric's `rpc`; 12:
+/// `ServerStatus::fabric_replies_dropped`/`fabric_lent_pulls`).
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -326,6 +326,11 @@ pub struct ServerStatus {
     pub fabric_peers: u64,
     pub fabric_no_session: u64,
     pub fabric_no_session_dropped: u64,
+    /// Fabric: replies dropped because their peer took no more (over
+    /// chfsd's per-peer bound of replies posted and queued), and
+    /// requests larger than a message pulled from their senders.
+    pub fabric_replies_dropped: u64,
+    pub fabric_lent_pulls: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1370,6 +1375,8 @@ impl Response {
                 out.put_u64(s.fabric_peers);
                 out.put_u64(s.fabric_no_session);
                 out.put_u64(s.fabric_no_session_dropped);
+                out.put_u64(s.fabric_replies_dropped);
+                out.put_u64(s.fabric_lent_pulls);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1480,6 +1487,8 @@ impl Response {
                 fabric_peers: r.u64()?,
                 fabric_no_session: r.u64()?,
                 fabric_no_session_dropped: r.u64()?,
+                fabric_replies_dropped: r.u64()?,
+                fabric_lent_pulls: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1974,6 +1983,8 @@ mod tests {
                 rma_pulls: 18,
                 reg_fallbacks: 19,
                 fabric_no_session_dropped: 20,
+                fabric_replies_dropped: 21,
+                fabric_lent_pulls: 22,
                 ..Default::default()
             })),
             Response::Count(7),

@@ -197,7 +197,7 @@ fn with_meta<'a>(head: &[&'a str], meta_hex: &[&'a str], tail: &[&'a str]) -> Ve
 fn protocol_constants() {
     // A bump of the version is a deliberate edit of this line, made with
     // the literals below that changed.
-    assert_eq!(PROTOCOL_VERSION, 11);
+    assert_eq!(PROTOCOL_VERSION, 12);
     assert_eq!(MAGIC, *b"CHFS-RS\x01");
     assert_eq!(HEADER_LEN, 16);
     assert_eq!(META_LEN, 64);
@@ -959,6 +959,8 @@ fn responses() {
         fabric_peers: 0x24,
         fabric_no_session: 0x25,
         fabric_no_session_dropped: 0x26,
+        fabric_replies_dropped: 0x27,
+        fabric_lent_pulls: 0x28,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -1016,6 +1018,8 @@ fn responses() {
                 "2400000000000000",  // fabric_peers
                 "2500000000000000",  // fabric_no_session
                 "2600000000000000",  // fabric_no_session_dropped
+                "2700000000000000",  // fabric_replies_dropped
+                "2800000000000000",  // fabric_lent_pulls
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes
@@ -1305,7 +1309,7 @@ fn handshake_messages() {
         &hello.encode(),
         &[
             "434846532d525301", // magic "CHFS-RS\x01"
-            "0b00",             // version u16
+            "0c00",             // version u16
             "02",               // role (server)
             "01",               // has_key
             "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", // nonce
@@ -1323,7 +1327,7 @@ fn handshake_messages() {
         &open.encode(),
         &[
             "434846532d525301", // magic
-            "0b00",             // version
+            "0c00",             // version
             "00000000",         // status i32
             "0000",             // message length u16, no message
             "00",               // auth: open
@@ -1343,7 +1347,7 @@ fn handshake_messages() {
         &challenge.encode(),
         &[
             "434846532d525301", // magic
-            "0b00",             // version
+            "0c00",             // version
             "00000000",         // status
             "0000",             // message length
             "01",               // auth: challenge
@@ -1357,7 +1361,7 @@ fn handshake_messages() {
         &refusal.encode(),
         &[
             "434846532d525301", // magic
-            "0b00",             // version
+            "0c00",             // version
             "0d000000",         // status (EACCES)
             "0200 6e6f",        // message "no"; no auth byte after a refusal
         ],
@@ -1369,13 +1373,13 @@ fn handshake_messages() {
         &version_refusal(3).encode(),
         &[
             "434846532d525301", // magic
-            "0b00",             // the acceptor's version
+            "0c00",             // the acceptor's version
             "47000000",         // status (EPROTO)
             "7300",             // message length (115)
-            // "protocol version 3 not supported: this server speaks version 11
+            // "protocol version 3 not supported: this server speaks version 12
             // (use client and server of the same chfs-rs release)"
             "70726f746f636f6c2076657273696f6e2033206e6f7420737570706f727465643a20",
-            "746869732073657276657220737065616b732076657273696f6e20313120",
+            "746869732073657276657220737065616b732076657273696f6e20313220",
             "2875736520636c69656e7420616e6420736572766572206f66207468652073616d65",
             "20636866732d72732072656c6561736529",
         ],
@@ -1479,7 +1483,7 @@ fn handshake_keys_and_proofs() {
             &[1; 32],
             &[2; 32],
         ),
-        &["b013baadd23341235396f7534766d39bfbcae7925ce17f69788a5c2c3f891a3d"],
+        &["daa88b17051ec1050af16abb73a731d614fc0d3d11570bda6bd13a2efea5ea69"],
     );
     g.finish();
 }

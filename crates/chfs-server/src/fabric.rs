@@ -288,6 +288,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
     let stop = shared.shutdown.subscribe();
     let idle = shared.limits.idle;
     let mut swept = Instant::now();
+    outbox().count_for(&ep, Some(shared.clone()));
     loop {
         if *stop.borrow() {
             break;
@@ -393,6 +394,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
             }
         }
     }
+    outbox().count_for(&ep, None);
     info!("fabric endpoint closed");
 }
 
@@ -581,6 +583,7 @@ fn lent_request(
     };
     let len = key.len as usize;
     let (sh, ep2, rt2) = (shared.clone(), ep.clone(), rt.clone());
+    Counters::inc(&shared.counters.fabric_lent_pulls);
     rt.spawn(async move {
         let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
         let pull = ep2
@@ -1112,6 +1115,9 @@ struct Outbox {
     peers: std::sync::Mutex<HashMap<(usize, Peer), PeerOut>>,
     /// Messages queued over all peers.
     queued: std::sync::atomic::AtomicUsize,
+    /// By endpoint: the server whose status counts its dropped replies
+    /// (`fabric_replies_dropped`), while its progress thread runs.
+    servers: std::sync::Mutex<HashMap<usize, Arc<Shared>>>,
 }
 
 #[derive(Default)]
@@ -1187,12 +1193,25 @@ impl Outbox {
                 );
             }
             o.dropped += 1;
+            if let Some(sh) = chfs_sys::lock(&self.servers).get(&ep_key(ep)) {
+                Counters::inc(&sh.counters.fabric_replies_dropped);
+            }
             return;
         }
         o.queued_bytes += m.len();
         o.queued.push_back((m, op));
         self.queued
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts the replies to `ep`'s peers it drops in `shared`'s status
+    /// (`None`: no more, the endpoint's progress thread ended).
+    fn count_for(&self, ep: &Endpoint, shared: Option<Arc<Shared>>) {
+        let mut g = chfs_sys::lock(&self.servers);
+        match shared {
+            Some(sh) => g.insert(ep_key(ep), sh),
+            None => g.remove(&ep_key(ep)),
+        };
     }
 
     /// Are replies waiting to be posted?

@@ -53,6 +53,12 @@ pub struct Counters {
     /// Of those, not answered: over the bound (`fabric::NO_SESSION_PER_SEC`,
     /// `fabric::IDLE_PEERS_MAX`).
     pub fabric_no_session_dropped: AtomicU64,
+    /// Replies dropped by the outbox (`fabric::Outbox`): their peer had
+    /// the most posted and queued already.
+    pub fabric_replies_dropped: AtomicU64,
+    /// Requests larger than a message (`FLAG_LENT`) pulled from their
+    /// senders.
+    pub fabric_lent_pulls: AtomicU64,
     /// Chunk data moved by RMA: writes' data read from clients, reads'
     /// data written into them.
     pub rma_pulls: AtomicU64,

@@ -203,6 +203,8 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 fabric_peers: Counters::get(&c.fabric_peers),
                 fabric_no_session: Counters::get(&c.fabric_no_session),
                 fabric_no_session_dropped: Counters::get(&c.fabric_no_session_dropped),
+                fabric_replies_dropped: Counters::get(&c.fabric_replies_dropped),
+                fabric_lent_pulls: Counters::get(&c.fabric_lent_pulls),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))
