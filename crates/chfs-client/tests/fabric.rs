@@ -1838,3 +1838,80 @@ fn replies_dropped_for_a_client_that_takes_none_are_counted() {
     // The server serves the others meanwhile.
     assert_eq!(c.readdir("/big").unwrap().len(), 600);
 }
+
+/// A request larger than a message (`FLAG_LENT`) of an op the peer's role
+/// may not make is refused before its payload is pulled (up to 256 MiB
+/// from the sender's memory): a client-role session's `UpdateServers` of
+/// 5,000 addresses is denied and nothing is pulled
+/// (`fabric_lent_pulls`). Before: pulled first, then denied.
+#[test]
+fn a_lent_request_the_role_may_not_make_is_not_pulled() {
+    use chfs_proto::Request;
+    let Some(p) = fabric_pool(1, "a_lent_request_the_role_may_not_make_is_not_pulled") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    let cfg = chfs_fabric::Config::new(chfs_fabric::Protocol::Tcp).bind("127.0.0.1", None);
+    let ep = chfs_fabric::Endpoint::open(&cfg).expect("an ofi+tcp endpoint");
+    let rpc = chfs_fabric::rpc::RpcClient::new(std::sync::Arc::new(ep));
+    let mut list = match server_call(&rpc, &p, &p.addrs()[0], &Request::GetServers) {
+        Ok(chfs_proto::Response::Servers(l)) => l,
+        other => panic!("{other:?}"),
+    };
+    // The same version: the server that takes it (a server's, last)
+    // keeps its list.
+    list.servers
+        .extend((0..4998).map(|i| format!("ofi+tcp://127.1.{}.{}:1", i / 250, i % 250 + 1)));
+    let mut payload = Vec::new();
+    Request::UpdateServers { list }.encode(&mut payload);
+    assert!(payload.len() > 2 * (64 << 10), "{} bytes", payload.len());
+    let before = status_of(&c);
+    for role in [
+        chfs_proto::handshake::Role::Client,
+        chfs_proto::handshake::Role::Admin,
+    ] {
+        let s = fabric_session(&rpc, &p, &p.addrs()[0], role);
+        let timeout = Duration::from_secs(10);
+        let id = rpc
+            .post(
+                &s,
+                chfs_proto::msg::op::UPDATE_SERVERS,
+                0,
+                &payload,
+                timeout,
+            )
+            .expect("post");
+        let (h, answer) = rpc.wait(&s, id, timeout).expect("an answer");
+        assert!(
+            h.flags & chfs_proto::frame::FLAG_ERROR != 0,
+            "{role:?}: served"
+        );
+        let e = chfs_proto::msg::decode_error(answer).unwrap();
+        assert_eq!(e.errno, libc::EPERM, "{role:?}: {}", e.message);
+    }
+    let after = status_of(&c);
+    assert_eq!(after.denied, before.denied + 2);
+    assert_eq!(
+        after.fabric_lent_pulls, before.fabric_lent_pulls,
+        "denied requests were pulled"
+    );
+    // A server's is pulled and served.
+    let s = fabric_session(&rpc, &p, &p.addrs()[0], chfs_proto::handshake::Role::Server);
+    let id = rpc
+        .post(
+            &s,
+            chfs_proto::msg::op::UPDATE_SERVERS,
+            0,
+            &payload,
+            Duration::from_secs(10),
+        )
+        .expect("post");
+    let (h, _) = rpc
+        .wait(&s, id, Duration::from_secs(10))
+        .expect("an answer");
+    assert_eq!(h.flags & chfs_proto::frame::FLAG_ERROR, 0);
+    assert_eq!(
+        status_of(&c).fabric_lent_pulls,
+        before.fabric_lent_pulls + 1
+    );
+}

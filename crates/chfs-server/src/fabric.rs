@@ -559,9 +559,10 @@ fn send_aside(
     });
 }
 
-/// A request larger than a message ([`FLAG_LENT`]): its payload is
-/// pulled from the client's memory (in a task: the progress thread
-/// completes the pull), then it is served as if it had come whole.
+/// A request larger than a message ([`FLAG_LENT`]) of an open session:
+/// refused at once if the session's role may not make it, else its
+/// payload is pulled from the client's memory (in a task: the progress
+/// thread completes the pull), then it is served as if it had come whole.
 #[allow(clippy::too_many_arguments)]
 fn lent_request(
     shared: &Arc<Shared>,
@@ -581,6 +582,14 @@ fn lent_request(
             return reply(ep, peer, h, Err(e));
         }
     };
+    // What the peer's role may not ask is refused before anything is
+    // pulled (up to `MAX_PAYLOAD` from the sender's memory); `request`
+    // checks again, for every request.
+    if let Some(e) = access.refusal(h.op, h.flags & FLAG_FORWARDED != 0) {
+        Counters::inc(&shared.counters.denied);
+        warn!(op = h.op, "{}", e.message);
+        return reply(ep, peer, h, Err(e));
+    }
     let len = key.len as usize;
     let (sh, ep2, rt2) = (shared.clone(), ep.clone(), rt.clone());
     Counters::inc(&shared.counters.fabric_lent_pulls);
