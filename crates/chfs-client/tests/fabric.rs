@@ -1915,3 +1915,48 @@ fn a_lent_request_the_role_may_not_make_is_not_pulled() {
         before.fabric_lent_pulls + 1
     );
 }
+
+/// The RMA operations chfsd has in flight for one client are bounded
+/// (`fabric::RMA_PER_PEER`, 32; the rest of its requests wait): a client
+/// with 4 threads writing and reading 256 KiB chunks by RMA, 128 in
+/// flight each, gets its data through and the server never had more
+/// than 32 of its RMA operations in flight (`fabric_rma_most`). Before:
+/// as many as the client sent (the same test saw 100 and more).
+#[test]
+fn rma_operations_in_flight_per_client_are_bounded() {
+    let Some(p) = fabric_pool(1, "rma_operations_in_flight_per_client_are_bounded") else {
+        return;
+    };
+    let c = std::sync::Arc::new(client(&p, |cfg| {
+        cfg.secret = p.secret().unwrap().as_bytes().to_vec();
+        cfg.window = 128;
+    }));
+    c.set_chunk_size(256 << 10).unwrap();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let data = pattern(32 << 20, t);
+                let path = format!("/rma{t}");
+                let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+                for _ in 0..2 {
+                    assert_eq!(c.pwrite(fd, &data, 0).unwrap(), data.len());
+                    let mut back = vec![0u8; data.len()];
+                    assert_eq!(c.pread(fd, &mut back, 0).unwrap(), data.len());
+                    assert!(back == data, "{path}: data differs");
+                }
+                c.close(fd).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = status_of(&c);
+    assert!(s.rma_pulls >= 4 * 2 * 128, "{s:?}");
+    assert!(
+        s.fabric_rma_most > 1 && s.fabric_rma_most <= 32,
+        "most RMA operations in flight for the client: {}",
+        s.fabric_rma_most
+    );
+}

@@ -33,7 +33,8 @@ pub use msg::{Request, Response};
 /// `rma_pushes`/`reg_fallbacks`; 11: `ServerStatus::fabric_peers`/
 /// `fabric_no_session`/`fabric_no_session_dropped`, and over the fabric
 /// lent frames, `FLAG_LENT` and `OP_RELEASE` of chfs-fabric's `rpc`; 12:
-/// `ServerStatus::fabric_replies_dropped`/`fabric_lent_pulls`).
+/// `ServerStatus::fabric_replies_dropped`/`fabric_lent_pulls`/
+/// `fabric_rma_most`).
 pub const PROTOCOL_VERSION: u16 = 12;
 
 /// Largest chunk size a file may have (64 MiB).

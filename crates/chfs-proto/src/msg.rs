@@ -331,6 +331,9 @@ pub struct ServerStatus {
     /// requests larger than a message pulled from their senders.
     pub fabric_replies_dropped: u64,
     pub fabric_lent_pulls: u64,
+    /// Fabric: the most RMA operations the server had in flight for one
+    /// peer at once (bounded per peer).
+    pub fabric_rma_most: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1377,6 +1380,7 @@ impl Response {
                 out.put_u64(s.fabric_no_session_dropped);
                 out.put_u64(s.fabric_replies_dropped);
                 out.put_u64(s.fabric_lent_pulls);
+                out.put_u64(s.fabric_rma_most);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1489,6 +1493,7 @@ impl Response {
                 fabric_no_session_dropped: r.u64()?,
                 fabric_replies_dropped: r.u64()?,
                 fabric_lent_pulls: r.u64()?,
+                fabric_rma_most: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1985,6 +1990,7 @@ mod tests {
                 fabric_no_session_dropped: 20,
                 fabric_replies_dropped: 21,
                 fabric_lent_pulls: 22,
+                fabric_rma_most: 23,
                 ..Default::default()
             })),
             Response::Count(7),

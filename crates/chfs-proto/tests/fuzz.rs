@@ -609,7 +609,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 37), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 38), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -651,6 +651,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         fabric_no_session_dropped: n[34],
                         fabric_replies_dropped: n[35],
                         fabric_lent_pulls: n[36],
+                        fabric_rma_most: n[37],
                         backend,
                         flush,
                     }))

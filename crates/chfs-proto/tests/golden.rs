@@ -961,6 +961,7 @@ fn responses() {
         fabric_no_session_dropped: 0x26,
         fabric_replies_dropped: 0x27,
         fabric_lent_pulls: 0x28,
+        fabric_rma_most: 0x29,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -1020,6 +1021,7 @@ fn responses() {
                 "2600000000000000",  // fabric_no_session_dropped
                 "2700000000000000",  // fabric_replies_dropped
                 "2800000000000000",  // fabric_lent_pulls
+                "2900000000000000",  // fabric_rma_most
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes

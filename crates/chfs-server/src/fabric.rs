@@ -252,6 +252,7 @@ impl Table {
                 return true;
             }
             outbox().forget(ep, p.peer);
+            chfs_sys::lock(rma_slots()).remove(&(ep_key(ep), p.peer));
             match ep.disconnect(p.peer) {
                 Ok(()) => debug!(%addr, "fabric peer removed"),
                 Err(e) => debug!(%addr, "fabric: cannot remove the peer: {e}"),
@@ -595,6 +596,7 @@ fn lent_request(
     Counters::inc(&shared.counters.fabric_lent_pulls);
     rt.spawn(async move {
         let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+        let slot = rma_slot(&sh, &ep2, peer).await;
         let pull = ep2
             .buffer(len)
             .and_then(|b| ep2.start_read(peer, Local::Buffer(b), 0, len, key, 0, SEND_TIMEOUT));
@@ -613,6 +615,7 @@ fn lent_request(
             },
             Err(e) => Err(fabric(e)),
         };
+        drop(slot);
         match pulled {
             Ok(b) => {
                 let h = Header {
@@ -871,6 +874,74 @@ impl Drop for Pooled {
 /// How long an RMA of one request may take.
 const RMA_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most RMA operations (pulls of writes' data, pushes of reads') in
+/// flight for one peer (a client's endpoint, whatever its sessions) at
+/// once; its other requests that move data by RMA wait (in their tasks)
+/// for one to end. Without it a client could make the server post any
+/// number, each with a buffer of up to `MAX_PAYLOAD` bytes for a pull.
+const RMA_PER_PEER: usize = 32;
+
+/// A peer's RMA slots ([`RMA_PER_PEER`]) and how many are taken.
+struct RmaSlots {
+    free: Arc<tokio::sync::Semaphore>,
+    busy: std::sync::atomic::AtomicUsize,
+}
+
+/// An RMA slot of a peer, held while its operation is in flight.
+struct RmaSlot {
+    slots: Arc<RmaSlots>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for RmaSlot {
+    fn drop(&mut self) {
+        self.slots
+            .busy
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// RMA slots by endpoint (its address in memory) and peer.
+type SlotsByPeer = std::sync::Mutex<HashMap<(usize, Peer), Arc<RmaSlots>>>;
+
+/// Every endpoint's peers' RMA slots (by endpoint, as the [`Outbox`]).
+fn rma_slots() -> &'static SlotsByPeer {
+    static SLOTS: std::sync::OnceLock<SlotsByPeer> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(Default::default)
+}
+
+/// Waits for an RMA slot of `peer` (at once when one is free: no task
+/// switch); notes the most taken at once in `fabric_rma_most`.
+async fn rma_slot(shared: &Shared, ep: &Endpoint, peer: Peer) -> RmaSlot {
+    let slots = chfs_sys::lock(rma_slots())
+        .entry((ep_key(ep), peer))
+        .or_insert_with(|| {
+            Arc::new(RmaSlots {
+                free: Arc::new(tokio::sync::Semaphore::new(RMA_PER_PEER)),
+                busy: Default::default(),
+            })
+        })
+        .clone();
+    let permit = slots
+        .free
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("never closed");
+    let busy = slots
+        .busy
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    shared
+        .counters
+        .fabric_rma_most
+        .fetch_max(busy as u64, std::sync::atomic::Ordering::Relaxed);
+    RmaSlot {
+        slots,
+        _permit: permit,
+    }
+}
+
 /// A request whose bulk data is in the client's memory (`FLAG_RMA`, the
 /// payload ending with a [`RemoteKey`]): a `Write`'s data (or a chunk a
 /// peer moves here: `AdoptChunk`, `PutChunk`) is read from
@@ -919,6 +990,8 @@ async fn serve_rma(
         // A write's data, or a chunk a peer moves to this server
         // (rebalance, rename), read from the sender's memory.
         mut req if bulk_in => {
+            // Before the buffer is taken: the bound is on memory too.
+            let slot = rma_slot(shared, ep, peer).await;
             let kept = {
                 let mut pool = chfs_sys::lock(&pulls);
                 pool.iter()
@@ -935,6 +1008,7 @@ async fn serve_rma(
                 .map_err(fabric)?;
             let buf = timed(tokio::time::timeout(RMA_TIMEOUT, pull).await)?
                 .ok_or_else(|| ErrorReply::new(libc::EIO, "the pull buffer did not come back"))?;
+            drop(slot);
             Counters::inc(&shared.counters.rma_pulls);
             let pulled = Bytes::from_owner(Pooled {
                 buf: Some(buf),
@@ -957,6 +1031,7 @@ async fn serve_rma(
                         return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
                     }
                     if n > 0 {
+                        let _slot = rma_slot(shared, ep, peer).await;
                         // The chunk's memory, registered for this push
                         // (the registration keeps it alive until the write
                         // completes, no longer: a cached one kept chunks

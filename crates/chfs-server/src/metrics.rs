@@ -59,6 +59,9 @@ pub struct Counters {
     /// Requests larger than a message (`FLAG_LENT`) pulled from their
     /// senders.
     pub fabric_lent_pulls: AtomicU64,
+    /// Most RMA operations in flight for one peer at once (at most
+    /// `fabric::RMA_PER_PEER`).
+    pub fabric_rma_most: AtomicU64,
     /// Chunk data moved by RMA: writes' data read from clients, reads'
     /// data written into them.
     pub rma_pulls: AtomicU64,

@@ -205,6 +205,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 fabric_no_session_dropped: Counters::get(&c.fabric_no_session_dropped),
                 fabric_replies_dropped: Counters::get(&c.fabric_replies_dropped),
                 fabric_lent_pulls: Counters::get(&c.fabric_lent_pulls),
+                fabric_rma_most: Counters::get(&c.fabric_rma_most),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))
