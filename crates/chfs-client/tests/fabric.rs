@@ -1960,3 +1960,64 @@ fn rma_operations_in_flight_per_client_are_bounded() {
         s.fabric_rma_most
     );
 }
+
+/// A flood of hellos naming addresses where nobody answers (each welcome
+/// a send that waits out its timeout, 10 s, on a blocking thread) is
+/// bounded: the server's other work that needs a blocking thread (a
+/// `sync`) and its open sessions go on, and the hellos beyond the bound
+/// are dropped and counted (`fabric_hellos_dropped`). Before: every
+/// welcome took a blocking thread for 10 s, and a client's sync waited
+/// for the runtime's 512 of them to come free: it timed out (10 s), and
+/// so did the new session its client then opened.
+#[test]
+fn a_flood_of_hellos_is_bounded() {
+    use chfs_fabric::rpc::{encode_hello, encode_message, OP_AUTH_HELLO};
+    use chfs_fabric::{Config, Endpoint, Protocol};
+    let Some(p) = fabric_pool(1, "a_flood_of_hellos_is_bounded") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.mkdir("/before", 0o755).unwrap();
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let ep = Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap();
+    let peer = ep.connect(&server).unwrap();
+    const FLOOD: u64 = 2000;
+    for i in 0..FLOOD {
+        let from = format!("ofi+tcp://127.3.{}.{}:1", i / 250, i % 250 + 1);
+        // A hello refused at once (no such largest message): its refusal
+        // is a welcome like any.
+        let m = encode_message(
+            0,
+            i + 1,
+            OP_AUTH_HELLO,
+            0,
+            &encode_hello(&from, 1, b"hello"),
+        );
+        ep.send(peer, &m, Duration::from_secs(5)).unwrap();
+    }
+    // A sync takes a blocking thread of the server's runtime.
+    let t = Instant::now();
+    c.sync().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "a sync during the flood took {:?}",
+        t.elapsed()
+    );
+    c.mkdir("/during", 0o755).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut st = status_of(&c);
+    while st.refused + st.fabric_hellos_dropped < FLOOD {
+        assert!(Instant::now() < deadline, "not all seen: {st:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        st = status_of(&c);
+    }
+    assert!(st.fabric_hellos_dropped >= FLOOD / 2, "{st:?}");
+    assert!(st.refused >= 100, "{st:?}");
+    // Once the welcomes in flight have ended (10 s at most), a new client
+    // is served.
+    std::thread::sleep(Duration::from_secs(11));
+    let t = Instant::now();
+    let other = fabric_client(&p);
+    other.mkdir("/after", 0o755).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}

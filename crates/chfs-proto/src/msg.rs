@@ -334,6 +334,9 @@ pub struct ServerStatus {
     /// Fabric: the most RMA operations the server had in flight for one
     /// peer at once (bounded per peer).
     pub fabric_rma_most: u64,
+    /// Fabric: hellos not answered because too many handshake messages
+    /// were on their way (a flood of hellos naming dead addresses).
+    pub fabric_hellos_dropped: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1381,6 +1384,7 @@ impl Response {
                 out.put_u64(s.fabric_replies_dropped);
                 out.put_u64(s.fabric_lent_pulls);
                 out.put_u64(s.fabric_rma_most);
+                out.put_u64(s.fabric_hellos_dropped);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1494,6 +1498,7 @@ impl Response {
                 fabric_replies_dropped: r.u64()?,
                 fabric_lent_pulls: r.u64()?,
                 fabric_rma_most: r.u64()?,
+                fabric_hellos_dropped: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -1991,6 +1996,7 @@ mod tests {
                 fabric_replies_dropped: 21,
                 fabric_lent_pulls: 22,
                 fabric_rma_most: 23,
+                fabric_hellos_dropped: 24,
                 ..Default::default()
             })),
             Response::Count(7),

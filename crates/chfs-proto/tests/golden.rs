@@ -962,6 +962,7 @@ fn responses() {
         fabric_replies_dropped: 0x27,
         fabric_lent_pulls: 0x28,
         fabric_rma_most: 0x29,
+        fabric_hellos_dropped: 0x2a,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -1022,6 +1023,7 @@ fn responses() {
                 "2700000000000000",  // fabric_replies_dropped
                 "2800000000000000",  // fabric_lent_pulls
                 "2900000000000000",  // fabric_rma_most
+                "2a00000000000000",  // fabric_hellos_dropped
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes

@@ -115,6 +115,20 @@ const NO_SESSION_PER_SEC: f64 = 1000.0;
 /// new address is dropped rather than answered.
 const IDLE_PEERS_MAX: usize = 256;
 
+/// Welcomes (answers to hellos) being sent at once ([`send_aside`]: each
+/// holds a blocking thread of the runtime, up to [`SEND_TIMEOUT`] where
+/// nobody answers). Beyond, a hello from an address not in the address
+/// vector is dropped (counted), so that a flood of hellos naming
+/// addresses where nobody answers leaves the runtime's other blocking
+/// threads (512; answers to unknown sessions take at most
+/// [`IDLE_PEERS_MAX`]) to the rest (a `sync`, calls to other servers, the
+/// cache's flushes): 2,000 junk hellos made every client of the server
+/// time out for 10 s and more. A real client's welcome leaves in a moment
+/// and frees its slot (the 200 clients of a restarted server that say
+/// hello again at once all get in); during such a flood new clients are
+/// refused (their handshake times out) and open sessions are served.
+const WELCOMES_MAX: usize = 128;
+
 /// A token bucket for [`OP_NO_SESSION`] answers.
 struct Strangers {
     tokens: f64,
@@ -155,6 +169,8 @@ struct Table {
     sessions: HashMap<u64, Session>,
     peers: HashMap<String, PeerEntry>,
     strangers: Strangers,
+    /// Welcomes in flight ([`WELCOMES_MAX`]).
+    welcoming: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Table {
@@ -465,6 +481,12 @@ fn hello(
         debug!("fabric: malformed hello, dropped");
         return;
     };
+    let welcoming = t.welcoming.load(std::sync::atomic::Ordering::Relaxed);
+    if welcoming >= WELCOMES_MAX && !t.peers.contains_key(&addr.to_string()) {
+        Counters::inc(&shared.counters.fabric_hellos_dropped);
+        debug!(%addr, "fabric: a hello not answered (bound of welcomes in flight reached)");
+        return;
+    }
     let peer = match t.peer(ep, &addr) {
         Ok(p) => p,
         Err(e) => {
@@ -535,7 +557,8 @@ fn hello(
         &encode_welcome(token, &reply.encode()),
     );
     let guard = t.sending(&addr.to_string());
-    send_aside(rt, ep, peer, m, guard, "welcome");
+    let welcome = Busy::new(&t.welcoming);
+    send_aside(rt, ep, peer, m, (guard, welcome), "welcome");
 }
 
 /// Sends a handshake message from a blocking thread: the peer of a hello
@@ -543,12 +566,13 @@ fn hello(
 /// connection, so a send to a bogus one waits out its timeout; the
 /// progress thread must not (a test's hello naming port 1 stalled every
 /// client for 10 s).
-fn send_aside(
+/// `sending` (the marks of the send in flight) is held until it ends.
+fn send_aside<H: Send + 'static>(
     rt: &tokio::runtime::Handle,
     ep: &Arc<Endpoint>,
     peer: Peer,
     m: Vec<u8>,
-    sending: Option<Busy>,
+    sending: H,
     what: &'static str,
 ) {
     let ep = ep.clone();

@@ -62,6 +62,9 @@ pub struct Counters {
     /// Most RMA operations in flight for one peer at once (at most
     /// `fabric::RMA_PER_PEER`).
     pub fabric_rma_most: AtomicU64,
+    /// Hellos not answered: too many handshake messages in flight
+    /// (`fabric::ASIDE_MAX`, a flood).
+    pub fabric_hellos_dropped: AtomicU64,
     /// Chunk data moved by RMA: writes' data read from clients, reads'
     /// data written into them.
     pub rma_pulls: AtomicU64,
