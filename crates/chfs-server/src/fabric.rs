@@ -566,6 +566,7 @@ fn hello(
 /// connection, so a send to a bogus one waits out its timeout; the
 /// progress thread must not (a test's hello naming port 1 stalled every
 /// client for 10 s).
+///
 /// `sending` (the marks of the send in flight) is held until it ends.
 fn send_aside<H: Send + 'static>(
     rt: &tokio::runtime::Handle,
