@@ -869,3 +869,104 @@ fn scratch_default_without_user_is_the_account_name() {
     let err = text(&out.stderr);
     assert!(err.contains(&format!("scratch /tmp/{name}\n")), "{err}");
 }
+
+/// Files in /dev/shm named after process `pid` (libfabric's shm provider
+/// names an endpoint's queue file `PID:N:M`).
+fn shm_files_of(pid: u32) -> Vec<String> {
+    let prefix = format!("{pid}:");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs a tool to its end and returns its PID (the tool checked to have
+/// succeeded).
+fn run_recorded(prog: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (u32, String) {
+    let child = tool(prog, args, env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tool");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait tool");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{} {args:?}: {}",
+        prog.display(),
+        text(&out.stderr)
+    );
+    (pid, text(&out.stdout))
+}
+
+/// Every process that used `ofi+shm` leaves nothing in /dev/shm when it
+/// exits normally: chfsctl's start and stop, the tools (Rust clients,
+/// one moving a 1 MiB file by RMA), and the servers stopped by `chfsctl
+/// stop`. libfabric's shm provider keeps an endpoint's queue in a 16 MiB
+/// file it unlinks only when the endpoint closes, and the client's shared
+/// endpoint is never closed: each of these processes left its file.
+#[test]
+fn processes_over_ofi_shm_leave_no_queue_files() {
+    if !common::fabric_built("processes_over_ofi_shm_leave_no_queue_files") {
+        return;
+    }
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let chfsd = chfsd.to_str().unwrap();
+    let ctl = bin("chfsctl");
+    let base = ["-c", &s, "--chfsd", chfsd, "-p", "ofi+shm"];
+    let mut pids = Vec::new();
+    let (pid, out) = run_recorded(&ctl, &[&base[..], &["-n", "2", "start"]].concat(), &[]);
+    pids.push(("chfsctl start", pid));
+    let env = eval_env(&out);
+    let servers = recorded_pids(&sc.scratch());
+    assert_eq!(servers.len(), 2);
+    for p in &servers {
+        assert!(!shm_files_of(*p).is_empty(), "chfsd {p} has a queue file");
+        pids.push(("chfsd", *p));
+    }
+    let e = envs(&env);
+    let data = sc.scratch().join("in.dat");
+    std::fs::write(&data, vec![7u8; 1 << 20]).unwrap();
+    for (name, args) in [
+        ("chmkdir", vec!["/d"]),
+        ("chstagein", vec![data.to_str().unwrap()]),
+        ("chlist", vec![]),
+    ] {
+        let (pid, _) = run_recorded(&bin(name), &args, &e);
+        pids.push((name, pid));
+    }
+    let c = client(&env, true).expect("connect");
+    assert_eq!(c.stat(data.to_str().unwrap()).unwrap().size, 1 << 20);
+    drop(c);
+    let secret = var(&env, "CHFS_SECRET_FILE").unwrap();
+    let (pid, _) = run_recorded(
+        &ctl,
+        &[&base[..], &["stop"]].concat(),
+        &[("CHFS_SECRET_FILE", secret)],
+    );
+    pids.push(("chfsctl stop", pid));
+    for p in &servers {
+        assert!(!chfsd_alive(*p), "chfsd {p} still runs");
+    }
+    let left: Vec<_> = pids
+        .iter()
+        .map(|(what, p)| (what, p, shm_files_of(*p)))
+        .filter(|(_, _, f)| !f.is_empty())
+        .collect();
+    // Not left for others either way (every recorded process has ended).
+    for (_, _, files) in &left {
+        for f in files {
+            let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+        }
+    }
+    assert!(left.is_empty(), "queue files left in /dev/shm: {left:?}");
+    let out = run(&ctl, &[&base[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

@@ -172,6 +172,10 @@ pub struct Endpoint {
     // Field order is drop order: the endpoint closes before the cache's
     // registrations and the buffers go.
     ep: Ep,
+    /// Over shm, the provider's queue file of this endpoint, unlinked at
+    /// the process's exit if the endpoint is still open then (dropped
+    /// after `ep`: the provider unlinks it at the close).
+    _shm_file: Option<ffi::ShmFile>,
     state: Mutex<State>,
     cv: Condvar,
     cache: RegCache,
@@ -239,9 +243,14 @@ impl Endpoint {
         let ep = Ep::open(&domain, cfg.cq_size)?;
         let ep_wait = ep.wait_kind();
         let raw = ep.name()?;
+        let shm_file = match cfg.protocol {
+            Protocol::Shm => shm_file_name(&raw).and_then(|n| ffi::ShmFile::record(&n)),
+            _ => None,
+        };
         let endpoint = Endpoint {
             cache: RegCache::new(&domain, cfg.cache_limit),
             ep,
+            _shm_file: shm_file,
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
             address: Address {
@@ -1001,6 +1010,18 @@ impl Drop for InFlight {
             st.abandoned.insert(self.id);
         }
     }
+}
+
+/// The name of the file in /dev/shm that holds the queue of the shm
+/// endpoint whose address is `raw`: libfabric 1.17 names an endpoint
+/// `fi_shm://NAME` and `shm_open`s NAME (`PID:N:M`). None if the
+/// address is not of that form or no such file exists (another version
+/// naming its files otherwise: nothing is unlinked at exit).
+fn shm_file_name(raw: &[u8]) -> Option<String> {
+    let raw = raw.split(|&b| b == 0).next()?;
+    let name = std::str::from_utf8(raw).ok()?.strip_prefix("fi_shm://")?;
+    let plain = !name.is_empty() && !name.contains('/') && name != "." && name != "..";
+    (plain && std::path::Path::new("/dev/shm").join(name).exists()).then(|| name.to_string())
 }
 
 /// libfabric's shm provider keeps each endpoint's queue in a file of

@@ -1398,3 +1398,93 @@ impl Drop for Ep {
         };
     }
 }
+
+/// Names of the shared-memory queue files (`shm_open` names) of this
+/// process's open shm endpoints, with the PID that created them (a forked
+/// child inherits the list, not the files). See [`ShmFile`].
+static SHM_FILES: std::sync::Mutex<Vec<(u32, std::ffi::CString)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A queue file that libfabric's shm provider made for an endpoint of this
+/// process (`/dev/shm/NAME`, 16 MiB in 1.17): recorded while the endpoint
+/// is open, and unlinked when the process exits normally (`exit(3)`, a
+/// return from `main`) with the endpoint still open, as the client's
+/// shared endpoint always is. The provider unlinks it when the endpoint
+/// closes; it did not when the process ended first, and every process that
+/// used `ofi+shm` left its file behind.
+///
+/// Only unlinked, never closed at exit: `exit` runs its handlers while the
+/// process's other threads still run, and one of them may be inside the
+/// provider with the endpoint (closing it under them would be a use after
+/// free). Unlinking takes nothing from anyone: the memory stays mapped by
+/// this process until it is gone and by peers that mapped it until they
+/// drop this peer; no new peer can map it, which an exiting process does
+/// not need. Dropped after the endpoint closed, it forgets the name.
+pub(crate) struct ShmFile {
+    name: std::ffi::CString,
+}
+
+impl ShmFile {
+    /// Records `name` (the provider's `shm_open` name, no slash) for the
+    /// exit hook, which is registered with the first record in this
+    /// process image.
+    pub(crate) fn record(name: &str) -> Option<ShmFile> {
+        let name = std::ffi::CString::new(name).ok()?;
+        static HOOKED: std::sync::Once = std::sync::Once::new();
+        HOOKED.call_once(|| {
+            // SAFETY: registers a function of this crate that takes no
+            // arguments, catches any unwind and only reads the list and
+            // unlinks files. `atexit` from a shared object registers it
+            // for that object (`__cxa_atexit` with its `__dso_handle`), so
+            // a library unloaded before the exit runs it at its unload
+            // rather than leaving a dangling handler. Failure (no memory)
+            // only loses the clean-up.
+            unsafe { libc::atexit(unlink_shm_files_at_exit) };
+        });
+        SHM_FILES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((std::process::id(), name.clone()));
+        Some(ShmFile { name })
+    }
+}
+
+impl Drop for ShmFile {
+    fn drop(&mut self) {
+        let pid = std::process::id();
+        SHM_FILES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(p, n)| !(*p == pid && *n == self.name));
+    }
+}
+
+/// The exit hook: unlinks the queue files this process (this PID) made
+/// for endpoints still open. It never waits long for the list: a forked
+/// child may hold it locked by a thread that no longer exists, and an
+/// exiting process must not hang (it then leaves its files, as before).
+extern "C" fn unlink_shm_files_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let pid = std::process::id();
+        let give_up = std::time::Instant::now() + std::time::Duration::from_millis(50);
+        let files = loop {
+            match SHM_FILES.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if std::time::Instant::now() >= give_up {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        };
+        for (p, name) in files.iter() {
+            if *p == pid {
+                // SAFETY: `name` is a NUL-terminated string owned by the
+                // list, which the guard keeps alive for the call.
+                unsafe { libc::shm_unlink(name.as_ptr()) };
+            }
+        }
+    });
+}
