@@ -970,3 +970,120 @@ fn processes_over_ofi_shm_leave_no_queue_files() {
     let out = run(&ctl, &[&base[..], &["clean"]].concat(), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+/// A queue file as libfabric 1.17's shm provider starts one (version 4,
+/// flags, the creator's PID), named after `pid`, at `/dev/shm/PID:0:0`.
+fn fake_queue_file(pid: u32) -> std::path::PathBuf {
+    let path = std::path::PathBuf::from(format!("/dev/shm/{pid}:0:0"));
+    let mut head = vec![4u8, 0, 1, 0];
+    head.extend_from_slice(&(pid as i32).to_ne_bytes());
+    head.resize(4096, 0);
+    std::fs::write(&path, head).unwrap();
+    path
+}
+
+/// A PID no process here has, from `from` on.
+fn unused_pid(from: u32) -> u32 {
+    (from..)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .unwrap()
+}
+
+/// A process killed by a signal cannot unlink its `ofi+shm` queue file at
+/// exit: the next process's first shm endpoint removes the queue files
+/// that no process has open or mapped (a SIGKILLed chfsd's, a dead
+/// process's of another PID), and only those: the live chfsd's stays, and
+/// so does one held open by a process whose PID names no process here (as
+/// one in another PID namespace sharing /dev/shm would be). Before, only a
+/// file named with the new process's own PID was removed.
+#[test]
+fn queue_files_nobody_uses_are_removed_by_the_next_shm_process() {
+    if !common::fabric_built("queue_files_nobody_uses_are_removed_by_the_next_shm_process") {
+        return;
+    }
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let chfsd = chfsd.to_str().unwrap();
+    let ctl = bin("chfsctl");
+    let base = ["-c", &s, "--chfsd", chfsd, "-p", "ofi+shm"];
+    let (_, out) = run_recorded(&ctl, &[&base[..], &["-n", "2", "start"]].concat(), &[]);
+    let env = eval_env(&out);
+    let secret = var(&env, "CHFS_SECRET_FILE").unwrap().to_string();
+    let servers = var(&env, "CHFS_SERVER").unwrap().to_string();
+    let addr_pid = |a: &str| -> u32 {
+        // ofi+shm://x<hex of "fi_shm://PID:N:M\0">
+        let hex = a.strip_prefix("ofi+shm://x").unwrap();
+        let raw: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let name = String::from_utf8_lossy(&raw).into_owned();
+        let name = name.trim_end_matches('\0');
+        let rest = name.strip_prefix("fi_shm://").unwrap();
+        rest.split(':').next().unwrap().parse().unwrap()
+    };
+    let (live_addr, killed_addr) = servers.split_once(',').unwrap();
+    let (live, killed) = (addr_pid(live_addr), addr_pid(killed_addr));
+    assert!(chfsd_alive(killed));
+    // SAFETY: kill(2) of a recorded chfsd's PID.
+    assert_eq!(unsafe { libc::kill(killed as i32, libc::SIGKILL) }, 0);
+    assert!(chfsd_ends(killed));
+    assert!(!shm_files_of(killed).is_empty(), "a SIGKILLed chfsd's file");
+    // Stale, and held open by a process whose PID names nothing here.
+    let stale = fake_queue_file(unused_pid(40_000 + std::process::id() % 10_000 * 3));
+    let held_pid = unused_pid(stale_pid(&stale) + 1);
+    let held = fake_queue_file(held_pid);
+    let mut holder = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&held)
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap();
+    let (_, listed) = run_recorded(
+        &bin("chlist"),
+        &[],
+        &[("CHFS_SERVER", live_addr), ("CHFS_SECRET_FILE", &secret)],
+    );
+    let state = (
+        shm_files_of(killed),
+        stale.exists(),
+        held.exists(),
+        shm_files_of(live).len(),
+    );
+    // Cleaned up whatever the outcome (the holder by its PID).
+    let _ = holder.kill();
+    let _ = holder.wait();
+    for f in shm_files_of(killed) {
+        let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+    }
+    let _ = std::fs::remove_file(&stale);
+    let _ = std::fs::remove_file(&held);
+    assert!(listed.contains(live_addr), "{listed}");
+    assert_eq!(
+        state,
+        (Vec::new(), false, true, 1),
+        "(the killed chfsd's files, the stale file, the held one, the live chfsd's files)"
+    );
+    // The live one stopped by SIGTERM (`chfsctl stop` would first try to
+    // stop the pool's killed member) unlinks its file as it exits.
+    assert!(chfsd_alive(live));
+    // SAFETY: kill(2) of a recorded chfsd's PID.
+    assert_eq!(unsafe { libc::kill(live as i32, libc::SIGTERM) }, 0);
+    assert!(chfsd_ends(live));
+    let left = shm_files_of(live);
+    for f in &left {
+        let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+    }
+    assert_eq!(left, Vec::<String>::new(), "a SIGTERMed chfsd's files");
+}
+
+fn stale_pid(path: &std::path::Path) -> u32 {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    name.split(':').next().unwrap().parse().unwrap()
+}

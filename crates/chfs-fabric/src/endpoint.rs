@@ -1025,15 +1025,23 @@ fn shm_file_name(raw: &[u8]) -> Option<String> {
 }
 
 /// libfabric's shm provider keeps each endpoint's queue in a file of
-/// /dev/shm named `PID:N:0` (N counting this process's endpoints), created
-/// exclusively. A process that ended without closing its endpoint (killed,
-/// or exiting with it open) leaves its file (16 MiB of tmpfs) behind, and
-/// a later process given the same PID got EBUSY ("fi_endpoint: Device or
-/// resource busy") opening its own: seen in CI once stale files had
-/// accumulated. Before this process (this PID: a forked child is another)
-/// opens its first shm endpoint, such files named with its PID are
-/// removed: no other live process has this PID, and this one has opened
-/// none yet. Files of dead processes with other PIDs stay until then.
+/// /dev/shm named `PID:N:M`, created exclusively, and unlinks it when the
+/// endpoint closes. A process that ends with its endpoint open unlinks it
+/// at exit ([`ffi::ShmFile`]), but one killed by a signal (or ending by
+/// `_exit`) leaves its file (16 MiB of tmpfs) behind, and a later process
+/// given the same PID got EBUSY ("fi_endpoint: Device or resource busy")
+/// opening its own: seen in CI once stale files had accumulated.
+///
+/// So before this process (this PID: a forked child is another) opens its
+/// first shm endpoint, the queue files that no process uses are removed:
+/// files of this user named `PID:N:M` whose header (version, flags, then
+/// the creator's PID) names the same PID, which no process has open or
+/// mapped ([`ffi::remove_if_unused`]: the kernel's answer, true of
+/// processes of every PID namespace sharing /dev/shm; the PID in a name
+/// is only the creator's namespace's, so whether a process with that PID
+/// lives here says nothing). A file named with this process's PID is
+/// removed unless it is seen in use (no other process of this namespace
+/// has this PID, and this one has opened none yet).
 fn clear_stale_shm_regions() {
     static DONE_FOR: Mutex<u32> = Mutex::new(0);
     let pid = std::process::id();
@@ -1042,22 +1050,33 @@ fn clear_stale_shm_regions() {
         return;
     }
     *done = pid;
-    let prefix = format!("{pid}:");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
     };
     for e in dir.flatten() {
         let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+        let Some(owner) = name.to_str().and_then(queue_file_pid) else {
             continue;
         };
-        let mut parts = rest.split(':');
-        let numeric = |p: Option<&str>| {
-            p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        let path = e.path();
+        let by_owner = |head: &[u8; 8]| {
+            let created_by = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
+            i64::from(created_by) == i64::from(owner)
         };
-        if numeric(parts.next()) && numeric(parts.next()) && parts.next().is_none() {
+        let found = ffi::remove_if_unused(&path, by_owner);
+        if owner == pid && found == ffi::FileUse::Unknown {
             // Best effort: another user's file stays (sticky /dev/shm).
-            let _ = std::fs::remove_file(e.path());
+            let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+/// The PID in the name of a shm queue file (`PID:N:M`, all decimal).
+fn queue_file_pid(name: &str) -> Option<u32> {
+    let parts: Vec<&str> = name.split(':').collect();
+    let numeric = |p: &str| !p.is_empty() && p.len() <= 10 && p.bytes().all(|b| b.is_ascii_digit());
+    match parts[..] {
+        [pid, n, m] if numeric(pid) && numeric(n) && numeric(m) => pid.parse().ok(),
+        _ => None,
     }
 }

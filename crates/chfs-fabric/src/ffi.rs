@@ -1488,3 +1488,91 @@ extern "C" fn unlink_shm_files_at_exit() {
         }
     });
 }
+
+/// What [`remove_if_unused`] did with a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileUse {
+    /// Nobody had it open for writing or mapped: removed.
+    Removed,
+    /// A process (of any PID namespace) has it open for writing or mapped
+    /// shared: left alone.
+    InUse,
+    /// Not told (not a regular file of this user, leases unavailable, a
+    /// file that changed meanwhile...): left alone.
+    Unknown,
+}
+
+/// `F_SETSIG` (Linux's `fcntl.h`; not in the libc crate for glibc).
+const F_SETSIG: libc::c_int = 10;
+
+/// Removes the file `path` if it is a regular file of this user that no
+/// process has open for writing or mapped shared-writable, and
+/// `accept(first 8 bytes)` holds for its start. The kernel tells: a write
+/// lease (`F_SETLEASE`, `F_WRLCK`) is granted only on a file that no one
+/// else has open, and a mapping keeps its file open (a shm queue's
+/// creator maps it for as long as its endpoint lives, and so does every
+/// peer that reached it), whatever PID namespace the process is in; a
+/// dead process holds nothing. The lease is held only while the name is
+/// unlinked.
+///
+/// A process that opens the file while the lease is held (it would be
+/// mapping a dead process's queue) makes the kernel signal the lease's
+/// holder: SIGIO by default, which ends a process that does not handle
+/// it. So the lease's signal is set to SIGWINCH (ignored by default)
+/// before it is taken, and its owner cleared right after (then no signal
+/// at all); the opener waits until the lease is let go, microseconds.
+pub(crate) fn remove_if_unused(
+    path: &std::path::Path,
+    accept: impl FnOnce(&[u8; 8]) -> bool,
+) -> FileUse {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    else {
+        return FileUse::Unknown;
+    };
+    let Ok(meta) = f.metadata() else {
+        return FileUse::Unknown;
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.file_type().is_file() || meta.uid() != me {
+        return FileUse::Unknown;
+    }
+    let mut head = [0u8; 8];
+    if f.read_exact_at(&mut head, 0).is_err() || !accept(&head) {
+        return FileUse::Unknown;
+    }
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on a descriptor `f` owns, with integer arguments.
+    if unsafe { libc::fcntl(fd, F_SETSIG, libc::SIGWINCH) } != 0 {
+        return FileUse::Unknown;
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } != 0 {
+        let busy = std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+        return if busy {
+            FileUse::InUse
+        } else {
+            FileUse::Unknown
+        };
+    }
+    // SAFETY: as above; owner 0: no signal when the lease is broken.
+    unsafe { libc::fcntl(fd, libc::F_SETOWN, 0) };
+    // The name still names the file that was leased (not replaced by
+    // another since it was opened).
+    let same = std::fs::symlink_metadata(path)
+        .is_ok_and(|m| m.ino() == meta.ino() && m.dev() == meta.dev());
+    let removed = same && std::fs::remove_file(path).is_ok();
+    // SAFETY: as above.
+    unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+    drop(f);
+    if removed {
+        FileUse::Removed
+    } else {
+        FileUse::Unknown
+    }
+}
