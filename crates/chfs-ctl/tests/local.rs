@@ -921,15 +921,16 @@ fn processes_over_ofi_shm_leave_no_queue_files() {
     let chfsd = chfsd.to_str().unwrap();
     let ctl = bin("chfsctl");
     let base = ["-c", &s, "--chfsd", chfsd, "-p", "ofi+shm"];
-    let mut pids = Vec::new();
+    // Each process's files, looked at as soon as it ended: the next
+    // process's first shm endpoint removes queue files nobody uses.
+    let mut left = Vec::new();
     let (pid, out) = run_recorded(&ctl, &[&base[..], &["-n", "2", "start"]].concat(), &[]);
-    pids.push(("chfsctl start", pid));
+    left.push(("chfsctl start", pid, shm_files_of(pid)));
     let env = eval_env(&out);
     let servers = recorded_pids(&sc.scratch());
     assert_eq!(servers.len(), 2);
     for p in &servers {
         assert!(!shm_files_of(*p).is_empty(), "chfsd {p} has a queue file");
-        pids.push(("chfsd", *p));
     }
     let e = envs(&env);
     let data = sc.scratch().join("in.dat");
@@ -940,7 +941,7 @@ fn processes_over_ofi_shm_leave_no_queue_files() {
         ("chlist", vec![]),
     ] {
         let (pid, _) = run_recorded(&bin(name), &args, &e);
-        pids.push((name, pid));
+        left.push((name, pid, shm_files_of(pid)));
     }
     let c = client(&env, true).expect("connect");
     assert_eq!(c.stat(data.to_str().unwrap()).unwrap().size, 1 << 20);
@@ -951,15 +952,12 @@ fn processes_over_ofi_shm_leave_no_queue_files() {
         &[&base[..], &["stop"]].concat(),
         &[("CHFS_SECRET_FILE", secret)],
     );
-    pids.push(("chfsctl stop", pid));
+    left.push(("chfsctl stop", pid, shm_files_of(pid)));
     for p in &servers {
         assert!(!chfsd_alive(*p), "chfsd {p} still runs");
+        left.push(("chfsd", *p, shm_files_of(*p)));
     }
-    let left: Vec<_> = pids
-        .iter()
-        .map(|(what, p)| (what, p, shm_files_of(*p)))
-        .filter(|(_, _, f)| !f.is_empty())
-        .collect();
+    left.retain(|(_, _, f)| !f.is_empty());
     // Not left for others either way (every recorded process has ended).
     for (_, _, files) in &left {
         for f in files {
