@@ -1527,6 +1527,10 @@ pub(crate) fn remove_if_unused(
 ) -> FileUse {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+    // (nothing but a regular file is opened: opening a device may act)
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file()) {
+        return FileUse::Unknown;
+    }
     let Ok(f) = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
