@@ -643,3 +643,84 @@ fn a_c_programs_signal_handlers_stay_its_own() {
         );
     }
 }
+
+/// Files in /dev/shm named after process `pid` (libfabric's shm provider
+/// names an endpoint's queue file `PID:N:M`).
+fn shm_files_of(pid: u32) -> Vec<String> {
+    let prefix = format!("{pid}:");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A C program over `ofi+shm` leaves no queue file in /dev/shm when it
+/// returns from main or calls exit(3), even with another thread reading
+/// through libchfs at that moment (and it ends cleanly: status 0), and
+/// neither do its servers once stopped (SIGTERM). libfabric's shm
+/// provider unlinks an endpoint's 16 MiB queue file only when the endpoint
+/// closes, and the library's shared endpoint is never closed: every such
+/// program left its file (tests/c/shm_exit.c).
+#[test]
+fn a_c_program_over_ofi_shm_leaves_no_queue_file() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "a_c_program_over_ofi_shm_leaves_no_queue_file",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("shm_exit", tmp.path());
+    let pool = p.pool_over(2, Some("ofi+shm"));
+    let mut pids: Vec<(String, u32)> = (0..2)
+        .map(|i| ("chfsd".to_string(), pool.pid(i).expect("pid")))
+        .collect();
+    for (what, pid) in &pids {
+        assert!(
+            !shm_files_of(*pid).is_empty(),
+            "{what} {pid}: no queue file"
+        );
+    }
+    for how in ["return", "exit", "return", "exit"] {
+        let child = clean(&exe)
+            .env("CHFS_SERVER", pool.server_string())
+            .env("CHFS_RPC_TIMEOUT_MSEC", "10000")
+            .args([&format!("/{how}-{}", pids.len()), how])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn shm_exit");
+        let pid = child.id();
+        let out = child.wait_with_output().expect("wait shm_exit");
+        assert!(
+            out.status.success(),
+            "{how}: {:?}: stdout {} stderr {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "shm_exit: ok\n");
+        assert_eq!(shm_files_of(pid), Vec::<String>::new(), "after {how}");
+        pids.push((how.to_string(), pid));
+    }
+    pool.stop();
+    let left: Vec<_> = pids
+        .iter()
+        .map(|(what, p)| (what, p, shm_files_of(*p)))
+        .filter(|(_, _, f)| !f.is_empty())
+        .collect();
+    // Not left for others either way (every one of them has ended).
+    for (_, _, files) in &left {
+        for f in files {
+            let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+        }
+    }
+    assert!(left.is_empty(), "queue files left in /dev/shm: {left:?}");
+}

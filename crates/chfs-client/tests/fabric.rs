@@ -1139,6 +1139,104 @@ fn large_chunks_forwarded_between_fabric_hosts_move_by_rma() {
     check_all(&c2, &moved);
 }
 
+/// A server forwards chunk data to a peer on another host by RMA from its
+/// own RDMA threshold on (chfsd `--rdma-thresh`, `CHFS_RDMA_THRESH`), in
+/// the message below it, as a client does with its CHFS_RDMA_THRESH
+/// (before: a built-in 32 KiB, whatever chfsd was told). A client that
+/// knows only the first server writes and reads files of 16 KiB chunks
+/// with the servers' threshold at 4 KiB (what the second server owns goes
+/// by RMA: it pulls the writes and pushes the reads), and of 48 KiB chunks
+/// with it at 64 KiB (in messages: the second server moves nothing by
+/// RMA); the data is checked, and the forwards counted.
+#[test]
+fn forwards_between_fabric_hosts_follow_the_servers_rdma_threshold() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "forwards_between_fabric_hosts_follow_the_servers_rdma_threshold",
+            "built without libfabric",
+        );
+        return;
+    }
+    for (thresh, chunk, by_rma) in [("4096", 16usize << 10, true), ("65536", 48 << 10, false)] {
+        let mut p = LocalPool::start_with(
+            PoolOptions {
+                servers: 1,
+                args: vec![
+                    "-p".into(),
+                    "ofi+tcp".into(),
+                    "--test-peers-remote".into(),
+                    "--rdma-thresh".into(),
+                    thresh.into(),
+                ],
+                ..Default::default()
+            }
+            .with_new_secret(),
+        )
+        .expect("start chfsd over ofi+tcp");
+        // (its list of servers, of one, is kept until it is told of another)
+        let one = client(&p, |cfg| {
+            cfg.secret = p.secret().unwrap().as_bytes().to_vec();
+            cfg.node_list_cache_timeout = Duration::from_secs(3600);
+        });
+        one.set_chunk_size(chunk as u32).unwrap();
+        p.add_server().unwrap();
+        let second = p.addrs()[1].clone();
+        let all = fabric_client(&p);
+        assert_eq!(all.servers().len(), 2);
+        let status = || {
+            let st = all.server_status();
+            let of = |a: &str| {
+                st.iter()
+                    .find(|(x, _)| x == a)
+                    .and_then(|(_, s)| s.as_ref().ok())
+                    .cloned()
+                    .unwrap_or_else(|| panic!("no status of {a}: {st:?}"))
+            };
+            let s2 = of(&second);
+            (of(&p.addrs()[0]).forwarded, s2.rma_pulls, s2.rma_pushes)
+        };
+        let (fwd0, pulls0, pushes0) = status();
+        let files: Vec<(String, Vec<u8>)> = (0..4u64)
+            .map(|i| (format!("/t{thresh}-{i}"), pattern(8 * chunk, 300 + i)))
+            .collect();
+        for (path, data) in &files {
+            let fd = one.create(path, O_RDWR, 0o644).unwrap();
+            assert_eq!(one.pwrite(fd, data, 0).unwrap(), data.len(), "{path}");
+            one.close(fd).unwrap();
+        }
+        for (path, data) in &files {
+            let fd = one.open(path, O_RDONLY, 0).unwrap();
+            let mut back = vec![0u8; data.len()];
+            assert_eq!(one.pread(fd, &mut back, 0).unwrap(), data.len(), "{path}");
+            assert!(back == *data, "{path}: data differs");
+            one.close(fd).unwrap();
+        }
+        let (fwd, pulls, pushes) = status();
+        assert!(
+            fwd >= fwd0 + 8,
+            "--rdma-thresh {thresh}: {} forwarded: the test proves nothing",
+            fwd - fwd0
+        );
+        let (pulled, pushed) = (pulls - pulls0, pushes - pushes0);
+        if by_rma {
+            assert!(
+                pulled >= 4 && pushed >= 4,
+                "--rdma-thresh {thresh}, {chunk}-byte chunks: the second server pulled {pulled} \
+                 and pushed {pushed} (forwarded {})",
+                fwd - fwd0
+            );
+        } else {
+            assert_eq!(
+                (pulled, pushed),
+                (0, 0),
+                "--rdma-thresh {thresh}, {chunk}-byte chunks moved by RMA (forwarded {})",
+                fwd - fwd0
+            );
+        }
+    }
+}
+
 /// Run by `a_stopped_client_does_not_stall_the_others` in a child process
 /// (this test binary again): many threads reading and writing 1 MiB
 /// chunks (by RMA) and reading 24 KiB pieces (answered in a message) of

@@ -869,3 +869,219 @@ fn scratch_default_without_user_is_the_account_name() {
     let err = text(&out.stderr);
     assert!(err.contains(&format!("scratch /tmp/{name}\n")), "{err}");
 }
+
+/// Files in /dev/shm named after process `pid` (libfabric's shm provider
+/// names an endpoint's queue file `PID:N:M`).
+fn shm_files_of(pid: u32) -> Vec<String> {
+    let prefix = format!("{pid}:");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs a tool to its end and returns its PID (the tool checked to have
+/// succeeded).
+fn run_recorded(prog: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (u32, String) {
+    let child = tool(prog, args, env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tool");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait tool");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{} {args:?}: {}",
+        prog.display(),
+        text(&out.stderr)
+    );
+    (pid, text(&out.stdout))
+}
+
+/// Every process that used `ofi+shm` leaves nothing in /dev/shm when it
+/// exits normally: chfsctl's start and stop, the tools (Rust clients,
+/// one moving a 1 MiB file by RMA), and the servers stopped by `chfsctl
+/// stop`. libfabric's shm provider keeps an endpoint's queue in a 16 MiB
+/// file it unlinks only when the endpoint closes, and the client's shared
+/// endpoint is never closed: each of these processes left its file.
+#[test]
+fn processes_over_ofi_shm_leave_no_queue_files() {
+    if !common::fabric_built("processes_over_ofi_shm_leave_no_queue_files") {
+        return;
+    }
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let chfsd = chfsd.to_str().unwrap();
+    let ctl = bin("chfsctl");
+    let base = ["-c", &s, "--chfsd", chfsd, "-p", "ofi+shm"];
+    // Each process's files, looked at as soon as it ended: the next
+    // process's first shm endpoint removes queue files nobody uses.
+    let mut left = Vec::new();
+    let (pid, out) = run_recorded(&ctl, &[&base[..], &["-n", "2", "start"]].concat(), &[]);
+    left.push(("chfsctl start", pid, shm_files_of(pid)));
+    let env = eval_env(&out);
+    let servers = recorded_pids(&sc.scratch());
+    assert_eq!(servers.len(), 2);
+    for p in &servers {
+        assert!(!shm_files_of(*p).is_empty(), "chfsd {p} has a queue file");
+    }
+    let e = envs(&env);
+    let data = sc.scratch().join("in.dat");
+    std::fs::write(&data, vec![7u8; 1 << 20]).unwrap();
+    for (name, args) in [
+        ("chmkdir", vec!["/d"]),
+        ("chstagein", vec![data.to_str().unwrap()]),
+        ("chlist", vec![]),
+    ] {
+        let (pid, _) = run_recorded(&bin(name), &args, &e);
+        left.push((name, pid, shm_files_of(pid)));
+    }
+    let c = client(&env, true).expect("connect");
+    assert_eq!(c.stat(data.to_str().unwrap()).unwrap().size, 1 << 20);
+    drop(c);
+    let secret = var(&env, "CHFS_SECRET_FILE").unwrap();
+    let (pid, _) = run_recorded(
+        &ctl,
+        &[&base[..], &["stop"]].concat(),
+        &[("CHFS_SECRET_FILE", secret)],
+    );
+    left.push(("chfsctl stop", pid, shm_files_of(pid)));
+    for p in &servers {
+        assert!(!chfsd_alive(*p), "chfsd {p} still runs");
+        left.push(("chfsd", *p, shm_files_of(*p)));
+    }
+    left.retain(|(_, _, f)| !f.is_empty());
+    // Not left for others either way (every recorded process has ended).
+    for (_, _, files) in &left {
+        for f in files {
+            let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+        }
+    }
+    assert!(left.is_empty(), "queue files left in /dev/shm: {left:?}");
+    let out = run(&ctl, &[&base[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// A queue file as libfabric 1.17's shm provider starts one (version 4,
+/// flags, the creator's PID), named after `pid`, at `/dev/shm/PID:0:0`.
+fn fake_queue_file(pid: u32) -> std::path::PathBuf {
+    let path = std::path::PathBuf::from(format!("/dev/shm/{pid}:0:0"));
+    let mut head = vec![4u8, 0, 1, 0];
+    head.extend_from_slice(&(pid as i32).to_ne_bytes());
+    head.resize(4096, 0);
+    std::fs::write(&path, head).unwrap();
+    path
+}
+
+/// A PID no process here has, from `from` on.
+fn unused_pid(from: u32) -> u32 {
+    (from..)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .unwrap()
+}
+
+/// A process killed by a signal cannot unlink its `ofi+shm` queue file at
+/// exit: the next process's first shm endpoint removes the queue files
+/// that no process has open or mapped (a SIGKILLed chfsd's, a dead
+/// process's of another PID), and only those: the live chfsd's stays, and
+/// so does one held open by a process whose PID names no process here (as
+/// one in another PID namespace sharing /dev/shm would be). Before, only a
+/// file named with the new process's own PID was removed.
+#[test]
+fn queue_files_nobody_uses_are_removed_by_the_next_shm_process() {
+    if !common::fabric_built("queue_files_nobody_uses_are_removed_by_the_next_shm_process") {
+        return;
+    }
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let chfsd = chfsd.to_str().unwrap();
+    let ctl = bin("chfsctl");
+    let base = ["-c", &s, "--chfsd", chfsd, "-p", "ofi+shm"];
+    let (_, out) = run_recorded(&ctl, &[&base[..], &["-n", "2", "start"]].concat(), &[]);
+    let env = eval_env(&out);
+    let secret = var(&env, "CHFS_SECRET_FILE").unwrap().to_string();
+    let servers = var(&env, "CHFS_SERVER").unwrap().to_string();
+    let addr_pid = |a: &str| -> u32 {
+        // ofi+shm://x<hex of "fi_shm://PID:N:M\0">
+        let hex = a.strip_prefix("ofi+shm://x").unwrap();
+        let raw: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let name = String::from_utf8_lossy(&raw).into_owned();
+        let name = name.trim_end_matches('\0');
+        let rest = name.strip_prefix("fi_shm://").unwrap();
+        rest.split(':').next().unwrap().parse().unwrap()
+    };
+    let (live_addr, killed_addr) = servers.split_once(',').unwrap();
+    let (live, killed) = (addr_pid(live_addr), addr_pid(killed_addr));
+    assert!(chfsd_alive(killed));
+    // SAFETY: kill(2) of a recorded chfsd's PID.
+    assert_eq!(unsafe { libc::kill(killed as i32, libc::SIGKILL) }, 0);
+    assert!(chfsd_ends(killed));
+    assert!(!shm_files_of(killed).is_empty(), "a SIGKILLed chfsd's file");
+    // Stale, and held open by a process whose PID names nothing here.
+    let stale = fake_queue_file(unused_pid(40_000 + std::process::id() % 10_000 * 3));
+    let held_pid = unused_pid(stale_pid(&stale) + 1);
+    let held = fake_queue_file(held_pid);
+    let mut holder = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&held)
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap();
+    let (_, listed) = run_recorded(
+        &bin("chlist"),
+        &[],
+        &[("CHFS_SERVER", live_addr), ("CHFS_SECRET_FILE", &secret)],
+    );
+    let state = (
+        shm_files_of(killed),
+        stale.exists(),
+        held.exists(),
+        shm_files_of(live).len(),
+    );
+    // Cleaned up whatever the outcome (the holder by its PID).
+    let _ = holder.kill();
+    let _ = holder.wait();
+    for f in shm_files_of(killed) {
+        let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+    }
+    let _ = std::fs::remove_file(&stale);
+    let _ = std::fs::remove_file(&held);
+    assert!(listed.contains(live_addr), "{listed}");
+    assert_eq!(
+        state,
+        (Vec::new(), false, true, 1),
+        "(the killed chfsd's files, the stale file, the held one, the live chfsd's files)"
+    );
+    // The live one stopped by SIGTERM (`chfsctl stop` would first try to
+    // stop the pool's killed member) unlinks its file as it exits.
+    assert!(chfsd_alive(live));
+    // SAFETY: kill(2) of a recorded chfsd's PID.
+    assert_eq!(unsafe { libc::kill(live as i32, libc::SIGTERM) }, 0);
+    assert!(chfsd_ends(live));
+    let left = shm_files_of(live);
+    for f in &left {
+        let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+    }
+    assert_eq!(left, Vec::<String>::new(), "a SIGTERMed chfsd's files");
+}
+
+fn stale_pid(path: &std::path::Path) -> u32 {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    name.split(':').next().unwrap().parse().unwrap()
+}

@@ -172,6 +172,10 @@ pub struct Endpoint {
     // Field order is drop order: the endpoint closes before the cache's
     // registrations and the buffers go.
     ep: Ep,
+    /// Over shm, the provider's queue file of this endpoint, unlinked at
+    /// the process's exit if the endpoint is still open then (dropped
+    /// after `ep`: the provider unlinks it at the close).
+    _shm_file: Option<ffi::ShmFile>,
     state: Mutex<State>,
     cv: Condvar,
     cache: RegCache,
@@ -239,9 +243,14 @@ impl Endpoint {
         let ep = Ep::open(&domain, cfg.cq_size)?;
         let ep_wait = ep.wait_kind();
         let raw = ep.name()?;
+        let shm_file = match cfg.protocol {
+            Protocol::Shm => shm_file_name(&raw).and_then(|n| ffi::ShmFile::record(&n)),
+            _ => None,
+        };
         let endpoint = Endpoint {
             cache: RegCache::new(&domain, cfg.cache_limit),
             ep,
+            _shm_file: shm_file,
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
             address: Address {
@@ -1005,16 +1014,36 @@ impl Drop for InFlight {
     }
 }
 
+/// The name of the file in /dev/shm that holds the queue of the shm
+/// endpoint whose address is `raw`: libfabric 1.17 names an endpoint
+/// `fi_shm://NAME` and `shm_open`s NAME (`PID:N:M`). None if the
+/// address is not of that form or no such file exists (another version
+/// naming its files otherwise: nothing is unlinked at exit).
+fn shm_file_name(raw: &[u8]) -> Option<String> {
+    let raw = raw.split(|&b| b == 0).next()?;
+    let name = std::str::from_utf8(raw).ok()?.strip_prefix("fi_shm://")?;
+    let plain = !name.is_empty() && !name.contains('/') && name != "." && name != "..";
+    (plain && std::path::Path::new("/dev/shm").join(name).exists()).then(|| name.to_string())
+}
+
 /// libfabric's shm provider keeps each endpoint's queue in a file of
-/// /dev/shm named `PID:N:0` (N counting this process's endpoints), created
-/// exclusively. A process that ended without closing its endpoint (killed,
-/// or exiting with it open) leaves its file (16 MiB of tmpfs) behind, and
-/// a later process given the same PID got EBUSY ("fi_endpoint: Device or
-/// resource busy") opening its own: seen in CI once stale files had
-/// accumulated. Before this process (this PID: a forked child is another)
-/// opens its first shm endpoint, such files named with its PID are
-/// removed: no other live process has this PID, and this one has opened
-/// none yet. Files of dead processes with other PIDs stay until then.
+/// /dev/shm named `PID:N:M`, created exclusively, and unlinks it when the
+/// endpoint closes. A process that ends with its endpoint open unlinks it
+/// at exit ([`ffi::ShmFile`]), but one killed by a signal (or ending by
+/// `_exit`) leaves its file (16 MiB of tmpfs) behind, and a later process
+/// given the same PID got EBUSY ("fi_endpoint: Device or resource busy")
+/// opening its own: seen in CI once stale files had accumulated.
+///
+/// So before this process (this PID: a forked child is another) opens its
+/// first shm endpoint, the queue files that no process uses are removed:
+/// files of this user named `PID:N:M` whose header (version, flags, then
+/// the creator's PID) names the same PID, which no process has open or
+/// mapped ([`ffi::remove_if_unused`]: the kernel's answer, true of
+/// processes of every PID namespace sharing /dev/shm; the PID in a name
+/// is only the creator's namespace's, so whether a process with that PID
+/// lives here says nothing). A file named with this process's PID is
+/// removed unless it is seen in use (no other process of this namespace
+/// has this PID, and this one has opened none yet).
 fn clear_stale_shm_regions() {
     static DONE_FOR: Mutex<u32> = Mutex::new(0);
     let pid = std::process::id();
@@ -1023,22 +1052,33 @@ fn clear_stale_shm_regions() {
         return;
     }
     *done = pid;
-    let prefix = format!("{pid}:");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
     };
     for e in dir.flatten() {
         let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+        let Some(owner) = name.to_str().and_then(queue_file_pid) else {
             continue;
         };
-        let mut parts = rest.split(':');
-        let numeric = |p: Option<&str>| {
-            p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        let path = e.path();
+        let by_owner = |head: &[u8; 8]| {
+            let created_by = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
+            i64::from(created_by) == i64::from(owner)
         };
-        if numeric(parts.next()) && numeric(parts.next()) && parts.next().is_none() {
+        let found = ffi::remove_if_unused(&path, by_owner);
+        if owner == pid && found == ffi::FileUse::Unknown {
             // Best effort: another user's file stays (sticky /dev/shm).
-            let _ = std::fs::remove_file(e.path());
+            let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+/// The PID in the name of a shm queue file (`PID:N:M`, all decimal).
+fn queue_file_pid(name: &str) -> Option<u32> {
+    let parts: Vec<&str> = name.split(':').collect();
+    let numeric = |p: &str| !p.is_empty() && p.len() <= 10 && p.bytes().all(|b| b.is_ascii_digit());
+    match parts[..] {
+        [pid, n, m] if numeric(pid) && numeric(n) && numeric(m) => pid.parse().ok(),
+        _ => None,
     }
 }

@@ -1398,3 +1398,185 @@ impl Drop for Ep {
         };
     }
 }
+
+/// Names of the shared-memory queue files (`shm_open` names) of this
+/// process's open shm endpoints, with the PID that created them (a forked
+/// child inherits the list, not the files). See [`ShmFile`].
+static SHM_FILES: std::sync::Mutex<Vec<(u32, std::ffi::CString)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A queue file that libfabric's shm provider made for an endpoint of this
+/// process (`/dev/shm/NAME`, 16 MiB in 1.17): recorded while the endpoint
+/// is open, and unlinked when the process exits normally (`exit(3)`, a
+/// return from `main`) with the endpoint still open, as the client's
+/// shared endpoint always is. The provider unlinks it when the endpoint
+/// closes; it did not when the process ended first, and every process that
+/// used `ofi+shm` left its file behind.
+///
+/// Only unlinked, never closed at exit: `exit` runs its handlers while the
+/// process's other threads still run, and one of them may be inside the
+/// provider with the endpoint (closing it under them would be a use after
+/// free). Unlinking takes nothing from anyone: the memory stays mapped by
+/// this process until it is gone and by peers that mapped it until they
+/// drop this peer; no new peer can map it, which an exiting process does
+/// not need. Dropped after the endpoint closed, it forgets the name.
+pub(crate) struct ShmFile {
+    name: std::ffi::CString,
+}
+
+impl ShmFile {
+    /// Records `name` (the provider's `shm_open` name, no slash) for the
+    /// exit hook, which is registered with the first record in this
+    /// process image.
+    pub(crate) fn record(name: &str) -> Option<ShmFile> {
+        let name = std::ffi::CString::new(name).ok()?;
+        static HOOKED: std::sync::Once = std::sync::Once::new();
+        HOOKED.call_once(|| {
+            // SAFETY: registers a function of this crate that takes no
+            // arguments, catches any unwind and only reads the list and
+            // unlinks files. `atexit` from a shared object registers it
+            // for that object (`__cxa_atexit` with its `__dso_handle`), so
+            // a library unloaded before the exit runs it at its unload
+            // rather than leaving a dangling handler. Failure (no memory)
+            // only loses the clean-up.
+            unsafe { libc::atexit(unlink_shm_files_at_exit) };
+        });
+        SHM_FILES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((std::process::id(), name.clone()));
+        Some(ShmFile { name })
+    }
+}
+
+impl Drop for ShmFile {
+    fn drop(&mut self) {
+        let pid = std::process::id();
+        SHM_FILES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(p, n)| !(*p == pid && *n == self.name));
+    }
+}
+
+/// The exit hook: unlinks the queue files this process (this PID) made
+/// for endpoints still open. It never waits long for the list: a forked
+/// child may hold it locked by a thread that no longer exists, and an
+/// exiting process must not hang (it then leaves its files, as before).
+extern "C" fn unlink_shm_files_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let pid = std::process::id();
+        let give_up = std::time::Instant::now() + std::time::Duration::from_millis(50);
+        let files = loop {
+            match SHM_FILES.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if std::time::Instant::now() >= give_up {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        };
+        for (p, name) in files.iter() {
+            if *p == pid {
+                // SAFETY: `name` is a NUL-terminated string owned by the
+                // list, which the guard keeps alive for the call.
+                unsafe { libc::shm_unlink(name.as_ptr()) };
+            }
+        }
+    });
+}
+
+/// What [`remove_if_unused`] did with a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileUse {
+    /// Nobody had it open for writing or mapped: removed.
+    Removed,
+    /// A process (of any PID namespace) has it open for writing or mapped
+    /// shared: left alone.
+    InUse,
+    /// Not told (not a regular file of this user, leases unavailable, a
+    /// file that changed meanwhile...): left alone.
+    Unknown,
+}
+
+/// `F_SETSIG` (Linux's `fcntl.h`; not in the libc crate for glibc).
+const F_SETSIG: libc::c_int = 10;
+
+/// Removes the file `path` if it is a regular file of this user that no
+/// process has open for writing or mapped shared-writable, and
+/// `accept(first 8 bytes)` holds for its start. The kernel tells: a write
+/// lease (`F_SETLEASE`, `F_WRLCK`) is granted only on a file that no one
+/// else has open, and a mapping keeps its file open (a shm queue's
+/// creator maps it for as long as its endpoint lives, and so does every
+/// peer that reached it), whatever PID namespace the process is in; a
+/// dead process holds nothing. The lease is held only while the name is
+/// unlinked.
+///
+/// A process that opens the file while the lease is held (it would be
+/// mapping a dead process's queue) makes the kernel signal the lease's
+/// holder: SIGIO by default, which ends a process that does not handle
+/// it. So the lease's signal is set to SIGWINCH (ignored by default)
+/// before it is taken, and its owner cleared right after (then no signal
+/// at all); the opener waits until the lease is let go, microseconds.
+pub(crate) fn remove_if_unused(
+    path: &std::path::Path,
+    accept: impl FnOnce(&[u8; 8]) -> bool,
+) -> FileUse {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+    // (nothing but a regular file is opened: opening a device may act)
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file()) {
+        return FileUse::Unknown;
+    }
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    else {
+        return FileUse::Unknown;
+    };
+    let Ok(meta) = f.metadata() else {
+        return FileUse::Unknown;
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.file_type().is_file() || meta.uid() != me {
+        return FileUse::Unknown;
+    }
+    let mut head = [0u8; 8];
+    if f.read_exact_at(&mut head, 0).is_err() || !accept(&head) {
+        return FileUse::Unknown;
+    }
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on a descriptor `f` owns, with integer arguments.
+    if unsafe { libc::fcntl(fd, F_SETSIG, libc::SIGWINCH) } != 0 {
+        return FileUse::Unknown;
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } != 0 {
+        let busy = std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+        return if busy {
+            FileUse::InUse
+        } else {
+            FileUse::Unknown
+        };
+    }
+    // SAFETY: as above; owner 0: no signal when the lease is broken.
+    unsafe { libc::fcntl(fd, libc::F_SETOWN, 0) };
+    // The name still names the file that was leased (not replaced by
+    // another since it was opened).
+    let same = std::fs::symlink_metadata(path)
+        .is_ok_and(|m| m.ino() == meta.ino() && m.dev() == meta.dev());
+    let removed = same && std::fs::remove_file(path).is_ok();
+    // SAFETY: as above.
+    unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+    drop(f);
+    if removed {
+        FileUse::Removed
+    } else {
+        FileUse::Unknown
+    }
+}

@@ -93,6 +93,16 @@ pub struct Config {
     #[arg(long = "max-inflight", env = "CHFS_MAX_INFLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_inflight: u32,
 
+    /// Over a fabric transport (`-p ofi+*`): chunk data of at least this
+    /// many bytes that this server forwards to a peer on another host (a
+    /// client's write or read of a chunk it does not own, a rebalance's or
+    /// a rename's moved chunk) moves by RMA, the peer reading it from (or
+    /// writing it into) memory this server registered for the call,
+    /// instead of in the message; as a client's CHFS_RDMA_THRESH. Data too
+    /// large for a message moves by RMA whatever this is.
+    #[arg(long = "rdma-thresh", env = "CHFS_RDMA_THRESH", default_value_t = 32 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rdma_thresh: u64,
+
     /// Tests only: reach every peer known by a fabric address over the
     /// fabric, as if it ran on another host (not through its local socket).
     #[arg(long = "test-peers-remote", hide = true)]

@@ -43,7 +43,6 @@ pub fn open(protocol: Protocol, host: &str, port: Option<u16>) -> Result<Endpoin
 /// hosts (forwarding, membership pushes): one client endpoint per
 /// protocol, a session per peer opened with the pool secret as a server,
 /// calls made on blocking threads (the endpoint's waits block).
-#[derive(Default)]
 pub struct Peers {
     clients: std::sync::Mutex<HashMap<Protocol, Arc<chfs_fabric::rpc::RpcClient>>>,
     sessions: std::sync::Mutex<HashMap<String, chfs_fabric::rpc::Session>>,
@@ -52,6 +51,81 @@ pub struct Peers {
     /// Treat every fabric peer as on another host (tests: the cross-host
     /// path on one machine; chfsd's hidden `--test-peers-remote`).
     all_remote: bool,
+    /// Chunk data of at least this many bytes moves by RMA (chfsd's
+    /// `--rdma-thresh`, `CHFS_RDMA_THRESH`).
+    rdma_thresh: usize,
+    /// Destinations of reads by RMA, kept for the next ones.
+    read_bufs: Arc<ReadBufs>,
+}
+
+impl Default for Peers {
+    fn default() -> Self {
+        Self::new(false, chfs_fabric::rpc::RDMA_THRESH)
+    }
+}
+
+/// Destinations of forwarded reads whose data the peer writes by RMA: a
+/// read's data is handed on as `Response::Data` in the buffer it landed
+/// in (no copy), which comes back here when the last holder of that data
+/// drops it, for the next read: no allocation, zeroing and first touch of
+/// fresh memory per forwarded read (a chunk of 1 MiB is 256 page faults).
+/// At most [`READ_BUFS_KEPT`] buffers and [`READ_BUFS_KEPT_BYTES`] are
+/// kept.
+#[derive(Default)]
+struct ReadBufs {
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+const READ_BUFS_KEPT: usize = 8;
+const READ_BUFS_KEPT_BYTES: usize = 16 << 20;
+
+impl ReadBufs {
+    /// A buffer of `len` bytes: the smallest kept one that is large enough,
+    /// else a new one.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut free = chfs_sys::lock(&self.free);
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.len() >= len)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => free.swap_remove(i),
+            None => {
+                drop(free);
+                vec![0u8; len]
+            }
+        }
+    }
+
+    fn give_back(&self, buf: Vec<u8>) {
+        let mut free = chfs_sys::lock(&self.free);
+        let held: usize = free.iter().map(Vec::len).sum();
+        if free.len() < READ_BUFS_KEPT && held + buf.len() <= READ_BUFS_KEPT_BYTES {
+            free.push(buf);
+        }
+    }
+}
+
+/// A read's data in a buffer of [`ReadBufs`], which it goes back to when
+/// dropped (the owner of a `Bytes`).
+struct Landed {
+    buf: Vec<u8>,
+    len: usize,
+    home: Arc<ReadBufs>,
+}
+
+impl AsRef<[u8]> for Landed {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for Landed {
+    fn drop(&mut self) {
+        self.home.give_back(std::mem::take(&mut self.buf));
+    }
 }
 
 /// The bulk part of a peer request that moves by RMA (as a client's
@@ -68,10 +142,10 @@ enum Bulk {
 const INLINE_MARGIN: usize = 512;
 
 /// Takes the bulk data out of `req` when it moves by RMA: at least
-/// [`chfs_fabric::rpc::RDMA_THRESH`], or more than fits a message with the
-/// request (or reply).
-fn bulk_of(req: &Request) -> (Bulk, Option<Request>) {
-    let big = |n: usize| n >= chfs_fabric::rpc::RDMA_THRESH || n + INLINE_MARGIN > MAX_MESSAGE;
+/// `rdma_thresh` bytes, or more than fits a message with the request (or
+/// reply).
+fn bulk_of(req: &Request, rdma_thresh: usize) -> (Bulk, Option<Request>) {
+    let big = |n: usize| n >= rdma_thresh || n + INLINE_MARGIN > MAX_MESSAGE;
     match req {
         Request::Write { data, .. }
         | Request::AdoptChunk { data, .. }
@@ -93,11 +167,16 @@ fn bulk_of(req: &Request) -> (Bulk, Option<Request>) {
 }
 
 impl Peers {
-    /// Peers of which every one is taken to be on another host when `yes`.
-    pub fn all_remote(yes: bool) -> Self {
+    /// Peers (every one taken to be on another host when `all_remote`) to
+    /// which chunk data of at least `rdma_thresh` bytes moves by RMA.
+    pub fn new(all_remote: bool, rdma_thresh: usize) -> Self {
         Self {
-            all_remote: yes,
-            ..Default::default()
+            clients: Default::default(),
+            sessions: Default::default(),
+            remote: Default::default(),
+            all_remote,
+            rdma_thresh: rdma_thresh.max(1),
+            read_bufs: Default::default(),
         }
     }
 
@@ -134,7 +213,7 @@ impl Peers {
         flags: u16,
         timeout: Duration,
     ) -> Result<Response, ErrorReply> {
-        let (bulk, stripped) = bulk_of(req);
+        let (bulk, stripped) = bulk_of(req, self.rdma_thresh);
         let mut payload = Vec::new();
         stripped.as_ref().unwrap_or(req).encode(&mut payload);
         let (op, addr, cred) = (req.op(), addr.to_string(), cred.clone());
@@ -268,16 +347,18 @@ impl Peers {
                 r
             }
             Bulk::In(len) => {
-                let mut dst = vec![0u8; *len];
+                let mut dst = self.read_bufs.take(*len);
                 let r = ep
-                    .expose_mut(&mut dst, with_key)
+                    .expose_mut(&mut dst[..*len], with_key)
                     .map_err(RpcError::Fabric)
                     .and_then(|r| r);
                 if keep && r.is_err() {
                     std::mem::forget(dst);
-                } else {
+                } else if r.is_ok() {
                     landed = Some(dst);
                 }
+                // (after another failure the buffer is dropped: over tcp
+                // the key was revoked when the exposure ended)
                 r
             }
         };
@@ -297,15 +378,22 @@ impl Peers {
                     landed,
                 ) {
                     // A read whose data the peer wrote into `dst`.
-                    (Ok(Response::Written(n)), Some(mut dst)) => {
-                        if n as usize > dst.len() {
+                    (Ok(Response::Written(n)), Some(dst)) => {
+                        let asked = match bulk {
+                            Bulk::In(len) => *len,
+                            _ => 0,
+                        };
+                        if n as usize > asked {
                             Err(ErrorReply::new(
                                 libc::EPROTO,
                                 format!("server {addr}: more data than asked for"),
                             ))
                         } else {
-                            dst.truncate(n as usize);
-                            Ok(Response::Data(dst.into()))
+                            Ok(Response::Data(bytes::Bytes::from_owner(Landed {
+                                buf: dst,
+                                len: n as usize,
+                                home: self.read_bufs.clone(),
+                            })))
                         }
                     }
                     (Ok(Response::Data(_)), Some(_)) => Err(ErrorReply::new(
@@ -352,4 +440,42 @@ fn route_to(to: &std::net::SocketAddr) -> Option<String> {
     let s = std::net::UdpSocket::bind(any).ok()?;
     s.connect(to).ok()?;
     Some(s.local_addr().ok()?.ip().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A forwarded read's data, handed on without a copy, gives its buffer
+    /// back when dropped, and the next read lands in it (no new memory).
+    #[test]
+    fn read_buffers_are_reused() {
+        let bufs = Arc::new(ReadBufs::default());
+        let mut b = bufs.take(100 << 10);
+        b[..5].copy_from_slice(b"hello");
+        let at = b.as_ptr();
+        let data = bytes::Bytes::from_owner(Landed {
+            buf: b,
+            len: 5,
+            home: bufs.clone(),
+        });
+        assert_eq!(&data[..], b"hello");
+        let held = data.clone();
+        drop(data);
+        // Still held by a clone: not given back yet.
+        let other = bufs.take(64 << 10);
+        assert_ne!(other.as_ptr(), at);
+        drop(other);
+        drop(held);
+        // (the length too: a fresh allocation may get the same address)
+        let again = bufs.take(64 << 10);
+        assert_eq!((again.as_ptr(), again.len()), (at, 100 << 10));
+        // More than is kept goes back to the allocator.
+        for _ in 0..READ_BUFS_KEPT + 1 {
+            bufs.give_back(vec![0u8; READ_BUFS_KEPT_BYTES / READ_BUFS_KEPT]);
+        }
+        assert_eq!(chfs_sys::lock(&bufs.free).len(), READ_BUFS_KEPT);
+        bufs.give_back(vec![0u8; 1]);
+        assert_eq!(chfs_sys::lock(&bufs.free).len(), READ_BUFS_KEPT);
+    }
 }

@@ -58,10 +58,12 @@ impl Peers {
         }
     }
 
-    /// Every peer known by a fabric address reached over the fabric, as
-    /// if on another host (tests of that path on one machine).
-    pub fn all_remote(mut self, yes: bool) -> Self {
-        self.fabric = Arc::new(crate::fabric_ep::Peers::all_remote(yes));
+    /// Peers on other hosts known by fabric addresses: chunk data of at
+    /// least `rdma_thresh` bytes forwarded to them moves by RMA; with
+    /// `all_remote`, every such peer is reached over the fabric, as if on
+    /// another host (tests of that path on one machine).
+    pub fn fabric(mut self, all_remote: bool, rdma_thresh: usize) -> Self {
+        self.fabric = Arc::new(crate::fabric_ep::Peers::new(all_remote, rdma_thresh));
         self
     }
 

@@ -274,8 +274,10 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
             me: None,
         })),
         me: me.clone(),
-        peers: Peers::new(cred, Duration::from_millis(cfg.rpc_timeout_msec.max(1)))
-            .all_remote(cfg.test_peers_remote),
+        peers: Peers::new(cred, Duration::from_millis(cfg.rpc_timeout_msec.max(1))).fabric(
+            cfg.test_peers_remote,
+            usize::try_from(cfg.rdma_thresh).unwrap_or(usize::MAX),
+        ),
         contact: crate::relay::Contact::new(Duration::from_millis(cfg.lookup_cache_msec)),
         node_local,
         watchers: Default::default(),
