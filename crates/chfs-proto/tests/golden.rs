@@ -349,10 +349,11 @@ fn request_name(r: &Request) -> &'static str {
         Request::NodeLocal { .. } => "NodeLocal",
         Request::ListTree { .. } => "ListTree",
         Request::DirVersion { .. } => "DirVersion",
+        Request::ReadSpans { .. } => "ReadSpans",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 34] = [
+const REQUEST_VARIANTS: [&str; 35] = [
     "Ping",
     "GetServers",
     "Join",
@@ -387,6 +388,7 @@ const REQUEST_VARIANTS: [&str; 34] = [
     "NodeLocal",
     "ListTree",
     "DirVersion",
+    "ReadSpans",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -788,6 +790,29 @@ fn requests() {
             Request::DirVersion { path: "/d".into() },
             37,
             Some(vec!["02000000 2f64"]), // path: u32 length, bytes
+        ),
+        (
+            Request::ReadSpans {
+                path: "/f".into(),
+                fileid: 0x0a0b_0c0d,
+                idx: 3,
+                chunk_size: 0x0010_0000,
+                flags: msg::rw::DAMAGED,
+                epoch: 9,
+                spans: vec![(0, 47008), (0x0001_6f40, 47008)],
+            },
+            38,
+            Some(vec![
+                "02000000 2f66",     // path
+                "0d0c0b0a",          // fileid
+                "0300000000000000",  // idx
+                "00001000",          // chunk size
+                "0800",              // flags (DAMAGED)
+                "09000000",          // epoch
+                "02000000",          // span count
+                "00000000 a0b70000", // offset, length
+                "406f0100 a0b70000", // offset, length
+            ]),
         ),
     ];
     for (i, (req, opcode, want)) in cases.iter().enumerate() {
