@@ -595,6 +595,8 @@ impl Client {
         // The owner of the source entry first: it may refuse (cache mode) or
         // rename the backend copy; then every other server moves its chunks.
         let owner = st.owner(&old, 0);
+        // Read-ahead buffers of either name (or below them) are dropped.
+        let _changing = self.inner.gens.changing_all();
         let own = &self.inner.own;
         own.changed(&old);
         own.changed(&new);
