@@ -215,6 +215,21 @@ fn strided_records_cost_one_request_per_chunk() {
     }
     assert_eq!(server_reads(&on) - before, 3);
     on.close(fd).unwrap();
+    // 64 KiB chunks (the default): the pieces of 22 records in 33 chunks
+    // of the two servers, one request to each.
+    let want = make_file(&w, "/hard64k", 65536, 47008 * 4 * 30, &[]);
+    let fd = on.open("/hard64k", libc::O_RDONLY, 0).unwrap();
+    for i in 0..2u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    let before = server_reads(&on);
+    for i in 2..24u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    assert_eq!(server_reads(&on) - before, 2);
+    on.close(fd).unwrap();
 }
 
 #[test]

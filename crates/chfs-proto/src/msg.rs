@@ -702,32 +702,33 @@ pub enum Request {
         /// Normalised directory path.
         path: String,
     },
-    /// Read several ranges (`spans`: offset and length within the chunk,
-    /// at most [`MAX_SPANS`], their lengths adding up to at most
-    /// [`crate::MAX_CHUNK_SIZE`]) of chunk `idx` in one request: the
-    /// reply is [`Response::Data`] holding each span's bytes in order,
-    /// each padded with zeros to its full length (a hole, or past the
-    /// chunk's end, reads as zeros, as a client fills a short
-    /// [`Request::Read`]). The same rules as `Read` otherwise (`EIO` for a
-    /// chunk a replaced server may have lost). A client's read-ahead of
-    /// strided records. Servers older than this op close the connection
-    /// with `EPROTO` (unknown opcode): the client then reads record by
-    /// record from that server.
+    /// Read several ranges of chunks of one file that this server owns
+    /// (`spans`: chunk index, offset within the chunk, length; at most
+    /// [`MAX_SPANS`], their lengths adding up to at most
+    /// [`crate::MAX_CHUNK_SIZE`]) in one request: the reply is
+    /// [`Response::Data`] holding each span's bytes in order, each padded
+    /// with zeros to its full length (a hole, or past the chunk's end,
+    /// reads as zeros, as a client fills a short [`Request::Read`]). The
+    /// same rules as `Read` otherwise (`EIO` for a chunk a replaced server
+    /// may have lost). Forwarded to the owner of the first span's chunk;
+    /// a server that does not own every chunk named refuses it with
+    /// `ESTALE` (the client's server list is out of date: it reads chunk
+    /// by chunk). A client's read-ahead of strided records. Servers older
+    /// than this op close the connection with `EPROTO` (unknown opcode):
+    /// the client then reads record by record from that server.
     ReadSpans {
         /// Normalised path.
         path: String,
         /// File incarnation id.
         fileid: u32,
-        /// Chunk index.
-        idx: u64,
         /// Chunk size of the file (to locate the chunk in a backend file).
         chunk_size: u32,
         /// `rw::*` flags.
         flags: u16,
         /// The file's epoch ([`Meta::epoch`]).
         epoch: u32,
-        /// (offset within the chunk, length) of each range.
-        spans: Vec<(u32, u32)>,
+        /// (chunk index, offset within the chunk, length) of each range.
+        spans: Vec<(u64, u32, u32)>,
     },
 }
 
@@ -735,7 +736,7 @@ impl Request {
     /// The bytes a [`Request::ReadSpans`] answers with (0 for any other).
     pub fn spans_len(&self) -> u64 {
         match self {
-            Request::ReadSpans { spans, .. } => spans.iter().map(|s| s.1 as u64).sum(),
+            Request::ReadSpans { spans, .. } => spans.iter().map(|s| s.2 as u64).sum(),
             _ => 0,
         }
     }
@@ -956,9 +957,11 @@ impl Request {
             | Request::AppendReserve { path, .. } => Some((path, 0)),
             Request::Write { path, idx, .. }
             | Request::Read { path, idx, .. }
-            | Request::ReadSpans { path, idx, .. }
             | Request::PutChunk { path, idx, .. }
             | Request::AdoptChunk { path, idx, .. } => Some((path, *idx)),
+            Request::ReadSpans { path, spans, .. } => {
+                Some((path, spans.first().map_or(0, |s| s.0)))
+            }
             _ => None,
         }
     }
@@ -1086,7 +1089,6 @@ impl Request {
             Request::ReadSpans {
                 path,
                 fileid,
-                idx,
                 chunk_size,
                 flags,
                 epoch,
@@ -1094,12 +1096,12 @@ impl Request {
             } => {
                 out.put_str(path);
                 out.put_u32(*fileid);
-                out.put_u64(*idx);
                 out.put_u32(*chunk_size);
                 out.put_u16(*flags);
                 out.put_u32(*epoch);
                 out.put_u32(spans.len() as u32);
-                for (off, len) in spans {
+                for (idx, off, len) in spans {
+                    out.put_u64(*idx);
                     out.put_u32(*off);
                     out.put_u32(*len);
                 }
@@ -1278,12 +1280,11 @@ impl Request {
             op::READ_SPANS => {
                 let path = r.string()?;
                 let fileid = r.u32()?;
-                let idx = r.u64()?;
                 let chunk_size = r.u32()?;
                 let flags = r.u16()?;
                 let epoch = r.u32()?;
                 let n = r.u32()? as usize;
-                if n > MAX_SPANS || n * 8 > r.remaining() {
+                if n > MAX_SPANS || n * 16 > r.remaining() {
                     return Err(ProtoError::Malformed(format!(
                         "{n} spans ({} bytes left, at most {MAX_SPANS})",
                         r.remaining()
@@ -1292,8 +1293,8 @@ impl Request {
                 let mut spans = Vec::with_capacity(n);
                 let mut total = 0u64;
                 for _ in 0..n {
-                    let s = (r.u32()?, r.u32()?);
-                    total += s.1 as u64;
+                    let s = (r.u64()?, r.u32()?, r.u32()?);
+                    total += s.2 as u64;
                     spans.push(s);
                 }
                 if total > crate::MAX_CHUNK_SIZE as u64 {
@@ -1305,7 +1306,6 @@ impl Request {
                 Request::ReadSpans {
                     path,
                     fileid,
-                    idx,
                     chunk_size,
                     flags,
                     epoch,
@@ -1942,11 +1942,10 @@ mod tests {
         rt(Request::ReadSpans {
             path: "/a".into(),
             fileid: 1,
-            idx: 2,
             chunk_size: 9,
             flags: rw::DAMAGED,
             epoch: 3,
-            spans: vec![(0, 2), (5, 4)],
+            spans: vec![(2, 0, 2), (4, 5, 4)],
         });
         for (if_size, stray) in [(None, false), (Some(9), false), (None, true)] {
             rt(Request::SetSize {

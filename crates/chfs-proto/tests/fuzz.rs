@@ -386,23 +386,21 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
             (
                 text(),
                 any::<u32>(),
-                any::<u64>(),
                 any::<u32>(),
                 any::<u16>(),
                 any::<u32>(),
-                vec((any::<u32>(), 0u32..(1 << 20)), 0..8),
+                vec((any::<u64>(), any::<u32>(), 0u32..(1 << 20)), 0..8),
             )
-                .prop_map(|(path, fileid, idx, chunk_size, flags, epoch, spans)| {
-                    Request::ReadSpans {
+                .prop_map(
+                    |(path, fileid, chunk_size, flags, epoch, spans)| Request::ReadSpans {
                         path,
                         fileid,
-                        idx,
                         chunk_size,
                         flags,
                         epoch,
                         spans,
-                    }
-                })
+                    },
+                )
                 .boxed(),
         ),
         (

@@ -795,23 +795,21 @@ fn requests() {
             Request::ReadSpans {
                 path: "/f".into(),
                 fileid: 0x0a0b_0c0d,
-                idx: 3,
-                chunk_size: 0x0010_0000,
+                chunk_size: 0x0001_0000,
                 flags: msg::rw::DAMAGED,
                 epoch: 9,
-                spans: vec![(0, 47008), (0x0001_6f40, 47008)],
+                spans: vec![(3, 0, 47008), (5, 0x0000_6f40, 2)],
             },
             38,
             Some(vec![
-                "02000000 2f66",     // path
-                "0d0c0b0a",          // fileid
-                "0300000000000000",  // idx
-                "00001000",          // chunk size
-                "0800",              // flags (DAMAGED)
-                "09000000",          // epoch
-                "02000000",          // span count
-                "00000000 a0b70000", // offset, length
-                "406f0100 a0b70000", // offset, length
+                "02000000 2f66",                      // path
+                "0d0c0b0a",                           // fileid
+                "00000100",                           // chunk size
+                "0800",                               // flags (DAMAGED)
+                "09000000",                           // epoch
+                "02000000",                           // span count
+                "0300000000000000 00000000 a0b70000", // chunk, offset, length
+                "0500000000000000 406f0000 02000000", // chunk, offset, length
             ]),
         ),
     ];

@@ -3,9 +3,11 @@
 //! records of one length at a constant stride (the stride at
 //! least the length: sequential reads too) gets, from the third such read
 //! on, the next records of the pattern (up to `CHFS_READ_AHEAD` bytes of
-//! them) in one request per chunk (`Request::ReadSpans`: only the
-//! records' bytes, not the gaps between them), and the reads that follow
-//! are answered from that buffer without a round trip.
+//! them) in one request per server (`Request::ReadSpans`: the pieces of
+//! the records in that server's chunks, not the gaps between them; all
+//! servers' requests in flight at once), and the reads that follow are
+//! answered from that buffer without a round trip. The replies are kept
+//! as they came; a read copies its record out of them.
 //!
 //! Consistency (SEMANTICS.md, "data written on node A read on node B"):
 //! the buffer belongs to one descriptor and goes with it (close); it is
@@ -21,7 +23,10 @@
 //!
 //! A server that does not know `ReadSpans` (an older chfsd: `EPROTO`) is
 //! remembered by address and sent one plain `Read` per record piece
-//! instead, pipelined in the same batch; so are fabric servers.
+//! instead, pipelined in the same batch; so are fabric servers. A server
+//! that refuses one (`ESTALE`: a chunk named is not its own, the client's
+//! server list is out of date) or any other failure makes that read a
+//! plain read.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -147,15 +152,49 @@ pub(crate) struct ReadAhead {
 }
 
 /// Records fetched ahead: `n` records of `rec` bytes every `stride` bytes
-/// from `first`, one after the other in `data`.
+/// from `first`.
 struct Window {
     first: u64,
     rec: usize,
     stride: u64,
     n: u64,
-    data: Vec<u8>,
+    data: Records,
     gen: (u64, u64),
     at: Instant,
+}
+
+/// The bytes of records, one after the other (record i at i * length),
+/// as they came: in the reply buffers of the requests, a piece (of one
+/// chunk) at a time.
+struct Records {
+    bufs: Vec<Vec<u8>>,
+    /// In order, covering the records without gaps.
+    pieces: Vec<Piece>,
+}
+
+/// `len` bytes of the records from `at`, found at `boff` in `bufs[buf]`.
+struct Piece {
+    at: usize,
+    len: usize,
+    buf: usize,
+    boff: usize,
+}
+
+impl Records {
+    /// Copies the bytes from `a` on into `out`.
+    fn copy_to(&self, a: usize, out: &mut [u8]) {
+        let mut k = self.pieces.partition_point(|p| p.at + p.len <= a);
+        let mut done = 0;
+        while done < out.len() {
+            let p = &self.pieces[k];
+            let from = a + done - p.at;
+            let m = (p.len - from).min(out.len() - done);
+            let src = p.boff + from;
+            out[done..done + m].copy_from_slice(&self.bufs[p.buf][src..src + m]);
+            done += m;
+            k += 1;
+        }
+    }
 }
 
 impl ReadAhead {
@@ -190,8 +229,7 @@ impl ReadAhead {
         if i >= w.n || within + buf.len() > w.rec {
             return false;
         }
-        let at = i as usize * w.rec + within;
-        buf.copy_from_slice(&w.data[at..at + buf.len()]);
+        w.data.copy_to(i as usize * w.rec + within, buf);
         true
     }
 
@@ -217,13 +255,14 @@ impl ReadAhead {
     }
 }
 
-/// One request of a fetch: the chunk, its spans and their total length
-/// (their bytes go one after the other in the window, after those of the
-/// groups before).
-struct Group {
-    idx: u64,
-    spans: Vec<(u32, u32)>,
+/// One request of a fetch: its server, its spans (chunk, offset,
+/// length) and their total length; a plain `Read` of one span, or a
+/// `ReadSpans`.
+struct Req {
+    server: usize,
+    spans: Vec<(u64, u32, u32)>,
     len: usize,
+    plain: bool,
 }
 
 impl Client {
@@ -240,7 +279,12 @@ impl Client {
         let Some(ra) = &f.ahead else {
             return Ok(None);
         };
-        let limit = self.inner.read_ahead.load(Ordering::Relaxed);
+        // (A request's reply is at most a chunk's size.)
+        let limit = self
+            .inner
+            .read_ahead
+            .load(Ordering::Relaxed)
+            .min(chfs_proto::MAX_CHUNK_SIZE as u64);
         let len = buf.len();
         if limit == 0 || len as u64 > limit / 2 {
             lock(ra).drop_window();
@@ -288,7 +332,7 @@ impl Client {
                 return Ok(None);
             }
         };
-        buf.copy_from_slice(&data[..len]);
+        data.copy_to(0, buf);
         lock(ra).win = Some(Window {
             first: off,
             rec: len,
@@ -301,9 +345,9 @@ impl Client {
         Ok(Some(len))
     }
 
-    /// The `n` records of `rec` bytes every `stride` bytes from `first`,
-    /// one after the other: one `ReadSpans` per chunk (plain reads from
-    /// servers that do not know it), pipelined.
+    /// The `n` records of `rec` bytes every `stride` bytes from `first`:
+    /// one `ReadSpans` per server for the pieces of its chunks (plain
+    /// reads from servers that do not know it), pipelined.
     fn fetch_records(
         &self,
         st: &PoolState,
@@ -312,9 +356,13 @@ impl Client {
         stride: u64,
         rec: usize,
         n: u64,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<Records> {
         let cs = f.meta.chunk_size as u64;
-        let mut groups: Vec<Group> = Vec::new();
+        let list = st.ring.list();
+        // Per server: plain reads?, and its open ReadSpans request.
+        let mut servers: Vec<Option<(bool, Option<usize>)>> = vec![None; list.servers.len()];
+        let mut reqs: Vec<Req> = Vec::new();
+        let mut pieces = Vec::new();
         let mut at = 0usize;
         for i in 0..n {
             let mut pos = first + i * stride;
@@ -323,70 +371,71 @@ impl Client {
                 let idx = pos / cs;
                 let in_chunk = pos % cs;
                 let m = ((cs - in_chunk) as usize).min(left);
-                match groups.last_mut() {
-                    Some(g) if g.idx == idx && g.spans.len() < MAX_SPANS => {
-                        g.spans.push((in_chunk as u32, m as u32));
-                        g.len += m;
+                let span = (idx, in_chunk as u32, m as u32);
+                let server = st.owner_of_hash(&f.path, f.hash, idx);
+                let slot = servers[server].get_or_insert_with(|| {
+                    let addr = &list.servers[server];
+                    let plain = crate::fabric_link::is_fabric(addr)
+                        || lock(&self.inner.no_spans.0).contains(addr);
+                    (plain, None)
+                });
+                let r = match slot.1 {
+                    Some(r) if !slot.0 && reqs[r].spans.len() < MAX_SPANS => r,
+                    _ => {
+                        reqs.push(Req {
+                            server,
+                            spans: Vec::new(),
+                            len: 0,
+                            plain: slot.0,
+                        });
+                        slot.1 = Some(reqs.len() - 1);
+                        reqs.len() - 1
                     }
-                    _ => groups.push(Group {
-                        idx,
-                        spans: vec![(in_chunk as u32, m as u32)],
-                        len: m,
-                    }),
-                }
+                };
+                pieces.push(Piece {
+                    at,
+                    len: m,
+                    buf: r,
+                    boff: reqs[r].len,
+                });
+                reqs[r].spans.push(span);
+                reqs[r].len += m;
                 at += m;
                 pos += m as u64;
                 left -= m;
             }
         }
-        let mut data = vec![0u8; at];
         let flags = rw_flags(&f.meta, lock(&f.state).wrote);
-        let list = st.ring.list();
-        let mut ops = Vec::new();
-        // Which group each op serves, and whether it is a `ReadSpans`.
-        let mut whose = Vec::new();
-        for (gi, g) in groups.iter().enumerate() {
-            let server = st.owner_of_hash(&f.path, f.hash, g.idx);
-            let addr = &list.servers[server];
-            let plain =
-                crate::fabric_link::is_fabric(addr) || lock(&self.inner.no_spans.0).contains(addr);
-            if plain {
-                for &(o, l) in &g.spans {
-                    let req = Request::Read {
+        let ops: Vec<Op<'_>> = reqs
+            .iter()
+            .map(|r| {
+                let req = if r.plain {
+                    let (idx, off, len) = r.spans[0];
+                    Request::Read {
                         path: f.path.clone(),
                         fileid: f.meta.fileid,
-                        idx: g.idx,
-                        off: o,
-                        len: l,
+                        idx,
+                        off,
+                        len,
                         chunk_size: f.meta.chunk_size,
                         flags,
                         epoch: f.meta.epoch(),
-                    };
-                    ops.push(Op::req(server, &req));
-                    whose.push((gi, l as usize));
-                }
-            } else {
-                let req = Request::ReadSpans {
-                    path: f.path.clone(),
-                    fileid: f.meta.fileid,
-                    idx: g.idx,
-                    chunk_size: f.meta.chunk_size,
-                    flags,
-                    epoch: f.meta.epoch(),
-                    spans: g.spans.clone(),
+                    }
+                } else {
+                    Request::ReadSpans {
+                        path: f.path.clone(),
+                        fileid: f.meta.fileid,
+                        chunk_size: f.meta.chunk_size,
+                        flags,
+                        epoch: f.meta.epoch(),
+                        spans: r.spans.clone(),
+                    }
                 };
-                ops.push(Op::req(server, &req));
-                whose.push((gi, g.len));
-            }
-        }
-        // Each op's part of `data`, in order.
-        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(ops.len());
-        let mut rest = &mut data[..];
-        for &(_, l) in &whose {
-            let (d, r) = std::mem::take(&mut rest).split_at_mut(l);
-            dsts.push(d);
-            rest = r;
-        }
+                Op::req(r.server, &req)
+            })
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = reqs.iter().map(|r| vec![0u8; r.len]).collect();
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
         self.count(ops.len());
         let results = self.inner.pool.read_into(st, &ops, &mut dsts);
         let mut first_err = None;
@@ -413,7 +462,7 @@ impl Client {
         }
         match first_err {
             Some(e) => Err(e),
-            None => Ok(data),
+            None => Ok(Records { bufs, pieces }),
         }
     }
 }

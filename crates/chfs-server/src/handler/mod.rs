@@ -403,33 +403,56 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
         Request::ReadSpans {
             path,
             fileid,
-            idx,
             chunk_size,
             flags,
             epoch,
             spans,
         } => {
             Counters::inc(&sh.counters.reads);
-            let total: u64 = spans.iter().map(|s| s.1 as u64).sum();
+            let total: u64 = spans.iter().map(|s| s.2 as u64).sum();
             if total > MAX_CHUNK_SIZE as u64 {
                 return Err(ErrorReply::new(
                     libc::EINVAL,
                     format!("{path}: spans of {total} bytes (at most {MAX_CHUNK_SIZE})"),
                 ));
             }
-            let loss = read_checks(sh, ns, &path, fileid, idx, chunk_size, flags, epoch)?;
-            if flags & rw::FETCH_ONLY != 0 {
-                return Ok(Response::Data(Bytes::new()));
+            // Every chunk must be this server's (the request went to the
+            // owner of the first one): else the client's list is out of
+            // date, and what this server does not hold is not a hole.
+            let p = sh.placement();
+            if !p.ring.is_empty() && !sh.is_node_local(&path) {
+                if let Some(&(idx, _, _)) = spans
+                    .iter()
+                    .find(|s| p.me != Some(p.ring.owner(&path, s.0)))
+                {
+                    return Err(ErrorReply::new(
+                        libc::ESTALE,
+                        format!("{path}: chunk {idx} is not this server's"),
+                    ));
+                }
             }
+            drop(p);
             // Each span's bytes, padded with zeros to its length (a hole,
             // or past the chunk's end).
             let mut out = Vec::with_capacity(total as usize);
-            for (off, len) in spans {
+            let mut checked = None;
+            for (idx, off, len) in spans {
+                let loss = match &checked {
+                    Some((i, loss)) if *i == idx => loss,
+                    _ => {
+                        let loss =
+                            read_checks(sh, ns, &path, fileid, idx, chunk_size, flags, epoch)?;
+                        &checked.insert((idx, loss)).1
+                    }
+                };
+                if flags & rw::FETCH_ONLY != 0 {
+                    continue;
+                }
                 let start = out.len();
                 let d = st
                     .read_bytes(&path, idx, fileid, off, len)
                     .map_err(|e| store_err(&path, e))?;
-                match (d, &loss) {
+                match (d, loss) {
                     (Some(d), _) => out.extend_from_slice(&d[..d.len().min(len as usize)]),
                     (None, Some(why)) => return Err(lost(sh, &path, idx, why)),
                     (None, None) => {}
