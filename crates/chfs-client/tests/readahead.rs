@@ -259,6 +259,17 @@ fn own_changes_are_seen_at_once_and_others_within_a_second() {
     c.close(rw).unwrap();
     c.close(rd).unwrap();
 
+    // An unlink by path: the descriptor still open reads what a plain
+    // read then gives (the chunks are gone: zeros up to the size it knows).
+    let want = make_file(&c, "/h", 65536, 4000 * 100, &[]);
+    let rd = c.open("/h", libc::O_RDONLY, 0).unwrap();
+    for i in 0..4u64 {
+        assert!(pread(&c, rd, 8000 * i, 4000) == model(&want, 8000 * i, 4000));
+    }
+    c.unlink("/h").unwrap();
+    assert!(pread(&c, rd, 8000 * 4, 4000) == vec![0u8; 4000]);
+    c.close(rd).unwrap();
+
     // Another process's write: seen at the next open, and by an open
     // descriptor once its buffer is a second old.
     let other = client(&p, |_| {});

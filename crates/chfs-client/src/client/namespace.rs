@@ -405,6 +405,8 @@ impl Client {
     pub fn unlink(&self, path: &str) -> Result<()> {
         let st = self.state();
         let p = normalize(path)?;
+        // Read-ahead of the file is dropped once its chunks are gone too.
+        let _changing = self.inner.gens.changing(&p);
         self.inner.names.begin_change(&p);
         let r = expect_meta(self.call_owner(
             &st,
