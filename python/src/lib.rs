@@ -132,6 +132,9 @@ impl PyClient {
     #[pyo3(signature = (servers=None))]
     fn new(py: Python<'_>, servers: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let mut cfg = ClientConfig::from_env().map_err(|e| os_error(e, None))?;
+        // Python's io objects buffer themselves; the client's strided
+        // read-ahead (CHFS_READ_AHEAD) is for the native and C API paths.
+        cfg.read_ahead = 0;
         if let Some(s) = servers_arg(servers)? {
             cfg.servers = s;
         }

@@ -49,6 +49,12 @@ pub const ENV_VARS: &[EnvVar] = &[
         effect: "per-descriptor client write buffer: small writes are aggregated into one request",
     },
     EnvVar {
+        name: "CHFS_READ_AHEAD",
+        default: "1048576",
+        values: "bytes (0 = off)",
+        effect: "strided read-ahead per descriptor: once reads of one length follow a constant stride (sequential too), the next records up to this many bytes come in one request per chunk and the following reads need no round trip; kept by that descriptor, at most 1 s, dropped at fsync and when this process changes the file",
+    },
+    EnvVar {
         name: "CHFS_RPC_TIMEOUT_MSEC",
         default: "30000",
         values: "milliseconds (0 = 30000)",
@@ -356,6 +362,7 @@ mod tests {
             ("CHFS_CHUNK_SIZE", "0"),
             ("CHFS_CHUNK_SIZE", "64k"),
             ("CHFS_BUF_SIZE", "-1"),
+            ("CHFS_READ_AHEAD", "1M"),
             ("CHFS_ASYNC_ACCESS", "yes"),
             ("CHFS_RPC_TIMEOUT_MSEC", "1.5"),
             ("CHFS_NODE_LIST_CACHE_TIMEOUT", "x"),

@@ -346,6 +346,42 @@ fn buf_size_aggregates_small_writes_into_few_requests() {
     );
 }
 
+fn server_reads(c: &Client) -> u64 {
+    c.server_status()
+        .into_iter()
+        .map(|(a, s)| s.unwrap_or_else(|e| panic!("status of {a}: {e}")).reads)
+        .sum()
+}
+
+#[test]
+fn strided_reads_come_several_records_per_request() {
+    let p = Prefix::install();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = p.cc("strided", tmp.path());
+    let pool = p.pool(2);
+    let c = rust_client(&pool);
+    let mut delta = Vec::new();
+    // 46 records of 47,008 bytes every 4 records, in 16 MiB chunks.
+    for ahead in ["0", "1048576"] {
+        let before = server_reads(&c);
+        check(
+            clean(&exe)
+                .env("CHFS_SERVER", pool.server_string())
+                .env("CHFS_CHUNK_SIZE", "16777216")
+                .env("CHFS_READ_AHEAD", ahead)
+                .args([&format!("/strided{ahead}"), "47008", "4", "46"]),
+        );
+        delta.push(server_reads(&c) - before);
+    }
+    eprintln!(
+        "server reads for 46 strided records and one across the end: read-ahead off {}, on {}",
+        delta[0], delta[1]
+    );
+    // Off: one per record, and the last one. On: two to find the
+    // pattern, one request per 22 records (1 MiB), and the last one.
+    assert_eq!(delta, [47, 2 + 2 + 1]);
+}
+
 #[test]
 fn bad_environment_makes_init_fail_cleanly() {
     let p = Prefix::install();

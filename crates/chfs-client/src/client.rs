@@ -32,6 +32,7 @@ use crate::error::{fail, Error, Result};
 use crate::pool::{Op, Pool, PoolState};
 
 mod admin;
+mod ahead;
 mod attr;
 mod cache;
 mod dir;
@@ -73,6 +74,8 @@ struct OpenFile {
     flags: i32,
     pos: Mutex<u64>,
     state: Mutex<FileState>,
+    /// Strided read-ahead (regular files open for reading; `ahead.rs`).
+    ahead: Option<Mutex<ahead::ReadAhead>>,
 }
 
 impl OpenFile {
@@ -131,6 +134,14 @@ struct Inner {
     /// 1 + the server list version with which a server refused
     /// directory versions (0: none did).
     no_versions: AtomicU64,
+    /// Bytes of records read ahead per descriptor
+    /// (`CHFS_READ_AHEAD`, 0 = off; `ahead.rs`).
+    read_ahead: AtomicU64,
+    /// Generations of the data of paths this client changed (read-ahead
+    /// buffers older than a change are dropped).
+    gens: ahead::DataGens,
+    /// Servers that do not know `ReadSpans`.
+    no_spans: ahead::NoSpans,
 }
 
 /// A handle to a chfs-rs pool. Cheap to clone; all clones share
@@ -169,6 +180,7 @@ impl Client {
         let chunk_size = AtomicU32::new(cfg.chunk_size);
         let buffering = AtomicBool::new(cfg.buf_size > 0);
         let buf_size = AtomicU64::new(cfg.buf_size as u64);
+        let read_ahead = AtomicU64::new(cfg.read_ahead as u64);
         let own = crate::relay::OwnChanges::new(
             cfg.lookup != crate::config::Lookup::Direct,
             cfg.lookup_cache,
@@ -190,6 +202,9 @@ impl Client {
                 backend_dir: Mutex::new(None),
                 no_tree: AtomicU64::new(0),
                 no_versions: AtomicU64::new(0),
+                read_ahead,
+                gens: Default::default(),
+                no_spans: Default::default(),
             }),
             creds: None,
         })
@@ -283,6 +298,14 @@ impl Client {
         }
     }
 
+    /// Bytes of records read ahead per descriptor when its
+    /// reads follow a strided pattern (0 = off; `CHFS_READ_AHEAD`).
+    /// Descriptors open at the change keep their buffer until its next
+    /// check.
+    pub fn set_read_ahead(&self, n: usize) {
+        self.inner.read_ahead.store(n as u64, Ordering::Relaxed);
+    }
+
     /// Bytes of small writes gathered per descriptor (0 = none).
     pub fn buf_size(&self) -> usize {
         self.inner.buf_size.load(Ordering::Relaxed) as usize
@@ -318,6 +341,11 @@ impl Client {
             // contact's cache for a while.
             self.inner.own.changed(path);
         }
+        let _changing = matches!(
+            req.op(),
+            op::CREATE | op::SET_SIZE | op::REMOVE_ENTRY | op::WRITE | op::PUT_CHUNK
+        )
+        .then(|| self.inner.gens.changing(path));
         self.count(1);
         self.inner.pool.call(st, st.owner(path, idx), req)
     }
@@ -335,6 +363,9 @@ impl Client {
         path: &str,
         req: &Request,
     ) -> Result<Vec<Result<Response>>> {
+        use chfs_proto::msg::op;
+        let _changing = matches!(req.op(), op::TRUNCATE_CHUNKS | op::REMOVE_CHUNKS)
+            .then(|| self.inner.gens.changing(path));
         let ops: Vec<Op<'_>> = st
             .servers_for(path)?
             .into_iter()
@@ -344,6 +375,12 @@ impl Client {
     }
 
     fn broadcast(&self, st: &PoolState, req: &Request) -> Vec<Result<Response>> {
+        use chfs_proto::msg::op;
+        let _changing = matches!(
+            req.op(),
+            op::TRUNCATE_CHUNKS | op::REMOVE_CHUNKS | op::RENAME_MOVE
+        )
+        .then(|| self.inner.gens.changing_all());
         self.count(st.ring.len());
         self.inner.pool.broadcast(st, req)
     }

@@ -22,6 +22,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_SERVER", default: "(required)", help: "one or more server addresses (host:port, comma separated; a scheme such as tcp:// is ignored; ofi+tcp://IP:PORT and the other ofi+ addresses that fabric servers (chfsd -p) advertise are reached over libfabric); the full server list is fetched from them" },
     Setting { env: "CHFS_CHUNK_SIZE", default: "65536", help: "chunk size in bytes of files this client creates" },
     Setting { env: "CHFS_BUF_SIZE", default: "0", help: "client write buffer per open file in bytes; small writes are aggregated into one RPC (0 = off)" },
+    Setting { env: "CHFS_READ_AHEAD", default: "1048576", help: "bytes of records read ahead per descriptor (of a regular file open for reading) whose reads follow a pattern (reads of one length at a constant stride, sequential ones too; from the third such read): the next records come in one request per chunk, and the reads that follow are answered without a round trip; the records are kept by that descriptor only, for at most 1 s, and dropped at fsync and when this process writes, truncates, removes or renames the file; not used by the FUSE mount and the Python package (0 = off)" },
     Setting { env: "CHFS_RPC_TIMEOUT_MSEC", default: "30000", help: "time after which an unanswered request fails with ETIMEDOUT (0 = 30000)" },
     Setting { env: "CHFS_NODE_LIST_CACHE_TIMEOUT", default: "120", help: "seconds the server list is cached before it is fetched again" },
     Setting { env: "CHFS_ASYNC_ACCESS", default: "1", help: "issue the chunk RPCs of one read/write concurrently (0 = one after another)" },
@@ -64,6 +65,9 @@ pub struct ClientConfig {
     pub chunk_size: u32,
     /// Write buffer size per open file (0 = off).
     pub buf_size: usize,
+    /// Bytes of strided records read ahead per descriptor
+    /// (`CHFS_READ_AHEAD`, 0 = off).
+    pub read_ahead: usize,
     /// Request timeout.
     pub rpc_timeout: Duration,
     /// Chunk data of at least this many bytes moves by RMA over a fabric
@@ -170,6 +174,7 @@ impl Default for ClientConfig {
             servers: Vec::new(),
             chunk_size: chfs_proto::DEFAULT_CHUNK_SIZE,
             buf_size: 0,
+            read_ahead: 1 << 20,
             rpc_timeout: Duration::from_millis(30_000),
             rdma_thresh: 32 * 1024,
             node_list_cache_timeout: Duration::from_secs(120),
@@ -246,6 +251,9 @@ impl ClientConfig {
         }
         if let Some(v) = get("CHFS_BUF_SIZE") {
             c.buf_size = num("CHFS_BUF_SIZE", &v)?;
+        }
+        if let Some(v) = get("CHFS_READ_AHEAD") {
+            c.read_ahead = num("CHFS_READ_AHEAD", &v)?;
         }
         if let Some(v) = get("CHFS_RDMA_THRESH") {
             c.rdma_thresh = num::<usize>("CHFS_RDMA_THRESH", &v)?.max(1);

@@ -537,6 +537,7 @@ fn retry_safe(e: &Error, op: u16) -> bool {
                 | STAT
                 | WRITE
                 | READ
+                | READ_SPANS
                 | SET_SIZE
                 | SET_ATTR
                 | REMOVE_CHUNKS

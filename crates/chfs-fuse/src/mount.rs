@@ -234,7 +234,11 @@ fn start_rings(
 pub fn serve(cfg: MountConfig, ready: impl FnOnce()) -> Result<(), MountError> {
     let set = block_signals();
     let mp = prepare_mountpoint(&cfg.mountpoint)?;
-    let client = Client::connect(cfg.client.clone())?;
+    let mut ccfg = cfg.client.clone();
+    // The kernel sends the mount's reads; the client's strided read-ahead
+    // (CHFS_READ_AHEAD) is for the native and C API paths.
+    ccfg.read_ahead = 0;
+    let client = Client::connect(ccfg)?;
     let fs = ChfsFs::new(client, cfg.fs.clone());
     let core = fs.core().clone();
     let granted = fs.uring_granted();

@@ -88,7 +88,11 @@ opcodes! {
     NODE_LOCAL = 35 => NodeLocal,
     LIST_TREE = 36 => ListTree,
     DIR_VERSION = 37 => DirVersion,
+    READ_SPANS = 38 => ReadSpans,
 }
+
+/// Most spans one [`Request::ReadSpans`] may ask for.
+pub const MAX_SPANS: usize = 65536;
 
 /// Does a request of opcode `op`, decoded from a frame's payload, keep a
 /// slice of it (its data)? Those of every other opcode copy out what they
@@ -709,6 +713,44 @@ pub enum Request {
         /// Normalised directory path.
         path: String,
     },
+    /// Read several ranges of chunks of one file that this server owns
+    /// (`spans`: chunk index, offset within the chunk, length; at most
+    /// [`MAX_SPANS`], their lengths adding up to at most
+    /// [`crate::MAX_CHUNK_SIZE`]) in one request: the reply is
+    /// [`Response::Data`] holding each span's bytes in order, each padded
+    /// with zeros to its full length (a hole, or past the chunk's end,
+    /// reads as zeros, as a client fills a short [`Request::Read`]). The
+    /// same rules as `Read` otherwise (`EIO` for a chunk a replaced server
+    /// may have lost). Forwarded to the owner of the first span's chunk;
+    /// a server that does not own every chunk named refuses it with
+    /// `ESTALE` (the client's server list is out of date: it reads chunk
+    /// by chunk). A client's read-ahead of strided records. Servers older
+    /// than this op close the connection with `EPROTO` (unknown opcode):
+    /// the client then reads record by record from that server.
+    ReadSpans {
+        /// Normalised path.
+        path: String,
+        /// File incarnation id.
+        fileid: u32,
+        /// Chunk size of the file (to locate the chunk in a backend file).
+        chunk_size: u32,
+        /// `rw::*` flags.
+        flags: u16,
+        /// The file's epoch ([`Meta::epoch`]).
+        epoch: u32,
+        /// (chunk index, offset within the chunk, length) of each range.
+        spans: Vec<(u64, u32, u32)>,
+    },
+}
+
+impl Request {
+    /// The bytes a [`Request::ReadSpans`] answers with (0 for any other).
+    pub fn spans_len(&self) -> u64 {
+        match self {
+            Request::ReadSpans { spans, .. } => spans.iter().map(|s| s.2 as u64).sum(),
+            _ => 0,
+        }
+    }
 }
 
 /// A directory's version on one server ([`Request::DirVersion`]).
@@ -928,6 +970,9 @@ impl Request {
             | Request::Read { path, idx, .. }
             | Request::PutChunk { path, idx, .. }
             | Request::AdoptChunk { path, idx, .. } => Some((path, *idx)),
+            Request::ReadSpans { path, spans, .. } => {
+                Some((path, spans.first().map_or(0, |s| s.0)))
+            }
             _ => None,
         }
     }
@@ -1051,6 +1096,26 @@ impl Request {
                 out.put_u32(*chunk_size);
                 out.put_u16(*flags);
                 out.put_u32(*epoch);
+            }
+            Request::ReadSpans {
+                path,
+                fileid,
+                chunk_size,
+                flags,
+                epoch,
+                spans,
+            } => {
+                out.put_str(path);
+                out.put_u32(*fileid);
+                out.put_u32(*chunk_size);
+                out.put_u16(*flags);
+                out.put_u32(*epoch);
+                out.put_u32(spans.len() as u32);
+                for (idx, off, len) in spans {
+                    out.put_u64(*idx);
+                    out.put_u32(*off);
+                    out.put_u32(*len);
+                }
             }
             Request::SetSize {
                 path,
@@ -1223,6 +1288,41 @@ impl Request {
                 flags: r.u16()?,
                 epoch: r.u32()?,
             },
+            op::READ_SPANS => {
+                let path = r.string()?;
+                let fileid = r.u32()?;
+                let chunk_size = r.u32()?;
+                let flags = r.u16()?;
+                let epoch = r.u32()?;
+                let n = r.u32()? as usize;
+                if n > MAX_SPANS || n * 16 > r.remaining() {
+                    return Err(ProtoError::Malformed(format!(
+                        "{n} spans ({} bytes left, at most {MAX_SPANS})",
+                        r.remaining()
+                    )));
+                }
+                let mut spans = Vec::with_capacity(n);
+                let mut total = 0u64;
+                for _ in 0..n {
+                    let s = (r.u64()?, r.u32()?, r.u32()?);
+                    total += s.2 as u64;
+                    spans.push(s);
+                }
+                if total > crate::MAX_CHUNK_SIZE as u64 {
+                    return Err(ProtoError::Malformed(format!(
+                        "spans of {total} bytes (at most {})",
+                        crate::MAX_CHUNK_SIZE
+                    )));
+                }
+                Request::ReadSpans {
+                    path,
+                    fileid,
+                    chunk_size,
+                    flags,
+                    epoch,
+                    spans,
+                }
+            }
             op::FLUSH_STATUS => Request::FlushStatus {
                 prefix: r.string()?,
             },
@@ -1857,6 +1957,14 @@ mod tests {
             chunk_size: 9,
             flags: 0,
             epoch: 3,
+        });
+        rt(Request::ReadSpans {
+            path: "/a".into(),
+            fileid: 1,
+            chunk_size: 9,
+            flags: rw::DAMAGED,
+            epoch: 3,
+            spans: vec![(2, 0, 2), (4, 5, 4)],
         });
         for (if_size, stray) in [(None, false), (Some(9), false), (None, true)] {
             rt(Request::SetSize {

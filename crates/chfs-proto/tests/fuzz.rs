@@ -191,6 +191,7 @@ const REQUEST_OPS: &[u16] = &[
     op::NODE_LOCAL,
     op::LIST_TREE,
     op::DIR_VERSION,
+    op::READ_SPANS,
 ];
 
 /// Number of response tags (0 .. this), checked by
@@ -379,6 +380,28 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
         (
             op::DIR_VERSION,
             text().prop_map(|path| Request::DirVersion { path }).boxed(),
+        ),
+        (
+            op::READ_SPANS,
+            (
+                text(),
+                any::<u32>(),
+                any::<u32>(),
+                any::<u16>(),
+                any::<u32>(),
+                vec((any::<u64>(), any::<u32>(), 0u32..(1 << 20)), 0..8),
+            )
+                .prop_map(
+                    |(path, fileid, chunk_size, flags, epoch, spans)| Request::ReadSpans {
+                        path,
+                        fileid,
+                        chunk_size,
+                        flags,
+                        epoch,
+                        spans,
+                    },
+                )
+                .boxed(),
         ),
         (
             op::JOIN,

@@ -238,6 +238,7 @@ pub(crate) fn cost_of(len: usize, req: &Request) -> u64 {
     if let Request::Read { len, .. } = req {
         n += (*len).min(chfs_proto::MAX_CHUNK_SIZE) as u64;
     }
+    n += req.spans_len().min(chfs_proto::MAX_CHUNK_SIZE as u64);
     n
 }
 

@@ -1134,3 +1134,65 @@ fn an_open_connection_costs_little_memory() {
     assert!(per < 100, "{per} KiB per connection");
     drop(conns);
 }
+
+#[test]
+fn read_spans_pad_holes_and_refuse_chunks_of_other_servers() {
+    let p = pool(3, None);
+    let (mut s, _, _) = hello(&p.addrs()[0], b"");
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 10,
+        fileid: 7,
+        ..Default::default()
+    };
+    let path = "/spans".to_string();
+    let create = Request::Create {
+        path: path.clone(),
+        meta,
+        excl: true,
+        data: Bytes::new(),
+    };
+    call(&mut s, 1, &create).unwrap();
+    for idx in 0..3u64 {
+        let w = Request::Write {
+            path: path.clone(),
+            fileid: 7,
+            chunk_size: 10,
+            mode: meta.mode,
+            idx,
+            off: 0,
+            flags: 0,
+            epoch: 0,
+            data: Bytes::from((0..10).map(|b| idx as u8 * 16 + b).collect::<Vec<_>>()),
+        };
+        assert_eq!(call(&mut s, 2, &w), Ok(Response::Written(10)));
+    }
+    let spans = |spans: Vec<(u64, u32, u32)>| Request::ReadSpans {
+        path: path.clone(),
+        fileid: 7,
+        chunk_size: 10,
+        flags: 0,
+        epoch: 0,
+        spans,
+    };
+    // One chunk (forwarded to its owner): the spans in order, the one past
+    // the chunk's end padded with zeros; a chunk never written is a hole.
+    let r = call(&mut s, 3, &spans(vec![(1, 8, 5), (1, 0, 2)]));
+    assert_eq!(
+        r,
+        Ok(Response::Data(Bytes::from(vec![24, 25, 0, 0, 0, 16, 17])))
+    );
+    let r = call(&mut s, 4, &spans(vec![(40, 0, 3)]));
+    assert_eq!(r, Ok(Response::Data(Bytes::from(vec![0, 0, 0]))));
+    // Consecutive chunks belong to different servers of three: whoever
+    // gets the request does not own them all.
+    let e = call(&mut s, 5, &spans(vec![(0, 0, 2), (1, 0, 2), (2, 0, 2)])).unwrap_err();
+    assert_eq!(e.0, libc::ESTALE, "{e:?}");
+    // More than a chunk's size in all: refused when decoded.
+    let huge = spans(vec![(0, 0, u32::MAX), (0, 0, u32::MAX)]);
+    let mut payload = Vec::new();
+    huge.encode(&mut payload);
+    send(&mut s, 6, huge.op(), &payload);
+    let e = reply(&mut s, 6).unwrap_err();
+    assert_eq!(e.0, libc::EPROTO, "{e:?}");
+}

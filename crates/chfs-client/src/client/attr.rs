@@ -165,6 +165,8 @@ impl Client {
             s.written_end = s.written_end.min(len);
             s.published = len;
         }
+        // (Read-ahead taken with the sizes before these: dropped.)
+        self.inner.gens.bump(p);
         Ok(m)
     }
 

@@ -113,7 +113,6 @@ impl Client {
         };
         let f = OpenFile {
             hash: path_hash(&p),
-            path: p,
             meta,
             flags,
             pos: Mutex::new(0),
@@ -121,6 +120,8 @@ impl Client {
                 published: meta.size,
                 ..Default::default()
             }),
+            ahead: (acc != libc::O_WRONLY && meta.is_reg()).then(Default::default),
+            path: p,
         };
         let mut fds = lock(&self.inner.fds);
         let fd = match fds.iter().position(Option::is_none) {
@@ -195,6 +196,9 @@ impl Client {
     /// durable as the servers' memory.
     pub fn fsync(&self, fd: i32) -> Result<()> {
         let f = self.file(fd)?;
+        if let Some(ra) = &f.ahead {
+            lock(ra).drop_window();
+        }
         let st = self.state();
         self.flush_file(&st, &f)?;
         let size = {
@@ -289,6 +293,8 @@ impl Client {
         let mut data_chunks = false;
         s.wrote = true;
         self.inner.own.changed(&f.path);
+        // Read-ahead buffers of this file are dropped once this is done.
+        let _changing = self.inner.gens.changing(&f.path);
         let flags = rw_flags(&f.meta, true);
         while done < buf.len() {
             let pos = off + done as u64;
@@ -489,7 +495,7 @@ impl Client {
     }
 
     /// Current size of an open file as this client sees it.
-    fn file_size(&self, st: &PoolState, f: &OpenFile, refresh: bool) -> Result<u64> {
+    pub(super) fn file_size(&self, st: &PoolState, f: &OpenFile, refresh: bool) -> Result<u64> {
         let (published, local) = {
             let s = lock(&f.state);
             (s.published, s.written_end)
@@ -530,6 +536,9 @@ impl Client {
                     self.flush_file(&st, &g)?;
                 }
             }
+        }
+        if let Some(n) = self.read_ahead(&st, &f, buf, off)? {
+            return Ok(n);
         }
         let mut size = self.file_size(&st, &f, false)?;
         if off + buf.len() as u64 > size {

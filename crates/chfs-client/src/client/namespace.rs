@@ -405,6 +405,8 @@ impl Client {
     pub fn unlink(&self, path: &str) -> Result<()> {
         let st = self.state();
         let p = normalize(path)?;
+        // Read-ahead of the file is dropped once its chunks are gone too.
+        let _changing = self.inner.gens.changing(&p);
         self.inner.names.begin_change(&p);
         let r = expect_meta(self.call_owner(
             &st,
@@ -595,6 +597,8 @@ impl Client {
         // The owner of the source entry first: it may refuse (cache mode) or
         // rename the backend copy; then every other server moves its chunks.
         let owner = st.owner(&old, 0);
+        // Read-ahead buffers of either name (or below them) are dropped.
+        let _changing = self.inner.gens.changing_all();
         let own = &self.inner.own;
         own.changed(&old);
         own.changed(&new);

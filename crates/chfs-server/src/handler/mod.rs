@@ -389,42 +389,9 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             epoch,
         } => {
             Counters::inc(&sh.counters.reads);
-            if ns.is_cached() {
-                // A chunk fetched from the backend is this size.
-                check_chunk_size(chunk_size)?;
-            }
-            let loss = sh.placement().may_have_lost(epoch, flags);
-            if let (Some(why), true) = (&loss, ns.is_cached()) {
-                // Fetching a chunk of a file changed in the cache again
-                // from the backend could bring back bytes it replaced.
-                if flags & rw::BACKEND != 0 && flags & rw::MODIFIED != 0 {
-                    let held = st.meta(&path, idx).map_err(|e| store_err(&path, e))?;
-                    if held.is_none_or(|m| m.fileid != fileid) {
-                        return Err(lost(sh, &path, idx, why));
-                    }
-                }
-            }
-            ns.fetch(
-                sh,
-                &path,
-                idx,
-                fileid,
-                chunk_size,
-                libc::S_IFREG | 0o644,
-                flags,
-            )?;
+            let loss = read_checks(sh, ns, &path, fileid, idx, chunk_size, flags, epoch)?;
             if flags & rw::FETCH_ONLY != 0 {
                 return Ok(Response::Data(Bytes::new()));
-            }
-            if idx == 0 {
-                if let Some(m) = st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
-                    if m.is_dir() {
-                        return Err(ErrorReply::new(
-                            libc::EISDIR,
-                            format!("{path}: is a directory"),
-                        ));
-                    }
-                }
             }
             let len = len.min(MAX_CHUNK_SIZE);
             let d = st
@@ -436,6 +403,67 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 (None, Some(why)) => Err(lost(sh, &path, idx, &why)),
                 (None, None) => Ok(Response::Data(Bytes::new())),
             }
+        }
+        Request::ReadSpans {
+            path,
+            fileid,
+            chunk_size,
+            flags,
+            epoch,
+            spans,
+        } => {
+            Counters::inc(&sh.counters.reads);
+            let total: u64 = spans.iter().map(|s| s.2 as u64).sum();
+            if total > MAX_CHUNK_SIZE as u64 {
+                return Err(ErrorReply::new(
+                    libc::EINVAL,
+                    format!("{path}: spans of {total} bytes (at most {MAX_CHUNK_SIZE})"),
+                ));
+            }
+            // Every chunk must be this server's (the request went to the
+            // owner of the first one): else the client's list is out of
+            // date, and what this server does not hold is not a hole.
+            let p = sh.placement();
+            if !p.ring.is_empty() && !sh.is_node_local(&path) {
+                if let Some(&(idx, _, _)) = spans
+                    .iter()
+                    .find(|s| p.me != Some(p.ring.owner(&path, s.0)))
+                {
+                    return Err(ErrorReply::new(
+                        libc::ESTALE,
+                        format!("{path}: chunk {idx} is not this server's"),
+                    ));
+                }
+            }
+            drop(p);
+            // Each span's bytes, padded with zeros to its length (a hole,
+            // or past the chunk's end).
+            let mut out = Vec::with_capacity(total as usize);
+            let mut checked = None;
+            for (idx, off, len) in spans {
+                let loss = match &checked {
+                    Some((i, loss)) if *i == idx => loss,
+                    _ => {
+                        let loss =
+                            read_checks(sh, ns, &path, fileid, idx, chunk_size, flags, epoch)?;
+                        &checked.insert((idx, loss)).1
+                    }
+                };
+                if flags & rw::FETCH_ONLY != 0 {
+                    continue;
+                }
+                let start = out.len();
+                let d = st
+                    .read_bytes(&path, idx, fileid, off, len)
+                    .map_err(|e| store_err(&path, e))?;
+                match (d, loss) {
+                    (Some(d), _) => out.extend_from_slice(&d[..d.len().min(len as usize)]),
+                    (None, Some(why)) => return Err(lost(sh, &path, idx, why)),
+                    (None, None) => {}
+                }
+                out.resize(start + len as usize, 0);
+            }
+            Ok(Response::Data(Bytes::from(out)))
         }
         Request::SetSize {
             path,
@@ -822,6 +850,59 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
 /// The path a request is about (for the node-local rule), if one.
 fn path_of(req: &Request) -> Option<&str> {
     req.path()
+}
+
+/// What a read of chunk `idx` checks and prepares before it reads
+/// (`Read`, `ReadSpans`): the chunk size in cache mode, a chunk fetched
+/// from the backend, not a directory. Returns why the chunk may have
+/// been lost on this server, if it may (then a chunk not held is `EIO`).
+#[allow(clippy::too_many_arguments)]
+fn read_checks(
+    sh: &Arc<Shared>,
+    ns: Ns<'_>,
+    path: &str,
+    fileid: u32,
+    idx: u64,
+    chunk_size: u32,
+    flags: u16,
+    epoch: u32,
+) -> Result<Option<String>, ErrorReply> {
+    let st = &sh.store;
+    if ns.is_cached() {
+        // A chunk fetched from the backend is this size.
+        check_chunk_size(chunk_size)?;
+    }
+    let loss = sh.placement().may_have_lost(epoch, flags);
+    if let (Some(why), true) = (&loss, ns.is_cached()) {
+        // Fetching a chunk of a file changed in the cache again
+        // from the backend could bring back bytes it replaced.
+        if flags & rw::BACKEND != 0 && flags & rw::MODIFIED != 0 {
+            let held = st.meta(path, idx).map_err(|e| store_err(path, e))?;
+            if held.is_none_or(|m| m.fileid != fileid) {
+                return Err(lost(sh, path, idx, why));
+            }
+        }
+    }
+    ns.fetch(
+        sh,
+        path,
+        idx,
+        fileid,
+        chunk_size,
+        libc::S_IFREG | 0o644,
+        flags,
+    )?;
+    if idx == 0 && flags & rw::FETCH_ONLY == 0 {
+        if let Some(m) = st.meta(path, 0).map_err(|e| store_err(path, e))? {
+            if m.is_dir() {
+                return Err(ErrorReply::new(
+                    libc::EISDIR,
+                    format!("{path}: is a directory"),
+                ));
+            }
+        }
+    }
+    Ok(loss)
 }
 
 /// Entries and bytes (file sizes) of this server's node-local area.

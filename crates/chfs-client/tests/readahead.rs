@@ -1,0 +1,311 @@
+//! Strided read-ahead of descriptors (`CHFS_READ_AHEAD`,
+//! `client/ahead.rs`): reads give exactly what plain reads give whatever
+//! the pattern (strided, sequential, backwards, random, mixed, across
+//! chunk boundaries, holes and the end of the file, with writes through
+//! the same descriptor in between), records fetched ahead
+//! cost one request per chunk, this process's own writes are seen at
+//! once, others' within the buffer's age, and servers that do not know
+//! `ReadSpans` are read record by record.
+
+mod common;
+
+use std::time::Duration;
+
+use chfs_client::Client;
+use common::*;
+use proptest::prelude::*;
+
+/// Sum over the servers of their `reads` counter (a `Read` or a
+/// `ReadSpans` each).
+fn server_reads(c: &Client) -> u64 {
+    c.server_status()
+        .into_iter()
+        .map(|(a, s)| s.unwrap_or_else(|e| panic!("status of {a}: {e}")).reads)
+        .sum()
+}
+
+/// Writes `data` to a new file `path` of chunk size `cs`, leaving `holes`
+/// (ranges never written), and returns the file's bytes as a plain reader
+/// sees them.
+fn make_file(c: &Client, path: &str, cs: u32, size: usize, holes: &[(usize, usize)]) -> Vec<u8> {
+    let mut want = pattern(size, size as u64 ^ cs as u64);
+    for &(a, b) in holes {
+        want[a.min(size)..b.min(size)].fill(0);
+    }
+    let fd = c
+        .open_chunk_size(path, libc::O_CREAT | libc::O_WRONLY, 0o644, cs)
+        .unwrap();
+    // The bytes outside the holes, then the size.
+    let mut at = 0;
+    let mut cuts: Vec<(usize, usize)> = holes.to_vec();
+    cuts.sort();
+    for (a, b) in cuts.into_iter().chain([(size, size)]) {
+        let a = a.min(size);
+        if a > at {
+            c.pwrite(fd, &want[at..a], at as u64).unwrap();
+        }
+        at = at.max(b.min(size));
+    }
+    c.ftruncate(fd, size as u64).unwrap();
+    c.close(fd).unwrap();
+    want
+}
+
+/// What a plain `pread` of `len` bytes at `off` gives for a file `want`.
+fn model(want: &[u8], off: u64, len: usize) -> Vec<u8> {
+    let a = (off as usize).min(want.len());
+    let b = (off as usize).saturating_add(len).min(want.len());
+    want[a..b].to_vec()
+}
+
+fn pread(c: &Client, fd: i32, off: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0xa5u8; len];
+    let n = c.pread(fd, &mut b, off).unwrap();
+    b.truncate(n);
+    b
+}
+
+/// A read pattern: (offset, length) of each read.
+fn reads() -> impl Strategy<Value = Vec<(u64, usize)>> {
+    let strided =
+        (0u64..9000, 1usize..3000, 0u64..4000, 3usize..40).prop_map(|(start, len, gap, n)| {
+            (0..n as u64)
+                .map(|i| (start + i * (len as u64 + gap), len))
+                .collect::<Vec<_>>()
+        });
+    let sequential = (0u64..9000, 1usize..3000, 3usize..40).prop_map(|(start, len, n)| {
+        (0..n as u64)
+            .map(|i| (start + i * len as u64, len))
+            .collect::<Vec<_>>()
+    });
+    let backwards = (9000u64..40000, 1usize..3000, 3usize..20).prop_map(|(end, len, n)| {
+        (0..n as u64)
+            .map(|i| (end.saturating_sub(i * len as u64), len))
+            .collect::<Vec<_>>()
+    });
+    let random = proptest::collection::vec((0u64..40000, 0usize..5000), 1..30);
+    let part = prop_oneof![strided, sequential, backwards, random];
+    proptest::collection::vec(part, 1..4).prop_map(|v| v.concat())
+}
+
+struct Shared {
+    _pool: LocalPool,
+    client: Client,
+}
+
+fn new_shared() -> Shared {
+    let pool = LocalPool::start(2).expect("pool");
+    let client = client(&pool, |c| c.read_ahead = 16 * 1024);
+    Shared {
+        _pool: pool,
+        client,
+    }
+}
+
+thread_local! {
+    static SHARED: Shared = new_shared();
+}
+
+/// Reads `reads` through one descriptor (read-only, or read-write with
+/// `writes` through it too: (before which read, offset, length)) and
+/// compares each with what a plain read gives.
+fn run_case(
+    size: usize,
+    cs: u32,
+    holes: &[(usize, usize)],
+    reads: &[(u64, usize)],
+    writes: &[(usize, u64, usize)],
+) -> Result<(), TestCaseError> {
+    static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    SHARED.with(|s| {
+        let c = &s.client;
+        let path = format!(
+            "/case{}",
+            CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut want = make_file(c, &path, cs, size, holes);
+        let flags = if writes.is_empty() {
+            libc::O_RDONLY
+        } else {
+            libc::O_RDWR
+        };
+        let fd = c.open(&path, flags, 0).unwrap();
+        for (i, &(off, len)) in reads.iter().enumerate() {
+            for &(_, woff, wlen) in writes.iter().filter(|w| w.0 == i) {
+                let b = pattern(wlen, woff ^ i as u64);
+                c.pwrite(fd, &b, woff).unwrap();
+                let end = woff as usize + wlen;
+                if want.len() < end {
+                    want.resize(end, 0);
+                }
+                want[woff as usize..end].copy_from_slice(&b);
+            }
+            let got = pread(c, fd, off, len);
+            prop_assert!(
+                got == model(&want, off, len),
+                "read {} ({} bytes at {}) of {:?} differs",
+                i,
+                len,
+                off,
+                reads
+            );
+        }
+        c.close(fd).unwrap();
+        c.unlink(&path).unwrap();
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 500, ..ProptestConfig::default() })]
+    #[test]
+    fn reads_match_plain_reads(
+        size in 0usize..40000,
+        cs in prop_oneof![Just(1000u32), Just(4096), Just(65536)],
+        holes in proptest::collection::vec((0usize..40000, 0usize..6000), 0..4)
+            .prop_map(|v| v.into_iter().map(|(a, l)| (a, a + l)).collect::<Vec<_>>()),
+        reads in reads(),
+        writes in prop_oneof![
+            Just(Vec::new()),
+            proptest::collection::vec((0usize..60, 0u64..40000, 1usize..3000), 1..6),
+        ],
+    ) {
+        run_case(size, cs, &holes, &reads, &writes)?;
+    }
+}
+
+/// IOR-hard's read with -C: a rank reads every 4th record of 47,008
+/// bytes. `n` records read through `c`; returns the reads the servers
+/// served for them, and the requests `c` sent.
+fn hard_reads(c: &Client, path: &str, want: &[u8], n: u64) -> (u64, u64) {
+    let fd = c.open(path, libc::O_RDONLY, 0).unwrap();
+    let before = server_reads(c);
+    let sent = c.stats().rpcs;
+    for i in 0..n {
+        let off = 47008 * (4 * i + 1);
+        assert!(
+            pread(c, fd, off, 47008) == model(want, off, 47008),
+            "record {i}"
+        );
+    }
+    let sent = c.stats().rpcs - sent;
+    let after = server_reads(c);
+    c.close(fd).unwrap();
+    (after - before, sent)
+}
+
+#[test]
+fn strided_records_cost_one_request_per_chunk() {
+    let p = LocalPool::start(2).expect("pool");
+    let w = client(&p, |_| {});
+    // One 16 MiB chunk holds 89 records of 4 ranks.
+    let want = make_file(&w, "/hard", 16 << 20, 47008 * 4 * 80, &[]);
+    // 1 MiB: 22 records per request. The first two reads find the
+    // pattern; the third fetches records 2..24, the 24th 24..46.
+    let on = client(&p, |c| c.read_ahead = 1 << 20);
+    assert_eq!(hard_reads(&on, "/hard", &want, 46), (2 + 2, 2 + 2));
+    let off = client(&p, |c| c.read_ahead = 0);
+    assert_eq!(hard_reads(&off, "/hard", &want, 46), (46, 46));
+    // Sequential records (stride = length) too.
+    let fd = on.open("/hard", libc::O_RDONLY, 0).unwrap();
+    let before = server_reads(&on);
+    for i in 0..24u64 {
+        let off = 47008 * i;
+        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    assert_eq!(server_reads(&on) - before, 3);
+    on.close(fd).unwrap();
+    // 64 KiB chunks (the default): the pieces of 22 records in 33 chunks
+    // of the two servers, one request to each.
+    let want = make_file(&w, "/hard64k", 65536, 47008 * 4 * 30, &[]);
+    let fd = on.open("/hard64k", libc::O_RDONLY, 0).unwrap();
+    for i in 0..2u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    let before = server_reads(&on);
+    for i in 2..24u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    assert_eq!(server_reads(&on) - before, 2);
+    on.close(fd).unwrap();
+}
+
+#[test]
+fn own_changes_are_seen_at_once_and_others_within_a_second() {
+    let p = LocalPool::start(2).expect("pool");
+    let c = client(&p, |c| c.read_ahead = 1 << 20);
+    let mut want = make_file(&c, "/f", 65536, 4000 * 100, &[]);
+    let rd = c.open("/f", libc::O_RDONLY, 0).unwrap();
+    let rw = c.open("/f", libc::O_RDWR, 0).unwrap();
+    // The pattern is found and records 2.. are fetched ahead.
+    for i in 0..4u64 {
+        assert!(pread(&c, rd, 8000 * i, 4000) == model(&want, 8000 * i, 4000));
+    }
+    // A write through another descriptor, a record ahead.
+    let new = pattern(4000, 77);
+    c.pwrite(rw, &new, 8000 * 4).unwrap();
+    want[32000..36000].copy_from_slice(&new);
+    assert!(pread(&c, rd, 8000 * 4, 4000) == new);
+    // Fetched again; then a truncate by path.
+    for i in 5..8u64 {
+        assert!(pread(&c, rd, 8000 * i, 4000) == model(&want, 8000 * i, 4000));
+    }
+    c.truncate("/f", 8000 * 9).unwrap();
+    want.truncate(8000 * 9);
+    assert!(pread(&c, rd, 8000 * 8, 4000) == model(&want, 8000 * 8, 4000));
+    assert!(pread(&c, rd, 8000 * 9, 4000) == Vec::<u8>::new());
+    c.close(rw).unwrap();
+    c.close(rd).unwrap();
+
+    // An unlink by path: the descriptor still open reads what a plain
+    // read then gives (the chunks are gone: zeros up to the size it knows).
+    let want = make_file(&c, "/h", 65536, 4000 * 100, &[]);
+    let rd = c.open("/h", libc::O_RDONLY, 0).unwrap();
+    for i in 0..4u64 {
+        assert!(pread(&c, rd, 8000 * i, 4000) == model(&want, 8000 * i, 4000));
+    }
+    c.unlink("/h").unwrap();
+    assert!(pread(&c, rd, 8000 * 4, 4000) == vec![0u8; 4000]);
+    c.close(rd).unwrap();
+
+    // Another process's write: seen at the next open, and by an open
+    // descriptor once its buffer is a second old.
+    let other = client(&p, |_| {});
+    let want = make_file(&c, "/g", 65536, 4000 * 100, &[]);
+    let rd = c.open("/g", libc::O_RDONLY, 0).unwrap();
+    for i in 0..4u64 {
+        assert!(pread(&c, rd, 8000 * i, 4000) == model(&want, 8000 * i, 4000));
+    }
+    let ofd = other.open("/g", libc::O_WRONLY, 0).unwrap();
+    let new = pattern(4000, 78);
+    other.pwrite(ofd, &new, 8000 * 5).unwrap();
+    other.close(ofd).unwrap();
+    let fresh = c.open("/g", libc::O_RDONLY, 0).unwrap();
+    assert!(pread(&c, fresh, 8000 * 5, 4000) == new);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(pread(&c, rd, 8000 * 5, 4000) == new);
+    c.close(rd).unwrap();
+    c.close(fresh).unwrap();
+}
+
+#[test]
+fn servers_without_read_spans_are_read_record_by_record() {
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        args: vec!["--unknown-op".into(), "READ_SPANS".into()],
+        ..Default::default()
+    })
+    .expect("pool");
+    let w = client(&p, |_| {});
+    let want = make_file(&w, "/hard", 16 << 20, 47008 * 4 * 80, &[]);
+    let c = client(&p, |c| c.read_ahead = 1 << 20);
+    // The refused ReadSpans (sent, not served); then Reads of the
+    // records, all correct (the pattern found again after the refusal:
+    // records read ahead past the 46th, two of them).
+    let (reads, sent) = hard_reads(&c, "/hard", &want, 46);
+    assert_eq!((reads, sent), (48, 49));
+    // Remembered: no ReadSpans again.
+    assert_eq!(hard_reads(&c, "/hard", &want, 46), (46, 46));
+}
