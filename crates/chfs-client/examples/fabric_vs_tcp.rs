@@ -3,7 +3,7 @@
 //! chfs-server` first), and through `chfs_client::Client`
 //!
 //! ```text
-//! cargo run --release -p chfs-client --example fabric_vs_tcp [-- MIB [STATS]]
+//! cargo run --release -p chfs-client --example fabric_vs_tcp [-- MIB [STATS [THREADS]]]
 //! ```
 //!
 //! 1 MiB `pwrite`s then `pread`s of a file of MIB MiB (default 512) with
@@ -23,6 +23,17 @@
 //! to another host). Then the fabric server's CPU time over 5 idle
 //! seconds. Prints one line per figure and the load average.
 //! `CHFS_RDMA_THRESH` sets the client's threshold (default 32 KiB).
+//!
+//! With 1 MiB chunks, overwrites and reads are also timed from THREADS
+//! threads (default 4) at once, each moving its own chunks (chunk i by
+//! thread i mod THREADS): THREADS calls in flight. And first, the
+//! provider alone: chfs-fabric's `fabric_bw` (built beside this program:
+//! `cargo build --release -p chfs-fabric --example fabric_bw`) run with
+//! the same MIB and THREADS, whose "shaped" lines are a chfs chunk call
+//! without chfs (small request, the server's 1 MiB RMA, small reply) at 1
+//! and THREADS in flight, and whose RMA lines are streams. The closing
+//! lines print chfs over `ofi+tcp` against each, and against chfs over
+//! TCP, at 1 and at THREADS in flight.
 
 use std::time::{Duration, Instant};
 
@@ -36,7 +47,11 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mib: usize = args.get(1).map_or(512, |s| s.parse().expect("MiB"));
     let stats: usize = args.get(2).map_or(20_000, |s| s.parse().expect("stats"));
+    let threads: usize = args.get(3).map_or(4, |s| s.parse().expect("threads"));
+    assert!(threads >= 1, "THREADS is at least 1");
     println!("load average before: {}", loadavg());
+    let provider = provider_figures(mib, threads);
+    let mut at_t = Vec::new();
     let mut results = Vec::new();
     for proto in ["tcp", "ofi+tcp"] {
         let p = LocalPool::start_with(PoolOptions {
@@ -81,6 +96,13 @@ fn main() {
             );
             results.push((proto, cs, w.rate, r.rate));
         }
+        c.set_chunk_size(MIB as u32).unwrap();
+        let [w, r] = bandwidth_threads(&c, mib, threads, p.pid(0).expect("pid"));
+        println!(
+            "{proto:8} chunk 1024 KiB, {threads} threads: 1 MiB overwrite {:7.0} MiB/s, pread {:7.0} MiB/s; CPU us per MiB, client/server: overwrite {:.0}/{:.0}, pread {:.0}/{:.0}",
+            w.rate, r.rate, w.client_us, w.server_us, r.client_us, r.server_us
+        );
+        at_t.push((proto, w.rate, r.rate));
         let us = stat_rate(&c, stats);
         println!(
             "{proto:8} stat: {us:.1} us per call, {:.0} per second",
@@ -112,7 +134,119 @@ fn main() {
             );
         }
     }
+    let tcp1 = results.iter().find(|r| r.0 == "tcp" && r.1 == MIB as u32);
+    let ofi1 = results
+        .iter()
+        .find(|r| r.0 == "ofi+tcp" && r.1 == MIB as u32);
+    let tcpt = at_t.iter().find(|r| r.0 == "tcp");
+    let ofit = at_t.iter().find(|r| r.0 == "ofi+tcp");
+    if let (Some(o1), Some(ot)) = (ofi1, ofit) {
+        let pct = |a: f64, b: Option<f64>| {
+            b.map_or("-".to_string(), |b| format!("{:.0}%", a / b * 100.0))
+        };
+        let fig = |name: &str| provider.iter().find(|f| f.0 == name).map(|f| f.1);
+        for (label, n, w, r, tcp) in [
+            ("1 in flight", 1, o1.2, o1.3, tcp1.map(|t| (t.2, t.3))),
+            ("threads", threads, ot.1, ot.2, tcpt.map(|t| (t.1, t.2))),
+        ] {
+            let (sw, sr) = (
+                fig(&format!("shaped writes, {n} in flight")),
+                fig(&format!("shaped reads, {n} in flight")),
+            );
+            let (stw, str_) = if n == 1 {
+                (fig("1 MiB RMA reads"), fig("1 MiB RMA writes"))
+            } else {
+                (
+                    fig(&format!("1 MiB RMA reads, {n} in flight")),
+                    fig(&format!("1 MiB RMA writes, {n} in flight")),
+                )
+            };
+            println!(
+                "chfs ofi+tcp, 1 MiB chunks, {label} ({n}): overwrite / provider shaped {}, / provider stream {}, / chfs tcp {}; pread / provider shaped {}, / provider stream {}, / chfs tcp {}",
+                pct(w, sw),
+                pct(w, stw),
+                pct(w, tcp.map(|t| t.0)),
+                pct(r, sr),
+                pct(r, str_),
+                pct(r, tcp.map(|t| t.1)),
+            );
+        }
+    }
     println!("load average after: {}", loadavg());
+}
+
+/// Runs chfs-fabric's `fabric_bw` (found beside this program) over
+/// `ofi+tcp` and returns its bandwidth lines as (name without the
+/// protocol, MiB/s); empty, with a note, when it is not built.
+fn provider_figures(mib: usize, threads: usize) -> Vec<(String, f64)> {
+    let exe = std::env::current_exe().expect("exe");
+    let bw = exe.with_file_name("fabric_bw");
+    if !bw.exists() {
+        println!(
+            "provider: {} not built (cargo build --release -p chfs-fabric --example fabric_bw): no provider ratios",
+            bw.display()
+        );
+        return Vec::new();
+    }
+    let out = std::process::Command::new(&bw)
+        .args(["ofi+tcp", &mib.to_string(), "1", &threads.to_string()])
+        .output()
+        .expect("run fabric_bw");
+    assert!(out.status.success(), "fabric_bw: {}", out.status);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut figures = Vec::new();
+    for line in text.lines() {
+        println!("provider: {line}");
+        let Some(rest) = line.strip_prefix("ofi+tcp ") else {
+            continue;
+        };
+        if let Some((name, tail)) = rest.split_once("  ") {
+            if let Some(rate) = tail.split_whitespace().next().and_then(|w| w.parse().ok()) {
+                if tail.contains("MiB/s") {
+                    figures.push((name.trim().to_string(), rate));
+                }
+            }
+        }
+    }
+    figures
+}
+
+/// Overwrites then preads of `mib` MiB by `threads` threads at once,
+/// thread t moving chunks t, t + threads, ... (the file is written first).
+fn bandwidth_threads(c: &Client, mib: usize, threads: usize, server: u32) -> [Pass; 2] {
+    let path = "/bw-threads";
+    let fd = c.create(path, O_RDWR, 0o644).unwrap();
+    let pattern = |i: usize| -> Vec<u8> { (0..MIB).map(|k| ((k + i * 7) % 253) as u8).collect() };
+    let bufs: Vec<Vec<u8>> = (0..threads).map(pattern).collect();
+    let write_all = || {
+        std::thread::scope(|s| {
+            for (t, buf) in bufs.iter().enumerate() {
+                s.spawn(move || {
+                    for i in (t..mib).step_by(threads) {
+                        assert_eq!(c.pwrite(fd, buf, (i * MIB) as u64).unwrap(), MIB);
+                    }
+                });
+            }
+        })
+    };
+    write_all();
+    let w = pass(mib, server, write_all);
+    let r = pass(mib, server, || {
+        std::thread::scope(|s| {
+            for (t, want) in bufs.iter().enumerate() {
+                s.spawn(move || {
+                    let mut buf = vec![0u8; MIB];
+                    for i in (t..mib).step_by(threads) {
+                        assert_eq!(c.pread(fd, &mut buf, (i * MIB) as u64).unwrap(), MIB);
+                    }
+                    assert!(&buf == want, "the last MiB thread {t} read back differs");
+                });
+            }
+        })
+    });
+    c.close(fd).unwrap();
+    c.unlink(path).unwrap();
+    [w, r]
 }
 
 /// One timed pass: MiB/s, and CPU microseconds per MiB of this process

@@ -18,6 +18,22 @@
 //! `Read`s whose data the server moves by RMA (what the provider's own
 //! RMA figures above bound). `POLL_USEC=N` sets
 //! both endpoints' `Config::poll_usec`.
+//!
+//! The provider alone, shaped like a chfs chunk call (`shaped`, on a
+//! third endpoint of the server): the client sends a small request naming
+//! 1 MiB of its registered memory (a remote key and an offset); one of the
+//! server's DEPTH worker threads RMA-reads it into its own registered
+//! buffer (what a chfs `Write` does) or RMA-writes its buffer into it (a
+//! `Read`), then sends a small reply. Timed with 1 call in flight and with
+//! DEPTH in flight (a window of DEPTH requests from one client thread; the
+//! fourth argument, default 4), next to the streams of RMA (one after
+//! another, and DEPTH in flight): the like-for-like reference for the real
+//! client (`chfs-client`'s `fabric_vs_tcp` runs this program and prints
+//! its ratios against these lines).
+//!
+//! ```text
+//! fabric_bw [PROTOCOL [MIB [IDLE_SECS [DEPTH]]]]
+//! ```
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -26,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{RpcClient, RpcServer, Session};
-use chfs_fabric::{Address, Config, Endpoint, Local, Peer, Protocol, RemoteKey};
+use chfs_fabric::{Address, Config, Endpoint, Local, Peer, Protocol, RemoteKey, Window};
 use chfs_proto::{ErrorReply, Meta, Request, Response};
 
 const MIB: usize = 1 << 20;
@@ -47,7 +63,10 @@ fn config(protocol: Protocol) -> Config {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--serve") {
-        serve(args[2].parse().expect("protocol"));
+        serve(
+            args[2].parse().expect("protocol"),
+            args[3].parse().expect("depth"),
+        );
         return;
     }
     let protocol: Protocol = args
@@ -56,21 +75,26 @@ fn main() {
         .unwrap_or(Protocol::Tcp);
     let mib: usize = args.get(2).map_or(512, |s| s.parse().expect("MiB"));
     let idle_secs: u64 = args.get(3).map_or(5, |s| s.parse().expect("seconds"));
-    measure(protocol, mib, idle_secs);
+    let depth: usize = args.get(4).map_or(4, |s| s.parse().expect("depth"));
+    assert!((1..=64).contains(&depth), "DEPTH is 1 to 64");
+    measure(protocol, mib, idle_secs, depth);
 }
 
 /// The server: prints its fabric address and TCP port, serves both.
-fn serve(protocol: Protocol) {
+fn serve(protocol: Protocol, depth: usize) {
     let ep = Endpoint::open(&config(protocol)).expect("open");
     let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
     let rpc = RpcServer::new(Endpoint::open(&config(protocol)).expect("open"));
+    let shaped = std::sync::Arc::new(Endpoint::open(&config(protocol)).expect("open"));
     println!(
-        "SERVING {} {} {}",
+        "SERVING {} {} {} {}",
         ep.address(),
         listener.local_addr().expect("addr").port(),
-        rpc.endpoint().address()
+        rpc.endpoint().address(),
+        shaped.address()
     );
     std::thread::spawn(move || serve_rpc(rpc));
+    std::thread::spawn(move || serve_shaped(shaped, depth));
     std::io::stdout().flush().expect("flush");
     std::thread::spawn(move || {
         for s in listener.incoming() {
@@ -116,6 +140,122 @@ fn serve(protocol: Protocol) {
         }
     }
     drop(window);
+}
+
+/// A shaped request: `op` (`r`: the server RMA-reads the client's memory,
+/// `w`: it RMA-writes it), the client's key, the offset in it, a tag the
+/// reply carries back.
+const SHAPED_REQ: usize = 1 + RemoteKey::LEN + 8 + 8;
+
+fn shaped_request(op: u8, key: RemoteKey, roff: u64, tag: u64) -> [u8; SHAPED_REQ] {
+    let mut m = [0u8; SHAPED_REQ];
+    m[0] = op;
+    m[1..25].copy_from_slice(&key.encode());
+    m[25..33].copy_from_slice(&roff.to_le_bytes());
+    m[33..41].copy_from_slice(&tag.to_le_bytes());
+    m
+}
+
+/// The provider alone serving chfs-shaped calls: `depth` worker threads,
+/// each with its own registered 1 MiB buffer, take requests from the one
+/// endpoint, move the data by RMA and reply.
+fn serve_shaped(ep: std::sync::Arc<Endpoint>, depth: usize) {
+    let hello = ep.recv(Duration::from_secs(3600)).expect("hello");
+    let back: Address = std::str::from_utf8(&hello)
+        .expect("utf8")
+        .parse()
+        .expect("addr");
+    drop(hello);
+    let peer = ep.connect(&back).expect("connect");
+    ep.send(peer, b"ready", T).expect("ready");
+    for _ in 0..depth {
+        let ep = ep.clone();
+        std::thread::spawn(move || {
+            let mut buf = ep.buffer(MIB).expect("buffer");
+            buf.fill(4);
+            loop {
+                let m = ep.recv(Duration::from_secs(3600)).expect("request");
+                assert_eq!(m.len(), SHAPED_REQ, "a shaped request");
+                let op = m[0];
+                let key = RemoteKey::decode(&m[1..25]).expect("key");
+                let roff = u64::from_le_bytes(m[25..33].try_into().expect("8"));
+                let tag: [u8; 8] = m[33..41].try_into().expect("8");
+                drop(m);
+                buf = match op {
+                    b'r' => ep.read(peer, Local::Buffer(buf), 0, MIB, key, roff, T),
+                    b'w' => ep.write(peer, Local::Buffer(buf), 0, MIB, key, roff, T),
+                    other => panic!("unknown shaped op {other}"),
+                }
+                .expect("rma")
+                .expect("buffer back");
+                ep.send(peer, &tag, T).expect("reply");
+            }
+        });
+    }
+}
+
+/// Client of [`serve_shaped`]: `mib` calls of `op`, `depth` in flight
+/// (each on its own MiB of `win`), one client thread.
+fn shaped_run(ep: &Endpoint, p: Peer, win: &Window, op: u8, mib: usize, depth: usize) -> Duration {
+    let key = win.remote_key();
+    let send = |slot: usize| {
+        let m = shaped_request(op, key, (slot * MIB) as u64, slot as u64);
+        ep.send(p, &m, T).expect("shaped request");
+    };
+    let t0 = Instant::now();
+    let first = depth.min(mib);
+    for slot in 0..first {
+        send(slot);
+    }
+    let (mut sent, mut done) = (first, 0);
+    while done < mib {
+        let r = ep.recv(T).expect("shaped reply");
+        let slot = u64::from_le_bytes(r[..8].try_into().expect("a tag")) as usize;
+        drop(r);
+        done += 1;
+        if sent < mib {
+            send(slot);
+            sent += 1;
+        }
+    }
+    t0.elapsed()
+}
+
+fn shaped_measure(protocol: Protocol, server: &Address, mib: usize, depth: usize) {
+    let ep = Endpoint::open(&config(protocol)).expect("open");
+    let p = ep.connect(server).expect("connect");
+    ep.send(p, ep.address().to_string().as_bytes(), T)
+        .expect("hello");
+    assert_eq!(&*ep.recv(T).expect("ready"), b"ready");
+    let win = ep.window(depth * MIB).expect("window");
+    win.copy_in(0, &vec![6u8; depth * MIB]).expect("fill");
+    // Warm-up: rxm's connection, the server's threads.
+    shaped_run(&ep, p, &win, b'r', 2 * depth, depth);
+    for n in [1, depth] {
+        let took = shaped_run(&ep, p, &win, b'r', mib, n);
+        bw_line(
+            &format!("{protocol} shaped writes, {n} in flight"),
+            mib * MIB,
+            took,
+        );
+    }
+    // The server's buffers hold 4s, or the 6s they pulled: the reads
+    // replace these zeros.
+    win.copy_in(0, &vec![0u8; depth * MIB]).expect("zero");
+    for n in [1, depth] {
+        let took = shaped_run(&ep, p, &win, b'w', mib, n);
+        bw_line(
+            &format!("{protocol} shaped reads, {n} in flight"),
+            mib * MIB,
+            took,
+        );
+    }
+    let mut back = vec![0u8; depth * MIB];
+    win.copy_out(0, &mut back).expect("copy out");
+    assert!(
+        back.iter().all(|&b| b == 4 || b == 6),
+        "the server's bytes arrived"
+    );
 }
 
 /// The RPC server: Stat answers a fixed entry, a Write keeps its data, a
@@ -279,9 +419,17 @@ fn process_cpu(pid: u32) -> f64 {
     ticks as f64 / hz
 }
 
-/// 1 MiB RMA reads with `depth` in flight (chfs keeps a window of chunk
-/// transfers in flight), started here and completed by a progress thread.
-fn rma_in_flight(ep: &std::sync::Arc<Endpoint>, p: Peer, key: RemoteKey, mib: usize, depth: usize) {
+/// 1 MiB RMA reads (or writes) with `depth` in flight (chfs keeps a window
+/// of chunk transfers in flight), started here and completed by a progress
+/// thread.
+fn rma_in_flight(
+    ep: &std::sync::Arc<Endpoint>,
+    p: Peer,
+    key: RemoteKey,
+    mib: usize,
+    depth: usize,
+    write: bool,
+) {
     use std::future::Future;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::task::{Context, Poll, Wake, Waker};
@@ -301,8 +449,12 @@ fn rma_in_flight(ep: &std::sync::Arc<Endpoint>, p: Peer, key: RemoteKey, mib: us
             }
         });
         let start = |b| {
-            ep.start_read(p, Local::Buffer(b), 0, MIB, key, 0, T)
-                .expect("start")
+            if write {
+                ep.start_write(p, Local::Buffer(b), 0, MIB, key, 0, T)
+            } else {
+                ep.start_read(p, Local::Buffer(b), 0, MIB, key, 0, T)
+            }
+            .expect("start")
         };
         let mut flying: Vec<_> = (0..depth)
             .map(|_| start(ep.buffer(MIB).expect("buffer")))
@@ -335,8 +487,9 @@ fn rma_in_flight(ep: &std::sync::Arc<Endpoint>, p: Peer, key: RemoteKey, mib: us
         }
         bw_line(
             &format!(
-                "{} 1 MiB RMA reads, {depth} in flight",
-                ep.address().protocol
+                "{} 1 MiB RMA {}, {depth} in flight",
+                ep.address().protocol,
+                if write { "writes" } else { "reads" }
             ),
             mib * MIB,
             t0.elapsed(),
@@ -350,9 +503,9 @@ fn ask(ep: &Endpoint, p: Peer, msg: &[u8]) -> Vec<u8> {
     ep.recv(T).expect("recv").to_vec()
 }
 
-fn measure(protocol: Protocol, mib: usize, idle_secs: u64) {
+fn measure(protocol: Protocol, mib: usize, idle_secs: u64, depth: usize) {
     let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .args(["--serve", protocol.name()])
+        .args(["--serve", protocol.name(), &depth.to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the server");
@@ -364,6 +517,7 @@ fn measure(protocol: Protocol, mib: usize, idle_secs: u64) {
     let server: Address = words[1].parse().expect("address");
     let tcp_port: u16 = words[2].parse().expect("port");
     let rpc_server: Address = words[3].parse().expect("rpc address");
+    let shaped_server: Address = words[4].parse().expect("shaped address");
 
     let ep = std::sync::Arc::new(Endpoint::open(&config(protocol)).expect("open"));
     println!(
@@ -447,7 +601,11 @@ fn measure(protocol: Protocol, mib: usize, idle_secs: u64) {
     // The window holds what the writes put there.
     assert!(buf.iter().all(|&b| b == 7), "the window's bytes");
     drop(buf);
-    rma_in_flight(&ep, p, key, mib, 8);
+    rma_in_flight(&ep, p, key, mib, depth, true);
+    rma_in_flight(&ep, p, key, mib, depth, false);
+
+    // The provider alone, shaped like chfs's chunk calls.
+    shaped_measure(protocol, &shaped_server, mib, depth);
 
     // The RPC prototype: frames over messages, bulk data by RMA.
     rpc_measure(protocol, &rpc_server, mib);
