@@ -388,6 +388,7 @@ pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), Serve
         }
         _ => {}
     }
+    let pid_file = cfg.pid_file.clone();
     let r = rt.block_on(async move {
         let mut srv = start(cfg.clone()).await?;
         if let Some(p) = &cfg.pid_file {
@@ -426,9 +427,6 @@ pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), Serve
             }
         }
         let _ = srv.shared.shutdown.send(true);
-        if let Some(p) = &cfg.pid_file {
-            let _ = std::fs::remove_file(p);
-        }
         Ok(())
     });
     // Not waiting for blocking calls still running: a fabric send to a
@@ -436,6 +434,13 @@ pub fn run_with_ready(cfg: Config, ready: impl FnOnce(&str)) -> Result<(), Serve
     // meanwhile) waits out its 10 s; the process would outlive its closed
     // port by that long, when `chfsctl stop` reports it gone.
     rt.shutdown_timeout(EXIT_GRACE);
+    // The PID file goes last: `chfsctl stop` waits for the process it
+    // names and takes a missing file for a server already gone, so
+    // removing it before the runtime's grace let stop return while this
+    // process still ran (seen in CI).
+    if let Some(p) = &pid_file {
+        let _ = std::fs::remove_file(p);
+    }
     r
 }
 
