@@ -2059,6 +2059,53 @@ fn rma_operations_in_flight_per_client_are_bounded() {
     );
 }
 
+/// A flood of hellos that all name one address where nobody answers is
+/// bounded as one naming many: the address is in the server's address
+/// vector from its first hello on, which does not make its next 2,000
+/// hellos a known client's. Before: only hellos from addresses not in the
+/// address vector counted against the bound of welcomes in flight, so
+/// every hello after the first took a blocking thread for 10 s, none was
+/// dropped, and a client's sync waited for one.
+#[test]
+fn a_flood_of_hellos_from_one_address_is_bounded() {
+    use chfs_fabric::rpc::{encode_hello, encode_message, OP_AUTH_HELLO};
+    use chfs_fabric::{Config, Endpoint, Protocol};
+    let Some(p) = fabric_pool(1, "a_flood_of_hellos_from_one_address_is_bounded") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.mkdir("/before", 0o755).unwrap();
+    let server: chfs_fabric::Address = p.addrs()[0].parse().unwrap();
+    let ep = Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap();
+    let peer = ep.connect(&server).unwrap();
+    const FLOOD: u64 = 2000;
+    for i in 0..FLOOD {
+        let m = encode_message(
+            0,
+            i + 1,
+            OP_AUTH_HELLO,
+            0,
+            &encode_hello("ofi+tcp://127.3.0.1:1", 1, b"hello"),
+        );
+        ep.send(peer, &m, Duration::from_secs(5)).unwrap();
+    }
+    let t = Instant::now();
+    c.sync().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "a sync during the flood took {:?}",
+        t.elapsed()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut st = status_of(&c);
+    while st.refused + st.fabric_hellos_dropped < FLOOD {
+        assert!(Instant::now() < deadline, "not all seen: {st:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        st = status_of(&c);
+    }
+    assert!(st.fabric_hellos_dropped >= FLOOD / 2, "{st:?}");
+}
+
 /// A flood of hellos naming addresses where nobody answers (each welcome
 /// a send that waits out its timeout, 10 s, on a blocking thread) is
 /// bounded: the server's other work that needs a blocking thread (a

@@ -1085,3 +1085,70 @@ fn stale_pid(path: &std::path::Path) -> u32 {
     let name = path.file_name().unwrap().to_str().unwrap();
     name.split(':').next().unwrap().parse().unwrap()
 }
+
+/// A queue file named with the PID of the process that scans /dev/shm is
+/// removed only if nobody uses it: one held open, still empty (as a
+/// process of another PID namespace sharing /dev/shm, with this PID, has
+/// its queue file between creating and sizing it), stays. Before, a file
+/// named with the scanner's own PID whose header did not name that PID
+/// (an empty one: no header at all) was removed without asking whether
+/// anyone used it.
+#[test]
+fn a_queue_file_in_use_named_with_the_scanners_pid_stays() {
+    if !common::fabric_built("a_queue_file_in_use_named_with_the_scanners_pid_stays") {
+        return;
+    }
+    use std::io::Write;
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let chfsd = chfsd.to_str().unwrap();
+    let ctl = bin("chfsctl");
+    let base = ["-c", &s, "--chfsd", chfsd, "-p", "ofi+shm"];
+    let (_, out) = run_recorded(&ctl, &[&base[..], &["-n", "1", "start"]].concat(), &[]);
+    let env = eval_env(&out);
+    let e = envs(&env);
+    // chlist, its PID known before it runs: `exec` keeps the shell's.
+    let chlist = bin("chlist");
+    let mut child = tool(
+        std::path::Path::new("sh"),
+        &["-c", "read _ && exec \"$0\"", chlist.to_str().unwrap()],
+        &e,
+    )
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn sh");
+    let pid = child.id();
+    let path = std::path::PathBuf::from(format!("/dev/shm/{pid}:9:0"));
+    // Created and held open (for writing, as shm_open does), not sized.
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .expect("create the held queue file");
+    let mut go = child.stdin.take().unwrap();
+    go.write_all(b"\n").unwrap();
+    drop(go);
+    let listed = child.wait_with_output().expect("wait chlist");
+    let kept = path.exists();
+    drop(held);
+    let _ = std::fs::remove_file(&path);
+    for f in shm_files_of(pid) {
+        let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+    }
+    let secret = var(&env, "CHFS_SECRET_FILE").unwrap();
+    let out = run(
+        &ctl,
+        &[&base[..], &["stop"]].concat(),
+        &[("CHFS_SECRET_FILE", secret)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(listed.status.code(), Some(0), "{}", text(&listed.stderr));
+    assert!(
+        kept,
+        "a queue file held open was removed by the scanner {pid}"
+    );
+}

@@ -1042,8 +1042,9 @@ fn shm_file_name(raw: &[u8]) -> Option<String> {
 /// processes of every PID namespace sharing /dev/shm; the PID in a name
 /// is only the creator's namespace's, so whether a process with that PID
 /// lives here says nothing). A file named with this process's PID is
-/// removed unless it is seen in use (no other process of this namespace
-/// has this PID, and this one has opened none yet).
+/// removed, whatever its start, unless it is seen in use (no other
+/// process of this namespace has this PID, and this one has opened none
+/// yet).
 fn clear_stale_shm_regions() {
     static DONE_FOR: Mutex<u32> = Mutex::new(0);
     let pid = std::process::id();
@@ -1061,9 +1062,17 @@ fn clear_stale_shm_regions() {
             continue;
         };
         let path = e.path();
-        let by_owner = |head: &[u8; 8]| {
-            let created_by = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
-            i64::from(created_by) == i64::from(owner)
+        // A file named with this PID is stale whatever its start says
+        // (none of this process's endpoints exists yet), unless someone
+        // uses it: a process of another PID namespace sharing /dev/shm
+        // with this PID, creating its queue right now (empty, or its
+        // header not written yet), has it open and is left alone.
+        let by_owner = |head: Option<&[u8; 8]>| {
+            owner == pid
+                || head.is_some_and(|head| {
+                    let created_by = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
+                    i64::from(created_by) == i64::from(owner)
+                })
         };
         let found = ffi::remove_if_unused(&path, by_owner);
         if owner == pid && found == ffi::FileUse::Unknown {

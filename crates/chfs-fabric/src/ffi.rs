@@ -1507,7 +1507,8 @@ const F_SETSIG: libc::c_int = 10;
 
 /// Removes the file `path` if it is a regular file of this user that no
 /// process has open for writing or mapped shared-writable, and
-/// `accept(first 8 bytes)` holds for its start. The kernel tells: a write
+/// `accept(first 8 bytes)` holds for its start (`None`: the file is
+/// shorter, as one just created is until it is sized). The kernel tells: a write
 /// lease (`F_SETLEASE`, `F_WRLCK`) is granted only on a file that no one
 /// else has open, and a mapping keeps its file open (a shm queue's
 /// creator maps it for as long as its endpoint lives, and so does every
@@ -1523,7 +1524,7 @@ const F_SETSIG: libc::c_int = 10;
 /// at all); the opener waits until the lease is let go, microseconds.
 pub(crate) fn remove_if_unused(
     path: &std::path::Path,
-    accept: impl FnOnce(&[u8; 8]) -> bool,
+    accept: impl FnOnce(Option<&[u8; 8]>) -> bool,
 ) -> FileUse {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -1547,7 +1548,8 @@ pub(crate) fn remove_if_unused(
         return FileUse::Unknown;
     }
     let mut head = [0u8; 8];
-    if f.read_exact_at(&mut head, 0).is_err() || !accept(&head) {
+    let head = f.read_exact_at(&mut head, 0).is_ok().then_some(&head);
+    if !accept(head) {
         return FileUse::Unknown;
     }
     let fd = f.as_raw_fd();

@@ -117,8 +117,9 @@ const IDLE_PEERS_MAX: usize = 256;
 
 /// Welcomes (answers to hellos) being sent at once ([`send_aside`]: each
 /// holds a blocking thread of the runtime, up to [`SEND_TIMEOUT`] where
-/// nobody answers). Beyond, a hello from an address not in the address
-/// vector is dropped (counted), so that a flood of hellos naming
+/// nobody answers). Beyond, a hello is dropped (counted) unless its
+/// address is in the address vector with no handshake message on its way
+/// (a flood naming one address again and again is dropped too), so that a flood of hellos naming
 /// addresses where nobody answers leaves the runtime's other blocking
 /// threads (512; answers to unknown sessions take at most
 /// [`IDLE_PEERS_MAX`]) to the rest (a `sync`, calls to other servers, the
@@ -481,8 +482,17 @@ fn hello(
         debug!("fabric: malformed hello, dropped");
         return;
     };
+    // Over the bound, only a client already in the address vector with
+    // no handshake message on its way is answered (one saying hello
+    // again): an address a flood names again and again is in the address
+    // vector from its first hello on, with that hello's welcome still on
+    // its way.
     let welcoming = t.welcoming.load(std::sync::atomic::Ordering::Relaxed);
-    if welcoming >= WELCOMES_MAX && !t.peers.contains_key(&addr.to_string()) {
+    let idle_client = t
+        .peers
+        .get(&addr.to_string())
+        .is_some_and(|p| p.sending.load(std::sync::atomic::Ordering::Relaxed) == 0);
+    if welcoming >= WELCOMES_MAX && !idle_client {
         Counters::inc(&shared.counters.fabric_hellos_dropped);
         debug!(%addr, "fabric: a hello not answered (bound of welcomes in flight reached)");
         return;

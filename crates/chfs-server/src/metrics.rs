@@ -63,7 +63,7 @@ pub struct Counters {
     /// `fabric::RMA_PER_PEER`).
     pub fabric_rma_most: AtomicU64,
     /// Hellos not answered: too many handshake messages in flight
-    /// (`fabric::ASIDE_MAX`, a flood).
+    /// (`fabric::WELCOMES_MAX`, a flood).
     pub fabric_hellos_dropped: AtomicU64,
     /// Chunk data moved by RMA: writes' data read from clients, reads'
     /// data written into them.
