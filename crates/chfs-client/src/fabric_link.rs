@@ -325,14 +325,20 @@ impl FabricLink {
         let fits = |n: usize| head.len() + n + INLINE_MARGIN <= MAX_MESSAGE;
         let (len, read) = match op {
             op::WRITE if tail.len() >= self.rdma_thresh || !fits(tail.len()) => (tail.len(), false),
-            op::READ => match Request::decode(op, Bytes::copy_from_slice(head)) {
-                Ok(Request::Read { len, .. })
-                    if len as usize >= self.rdma_thresh || !fits(len as usize) =>
-                {
-                    (len as usize, true)
+            op::READ | op::READ_SPANS => {
+                let len = match Request::decode(op, Bytes::copy_from_slice(head)) {
+                    Ok(Request::Read { len, .. }) => len as usize,
+                    // Records read ahead: their pieces, one after the other.
+                    Ok(Request::ReadSpans { spans, .. }) => {
+                        spans.iter().map(|s| s.2 as usize).sum()
+                    }
+                    _ => return Ok(Moves::none(dst)),
+                };
+                if len < self.rdma_thresh && fits(len) {
+                    return Ok(Moves::none(dst));
                 }
-                _ => return Ok(Moves::none(dst)),
-            },
+                (len, true)
+            }
             _ => return Ok(Moves::none(dst)),
         };
         if self.lends && len > 0 {

@@ -102,14 +102,53 @@ fn new_shared() -> Shared {
     }
 }
 
+/// A pool of `n` servers over `ofi+tcp` (with a secret), or None (the
+/// test skipped, or failed where the suite requires `fabric`) where this
+/// build has no libfabric.
+fn fabric_pool(n: usize, test: &str) -> Option<LocalPool> {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return None;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: n,
+            args: vec!["-p".into(), "ofi+tcp".into()],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool over ofi+tcp");
+    Some(p)
+}
+
+/// The same over `ofi+tcp`, with an RDMA threshold of 4 KiB: records
+/// fetched ahead land by the server's RMA from 4 KiB on, in the reply
+/// below that.
+fn new_fabric_shared() -> Option<Shared> {
+    let pool = fabric_pool(2, "reads_match_plain_reads_over_ofi_tcp")?;
+    let secret = pool.secret().unwrap().as_bytes().to_vec();
+    let client = client(&pool, |c| {
+        c.read_ahead = 16 * 1024;
+        c.rdma_thresh = 4096;
+        c.secret = secret;
+    });
+    Some(Shared {
+        _pool: pool,
+        client,
+    })
+}
+
 thread_local! {
     static SHARED: Shared = new_shared();
+    static FABRIC: Option<Shared> = new_fabric_shared();
 }
 
 /// Reads `reads` through one descriptor (read-only, or read-write with
 /// `writes` through it too: (before which read, offset, length)) and
 /// compares each with what a plain read gives.
 fn run_case(
+    c: &Client,
     size: usize,
     cs: u32,
     holes: &[(usize, usize)],
@@ -117,8 +156,7 @@ fn run_case(
     writes: &[(usize, u64, usize)],
 ) -> Result<(), TestCaseError> {
     static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    SHARED.with(|s| {
-        let c = &s.client;
+    {
         let path = format!(
             "/case{}",
             CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -153,7 +191,7 @@ fn run_case(
         c.close(fd).unwrap();
         c.unlink(&path).unwrap();
         Ok(())
-    })
+    }
 }
 
 proptest! {
@@ -170,7 +208,30 @@ proptest! {
             proptest::collection::vec((0usize..60, 0u64..40000, 1usize..3000), 1..6),
         ],
     ) {
-        run_case(size, cs, &holes, &reads, &writes)?;
+        SHARED.with(|s| run_case(&s.client, size, cs, &holes, &reads, &writes))?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    /// The same over `ofi+tcp`: records fetched ahead by the servers' RMA
+    /// writes into the read-ahead buffer (4 KiB or more) or in replies.
+    #[test]
+    fn reads_match_plain_reads_over_ofi_tcp(
+        size in 0usize..40000,
+        cs in prop_oneof![Just(1000u32), Just(4096), Just(65536)],
+        holes in proptest::collection::vec((0usize..40000, 0usize..6000), 0..4)
+            .prop_map(|v| v.into_iter().map(|(a, l)| (a, a + l)).collect::<Vec<_>>()),
+        reads in reads(),
+        writes in prop_oneof![
+            Just(Vec::new()),
+            proptest::collection::vec((0usize..60, 0u64..40000, 1usize..3000), 1..6),
+        ],
+    ) {
+        FABRIC.with(|s| match s {
+            Some(s) => run_case(&s.client, size, cs, &holes, &reads, &writes),
+            None => Ok(()),
+        })?;
     }
 }
 
@@ -308,4 +369,73 @@ fn servers_without_read_spans_are_read_record_by_record() {
     assert_eq!((reads, sent), (48, 49));
     // Remembered: no ReadSpans again.
     assert_eq!(hard_reads(&c, "/hard", &want, 46), (46, 46));
+}
+
+/// Over `ofi+tcp`, records fetched ahead come in one `ReadSpans` per
+/// server too (before, fabric servers were sent a `Read` per record
+/// piece), their bytes written into the read-ahead buffer by the server's
+/// RMA (from `CHFS_RDMA_THRESH` on).
+#[test]
+fn strided_records_over_ofi_tcp_cost_one_request_per_chunk() {
+    let Some(p) = fabric_pool(2, "strided_records_over_ofi_tcp_cost_one_request_per_chunk") else {
+        return;
+    };
+    let secret = p.secret().unwrap().as_bytes().to_vec();
+    let with = |ra: usize| {
+        let secret = secret.clone();
+        client(&p, move |c| {
+            c.read_ahead = ra;
+            c.secret = secret;
+        })
+    };
+    let pushes = |c: &Client| -> u64 {
+        c.server_status()
+            .into_iter()
+            .map(|(a, s)| {
+                s.unwrap_or_else(|e| panic!("status of {a}: {e}"))
+                    .rma_pushes
+            })
+            .sum()
+    };
+    let w = with(0);
+    let want = make_file(&w, "/hard", 16 << 20, 47008 * 4 * 80, &[]);
+    let on = with(1 << 20);
+    let before = pushes(&on);
+    // As over TCP: the first two reads find the pattern, the third
+    // fetches records 2..24 (one request, 22 records: 1 MiB less a
+    // record), the 24th 24..46. Each record read plainly and each
+    // window moves by RMA (the default threshold is 32 KiB).
+    assert_eq!(hard_reads(&on, "/hard", &want, 46), (2 + 2, 2 + 2));
+    assert_eq!(pushes(&on) - before, 4);
+    let off = with(0);
+    assert_eq!(hard_reads(&off, "/hard", &want, 46), (46, 46));
+    // 64 KiB chunks: the pieces of 22 records in 33 chunks of the two
+    // servers, one request to each.
+    let want = make_file(&w, "/hard64k", 65536, 47008 * 4 * 30, &[]);
+    let fd = on.open("/hard64k", libc::O_RDONLY, 0).unwrap();
+    for i in 0..2u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    let before = server_reads(&on);
+    for i in 2..24u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    assert_eq!(server_reads(&on) - before, 2);
+    on.close(fd).unwrap();
+    // Small records: a window below the threshold comes in the reply.
+    let small = with(16 << 10);
+    let want = make_file(&w, "/small", 1 << 20, 4000 * 100, &[]);
+    let fd = small.open("/small", libc::O_RDONLY, 0).unwrap();
+    let before = (server_reads(&small), pushes(&small));
+    for i in 0..8u64 {
+        assert!(pread(&small, fd, 8000 * i, 4000) == model(&want, 8000 * i, 4000));
+    }
+    // Reads 0, 1 plain; 2 fetches 2..6 (16 KiB: 4 records), 6 fetches 6..10.
+    assert_eq!(
+        (server_reads(&small) - before.0, pushes(&small) - before.1),
+        (4, 0)
+    );
+    small.close(fd).unwrap();
 }

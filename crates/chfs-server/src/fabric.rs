@@ -981,8 +981,8 @@ async fn rma_slot(shared: &Shared, ep: &Endpoint, peer: Peer) -> RmaSlot {
 /// payload ending with a [`RemoteKey`]): a `Write`'s data (or a chunk a
 /// peer moves here: `AdoptChunk`, `PutChunk`) is read from
 /// there (into a pull buffer that becomes the chunk's memory) before it is
-/// served; a `Read`'s data is written there after, and `Written(n)`
-/// answers it, sent only once the write completed.
+/// served; a `Read`'s data (or a `ReadSpans`' records) is written there
+/// after, and `Written(n)` answers it, sent only once the write completed.
 async fn serve_rma(
     shared: &Arc<Shared>,
     ep: &Arc<Endpoint>,
@@ -1058,7 +1058,9 @@ async fn serve_rma(
             }
             crate::handler::handle(shared, req, forwarded).await
         }
-        req @ Request::Read { .. } => {
+        // A read's data, or the records of a read-ahead (`ReadSpans`: its
+        // pieces one after the other), written into the client's memory.
+        req @ (Request::Read { .. } | Request::ReadSpans { .. }) => {
             match crate::handler::handle(shared, req, forwarded).await? {
                 chfs_proto::Response::Data(d) => {
                     let n = d.len();

@@ -23,7 +23,9 @@
 //!
 //! A server that does not know `ReadSpans` (an older chfsd: `EPROTO`) is
 //! remembered by address and sent one plain `Read` per record piece
-//! instead, pipelined in the same batch; so are fabric servers. A server
+//! instead, pipelined in the same batch. Over a fabric (`ofi+*`) the
+//! records of a request of `CHFS_RDMA_THRESH` bytes or more land in this
+//! buffer by the server's RMA write, as a `Read`'s data does. A server
 //! that refuses one (`ESTALE`: a chunk named is not its own, the client's
 //! server list is out of date) or any other failure makes that read a
 //! plain read.
@@ -383,8 +385,7 @@ impl Client {
                 let server = st.owner_of_hash(&f.path, f.hash, idx);
                 let slot = servers[server].get_or_insert_with(|| {
                     let addr = &list.servers[server];
-                    let plain = crate::fabric_link::is_fabric(addr)
-                        || lock(&self.inner.no_spans.0).contains(addr);
+                    let plain = lock(&self.inner.no_spans.0).contains(addr);
                     (plain, None)
                 });
                 let r = match slot.1 {
