@@ -187,6 +187,9 @@ pub struct Endpoint {
     writes: AtomicU64,
     timeouts: AtomicU64,
     reg_fallbacks: AtomicU64,
+    /// Reads of the completion queue still to fail
+    /// ([`Endpoint::fail_completion_reads`]: a test's fault).
+    failing_reads: AtomicU64,
     /// When the endpoint was opened, and the last completion since (ns).
     born: Instant,
     last_event: AtomicU64,
@@ -263,6 +266,7 @@ impl Endpoint {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
+            failing_reads: AtomicU64::new(0),
             reg_fallbacks: AtomicU64::new(0),
             born: Instant::now(),
             last_event: AtomicU64::new(0),
@@ -784,8 +788,54 @@ impl Endpoint {
                     Err((code, prov)) => Err(failed(name, code, prov)),
                 };
             }
-            st = self.wait_turn(st, deadline, name, Some(id))?;
+            st = match self.wait_turn(st, deadline, name, Some(id)) {
+                Ok(st) => st,
+                Err(e @ Error::Timeout { .. }) => return Err(e),
+                Err(e) => {
+                    // Reading the completion queue failed after the
+                    // provider took the operation: whether it was carried
+                    // out is not known (a send may have reached the peer).
+                    let mut st = self.lock();
+                    if let Some(done) = st.done.remove(&id) {
+                        return match done.status {
+                            Ok(()) => Ok(done.buffer),
+                            Err((code, prov)) => Err(failed(name, code, prov)),
+                        };
+                    }
+                    st.abandoned.insert(id);
+                    return Err(Error::Unsettled {
+                        op: name,
+                        cause: Box::new(e),
+                    });
+                }
+            };
         }
+    }
+
+    /// Makes the next `n` reads of the completion queue fail (with EIO) as
+    /// if the provider had failed them: a fault for tests of what callers
+    /// do when an operation's outcome cannot be learnt.
+    #[doc(hidden)]
+    pub fn fail_completion_reads(&self, n: u64) {
+        self.failing_reads.store(n, Ordering::SeqCst);
+    }
+
+    /// Reads up to `max` completions (waiting at most `ms`), unless a
+    /// fault says this read fails ([`Endpoint::fail_completion_reads`]).
+    fn read_completions(&self, out: &mut Vec<Completion>, max: usize, ms: i32) -> Result<usize> {
+        if self.failing_reads.load(Ordering::Relaxed) > 0
+            && self
+                .failing_reads
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(Error::Call {
+                call: "fi_cq_read",
+                code: libc::EIO,
+                message: "completion queue read failed (injected fault)".into(),
+            });
+        }
+        self.ep.poll(out, max, ms)
     }
 
     /// One read of completions (or, with another thread reading, one wait
@@ -848,19 +898,19 @@ impl Endpoint {
         let r = if since < self.spin {
             // Soon after the last completion: read again without sleeping,
             // yielding the CPU to anything else that wants it.
-            let r = self.ep.poll(&mut comps, 64, 0);
+            let r = self.read_completions(&mut comps, 64, 0);
             if r.as_ref().is_ok_and(|&n| n == 0) {
                 std::thread::yield_now();
             }
             r
         } else if self.ep.wait_kind() == WaitKind::Fd {
             let ms = left.as_millis().clamp(1, MAX_POLL_MS as u128) as i32;
-            self.ep.poll(&mut comps, 64, ms)
+            self.read_completions(&mut comps, 64, ms)
         } else {
             // No wait object: read, then sleep an eighth of the quiet time
             // so far (at most 5 ms: an idle endpoint reads its queue 200
             // times a second; a message after a long quiet waits up to that).
-            let r = self.ep.poll(&mut comps, 64, 0);
+            let r = self.read_completions(&mut comps, 64, 0);
             if r.as_ref().is_ok_and(|&n| n == 0) {
                 let nap = (since / 8).clamp(Duration::from_micros(20), Duration::from_millis(5));
                 std::thread::sleep(left.min(nap));

@@ -66,6 +66,16 @@ pub enum Error {
         /// stayed full, it never took the operation.
         posted: bool,
     },
+    /// The provider had accepted the operation, but its completion could
+    /// not be learnt (reading the completion queue failed): it may have
+    /// been carried out, a send may have reached the peer.
+    #[error("{op}: its outcome is unknown: {cause}")]
+    Unsettled {
+        /// The operation waited for.
+        op: &'static str,
+        /// Why its completion could not be read.
+        cause: Box<Error>,
+    },
 }
 
 /// libfabric's first error number of its own (`FI_ERRNO_OFFSET`); below
@@ -81,6 +91,7 @@ impl Error {
             Error::Unavailable(_) => libc::EPROTONOSUPPORT,
             Error::BadAddress { .. } | Error::InvalidInput(_) => libc::EINVAL,
             Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::Unsettled { cause, .. } => cause.errno(),
             Error::Call { code, .. } | Error::Failed { code, .. } => match *code {
                 c if c > 0 && c < FI_ERRNO_OFFSET => c,
                 FI_ETRUNC => libc::EMSGSIZE,
@@ -90,15 +101,19 @@ impl Error {
     }
 
     /// May the message of a send that failed with this error still reach
-    /// the peer? Only where the provider had accepted it and the wait for
+    /// the peer? Where the provider had accepted it and the wait for
     /// its completion timed out ([`Error::Timeout`] with `posted`): the
     /// provider keeps the message and may send it later (a peer that was
-    /// stopped and goes on). Everything else was refused before the
+    /// stopped and goes on); and where its completion could not be read
+    /// ([`Error::Unsettled`]). Everything else was refused before the
     /// provider took it, or ended by the provider (a completion with an
     /// error: it sends no more of it; over tcp and shm that is a message
     /// not written whole, which the peer never takes).
     pub fn may_have_left(&self) -> bool {
-        matches!(self, Error::Timeout { posted: true, .. })
+        matches!(
+            self,
+            Error::Timeout { posted: true, .. } | Error::Unsettled { .. }
+        )
     }
 
     /// The peer cannot be reached or has gone: connection refused, reset,

@@ -111,6 +111,63 @@ fn a_message_larger_than_the_receive_buffers_is_refused() {
     assert_eq!(err.errno(), libc::EINVAL);
 }
 
+/// A send the provider took whose completion could not be read (a
+/// failed completion-queue read, injected) is reported as possibly sent
+/// (`may_have_left`: callers must not send it again as if it never left),
+/// and it did reach the peer; the endpoint goes on working.
+fn a_send_whose_completion_is_not_learnt(protocol: Protocol, test: &str) {
+    let Some(server) = open(test, &config(protocol)) else {
+        return;
+    };
+    let Some(client) = open(test, &config(protocol)) else {
+        return;
+    };
+    let to_server = client.connect(server.address()).unwrap();
+    let len = 60_000.min(client.max_message());
+    let msgs = [pattern(len, 1), pattern(len, 7), pattern(len, 8)];
+    std::thread::scope(|s| {
+        // The server takes what comes (and makes progress: rxm sets the
+        // connection up while both sides read their queues).
+        let got = s.spawn(|| {
+            (0..3)
+                .map(|_| server.recv(T).unwrap().to_vec())
+                .collect::<Vec<_>>()
+        });
+        // The connection is set up by a first message (until then rxm
+        // refuses sends with EAGAIN: not taken, which a fault would fail
+        // as such).
+        client.send(to_server, &msgs[0], T).unwrap();
+        // Larger than the provider's inject size: posted, its completion
+        // waited for.
+        client.fail_completion_reads(1);
+        let err = client.send(to_server, &msgs[1], T).unwrap_err();
+        assert!(matches!(err, Error::Unsettled { op: "send", .. }), "{err}");
+        assert!(err.may_have_left(), "{err}");
+        assert_eq!(err.errno(), libc::EIO);
+        // The fault is spent: the next send completes.
+        client.send(to_server, &msgs[2], T).unwrap();
+        // The one whose outcome was unknown was sent, and whole.
+        let got = got.join().unwrap();
+        assert!(got == msgs, "the messages received differ");
+    });
+}
+
+#[test]
+fn a_send_whose_completion_is_not_learnt_may_have_left_tcp() {
+    a_send_whose_completion_is_not_learnt(
+        Protocol::Tcp,
+        "a_send_whose_completion_is_not_learnt_may_have_left_tcp",
+    );
+}
+
+#[test]
+fn a_send_whose_completion_is_not_learnt_may_have_left_shm() {
+    a_send_whose_completion_is_not_learnt(
+        Protocol::Shm,
+        "a_send_whose_completion_is_not_learnt_may_have_left_shm",
+    );
+}
+
 #[test]
 fn threads_share_an_endpoint() {
     let test = "threads_share_an_endpoint";
