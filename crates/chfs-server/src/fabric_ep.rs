@@ -369,8 +369,22 @@ impl Peers {
                 Err(None)
             }
             Ok((h, payload)) => Ok(if h.flags & FLAG_ERROR != 0 {
-                Err(decode_error(payload)
-                    .unwrap_or_else(|e| ErrorReply::new(e.errno(), e.to_string())))
+                let e = decode_error(payload)
+                    .unwrap_or_else(|e| ErrorReply::new(e.errno(), e.to_string()));
+                // ETIMEDOUT: the peer may have given up on an RMA of this
+                // call still queued with its provider (its own 30 s RMA
+                // timeout, shorter than this server's RPC timeout): over
+                // shm that RMA can still reach the memory, which is then
+                // never freed. (Other errors come before the RMA, or after
+                // the provider ended it.)
+                if keep && e.errno == libc::ETIMEDOUT {
+                    match bulk {
+                        Bulk::Out(data) => std::mem::forget(data.clone()),
+                        Bulk::In(_) => std::mem::forget(landed),
+                        Bulk::None => {}
+                    }
+                }
+                Err(e)
             } else {
                 match (
                     Response::decode(payload)
