@@ -1168,6 +1168,7 @@ fn fit_listing(resp: chfs_proto::Response, max: usize) -> chfs_proto::Response {
 fn reply(ep: &Arc<Endpoint>, peer: Peer, h: Header, r: Result<chfs_proto::Response, ErrorReply>) {
     let r = r.map(|resp| fit_listing(resp, ep.max_message()));
     let (rh, head, tail, _) = response_frame(h.id, h.op, r);
+    let tail = tail.into_bytes();
     let mut m = Vec::with_capacity(8 + HEADER_LEN + head.len() + tail.len());
     m.extend_from_slice(&0u64.to_le_bytes());
     m.extend_from_slice(&rh.encode());

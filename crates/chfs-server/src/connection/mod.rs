@@ -19,13 +19,152 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::handler::Served;
 use crate::metrics::Counters;
 use crate::net;
 use crate::state::Shared;
 
 /// One outgoing response: header, head bytes, a data tail, and the
 /// request's share of the connection's budget (given back once sent).
-pub(crate) type Out = (Header, Head, Bytes, Option<crate::limits::Permits>);
+pub(crate) type Out = (Header, Head, Tail, Option<crate::limits::Permits>);
+
+/// A reply's data tail: one buffer (a read's chunk slice), or the pieces
+/// of a `ReadSpans`' records (store slices and zero padding) written with
+/// vectored writes instead of being gathered into one buffer first.
+#[derive(Default)]
+pub(crate) struct Tail {
+    /// What is left of the first piece not yet written.
+    first: Bytes,
+    /// The pieces after it (none, and no allocation, for one buffer; a
+    /// box: a reply is moved through a channel, and is kept small).
+    more: Option<Box<More>>,
+}
+
+/// The pieces of a [`Tail`] after its first.
+#[derive(Clone)]
+struct More(std::collections::VecDeque<Bytes>);
+
+/// Most pieces given to one vectored write (the kernel takes at most
+/// `IOV_MAX`, 1024; the rest goes in the next).
+const TAIL_IOVECS: usize = 64;
+
+impl Tail {
+    /// A tail of one buffer.
+    pub(crate) fn one(b: Bytes) -> Tail {
+        Tail {
+            first: b,
+            more: None,
+        }
+    }
+
+    /// A tail of these pieces, in order.
+    pub(crate) fn pieces(pieces: Vec<Bytes>) -> Tail {
+        let mut more: std::collections::VecDeque<Bytes> =
+            pieces.into_iter().filter(|p| !p.is_empty()).collect();
+        let first = more.pop_front().unwrap_or_default();
+        Tail {
+            first,
+            more: (!more.is_empty()).then(|| Box::new(More(more))),
+        }
+    }
+
+    /// The pieces after the first.
+    fn rest(&self) -> impl Iterator<Item = &Bytes> {
+        self.more.iter().flat_map(|m| m.0.iter())
+    }
+
+    /// Bytes not yet written.
+    pub(crate) fn len(&self) -> usize {
+        self.first.len() + self.rest().map(Bytes::len).sum::<usize>()
+    }
+
+    /// (The first piece is empty only when all are.)
+    pub(crate) fn is_empty(&self) -> bool {
+        self.first.is_empty()
+    }
+
+    /// Appends what is left to `buf`, and empties the tail.
+    fn copy_into(&mut self, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(&self.first);
+        for p in self.rest() {
+            buf.extend_from_slice(p);
+        }
+        *self = Tail::default();
+    }
+
+    /// What is left as one buffer (a copy unless it is one piece).
+    pub(crate) fn into_bytes(mut self) -> Bytes {
+        if self.more.is_none() {
+            return self.first;
+        }
+        let mut v = Vec::with_capacity(self.len());
+        self.copy_into(&mut v);
+        Bytes::from(v)
+    }
+
+    /// `head` (unwritten, may be empty) then the tail's pieces (the
+    /// first [`TAIL_IOVECS`]), as slices for one vectored write, in
+    /// `out`; returns how many.
+    fn slices<'a>(
+        &'a self,
+        head: &'a [u8],
+        out: &mut [std::io::IoSlice<'a>; TAIL_IOVECS + 1],
+    ) -> usize {
+        let mut k = 0;
+        let pieces = std::iter::once(head)
+            .chain(std::iter::once(&self.first[..]))
+            .chain(self.rest().map(|p| &p[..]))
+            .filter(|p| !p.is_empty());
+        for p in pieces.take(TAIL_IOVECS + 1) {
+            out[k] = std::io::IoSlice::new(p);
+            k += 1;
+        }
+        k
+    }
+
+    /// Drops the first `n` bytes left.
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            if n < self.first.len() {
+                self.first = self.first.slice(n..);
+                return;
+            }
+            n -= self.first.len();
+            self.first = match self.more.as_mut().and_then(|m| m.0.pop_front()) {
+                Some(p) => p,
+                None => {
+                    assert_eq!(n, 0, "advanced past the tail");
+                    Bytes::new()
+                }
+            };
+            if self.more.as_ref().is_some_and(|m| m.0.is_empty()) {
+                self.more = None;
+            }
+        }
+    }
+}
+
+/// Writes `head` then `tail` with vectored writes until both are sent.
+async fn write_all_tail(
+    w: &mut (impl tokio::io::AsyncWrite + Unpin),
+    head: &[u8],
+    tail: &mut Tail,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut head = head;
+    while !head.is_empty() || !tail.is_empty() {
+        let mut slices = [std::io::IoSlice::new(&[]); TAIL_IOVECS + 1];
+        let k = tail.slices(head, &mut slices);
+        let n = w.write_vectored(&slices[..k]).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        tail.advance(n - from_head);
+    }
+    Ok(())
+}
 
 /// Heads at most this long are kept inline in their [`Head`].
 const HEAD_INLINE: usize = 96;
@@ -93,14 +232,24 @@ impl std::ops::Deref for Head {
 }
 
 pub(crate) fn response_frame(id: u64, op: u16, r: Result<Response, ErrorReply>) -> Out {
-    let mut tail = Bytes::new();
+    served_frame(id, op, r.map(Served::Reply))
+}
+
+/// [`response_frame`] of what [`crate::handler::handle_pieces`] answers:
+/// the pieces of a `ReadSpans` become the reply's data tail as they are.
+pub(crate) fn served_frame(id: u64, op: u16, r: Result<Served, ErrorReply>) -> Out {
+    let mut tail = Tail::default();
     let mut flags = 0;
     let head = Head::encode(|head| match r {
-        Ok(Response::Data(d)) => {
+        Ok(Served::Reply(Response::Data(d))) => {
             Response::Data(Bytes::new()).encode(head);
-            tail = d;
+            tail = Tail::one(d);
         }
-        Ok(resp) => resp.encode(head),
+        Ok(Served::Pieces(p)) => {
+            Response::Data(Bytes::new()).encode(head);
+            tail = Tail::pieces(p);
+        }
+        Ok(Served::Reply(resp)) => resp.encode(head),
         Err(e) => {
             encode_error(head, &e);
             flags = FLAG_ERROR;
@@ -126,7 +275,17 @@ fn response_with(
     r: Result<Response, ErrorReply>,
     permits: crate::limits::Permits,
 ) -> Out {
-    let mut out = response_frame(id, op, r);
+    served_with(id, op, r.map(Served::Reply), permits)
+}
+
+/// [`served_frame`] holding `permits` until it is sent.
+fn served_with(
+    id: u64,
+    op: u16,
+    r: Result<Served, ErrorReply>,
+    permits: crate::limits::Permits,
+) -> Out {
+    let mut out = served_frame(id, op, r);
     out.3 = Some(permits);
     out
 }
@@ -147,7 +306,7 @@ struct Replies<W> {
     held: Vec<crate::limits::Permits>,
     /// The unwritten rest of a large data tail, to be written after
     /// `buf` and before anything else.
-    rest: Bytes,
+    rest: Tail,
 }
 
 /// Writes a reply from the reader, without handing it to the writer
@@ -173,41 +332,38 @@ where
     r.buf.extend_from_slice(&h.encode());
     r.buf.extend_from_slice(&head);
     if tail.len() < BIG_TAIL {
-        r.buf.extend_from_slice(&tail);
-        tail = Bytes::new();
+        tail.copy_into(&mut r.buf);
     }
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let (mut sent, total) = (0, r.buf.len() + tail.len());
-    while sent < total {
+    // Written of the buffer; the tail is advanced as it goes.
+    let mut sent = 0;
+    while sent < r.buf.len() || !tail.is_empty() {
         let w = std::pin::Pin::new(&mut r.wr);
-        let res = if sent < r.buf.len() {
-            let bufs = [
-                std::io::IoSlice::new(&r.buf[sent..]),
-                std::io::IoSlice::new(&tail),
-            ];
-            w.poll_write_vectored(&mut cx, &bufs)
+        let res = if tail.is_empty() {
+            // (Most replies: a stat's, an error, a small read's.)
+            w.poll_write(&mut cx, &r.buf[sent..])
         } else {
-            w.poll_write(&mut cx, &tail[sent - r.buf.len()..])
+            let mut slices = [std::io::IoSlice::new(&[]); TAIL_IOVECS + 1];
+            let k = tail.slices(&r.buf[sent..], &mut slices);
+            w.poll_write_vectored(&mut cx, &slices[..k])
         };
         match res {
-            std::task::Poll::Ready(Ok(n)) if n > 0 => sent += n,
+            std::task::Poll::Ready(Ok(n)) if n > 0 => {
+                let from_buf = n.min(r.buf.len() - sent);
+                sent += from_buf;
+                tail.advance(n - from_buf);
+            }
             // Full, or an error the writer task will meet again and end on.
             _ => break,
         }
     }
-    if sent == total {
+    if sent == r.buf.len() && tail.is_empty() {
         r.buf.clear();
         return;
     }
     // The rest: what is left of the buffer, then of the tail.
-    r.rest = if sent < r.buf.len() {
-        r.buf.drain(..sent);
-        tail
-    } else {
-        let t = tail.slice(sent - r.buf.len()..);
-        r.buf.clear();
-        t
-    };
+    r.buf.drain(..sent);
+    r.rest = tail;
     r.held.extend(permits);
     drop(g);
     let _ = tx.send(Msg::Flush);
@@ -314,7 +470,7 @@ pub(crate) async fn serve_conn<R, W>(
         wr,
         buf: Vec::with_capacity(64 << 10),
         held: Vec::new(),
-        rest: Bytes::new(),
+        rest: Tail::default(),
     }));
     let writer = {
         let replies = replies.clone();
@@ -331,8 +487,8 @@ pub(crate) async fn serve_conn<R, W>(
                 } = &mut *g;
                 // What the reader could not write goes first.
                 if !rest.is_empty() {
-                    let t = std::mem::take(rest);
-                    if write_all_vectored(wr, buf, &t).await.is_err() {
+                    let mut t = std::mem::take(rest);
+                    if write_all_tail(wr, buf, &mut t).await.is_err() {
                         break;
                     }
                     buf.clear();
@@ -345,15 +501,16 @@ pub(crate) async fn serve_conn<R, W>(
                         buf.extend_from_slice(&head);
                         tail
                     }
-                    Msg::Flush => Bytes::new(),
+                    Msg::Flush => Tail::default(),
                 };
+                let mut tail = tail;
                 let r = if tail.len() >= BIG_TAIL {
-                    let r = write_all_vectored(wr, buf, &tail).await;
+                    let r = write_all_tail(wr, buf, &mut tail).await;
                     buf.clear();
                     held.clear();
                     r
                 } else {
-                    buf.extend_from_slice(&tail);
+                    tail.copy_into(buf);
                     if rx.is_empty() || buf.len() >= 256 << 10 {
                         let r = wr.write_all(buf).await;
                         buf.clear();
@@ -436,8 +593,11 @@ pub(crate) async fn serve_conn<R, W>(
                         .await;
                     let forwarded = h.flags & FLAG_FORWARDED != 0;
                     let sh = shared.clone();
-                    let mut served =
-                        Box::pin(async move { crate::handler::handle(&sh, req, forwarded).await });
+                    // (A `ReadSpans`' records are written as the pieces
+                    // they are in the store: no gather into one buffer.)
+                    let mut served = Box::pin(async move {
+                        crate::handler::handle_pieces(&sh, req, forwarded).await
+                    });
                     // A small request is first served here, in the reader:
                     // most complete at once (a store lookup), and then cost
                     // no task of their own and no hand-off to it. One that
@@ -447,14 +607,14 @@ pub(crate) async fn serve_conn<R, W>(
                     if h.len as usize <= INLINE_MAX && shared.cache.is_none() {
                         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
                         if let std::task::Poll::Ready(r) = served.as_mut().poll(&mut cx) {
-                            reply_now(&replies, &tx, response_with(h.id, h.op, r, permits));
+                            reply_now(&replies, &tx, served_with(h.id, h.op, r, permits));
                             continue;
                         }
                     }
                     let tx = tx.clone();
                     tokio::spawn(async move {
                         let r = served.await;
-                        let _ = tx.send(Msg::Reply(response_with(h.id, h.op, r, permits)));
+                        let _ = tx.send(Msg::Reply(served_with(h.id, h.op, r, permits)));
                     });
                 }
                 Err(e) => {
@@ -554,7 +714,13 @@ mod tests {
     fn decoded(out: &Out) -> Result<Response, ErrorReply> {
         let (h, head, tail, _) = out;
         let mut p = head.to_vec();
-        p.extend_from_slice(tail);
+        let mut t = Vec::new();
+        Tail {
+            first: tail.first.clone(),
+            more: tail.more.clone(),
+        }
+        .copy_into(&mut t);
+        p.extend_from_slice(&t);
         assert_eq!(h.len as usize, p.len());
         if h.flags & FLAG_ERROR != 0 {
             Err(chfs_proto::msg::decode_error(Bytes::from(p)).unwrap())
@@ -614,5 +780,114 @@ mod tests {
         let short = response_frame(4, op::STAT, Ok(Response::Meta(meta)));
         assert_eq!(decoded(&long), Ok(listing));
         assert_eq!(decoded(&short), Ok(Response::Meta(meta)));
+    }
+
+    /// A writer that takes at most `most` bytes per call, across slices.
+    struct Trickle {
+        got: Vec<u8>,
+        most: usize,
+        calls: usize,
+    }
+
+    impl tokio::io::AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            b: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = b.len().min(self.most);
+            self.got.extend_from_slice(&b[..n]);
+            self.calls += 1;
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let mut left = self.most;
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(left);
+                self.got.extend_from_slice(&b[..k]);
+                left -= k;
+                n += k;
+            }
+            self.calls += 1;
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A reply's tail in pieces (empty ones among them, more than one
+    /// vectored write takes) is written whole and in order after its
+    /// head, whatever each write takes; `copy_into` and `into_bytes` give
+    /// the same bytes.
+    #[test]
+    fn a_tail_of_pieces_is_written_in_order() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut seed = 7u64;
+        let mut next = |m: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % m
+        };
+        for round in 0..200 {
+            let n = next(3 * TAIL_IOVECS as u64) as usize;
+            let pieces: Vec<Bytes> = (0..n)
+                .map(|i| {
+                    let len = next(if i % 5 == 0 { 1 } else { 300 }) as usize;
+                    Bytes::from(
+                        (0..len)
+                            .map(|k| (k * 7 + i + round) as u8)
+                            .collect::<Vec<u8>>(),
+                    )
+                })
+                .collect();
+            let want_tail: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+            let head: Vec<u8> = (0..next(40)).map(|k| k as u8 ^ 0x55).collect();
+            let mut want = head.clone();
+            want.extend_from_slice(&want_tail);
+            let tail = Tail::pieces(pieces.clone());
+            assert_eq!(tail.len(), want_tail.len());
+            assert_eq!(tail.is_empty(), want_tail.is_empty());
+            assert_eq!(Tail::pieces(pieces.clone()).into_bytes(), want_tail);
+            let mut copied = Vec::new();
+            Tail::pieces(pieces.clone()).copy_into(&mut copied);
+            assert_eq!(copied, want_tail);
+            let mut w = Trickle {
+                got: Vec::new(),
+                most: 1 + next(700) as usize,
+                calls: 0,
+            };
+            let mut tail = tail;
+            rt.block_on(write_all_tail(&mut w, &head, &mut tail))
+                .unwrap();
+            assert!(
+                w.got == want,
+                "round {round}: {} of {} bytes",
+                w.got.len(),
+                want.len()
+            );
+            assert!(tail.is_empty());
+            assert_eq!(tail.len(), 0);
+        }
     }
 }

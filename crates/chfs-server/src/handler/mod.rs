@@ -42,6 +42,36 @@ use pool::{join, mark_damaged, medium_available};
 
 /// Serves one request.
 pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> Reply {
+    handle_pieces(sh, req, forwarded)
+        .await
+        .map(Served::into_response)
+}
+
+/// What [`handle_pieces`] answers: a response, or the records of a
+/// `ReadSpans` as the pieces they are in the store (the data of a
+/// `Response::Data`, not gathered into one buffer: a connection writes
+/// them with vectored writes).
+pub(crate) enum Served {
+    Reply(Response),
+    Pieces(Vec<Bytes>),
+}
+
+impl Served {
+    /// As one response (the pieces gathered).
+    pub(crate) fn into_response(self) -> Response {
+        match self {
+            Served::Reply(r) => r,
+            Served::Pieces(p) => Response::Data(gather(p)),
+        }
+    }
+}
+
+/// [`handle`], with a `ReadSpans` served here answered in pieces.
+pub(crate) async fn handle_pieces(
+    sh: &Arc<Shared>,
+    req: Request,
+    forwarded: bool,
+) -> Result<Served, ErrorReply> {
     Counters::inc(&sh.counters.requests);
     let span = debug_span!(
         "req",
@@ -61,10 +91,31 @@ pub(crate) async fn handle(sh: &Arc<Shared>, req: Request, forwarded: bool) -> R
                     sh.contact.forget(path);
                 }
                 let addr = p.ring.list().servers[owner].clone();
-                return Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED)).await;
+                return Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED))
+                    .await
+                    .map(Served::Reply);
             }
         }
-        serve(sh, req).await
+        if let Request::ReadSpans {
+            path,
+            fileid,
+            chunk_size,
+            flags,
+            epoch,
+            spans,
+        } = req
+        {
+            // (No change: nothing for contact servers; see `serve`.)
+            let ns = if sh.is_node_local(&path) {
+                Ns::Plain
+            } else {
+                Ns::of(sh)
+            };
+            ns.touch_read();
+            return read_spans(sh, ns, &path, fileid, chunk_size, flags, epoch, spans)
+                .map(Served::Pieces);
+        }
+        serve(sh, req).await.map(Served::Reply)
     }
     .instrument(span)
     .await
@@ -411,60 +462,8 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             flags,
             epoch,
             spans,
-        } => {
-            Counters::inc(&sh.counters.reads);
-            let total: u64 = spans.iter().map(|s| s.2 as u64).sum();
-            if total > MAX_CHUNK_SIZE as u64 {
-                return Err(ErrorReply::new(
-                    libc::EINVAL,
-                    format!("{path}: spans of {total} bytes (at most {MAX_CHUNK_SIZE})"),
-                ));
-            }
-            // Every chunk must be this server's (the request went to the
-            // owner of the first one): else the client's list is out of
-            // date, and what this server does not hold is not a hole.
-            let p = sh.placement();
-            if !p.ring.is_empty() && !sh.is_node_local(&path) {
-                if let Some(&(idx, _, _)) = spans
-                    .iter()
-                    .find(|s| p.me != Some(p.ring.owner(&path, s.0)))
-                {
-                    return Err(ErrorReply::new(
-                        libc::ESTALE,
-                        format!("{path}: chunk {idx} is not this server's"),
-                    ));
-                }
-            }
-            drop(p);
-            // Each span's bytes, padded with zeros to its length (a hole,
-            // or past the chunk's end).
-            let mut out = Vec::with_capacity(total as usize);
-            let mut checked = None;
-            for (idx, off, len) in spans {
-                let loss = match &checked {
-                    Some((i, loss)) if *i == idx => loss,
-                    _ => {
-                        let loss =
-                            read_checks(sh, ns, &path, fileid, idx, chunk_size, flags, epoch)?;
-                        &checked.insert((idx, loss)).1
-                    }
-                };
-                if flags & rw::FETCH_ONLY != 0 {
-                    continue;
-                }
-                let start = out.len();
-                let d = st
-                    .read_bytes(&path, idx, fileid, off, len)
-                    .map_err(|e| store_err(&path, e))?;
-                match (d, loss) {
-                    (Some(d), _) => out.extend_from_slice(&d[..d.len().min(len as usize)]),
-                    (None, Some(why)) => return Err(lost(sh, &path, idx, why)),
-                    (None, None) => {}
-                }
-                out.resize(start + len as usize, 0);
-            }
-            Ok(Response::Data(Bytes::from(out)))
-        }
+        } => read_spans(sh, ns, &path, fileid, chunk_size, flags, epoch, spans)
+            .map(|pieces| Response::Data(gather(pieces))),
         Request::SetSize {
             path,
             size,
@@ -844,6 +843,97 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
             libc::EIO,
             "the lookup this one waited for was abandoned",
         )),
+    }
+}
+
+/// Zeros for the padding of spans ([`read_spans`]).
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// The records of a `ReadSpans`: each span's bytes, padded with zeros to
+/// its length (a hole, or past the chunk's end), as the pieces they are
+/// (slices of the store's chunks and of [`ZEROS`]), in order.
+#[allow(clippy::too_many_arguments)]
+fn read_spans(
+    sh: &Arc<Shared>,
+    ns: Ns<'_>,
+    path: &str,
+    fileid: u32,
+    chunk_size: u32,
+    flags: u16,
+    epoch: u32,
+    spans: Vec<(u64, u32, u32)>,
+) -> Result<Vec<Bytes>, ErrorReply> {
+    let st = &sh.store;
+    Counters::inc(&sh.counters.reads);
+    let total: u64 = spans.iter().map(|s| s.2 as u64).sum();
+    if total > MAX_CHUNK_SIZE as u64 {
+        return Err(ErrorReply::new(
+            libc::EINVAL,
+            format!("{path}: spans of {total} bytes (at most {MAX_CHUNK_SIZE})"),
+        ));
+    }
+    // Every chunk must be this server's (the request went to the
+    // owner of the first one): else the client's list is out of
+    // date, and what this server does not hold is not a hole.
+    let p = sh.placement();
+    if !p.ring.is_empty() && !sh.is_node_local(path) {
+        if let Some(&(idx, _, _)) = spans.iter().find(|s| p.me != Some(p.ring.owner(path, s.0))) {
+            return Err(ErrorReply::new(
+                libc::ESTALE,
+                format!("{path}: chunk {idx} is not this server's"),
+            ));
+        }
+    }
+    drop(p);
+    let mut pieces = Vec::with_capacity(spans.len());
+    let mut checked = None;
+    for (idx, off, len) in spans {
+        let loss = match &checked {
+            Some((i, loss)) if *i == idx => loss,
+            _ => {
+                let loss = read_checks(sh, ns, path, fileid, idx, chunk_size, flags, epoch)?;
+                &checked.insert((idx, loss)).1
+            }
+        };
+        if flags & rw::FETCH_ONLY != 0 {
+            continue;
+        }
+        let d = st
+            .read_bytes(path, idx, fileid, off, len)
+            .map_err(|e| store_err(path, e))?;
+        let mut pad = len as usize;
+        match (d, loss) {
+            (Some(d), _) => {
+                let d = d.slice(..d.len().min(len as usize));
+                pad -= d.len();
+                if !d.is_empty() {
+                    pieces.push(d);
+                }
+            }
+            (None, Some(why)) => return Err(lost(sh, path, idx, why)),
+            (None, None) => {}
+        }
+        while pad > 0 {
+            let n = pad.min(ZEROS.len());
+            pieces.push(Bytes::from_static(&ZEROS[..n]));
+            pad -= n;
+        }
+    }
+    Ok(pieces)
+}
+
+/// The pieces as one buffer (a copy unless there is only one).
+pub(crate) fn gather(mut pieces: Vec<Bytes>) -> Bytes {
+    match pieces.len() {
+        0 => Bytes::new(),
+        1 => pieces.pop().expect("one"),
+        _ => {
+            let mut out = Vec::with_capacity(pieces.iter().map(Bytes::len).sum());
+            for p in &pieces {
+                out.extend_from_slice(p);
+            }
+            Bytes::from(out)
+        }
     }
 }
 

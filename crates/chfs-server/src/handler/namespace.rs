@@ -446,6 +446,14 @@ impl<'a> Ns<'a> {
         }
     }
 
+    /// [`Ns::touch`] for a read (any request but the few that do not
+    /// count as I/O).
+    pub(super) fn touch_read(self) {
+        if let Ns::Cached(c) = self {
+            c.touch();
+        }
+    }
+
     /// Is there a backend?
     pub(super) fn is_cached(self) -> bool {
         matches!(self, Ns::Cached(_))
