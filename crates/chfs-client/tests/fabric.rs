@@ -9,25 +9,6 @@ use std::time::{Duration, Instant};
 use chfs_client::flags::*;
 use common::*;
 
-/// A pool of `n` servers over `ofi+tcp` with a secret, or None (skipped)
-/// where this build has no libfabric.
-fn fabric_pool(n: usize, test: &str) -> Option<LocalPool> {
-    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
-        chfs_localpool::skip("fabric", test, "built without libfabric");
-        return None;
-    }
-    let p = LocalPool::start_with(
-        PoolOptions {
-            servers: n,
-            args: vec!["-p".into(), "ofi+tcp".into()],
-            ..Default::default()
-        }
-        .with_new_secret(),
-    )
-    .expect("start chfsd pool over ofi+tcp");
-    Some(p)
-}
-
 fn fabric_client(p: &LocalPool) -> chfs_client::Client {
     client(p, |c| c.secret = p.secret().unwrap().as_bytes().to_vec())
 }

@@ -88,6 +88,31 @@ fn reads() -> impl Strategy<Value = Vec<(u64, usize)>> {
     proptest::collection::vec(part, 1..4).prop_map(|v| v.concat())
 }
 
+/// A case: a file of `size` bytes in chunks of `cs` with `holes`, read
+/// with `reads` through one descriptor and written through it with
+/// `writes` (see [`run_case`]).
+type Case = (
+    usize,
+    u32,
+    Vec<(usize, usize)>,
+    Vec<(u64, usize)>,
+    Vec<(usize, u64, usize)>,
+);
+
+fn cases() -> impl Strategy<Value = Case> {
+    (
+        0usize..40000,
+        prop_oneof![Just(1000u32), Just(4096), Just(65536)],
+        proptest::collection::vec((0usize..40000, 0usize..6000), 0..4)
+            .prop_map(|v| v.into_iter().map(|(a, l)| (a, a + l)).collect::<Vec<_>>()),
+        reads(),
+        prop_oneof![
+            Just(Vec::new()),
+            proptest::collection::vec((0usize..60, 0u64..40000, 1usize..3000), 1..6),
+        ],
+    )
+}
+
 struct Shared {
     _pool: LocalPool,
     client: Client,
@@ -100,26 +125,6 @@ fn new_shared() -> Shared {
         _pool: pool,
         client,
     }
-}
-
-/// A pool of `n` servers over `ofi+tcp` (with a secret), or None (the
-/// test skipped, or failed where the suite requires `fabric`) where this
-/// build has no libfabric.
-fn fabric_pool(n: usize, test: &str) -> Option<LocalPool> {
-    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
-        chfs_localpool::skip("fabric", test, "built without libfabric");
-        return None;
-    }
-    let p = LocalPool::start_with(
-        PoolOptions {
-            servers: n,
-            args: vec!["-p".into(), "ofi+tcp".into()],
-            ..Default::default()
-        }
-        .with_new_secret(),
-    )
-    .expect("start chfsd pool over ofi+tcp");
-    Some(p)
 }
 
 /// The same over `ofi+tcp`, with an RDMA threshold of 4 KiB: records
@@ -198,15 +203,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 500, ..ProptestConfig::default() })]
     #[test]
     fn reads_match_plain_reads(
-        size in 0usize..40000,
-        cs in prop_oneof![Just(1000u32), Just(4096), Just(65536)],
-        holes in proptest::collection::vec((0usize..40000, 0usize..6000), 0..4)
-            .prop_map(|v| v.into_iter().map(|(a, l)| (a, a + l)).collect::<Vec<_>>()),
-        reads in reads(),
-        writes in prop_oneof![
-            Just(Vec::new()),
-            proptest::collection::vec((0usize..60, 0u64..40000, 1usize..3000), 1..6),
-        ],
+        (size, cs, holes, reads, writes) in cases(),
     ) {
         SHARED.with(|s| run_case(&s.client, size, cs, &holes, &reads, &writes))?;
     }
@@ -218,15 +215,7 @@ proptest! {
     /// writes into the read-ahead buffer (4 KiB or more) or in replies.
     #[test]
     fn reads_match_plain_reads_over_ofi_tcp(
-        size in 0usize..40000,
-        cs in prop_oneof![Just(1000u32), Just(4096), Just(65536)],
-        holes in proptest::collection::vec((0usize..40000, 0usize..6000), 0..4)
-            .prop_map(|v| v.into_iter().map(|(a, l)| (a, a + l)).collect::<Vec<_>>()),
-        reads in reads(),
-        writes in prop_oneof![
-            Just(Vec::new()),
-            proptest::collection::vec((0usize..60, 0u64..40000, 1usize..3000), 1..6),
-        ],
+        (size, cs, holes, reads, writes) in cases(),
     ) {
         FABRIC.with(|s| match s {
             Some(s) => run_case(&s.client, size, cs, &holes, &reads, &writes),

@@ -37,3 +37,23 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A pool of `n` servers over `ofi+tcp` with a secret, or None (the test
+/// skipped, or failed where the suite requires `fabric`) where this build
+/// has no libfabric.
+pub fn fabric_pool(n: usize, test: &str) -> Option<LocalPool> {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip("fabric", test, "built without libfabric");
+        return None;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: n,
+            args: vec!["-p".into(), "ofi+tcp".into()],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool over ofi+tcp");
+    Some(p)
+}
