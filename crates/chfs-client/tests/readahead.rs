@@ -244,6 +244,25 @@ fn hard_reads(c: &Client, path: &str, want: &[u8], n: u64) -> (u64, u64) {
     (after - before, sent)
 }
 
+/// Records 2..24 of every 4th (of 47,008 bytes) in a file of 64 KiB
+/// chunks on two servers, read through `on` (1 MiB read-ahead) after the
+/// two that find the pattern: one request to each server.
+fn records_of_64k_chunks_cost_a_request_per_server(w: &Client, on: &Client) {
+    let want = make_file(w, "/hard64k", 65536, 47008 * 4 * 30, &[]);
+    let fd = on.open("/hard64k", libc::O_RDONLY, 0).unwrap();
+    for i in 0..2u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    let before = server_reads(on);
+    for i in 2..24u64 {
+        let off = 47008 * (4 * i + 1);
+        assert!(pread(on, fd, off, 47008) == model(&want, off, 47008));
+    }
+    assert_eq!(server_reads(on) - before, 2);
+    on.close(fd).unwrap();
+}
+
 #[test]
 fn strided_records_cost_one_request_per_chunk() {
     let p = LocalPool::start(2).expect("pool");
@@ -267,19 +286,7 @@ fn strided_records_cost_one_request_per_chunk() {
     on.close(fd).unwrap();
     // 64 KiB chunks (the default): the pieces of 22 records in 33 chunks
     // of the two servers, one request to each.
-    let want = make_file(&w, "/hard64k", 65536, 47008 * 4 * 30, &[]);
-    let fd = on.open("/hard64k", libc::O_RDONLY, 0).unwrap();
-    for i in 0..2u64 {
-        let off = 47008 * (4 * i + 1);
-        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
-    }
-    let before = server_reads(&on);
-    for i in 2..24u64 {
-        let off = 47008 * (4 * i + 1);
-        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
-    }
-    assert_eq!(server_reads(&on) - before, 2);
-    on.close(fd).unwrap();
+    records_of_64k_chunks_cost_a_request_per_server(&w, &on);
 }
 
 #[test]
@@ -398,21 +405,9 @@ fn strided_records_over_ofi_tcp_cost_one_request_per_chunk() {
     assert_eq!(pushes(&on) - before, 4);
     let off = with(0);
     assert_eq!(hard_reads(&off, "/hard", &want, 46), (46, 46));
-    // 64 KiB chunks: the pieces of 22 records in 33 chunks of the two
-    // servers, one request to each.
-    let want = make_file(&w, "/hard64k", 65536, 47008 * 4 * 30, &[]);
-    let fd = on.open("/hard64k", libc::O_RDONLY, 0).unwrap();
-    for i in 0..2u64 {
-        let off = 47008 * (4 * i + 1);
-        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
-    }
-    let before = server_reads(&on);
-    for i in 2..24u64 {
-        let off = 47008 * (4 * i + 1);
-        assert!(pread(&on, fd, off, 47008) == model(&want, off, 47008));
-    }
-    assert_eq!(server_reads(&on) - before, 2);
-    on.close(fd).unwrap();
+    // 64 KiB chunks (the default): the pieces of 22 records in 33 chunks
+    // of the two servers, one request to each.
+    records_of_64k_chunks_cost_a_request_per_server(&w, &on);
     // Small records: a window below the threshold comes in the reply.
     let small = with(16 << 10);
     let want = make_file(&w, "/small", 1 << 20, 4000 * 100, &[]);
