@@ -987,6 +987,35 @@ fn stop_names_a_server_that_does_not_answer() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
+/// A `CHFS_RPC_TIMEOUT_MSEC` that is not a number is a usage error (exit
+/// 2, the variable named) for every action, and nothing is started.
+/// Before, chfsctl ignored the variable whatever it held.
+#[test]
+fn a_bad_rpc_timeout_is_a_usage_error() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap()];
+    for bad in ["abc", "30s"] {
+        for action in ["start", "stop", "status", "rebalance"] {
+            let out = run(
+                &ctl,
+                &[&a[..], &[action]].concat(),
+                &[("CHFS_RPC_TIMEOUT_MSEC", bad)],
+            );
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{action} with {bad}: {err}");
+            assert!(
+                err.contains("CHFS_RPC_TIMEOUT_MSEC") && err.contains(bad),
+                "{action}: {err}"
+            );
+            assert!(out.stdout.is_empty(), "{action}");
+            assert!(recorded_pids(&sc.scratch()).is_empty(), "{action}");
+        }
+    }
+}
+
 #[test]
 fn scratch_default_without_user_is_the_account_name() {
     let name = std::process::Command::new("id")

@@ -264,14 +264,22 @@ fn allocation_nodes() -> Result<Vec<String>, CtlError> {
 }
 
 /// `CHFS_RPC_TIMEOUT_MSEC`, read as clients read it (0: their default);
-/// None when not set (or not a number).
-fn rpc_timeout() -> Option<Duration> {
-    let v = std::env::var("CHFS_RPC_TIMEOUT_MSEC")
+/// None when not set. A value that is not a number is a usage error.
+fn rpc_timeout() -> Result<Option<Duration>, CtlError> {
+    let Some(v) = std::env::var("CHFS_RPC_TIMEOUT_MSEC")
         .ok()
-        .filter(|s| !s.is_empty())?;
+        .filter(|s| !s.is_empty())
+    else {
+        return Ok(None);
+    };
     chfs_client::ClientConfig::from_lookup(|k| (k == "CHFS_RPC_TIMEOUT_MSEC").then(|| v.clone()))
-        .ok()
-        .map(|c| c.rpc_timeout)
+        .map(|c| Some(c.rpc_timeout))
+        .map_err(|e| {
+            CtlError::Usage(format!(
+                "{}: CHFS_RPC_TIMEOUT_MSEC is the time in milliseconds after which a request to a server fails (0 = 30000); unset it or give a number",
+                e.message()
+            ))
+        })
 }
 
 fn options(a: &Args) -> Result<CtlOptions, CtlError> {
@@ -368,7 +376,7 @@ fn options(a: &Args) -> Result<CtlOptions, CtlError> {
         chfsd: a.chfsd.clone().unwrap_or_else(|| sibling("chfsd")),
         chfuse: a.chfuse.clone().unwrap_or_else(|| sibling("chfuse")),
         timeout: Duration::from_secs(a.timeout.max(1)),
-        rpc_timeout: rpc_timeout(),
+        rpc_timeout: rpc_timeout()?,
         env_server: env("CHFS_SERVER"),
         env_secret_file: env("CHFS_SECRET_FILE"),
         env_secret: env("CHFS_SECRET"),
