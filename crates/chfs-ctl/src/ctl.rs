@@ -71,6 +71,9 @@ pub struct CtlOptions {
     pub chfuse: String,
     /// How long to wait for servers to start or stop.
     pub timeout: Duration,
+    /// How long a request to a server may go unanswered
+    /// (`CHFS_RPC_TIMEOUT_MSEC`); None: `timeout`.
+    pub rpc_timeout: Option<Duration>,
     /// `CHFS_SERVER` of the caller's environment.
     pub env_server: Option<String>,
     /// `CHFS_SECRET_FILE` of the caller's environment.
@@ -615,7 +618,9 @@ done
             source,
         })?;
         cfg.servers = contacts.clone();
-        cfg.rpc_timeout = self.timeout.max(Duration::from_secs(1));
+        cfg.rpc_timeout = self
+            .rpc_timeout
+            .unwrap_or_else(|| self.timeout.max(Duration::from_secs(1)));
         if let Some(s) = secret {
             cfg.secret = s.as_bytes().to_vec();
         }
@@ -1058,26 +1063,49 @@ exit 0
     /// `chfsctl stop`: in cache mode first waits until every dirty chunk is
     /// in the backend (failing, with mounts and servers left running, if it
     /// cannot be written back), unmounts, asks the pool to stop (a
-    /// `Shutdown` request to every server), waits for every server it
-    /// reached to exit (a recorded one by its PID, falling back to SIGTERM;
-    /// one known only through `CHFS_SERVER` until its port is closed) and
-    /// removes the recorded servers' files. Fails with "no server found"
-    /// when no server is recorded and none is reachable through
+    /// `Shutdown` request to every server that answered its status
+    /// request), waits for every server it asked to exit (a recorded one
+    /// by its PID; one known only through `CHFS_SERVER` until its port is
+    /// closed), stops the other recorded servers by their PIDs (SIGTERM,
+    /// then SIGKILL) and removes the recorded servers' files.
+    ///
+    /// A recorded server whose recorded PID is not alive (looked at on the
+    /// server's own host) has exited: nothing is sent to it, and `note` is
+    /// told. A server that does not answer its status request is not asked
+    /// to stop (a recorded one is stopped by its PID) and is named in the
+    /// error; the others are stopped all the same. Fails with "no server
+    /// found" when no server is recorded and none is reachable through
     /// `CHFS_SERVER`.
-    pub fn stop(&self) -> Result<String, CtlError> {
+    pub fn stop(&self, note: &mut dyn FnMut(&str)) -> Result<String, CtlError> {
         let hosts = self.unique_hosts();
         let (recs, mut errs) = self.records_partial();
         if recs.is_empty() && self.env_server.is_none() {
             errs.push(self.none_found(NO_SERVER_VAR));
             return one_or_many(errs).map(|()| String::new());
         }
+        // A request to a server that has exited could only wait out the
+        // RPC timeout (over ofi+shm the hello to a queue nobody reads
+        // does), twice: status, then Shutdown.
+        let exited: Vec<&Record> = recs.iter().filter(|r| !r.alive).collect();
+        for r in &exited {
+            note(&format!(
+                "server {} had already exited (its recorded PID is not alive): not contacted",
+                who(r)
+            ));
+        }
+        let is_gone = |a: &str| exited.iter().any(|r| !r.addr.is_empty() && r.addr == a);
+        let recorded = |a: &str| recs.iter().find(|r| r.alive && r.addr == a);
         let mut contacts: Vec<String> = recs
             .iter()
             .filter(|r| r.alive && !r.addr.is_empty())
             .map(|r| r.addr.clone())
             .collect();
         if let Some(s) = &self.env_server {
-            contacts.extend(chfs_client::config::parse_servers(s));
+            for a in chfs_client::config::parse_servers(s) {
+                if !is_gone(&a) && !contacts.contains(&a) {
+                    contacts.push(a);
+                }
+            }
         }
         let mut report = String::new();
         let client = if contacts.is_empty() {
@@ -1099,14 +1127,38 @@ exit 0
                 }
             }
         };
+        // Only servers that answer are asked to stop (all at once: those
+        // that do not cost one RPC timeout in all). One that does not is
+        // named; a recorded one is then stopped by its PID below.
+        let mut answering: Vec<String> = Vec::new();
+        let mut cached = false;
+        if let Some(c) = &client {
+            let targets: Vec<String> = c.servers().into_iter().filter(|a| !is_gone(a)).collect();
+            for (a, r) in c.server_status_of(&targets) {
+                match r {
+                    Ok(s) => {
+                        cached |= !s.backend.is_empty();
+                        answering.push(a);
+                    }
+                    Err(source) => errs.push(CtlError::Client {
+                        context: match recorded(&a) {
+                            Some(r) => format!(
+                                "server {} failed its status request, so it was not asked to stop; stopping it by its recorded PID",
+                                who(r)
+                            ),
+                            None => format!(
+                                "server {a} (not recorded in {}) failed its status request, so it was not asked to stop",
+                                self.scratch
+                            ),
+                        },
+                        source,
+                    }),
+                }
+            }
+        }
         // Cache mode: nothing is unmounted or stopped before every dirty
         // chunk is in the backend; on failure the mounts and the servers
         // stay, so the job's data stays readable and a later stop retries.
-        let cached = client.as_ref().is_some_and(|c| {
-            c.server_status()
-                .iter()
-                .any(|(_, r)| r.as_ref().is_ok_and(|s| !s.backend.is_empty()))
-        });
         let write_back = |c: &Client, report: &mut String| {
             let t = Instant::now();
             c.wait_flushed("/", None).map_err(|source| CtlError::Client {
@@ -1120,8 +1172,10 @@ exit 0
             write_back(c, &mut report)?;
         }
         errs.extend(self.unmount(&hosts, false));
+        // The recorded servers that took the stop request: waited for
+        // below; the other recorded ones are stopped by their PIDs.
+        let mut stopping: Vec<String> = Vec::new();
         if let Some(c) = &client {
-            let n = c.server_count();
             // What the mounts flushed when they were unmounted.
             if cached {
                 write_back(c, &mut report)?;
@@ -1129,41 +1183,51 @@ exit 0
             // Servers not recorded here (reached through CHFS_SERVER) are
             // watched through a connection each: it ends when the server
             // exits.
-            let unrecorded: Vec<String> = c
-                .servers()
-                .into_iter()
-                .filter(|a| !recs.iter().any(|r| r.alive && r.addr == *a))
+            let unrecorded: Vec<String> = answering
+                .iter()
+                .filter(|a| recorded(a).is_none())
+                .cloned()
                 .collect();
-            let watches: Vec<_> = unrecorded.iter().map(|a| (a, watch(a))).collect();
-            let mut refused = false;
-            match c.shutdown_servers() {
-                Ok(()) => {
-                    let _ = writeln!(report, "asked {n} server(s) to stop");
-                }
-                Err(e) => {
-                    let _ = writeln!(
-                        report,
-                        "pool stop request failed ({e}); stopping by recorded PID"
-                    );
-                    // Without the pool secret (a client key, or none for
-                    // this pool) the servers refuse: those not recorded
-                    // here keep running, no use waiting for them.
-                    if e.errno() == libc::EPERM && !unrecorded.is_empty() {
-                        refused = true;
-                        errs.push(CtlError::Client {
-                            context: format!(
-                                "{} server(s) not recorded in {} refused to stop (stopping a pool needs its secret: give the -c of start, whose {SECRET_FILE} chfsctl reads, or set CHFS_SECRET_FILE to that file)",
-                                unrecorded.len(),
-                                self.scratch
-                            ),
-                            source: e,
-                        });
+            let mut watches: Vec<_> = unrecorded.iter().map(|a| (a, watch(a))).collect();
+            let mut refused: Vec<String> = Vec::new();
+            let mut first_refusal = None;
+            for (a, r) in c.shutdown_servers_of(&answering) {
+                match r {
+                    Ok(()) => stopping.push(a),
+                    Err(e) => {
+                        let by_pid = if recorded(&a).is_some() {
+                            "; stopping it by its recorded PID"
+                        } else {
+                            ""
+                        };
+                        let _ = writeln!(report, "server {a}: stop request failed ({e}){by_pid}");
+                        // Without the pool secret (a client key, or none
+                        // for this pool) the servers refuse: those not
+                        // recorded here keep running, no use waiting for
+                        // them.
+                        if e.errno() == libc::EPERM && by_pid.is_empty() {
+                            refused.push(a);
+                            first_refusal.get_or_insert(e);
+                        }
                     }
                 }
             }
-            if !watches.is_empty() && !refused {
+            let _ = writeln!(report, "asked {} server(s) to stop", stopping.len());
+            if let Some(e) = first_refusal {
+                errs.push(CtlError::Client {
+                    context: format!(
+                        "{} server(s) not recorded in {} refused to stop (stopping a pool needs its secret: give the -c of start, whose {SECRET_FILE} chfsctl reads, or set CHFS_SECRET_FILE to that file)",
+                        refused.len(),
+                        self.scratch
+                    ),
+                    source: e,
+                });
+            }
+            watches.retain(|(a, _)| !refused.contains(a));
+            if !watches.is_empty() {
                 let t = Instant::now();
                 let deadline = t + self.timeout;
+                let n = watches.len();
                 let left: Vec<&String> = watches
                     .into_iter()
                     .filter(|(a, w)| !gone(a, w.as_ref(), deadline))
@@ -1172,7 +1236,7 @@ exit 0
                 let _ = writeln!(
                     report,
                     "{} server(s) not recorded in {} exited in {:?}",
-                    unrecorded.len() - left.len(),
+                    n - left.len(),
                     self.scratch,
                     t.elapsed()
                 );
@@ -1184,25 +1248,38 @@ exit 0
                 }
             }
         }
-        // Wait for the servers to exit on their own, then SIGTERM by PID.
+        // Wait for the servers asked to stop to exit on their own, then
+        // SIGTERM by PID whatever still runs.
         let jobs: Vec<_> = hosts
             .iter()
             .map(|h| {
-                let wait = format!(
-                    r#"{ALIVE_FN}
-for f in {pat}; do
+                let waited: Vec<String> = recs
+                    .iter()
+                    .filter(|r| r.id.host == *h && r.alive && stopping.contains(&r.addr))
+                    .map(|r| quote(&format!("{}.pid", self.stem(&r.id))))
+                    .collect();
+                let wait = if waited.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        r#"for f in {list}; do
   [ -e "$f" ] || continue; p=$(cat "$f" 2>/dev/null); n=0
   while [ -n "$p" ] && alive "$p" && [ $n -lt {ticks} ]; do sleep 0.1; n=$((n+1)); done
 done
-{kill}for f in {addrs}; do [ -e "$f" ] && [ ! -e "${{f%.addr}}.pid" ] && rm -f "$f"; done
+"#,
+                        list = waited.join(" "),
+                        ticks = (self.timeout.as_millis() / 100).max(1),
+                    )
+                };
+                let script = format!(
+                    r#"{ALIVE_FN}
+{wait}{kill}for f in {addrs}; do [ -e "$f" ] && [ ! -e "${{f%.addr}}.pid" ] && rm -f "$f"; done
 exit 0
 "#,
                     addrs = pat_quote(&format!("{}/chfsd@{h}@*.addr", self.scratch)),
-                    pat = pat_quote(&format!("{}/chfsd@{h}@*.pid", self.scratch)),
-                    ticks = (self.timeout.as_millis() / 100).max(1),
                     kill = self.kill_script(h, None, "TERM", Duration::from_secs(5)),
                 );
-                (h.clone(), wait, Vec::new())
+                (h.clone(), script, Vec::new())
             })
             .collect();
         for r in self.launcher.run_all(&jobs) {
@@ -1438,6 +1515,16 @@ exit 0
         }
         Ok(format!("removed {removed} file(s)\n"))
     }
+}
+
+/// A recorded server as stop names it: `ADDR (host HOST#k, pid P)`.
+fn who(r: &Record) -> String {
+    let addr = if r.addr.is_empty() {
+        "(no address recorded)"
+    } else {
+        &r.addr
+    };
+    format!("{addr} (host {}#{}, pid {})", r.id.host, r.id.index, r.pid)
 }
 
 /// Quotes a path whose last component holds a `*` glob: the directory is

@@ -854,6 +854,168 @@ fn status_aligns_down_servers() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
+/// `chfsctl stop` of a pool one of whose servers was SIGKILLed returns in
+/// a few seconds: the recorded server whose recorded PID is not alive is
+/// named as already gone and not contacted, the live one is stopped.
+/// Before, stop sent the dead server a status request and then a
+/// `Shutdown`, each waiting out the RPC timeout over `ofi+shm` (the hello
+/// to a queue nobody reads: 60 s in all), and named it nowhere.
+fn stop_with_a_killed_server(protocol: Option<&str>, killed: usize) {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let chfsd = chfsd.to_str().unwrap();
+    let ctl = bin("chfsctl");
+    let mut base = vec!["-c", &s, "--chfsd", chfsd];
+    if let Some(p) = protocol {
+        base.extend(["-p", p]);
+    }
+    let out = run(&ctl, &[&base[..], &["-n", "2", "start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let host = hostname();
+    let file = |k: usize, ext: &str| {
+        std::fs::read_to_string(sc.scratch().join(format!("chfsd@{host}@{k}.{ext}")))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let dead: u32 = file(killed, "pid").parse().unwrap();
+    let dead_addr = file(killed, "addr");
+    let live: u32 = file(1 - killed, "pid").parse().unwrap();
+    assert!(chfsd_alive(dead) && chfsd_alive(live));
+    // SAFETY: kill(2) on the chfsd this test started (its recorded PID).
+    unsafe { libc::kill(dead as i32, libc::SIGKILL) };
+    assert!(chfsd_ends(dead), "pid {dead} survived SIGKILL");
+
+    let t = std::time::Instant::now();
+    let out = tool(&ctl, &[&base[..], &["stop"]].concat(), &[])
+        .env_remove("CHFS_RPC_TIMEOUT_MSEC")
+        .output()
+        .expect("run chfsctl stop");
+    let took = t.elapsed();
+    let err = text(&out.stderr);
+    eprintln!(
+        "chfsctl stop over {} with server {killed} killed: {took:?}, exit {:?}\n{err}",
+        protocol.unwrap_or("tcp"),
+        out.status.code()
+    );
+    let live_gone = chfsd_ends(live);
+    // Not left for others either way (both recorded processes ended).
+    for p in [dead, live] {
+        for f in shm_files_of(p) {
+            let _ = std::fs::remove_file(format!("/dev/shm/{f}"));
+        }
+    }
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(live_gone, "the live server (pid {live}) still runs");
+    assert!(
+        err.contains(&format!("pid {dead}")) && err.contains(&dead_addr),
+        "stop names the dead server: {err}"
+    );
+    assert!(err.contains("already"), "{err}");
+    assert!(
+        took < Duration::from_secs(10),
+        "chfsctl stop took {took:?} (a dead server's timeouts waited out?)"
+    );
+    assert!(recorded_pids(&sc.scratch()).is_empty());
+    let out = run(&ctl, &[&base[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn stop_skips_a_killed_server_over_ofi_shm() {
+    if common::fabric_built("stop_skips_a_killed_server_over_ofi_shm") {
+        // The first server (the pool's leader) killed.
+        stop_with_a_killed_server(Some("ofi+shm"), 0);
+    }
+}
+
+#[test]
+fn stop_skips_a_killed_server_over_tcp() {
+    stop_with_a_killed_server(None, 1);
+}
+
+/// A server that does not answer (SIGSTOPped) fails its status request
+/// within `CHFS_RPC_TIMEOUT_MSEC`: stop names it (exit 1), does not ask it
+/// to stop, stops it by its recorded PID and stops the others all the
+/// same. Before, stop waited chfsctl's own 30 s for each request whatever
+/// CHFS_RPC_TIMEOUT_MSEC said, and exited 0.
+#[test]
+fn stop_names_a_server_that_does_not_answer() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap(), "-n", "2"];
+    let out = run(&ctl, &[&a[..], &["start"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let host = hostname();
+    let pid = |k: usize| -> u32 {
+        std::fs::read_to_string(sc.scratch().join(format!("chfsd@{host}@{k}.pid")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (live, hung) = (pid(0), pid(1));
+    // SAFETY: kill(2) on the chfsd this test started (its recorded PID).
+    unsafe { libc::kill(hung as i32, libc::SIGSTOP) };
+    let t = std::time::Instant::now();
+    let out = run(
+        &ctl,
+        &[&a[..], &["stop"]].concat(),
+        &[("CHFS_RPC_TIMEOUT_MSEC", "2000")],
+    );
+    let took = t.elapsed();
+    eprintln!("chfsctl stop with a stopped server: {took:?}");
+    let (live_gone, hung_gone) = (chfsd_ends(live), chfsd_ends(hung));
+    if !hung_gone {
+        // SAFETY: as above.
+        unsafe { libc::kill(hung as i32, libc::SIGKILL) };
+    }
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("pid {hung}")) && err.contains("not asked to stop"),
+        "{err}"
+    );
+    assert!(live_gone, "the answering server (pid {live}) still runs");
+    assert!(hung_gone, "the stopped server (pid {hung}) still runs");
+    // 2 s for the status request, 5 s between SIGTERM and SIGKILL.
+    assert!(took < Duration::from_secs(20), "chfsctl stop took {took:?}");
+    let out = run(&ctl, &[&a[..], &["clean"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// A `CHFS_RPC_TIMEOUT_MSEC` that is not a number is a usage error (exit
+/// 2, the variable named) for every action, and nothing is started.
+/// Before, chfsctl ignored the variable whatever it held.
+#[test]
+fn a_bad_rpc_timeout_is_a_usage_error() {
+    let sc = Scratch::new();
+    let s = sc.s();
+    let chfsd = chfsd();
+    let ctl = bin("chfsctl");
+    let a = ["-c", &s, "--chfsd", chfsd.to_str().unwrap()];
+    for bad in ["abc", "30s"] {
+        for action in ["start", "stop", "status", "rebalance"] {
+            let out = run(
+                &ctl,
+                &[&a[..], &[action]].concat(),
+                &[("CHFS_RPC_TIMEOUT_MSEC", bad)],
+            );
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{action} with {bad}: {err}");
+            assert!(
+                err.contains("CHFS_RPC_TIMEOUT_MSEC") && err.contains(bad),
+                "{action}: {err}"
+            );
+            assert!(out.stdout.is_empty(), "{action}");
+            assert!(recorded_pids(&sc.scratch()).is_empty(), "{action}");
+        }
+    }
+}
+
 #[test]
 fn scratch_default_without_user_is_the_account_name() {
     let name = std::process::Command::new("id")

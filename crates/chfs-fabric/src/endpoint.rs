@@ -1070,10 +1070,17 @@ impl Drop for InFlight {
 /// address is not of that form or no such file exists (another version
 /// naming its files otherwise: nothing is unlinked at exit).
 fn shm_file_name(raw: &[u8]) -> Option<String> {
+    shm_queue_name(raw).filter(|name| std::path::Path::new("/dev/shm").join(name).exists())
+}
+
+/// The `shm_open` name of the queue of the shm endpoint whose address is
+/// `raw` (`fi_shm://NAME`, NAME a plain file name), whether or not the
+/// file exists; None if the address is not of that form.
+pub(crate) fn shm_queue_name(raw: &[u8]) -> Option<String> {
     let raw = raw.split(|&b| b == 0).next()?;
     let name = std::str::from_utf8(raw).ok()?.strip_prefix("fi_shm://")?;
     let plain = !name.is_empty() && !name.contains('/') && name != "." && name != "..";
-    (plain && std::path::Path::new("/dev/shm").join(name).exists()).then(|| name.to_string())
+    plain.then(|| name.to_string())
 }
 
 /// libfabric's shm provider keeps each endpoint's queue in a file of

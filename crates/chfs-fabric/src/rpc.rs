@@ -321,25 +321,56 @@ fn decode_hello_reply(
     Ok((version, status, msg, auth))
 }
 
-/// For providers whose addresses are a TCP listener (`ofi+tcp`,
-/// `ofi+sockets`): fails at once with ECONNREFUSED when nothing listens
-/// there (a server that stopped), as a TCP client would. rxm does not
-/// report a refused connection: the hello would wait out the timeout.
+/// Fails at once with ECONNREFUSED, as a TCP client would, where the
+/// server can be seen to be gone before anything is sent to it:
+/// - providers whose addresses are a TCP listener (`ofi+tcp`,
+///   `ofi+sockets`): nothing listens there (a server that stopped). rxm
+///   does not report a refused connection: the hello would wait out the
+///   timeout.
+/// - `ofi+shm`: the server's queue file (`/dev/shm/NAME` of its address
+///   `fi_shm://NAME`) is gone: its process exited (and unlinked it), or
+///   was killed and a later shm process removed the file nobody used.
+///   libfabric 1.17's shm cannot map such a peer and answers every send
+///   "try again": the hello would spin until the timeout (and sending to
+///   a vanished endpoint can crash the provider).
 fn refused_at_once(server: &Address, timeout: Duration) -> Result<(), Error> {
     use crate::addr::Protocol;
-    if !matches!(server.protocol, Protocol::Tcp | Protocol::Sockets) {
-        return Ok(());
-    }
-    let Some(sa) = server.socket_addr() else {
-        return Ok(());
-    };
-    let probe = timeout.min(Duration::from_secs(2));
-    match std::net::TcpStream::connect_timeout(&sa, probe) {
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(Error::Call {
+    let refused = |message: String| {
+        Err(Error::Call {
             call: "connect",
             code: libc::ECONNREFUSED,
-            message: format!("nothing listens at {server}"),
-        }),
+            message,
+        })
+    };
+    match server.protocol {
+        Protocol::Tcp | Protocol::Sockets => {
+            let Some(sa) = server.socket_addr() else {
+                return Ok(());
+            };
+            let probe = timeout.min(Duration::from_secs(2));
+            match std::net::TcpStream::connect_timeout(&sa, probe) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    refused(format!("nothing listens at {server}"))
+                }
+                _ => Ok(()),
+            }
+        }
+        Protocol::Shm => {
+            // (an address of another form, or no /dev/shm here: not known)
+            let Some(name) = crate::endpoint::shm_queue_name(&server.raw) else {
+                return Ok(());
+            };
+            let dir = std::path::Path::new("/dev/shm");
+            match std::fs::symlink_metadata(dir.join(&name)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && dir.is_dir() => {
+                    refused(format!(
+                        "{server}: its queue file {} is gone (the endpoint's process has exited)",
+                        dir.join(&name).display()
+                    ))
+                }
+                _ => Ok(()),
+            }
+        }
         _ => Ok(()),
     }
 }
@@ -417,8 +448,12 @@ impl RpcClient {
         self.inbox.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Opens a session with the server at `server`.
+    /// Opens a session with the server at `server`. A server seen to be
+    /// gone before anything is sent (nothing listens at its TCP port; its
+    /// `ofi+shm` queue file is gone) fails at once with ECONNREFUSED, as
+    /// [`RpcClient::handshake`] does.
     pub fn connect(&self, server: &Address, timeout: Duration) -> Result<Session, RpcError> {
+        refused_at_once(server, timeout)?;
         let peer = self.ep.connect(server)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let hello = self.ep.address().to_string();
@@ -438,7 +473,10 @@ impl RpcClient {
     /// challenge-response of `chfs_proto::handshake` as `role` with
     /// `cred`, over messages ([`OP_AUTH_HELLO`], [`OP_PROOF`]). A refusal
     /// is [`RpcError::Remote`] with the server's errno (EACCES for a wrong
-    /// secret).
+    /// secret). A server seen to be gone before anything is sent fails at
+    /// once with ECONNREFUSED ([`Error::Call`]): nothing listens at its
+    /// TCP port (`ofi+tcp`, `ofi+sockets`), or its `ofi+shm` queue file
+    /// is gone.
     pub fn handshake(
         &self,
         server: &Address,

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use chfs_fabric::rpc::{
     decode_message, encode_message, RpcClient, RpcError, RpcServer, OP_HELLO, OP_WELCOME,
 };
-use chfs_fabric::{Config, Endpoint, Protocol, BUILT_WITH_LIBFABRIC};
+use chfs_fabric::{Address, Config, Endpoint, Protocol, BUILT_WITH_LIBFABRIC};
 use chfs_proto::frame::FLAG_ERROR;
 use chfs_proto::msg::decode_error;
 use chfs_proto::{ErrorReply, Meta, Request, Response};
@@ -413,4 +413,89 @@ fn a_server_that_is_gone_fails_the_call_in_time() {
         matches!(&err, RpcError::Fabric(e) if e.is_peer_failure()),
         "{err}"
     );
+}
+
+/// The child process of `a_hello_to_an_exited_shm_peer_is_refused_at_once`:
+/// opens an `ofi+shm` endpoint, prints its address and exits, closing it
+/// (the provider unlinks its queue file then).
+#[test]
+#[ignore = "run as a child process by a_hello_to_an_exited_shm_peer_is_refused_at_once"]
+fn shm_peer_that_exits() {
+    let ep = Endpoint::open(&Config::new(Protocol::Shm)).unwrap();
+    println!("ADDRESS {}", ep.address());
+}
+
+/// A hello (the prototype's and the real client's authenticated one) to
+/// an `ofi+shm` address whose process has exited, its queue file gone,
+/// fails at once with ECONNREFUSED, before anything is sent. Before, the
+/// send waited out the whole timeout inside the provider (a queue that
+/// cannot be mapped is "try again" to libfabric 1.17's shm): a chfsctl
+/// stop that reached such a server took 30 s per request.
+#[test]
+fn a_hello_to_an_exited_shm_peer_is_refused_at_once() {
+    let test = "a_hello_to_an_exited_shm_peer_is_refused_at_once";
+    let Some(ep) = open(test, Protocol::Shm) else {
+        return;
+    };
+    let client = RpcClient::new(Arc::new(ep));
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "shm_peer_that_exits",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the child failed: {said}");
+    let addr: Address = said
+        .split("ADDRESS ")
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the child's address")
+        .parse()
+        .unwrap();
+    // Its queue file (`fi_shm://PID:N:M` names /dev/shm/PID:N:M) is gone.
+    let raw = String::from_utf8_lossy(&addr.raw);
+    let name = raw
+        .trim_end_matches('\0')
+        .strip_prefix("fi_shm://")
+        .expect("an shm name");
+    let queue = std::path::Path::new("/dev/shm").join(name);
+    assert!(!queue.exists(), "{} left behind", queue.display());
+    let timeout = Duration::from_secs(5);
+    let hello = || client.connect(&addr, timeout).map(|_| ());
+    let handshake = || {
+        client
+            .handshake(
+                &addr,
+                chfs_proto::handshake::Role::Client,
+                &chfs_proto::handshake::Credential::None,
+                timeout,
+            )
+            .map(|_| ())
+    };
+    for (what, f) in [
+        ("hello", &hello as &dyn Fn() -> Result<(), RpcError>),
+        ("handshake", &handshake),
+    ] {
+        let t0 = Instant::now();
+        let err = f().unwrap_err();
+        let took = t0.elapsed();
+        eprintln!("{what} to an exited shm peer: {err} after {took:?}");
+        assert!(
+            matches!(
+                &err,
+                RpcError::Fabric(chfs_fabric::Error::Call { code, .. }) if *code == libc::ECONNREFUSED
+            ),
+            "{what}: {err}"
+        );
+        assert_eq!(err.errno(), libc::ECONNREFUSED, "{what}: {err}");
+        assert!(took < Duration::from_secs(1), "{what} took {took:?}");
+    }
+    // Nothing was sent, nothing waited for.
+    let st = client.endpoint().stats();
+    assert_eq!((st.sends, st.timeouts), (0, 0), "{st:?}");
 }

@@ -7,6 +7,7 @@ use chfs_proto::{Request, Response};
 
 use super::{nonzero, unexpected, Client};
 use crate::error::{fail, Result};
+use crate::pool::Op;
 use crate::types::StatFs;
 
 impl Client {
@@ -91,6 +92,72 @@ impl Client {
                 });
                 (a, r)
             })
+            .collect()
+    }
+
+    /// Status of the servers named (addresses of the pool's list), in the
+    /// order given, asked all at once: servers that do not answer cost one
+    /// RPC timeout in all, not one each. An address not in the pool's list
+    /// gets ENOENT.
+    pub fn server_status_of(
+        &self,
+        servers: &[String],
+    ) -> Vec<(String, Result<chfs_proto::msg::ServerStatus>)> {
+        self.ask_each(servers, &Request::Status)
+            .into_iter()
+            .map(|(a, r)| {
+                let r = r.and_then(|r| match r {
+                    Response::Status(s) => Ok(*s),
+                    other => Err(unexpected(other)),
+                });
+                (a, r)
+            })
+            .collect()
+    }
+
+    /// Asks the servers named to stop (as [`Client::server_status_of`]:
+    /// at once, in the order given); the answer of each.
+    pub fn shutdown_servers_of(&self, servers: &[String]) -> Vec<(String, Result<()>)> {
+        self.ask_each(servers, &Request::Shutdown)
+            .into_iter()
+            .map(|(a, r)| (a, r.map(|_| ())))
+            .collect()
+    }
+
+    /// `req` to each server named, pipelined; the answers in the order
+    /// given.
+    fn ask_each(&self, servers: &[String], req: &Request) -> Vec<(String, Result<Response>)> {
+        let st = self.state();
+        let list = &st.ring.list().servers;
+        let mut answers: Vec<Option<Result<Response>>> = servers.iter().map(|_| None).collect();
+        let mut ops = Vec::new();
+        let mut at = Vec::new();
+        for (j, a) in servers.iter().enumerate() {
+            match list.iter().position(|s| s == a) {
+                Some(i) => {
+                    ops.push(Op::req(i, req));
+                    at.push(j);
+                }
+                None => {
+                    answers[j] = Some(fail(
+                        libc::ENOENT,
+                        format!("server {a} is not in the pool's list"),
+                    ))
+                }
+            }
+        }
+        self.count(ops.len());
+        for (j, r) in at.into_iter().zip(self.inner.pool.pipeline(&st, ops)) {
+            answers[j] = Some(r);
+        }
+        servers
+            .iter()
+            .cloned()
+            .zip(
+                answers
+                    .into_iter()
+                    .map(|r| r.expect("every server answered or failed")),
+            )
             .collect()
     }
 

@@ -15,7 +15,9 @@ enum Action {
     /// Start chfsd on every host, wait until all joined, print the shell
     /// lines that set CHFS_SERVER (for eval).
     Start,
-    /// Write back dirty data (cache mode), unmount, stop every server through the pool, wait until they exited.
+    /// Write back dirty data (cache mode), unmount, stop every server through the pool, wait until they exited
+    /// (a recorded server whose recorded PID is not alive is not contacted; one that does not answer is
+    /// stopped by its PID and named, exit status 1).
     Stop,
     /// Show every server: address, state, entries and bytes stored.
     Status,
@@ -261,6 +263,25 @@ fn allocation_nodes() -> Result<Vec<String>, CtlError> {
     parse_hostfile(&String::from_utf8_lossy(&out.stdout))
 }
 
+/// `CHFS_RPC_TIMEOUT_MSEC`, read as clients read it (0: their default);
+/// None when not set. A value that is not a number is a usage error.
+fn rpc_timeout() -> Result<Option<Duration>, CtlError> {
+    let Some(v) = std::env::var("CHFS_RPC_TIMEOUT_MSEC")
+        .ok()
+        .filter(|s| !s.is_empty())
+    else {
+        return Ok(None);
+    };
+    chfs_client::ClientConfig::from_lookup(|k| (k == "CHFS_RPC_TIMEOUT_MSEC").then(|| v.clone()))
+        .map(|c| Some(c.rpc_timeout))
+        .map_err(|e| {
+            CtlError::Usage(format!(
+                "{}: CHFS_RPC_TIMEOUT_MSEC is the time in milliseconds after which a request to a server fails (0 = 30000); unset it or give a number",
+                e.message()
+            ))
+        })
+}
+
 fn options(a: &Args) -> Result<CtlOptions, CtlError> {
     let protocol = match a.protocol.as_str() {
         "tcp" | "sockets" => None,
@@ -355,6 +376,7 @@ fn options(a: &Args) -> Result<CtlOptions, CtlError> {
         chfsd: a.chfsd.clone().unwrap_or_else(|| sibling("chfsd")),
         chfuse: a.chfuse.clone().unwrap_or_else(|| sibling("chfuse")),
         timeout: Duration::from_secs(a.timeout.max(1)),
+        rpc_timeout: rpc_timeout()?,
         env_server: env("CHFS_SERVER"),
         env_secret_file: env("CHFS_SECRET_FILE"),
         env_secret: env("CHFS_SECRET"),
@@ -381,7 +403,7 @@ fn run(a: &Args) -> Result<i32, CtlError> {
             Ok(0)
         }
         Action::Stop => {
-            let r = o.stop()?;
+            let r = o.stop(&mut |n| eprintln!("chfsctl: {n}"))?;
             if a.verbose {
                 eprint!("{r}");
             }
