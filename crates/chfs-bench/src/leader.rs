@@ -108,8 +108,17 @@ impl Workers {
             stdins: Vec::new(),
             rx,
         };
+        let cpus = if params.bind {
+            chfs_sys::cpu::allowed().map_err(|e| BenchError::io("sched_getaffinity", "", e))?
+        } else {
+            Vec::new()
+        };
         for rank in 0..params.nprocs {
-            let mut child = Command::new(&exe)
+            let mut cmd = Command::new(&exe);
+            if !cpus.is_empty() {
+                cmd.env(crate::worker::PIN_VAR, cpus[rank % cpus.len()].to_string());
+            }
+            let mut child = cmd
                 .arg(WORKER_ARG)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -698,6 +707,7 @@ mod tests {
             md_hard_max: 20,
             shift: 1,
             prefault: true,
+            bind: false,
         };
         let planned = 100 * (1 << 20) + 10 * IOR_HARD_XFER as u64 + 20 * MD_HARD_SIZE as u64;
         assert_eq!(prefault_bytes(&p, None), planned);

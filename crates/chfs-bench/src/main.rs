@@ -209,6 +209,14 @@ struct Io500Args {
     /// metadata phase's time per operation and rank).
     #[arg(long)]
     no_floor: bool,
+    /// Ranks started by chfs-bench (not under MPI, whose launcher binds
+    /// them): `core` runs each on one CPU of those chfs-bench may use, as
+    /// `mpirun` binds ranks by default (its `--bind-to core`), and then
+    /// the clients use CPU lanes; `none` lets them move. Default: `core`
+    /// when there are no more ranks than CPUs, else `none`. The reference
+    /// runs the same way.
+    #[arg(long, value_name = "core|none", value_parser = ["core", "none"])]
+    bind_to: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -442,6 +450,11 @@ fn io500(
         md_hard_max: m.hard_files,
         shift: a.shift.or(default_shift).unwrap_or(1),
         prefault: a.prefault,
+        bind: mpi_size.is_none()
+            && match a.bind_to.as_deref() {
+                Some(b) => b == "core",
+                None => chfs_sys::cpu::allowed_count().is_ok_and(|n| procs <= n),
+            },
     };
     let mut opts = RunOptions::auto();
     opts.progress &= !a.no_progress;

@@ -286,8 +286,15 @@ pub fn table(run: &RunResult) -> String {
     }
     let _ = writeln!(
         s,
-        "ranks {}  stonewall {} s  ior-easy transfer {} B",
-        run.params.nprocs, run.params.stonewall_secs, run.params.easy_xfer
+        "ranks {}{}  stonewall {} s  ior-easy transfer {} B",
+        run.params.nprocs,
+        if run.params.bind {
+            " (one CPU each)"
+        } else {
+            ""
+        },
+        run.params.stonewall_secs,
+        run.params.easy_xfer
     );
     let _ = write!(
         s,
@@ -661,6 +668,7 @@ mod tests {
                 md_hard_max: 1,
                 shift: 1,
                 prefault: true,
+                bind: false,
             },
             ratios: ratios(&sys, &reference),
             system: sys,

@@ -123,11 +123,20 @@ pub struct Params {
     /// phase.
     #[serde(default)]
     pub prefault: bool,
+    /// `--bind-to core`: each local rank runs on one CPU of those the
+    /// leader may use (rank r on the (r mod n)-th), as `mpirun` binds
+    /// ranks by default; a pinned client thread then uses CPU lanes.
+    #[serde(default)]
+    pub bind: bool,
 }
 
 fn one() -> usize {
     1
 }
+
+/// The CPU a local worker pins itself to ([`Params::bind`]), set by the
+/// leader in the worker's environment.
+pub const PIN_VAR: &str = "CHFS_BENCH_PIN_CPU";
 
 /// What the leader asks of a rank.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
@@ -540,6 +549,13 @@ impl WorkerState {
 /// The main loop of a worker process: JSON lines on stdin and stdout.
 /// Returns when told to quit or when stdin closes.
 pub fn worker_main() -> Result<()> {
+    // Pinned before anything starts a thread (threads inherit it).
+    if let Ok(cpu) = std::env::var(PIN_VAR) {
+        let cpu: usize = cpu
+            .parse()
+            .map_err(|_| BenchError::Config(format!("{PIN_VAR}={cpu}: not a CPU number")))?;
+        chfs_sys::cpu::pin_current_thread(cpu).map_err(|e| BenchError::io("pin to CPU", cpu, e))?;
+    }
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     let mut state = WorkerState::default();
@@ -573,6 +589,7 @@ mod tests {
             md_hard_max: 6,
             shift: 1,
             prefault: false,
+            bind: false,
         }
     }
 

@@ -600,3 +600,73 @@ fn a_dead_server_fails_the_run_with_a_clear_error() {
     assert!(err.contains("chfs-bench: worker"), "{err}");
     assert!(err.contains("ior-easy/file."), "{err}");
 }
+
+/// `--bind-to core` (the default for no more ranks than CPUs) runs each
+/// rank on one CPU, as `mpirun` binds ranks; `none` does not; the JSON and
+/// the report say which. A worker given a CPU is pinned to it before it
+/// does anything (its `Cpus_allowed_list` while it waits for work).
+#[test]
+fn ranks_are_bound_to_cpus_as_mpirun_binds_them() {
+    let dir = scratch();
+    let out = tempfile::tempdir().unwrap();
+    let json = out.path().join("b.json");
+    let posix = ["--posix", dir.path().to_str().unwrap(), "-n", "2"];
+    let (run, stdout) = run_bench(&[&posix[..], &["--json", json.to_str().unwrap()]].concat());
+    let cpus = chfs_sys::cpu::allowed_count().unwrap();
+    assert_eq!(
+        run.params.bind,
+        2 <= cpus,
+        "default binding with {cpus} CPUs"
+    );
+    let (run, stdout_core) = run_bench(
+        &[
+            &posix[..],
+            &["--bind-to", "core", "--json", json.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(run.params.bind);
+    assert!(
+        stdout_core.contains("ranks 2 (one CPU each)"),
+        "{stdout_core}"
+    );
+    check_target(&run.system, 2);
+    let (run, stdout_none) = run_bench(
+        &[
+            &posix[..],
+            &["--bind-to", "none", "--json", json.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(!run.params.bind);
+    assert!(stdout_none.contains("ranks 2  stonewall"), "{stdout_none}");
+    drop(stdout);
+
+    // The worker itself: pinned to the CPU it is given.
+    let cpu = *chfs_sys::cpu::allowed().unwrap().last().unwrap();
+    let mut w = Command::new(BIN)
+        .arg(chfs_bench::leader::WORKER_ARG)
+        .env(chfs_bench::worker::PIN_VAR, cpu.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", w.id());
+    let t = std::time::Instant::now();
+    let allowed = loop {
+        let s = std::fs::read_to_string(&status).unwrap();
+        let l = s
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+        if l == cpu.to_string() || t.elapsed() > std::time::Duration::from_secs(5) {
+            break l;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(w.stdin.take());
+    let _ = w.wait();
+    assert_eq!(allowed, cpu.to_string());
+}
