@@ -1356,7 +1356,16 @@ exit 0
             .collect();
         match self.client(live.clone(), secret.as_deref()) {
             Ok(c) => {
-                for (a, r) in c.server_status() {
+                // Every server of the pool's list but the recorded ones
+                // whose PID is not alive: a request to one could only
+                // wait out the RPC timeout (over ofi+shm, a hello to a
+                // killed server's queue does); they are "not running".
+                let ask: Vec<String> = c
+                    .servers()
+                    .into_iter()
+                    .filter(|a| recs.iter().find(|r| r.addr == *a).is_none_or(|r| r.alive))
+                    .collect();
+                for (a, r) in c.server_status_of(&ask) {
                     answered.push((a, r.map_err(|e| e.to_string())));
                 }
             }

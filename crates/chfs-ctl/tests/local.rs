@@ -883,9 +883,39 @@ fn stop_with_a_killed_server(protocol: Option<&str>, killed: usize) {
     let dead_addr = file(killed, "addr");
     let live: u32 = file(1 - killed, "pid").parse().unwrap();
     assert!(chfsd_alive(dead) && chfsd_alive(live));
+    // Over ofi+shm, the killed server's queue file kept open here, as a
+    // client of it would keep it mapped: it stays, and a hello to it
+    // cannot be refused at once (it would wait out the RPC timeout).
+    let held: Vec<std::fs::File> = shm_files_of(dead)
+        .iter()
+        .map(|f| std::fs::File::open(format!("/dev/shm/{f}")).unwrap())
+        .collect();
+    assert_eq!(held.is_empty(), protocol != Some("ofi+shm"));
     // SAFETY: kill(2) on the chfsd this test started (its recorded PID).
     unsafe { libc::kill(dead as i32, libc::SIGKILL) };
     assert!(chfsd_ends(dead), "pid {dead} survived SIGKILL");
+
+    // status does not ask it either: it is "not running", at once.
+    let t = std::time::Instant::now();
+    let out = tool(&ctl, &[&base[..], &["status"]].concat(), &[])
+        .env_remove("CHFS_RPC_TIMEOUT_MSEC")
+        .output()
+        .expect("run chfsctl status");
+    let took = t.elapsed();
+    let listing = text(&out.stdout);
+    eprintln!("chfsctl status with server {killed} killed: {took:?}\n{listing}");
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.contains(&dead_addr) && l.contains("not running")),
+        "{listing}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "chfsctl status took {took:?} (a dead server's timeout waited out?)"
+    );
+    drop(held);
 
     let t = std::time::Instant::now();
     let out = tool(&ctl, &[&base[..], &["stop"]].concat(), &[])
