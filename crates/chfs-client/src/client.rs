@@ -34,6 +34,7 @@ use crate::pool::{Op, Pool, PoolState};
 mod admin;
 mod ahead;
 mod attr;
+mod byserver;
 mod cache;
 mod dir;
 mod io;

@@ -2147,3 +2147,66 @@ fn a_flood_of_hellos_is_bounded() {
     other.mkdir("/after", 0o755).unwrap();
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
+
+/// Sum over the servers of their `reads` counter (a `Read` or a
+/// `ReadSpans` each).
+fn server_reads(c: &chfs_client::Client) -> u64 {
+    c.server_status()
+        .into_iter()
+        .map(|(a, s)| s.unwrap_or_else(|e| panic!("status of {a}: {e}")).reads)
+        .sum()
+}
+
+/// Over the fabric, a read of several chunks is one `ReadSpans` per server
+/// (its data by one RMA each), not one `Read` per chunk; the bytes are
+/// those of plain reads whatever the offset and length: holes, the end
+/// of the file, chunk boundaries, reads past the end.
+#[test]
+fn multi_chunk_reads_over_the_fabric_cost_one_request_per_server() {
+    let Some(p) = fabric_pool(
+        2,
+        "multi_chunk_reads_over_the_fabric_cost_one_request_per_server",
+    ) else {
+        return;
+    };
+    let c = fabric_client(&p);
+    for cs in [4096u32, 65536] {
+        c.set_chunk_size(cs).unwrap();
+        let path = format!("/f{cs}");
+        let size = 40 * cs as usize + 1000;
+        let mut want = pattern(size, cs as u64);
+        // A hole of three chunks and a bit (never written).
+        let hole = (5 * cs as usize + 100)..(8 * cs as usize + 200);
+        want[hole.clone()].fill(0);
+        let fd = c.create(&path, O_RDWR, 0o644).unwrap();
+        c.pwrite(fd, &want[..hole.start], 0).unwrap();
+        c.pwrite(fd, &want[hole.end..], hole.end as u64).unwrap();
+        c.close(fd).unwrap();
+        let fd = c.open(&path, O_RDONLY, 0).unwrap();
+        // 16 chunks from offset 0: 2 requests, not 16.
+        let before = server_reads(&c);
+        let mut b = vec![0u8; 16 * cs as usize];
+        assert_eq!(c.pread(fd, &mut b, 0).unwrap(), b.len());
+        assert!(b[..] == want[..b.len()]);
+        assert_eq!(server_reads(&c) - before, 2, "chunk size {cs}");
+        // Any offset and length.
+        let mut seed = cs as u64;
+        for i in 0..60 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = (seed >> 33) as usize % (size + cs as usize);
+            let len = 1 + (seed >> 13) as usize % (20 * cs as usize);
+            let mut b = vec![0xAAu8; len];
+            let n = c.pread(fd, &mut b, off as u64).unwrap();
+            let end = (off + len).min(size);
+            let expect = end.saturating_sub(off);
+            assert_eq!(n, expect, "read {i}: {len} bytes at {off} of {size}");
+            assert!(
+                b[..n] == want[off.min(size)..][..n],
+                "read {i}: {len} bytes at {off}"
+            );
+        }
+        c.close(fd).unwrap();
+    }
+}

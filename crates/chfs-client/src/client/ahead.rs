@@ -132,6 +132,19 @@ impl DataGens {
 #[derive(Default)]
 pub(crate) struct NoSpans(Mutex<HashSet<String>>);
 
+impl NoSpans {
+    /// Did `addr` answer `ReadSpans` as an unknown request?
+    pub(super) fn has(&self, addr: &str) -> bool {
+        lock(&self.0).contains(addr)
+    }
+
+    /// `addr` answered `ReadSpans` as an unknown request.
+    pub(super) fn add(&self, addr: &str) {
+        tracing::debug!(server = %addr, "no ReadSpans: plain reads from it");
+        lock(&self.0).insert(addr.to_string());
+    }
+}
+
 /// The read-ahead state of one descriptor.
 #[derive(Default)]
 pub(crate) struct ReadAhead {
@@ -385,7 +398,7 @@ impl Client {
                 let server = st.owner_of_hash(&f.path, f.hash, idx);
                 let slot = servers[server].get_or_insert_with(|| {
                     let addr = &list.servers[server];
-                    let plain = lock(&self.inner.no_spans.0).contains(addr);
+                    let plain = self.inner.no_spans.has(addr);
                     (plain, None)
                 });
                 let r = match slot.1 {
@@ -471,9 +484,7 @@ impl Client {
                 }
                 Err(e) => {
                     if e.errno() == libc::EPROTO && o.op == op::READ_SPANS {
-                        let addr = list.servers[o.server].clone();
-                        tracing::debug!(server = %addr, "no ReadSpans: plain reads from it");
-                        lock(&self.inner.no_spans.0).insert(addr);
+                        self.inner.no_spans.add(&list.servers[o.server]);
                     }
                     first_err.get_or_insert(e);
                 }
