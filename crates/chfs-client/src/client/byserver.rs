@@ -9,6 +9,9 @@
 //! is 16 of them, and over `ofi+tcp` the provider's per-operation CPU
 //! halved what such reads moved, compared with 1 MiB chunks.
 //!
+//! Only for chunks of up to 256 KiB ([`CHUNK_MAX`]): larger ones move
+//! straight into the caller's memory, a chunk per RMA, without the copy.
+//!
 //! `ReadSpans` pads each span with zeros, as a plain read's short reply
 //! is padded here, and the read is already cut at the file size this
 //! client knows; so the bytes are those of plain reads. A server that does
@@ -37,6 +40,11 @@ thread_local! {
     /// read (fresh memory would cost a page fault per 4 KiB).
     static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Largest chunk size for which reads go by server: with larger chunks
+/// the per-chunk operations weigh less than the copy out of the buffer
+/// (a chunk's data moves straight into the caller's memory otherwise).
+pub(super) const CHUNK_MAX: u64 = 256 << 10;
 
 /// Most buffers kept per thread.
 const SPARE_KEPT: usize = 4;

@@ -551,7 +551,7 @@ impl Client {
         let cs = f.meta.chunk_size as u64;
         let flags = rw_flags(&f.meta, lock(&f.state).wrote);
         let chunks = ((off + len as u64).saturating_sub(1) / cs - off / cs + 1) as usize;
-        if chunks > 1 {
+        if chunks > 1 && cs <= super::byserver::CHUNK_MAX {
             if let Some(n) = self.read_by_server(&st, &f, &mut buf[..len], off, flags)? {
                 return Ok(n);
             }
