@@ -82,17 +82,11 @@ impl Client {
     pub fn server_status(&self) -> Vec<(String, Result<chfs_proto::msg::ServerStatus>)> {
         let st = self.state();
         let servers = st.ring.list().servers.clone();
-        servers
-            .into_iter()
-            .zip(self.broadcast(&st, &Request::Status))
-            .map(|(a, r)| {
-                let r = r.and_then(|r| match r {
-                    Response::Status(s) => Ok(*s),
-                    other => Err(unexpected(other)),
-                });
-                (a, r)
-            })
-            .collect()
+        statuses(
+            servers
+                .into_iter()
+                .zip(self.broadcast(&st, &Request::Status)),
+        )
     }
 
     /// Status of the servers named (addresses of the pool's list), in the
@@ -103,16 +97,7 @@ impl Client {
         &self,
         servers: &[String],
     ) -> Vec<(String, Result<chfs_proto::msg::ServerStatus>)> {
-        self.ask_each(servers, &Request::Status)
-            .into_iter()
-            .map(|(a, r)| {
-                let r = r.and_then(|r| match r {
-                    Response::Status(s) => Ok(*s),
-                    other => Err(unexpected(other)),
-                });
-                (a, r)
-            })
-            .collect()
+        statuses(self.ask_each(servers, &Request::Status))
     }
 
     /// Asks the servers named to stop (as [`Client::server_status_of`]:
@@ -225,4 +210,20 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// Each server's answer to `Status`, as its status.
+fn statuses(
+    answers: impl IntoIterator<Item = (String, Result<Response>)>,
+) -> Vec<(String, Result<chfs_proto::msg::ServerStatus>)> {
+    answers
+        .into_iter()
+        .map(|(a, r)| {
+            let r = r.and_then(|r| match r {
+                Response::Status(s) => Ok(*s),
+                other => Err(unexpected(other)),
+            });
+            (a, r)
+        })
+        .collect()
 }

@@ -128,6 +128,18 @@ impl DataGens {
     }
 }
 
+/// The `ReadSpans` of `spans` (chunk, offset, length) of `f`'s file.
+pub(super) fn read_spans(f: &OpenFile, flags: u16, spans: Vec<(u64, u32, u32)>) -> Request {
+    Request::ReadSpans {
+        path: f.path.clone(),
+        fileid: f.meta.fileid,
+        chunk_size: f.meta.chunk_size,
+        flags,
+        epoch: f.meta.epoch(),
+        spans,
+    }
+}
+
 /// Servers (by address) that answered `ReadSpans` as an unknown request.
 #[derive(Default)]
 pub(crate) struct NoSpans(Mutex<HashSet<String>>);
@@ -444,14 +456,7 @@ impl Client {
                         epoch: f.meta.epoch(),
                     }
                 } else {
-                    Request::ReadSpans {
-                        path: f.path.clone(),
-                        fileid: f.meta.fileid,
-                        chunk_size: f.meta.chunk_size,
-                        flags,
-                        epoch: f.meta.epoch(),
-                        spans: r.spans.clone(),
-                    }
+                    read_spans(f, flags, r.spans.clone())
                 };
                 Op::req(r.server, &req)
             })

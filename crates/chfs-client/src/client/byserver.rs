@@ -19,7 +19,7 @@
 //! out of date), makes the call a plain read.
 
 use chfs_proto::msg::{op, MAX_SPANS};
-use chfs_proto::{Request, Response};
+use chfs_proto::Response;
 
 use super::{unexpected, Client, OpenFile};
 use crate::conn::Landing;
@@ -114,15 +114,10 @@ impl Client {
         let ops: Vec<Op<'_>> = reqs
             .iter()
             .map(|r| {
-                let req = Request::ReadSpans {
-                    path: f.path.clone(),
-                    fileid: f.meta.fileid,
-                    chunk_size: f.meta.chunk_size,
-                    flags,
-                    epoch: f.meta.epoch(),
-                    spans: r.spans.clone(),
-                };
-                Op::req(r.server, &req)
+                Op::req(
+                    r.server,
+                    &super::ahead::read_spans(f, flags, r.spans.clone()),
+                )
             })
             .collect();
         let mut bufs: Vec<Vec<u8>> = SPARE.with(|s| {
