@@ -1093,7 +1093,6 @@ exit 0
                 who(r)
             ));
         }
-        let is_gone = |a: &str| exited.iter().any(|r| !r.addr.is_empty() && r.addr == a);
         let recorded = |a: &str| recs.iter().find(|r| r.alive && r.addr == a);
         let mut contacts: Vec<String> = recs
             .iter()
@@ -1102,7 +1101,7 @@ exit 0
             .collect();
         if let Some(s) = &self.env_server {
             for a in chfs_client::config::parse_servers(s) {
-                if !is_gone(&a) && !contacts.contains(&a) {
+                if !has_exited(&recs, &a) && !contacts.contains(&a) {
                     contacts.push(a);
                 }
             }
@@ -1133,7 +1132,11 @@ exit 0
         let mut answering: Vec<String> = Vec::new();
         let mut cached = false;
         if let Some(c) = &client {
-            let targets: Vec<String> = c.servers().into_iter().filter(|a| !is_gone(a)).collect();
+            let targets: Vec<String> = c
+                .servers()
+                .into_iter()
+                .filter(|a| !has_exited(&recs, a))
+                .collect();
             for (a, r) in c.server_status_of(&targets) {
                 match r {
                     Ok(s) => {
@@ -1351,7 +1354,7 @@ exit 0
         let mut answered: Vec<(String, Result<chfs_proto::msg::ServerStatus, String>)> = Vec::new();
         let live: Vec<String> = addrs
             .iter()
-            .filter(|a| recs.iter().find(|r| r.addr == **a).is_none_or(|r| r.alive))
+            .filter(|a| !has_exited(&recs, a))
             .cloned()
             .collect();
         match self.client(live.clone(), secret.as_deref()) {
@@ -1363,7 +1366,7 @@ exit 0
                 let ask: Vec<String> = c
                     .servers()
                     .into_iter()
-                    .filter(|a| recs.iter().find(|r| r.addr == *a).is_none_or(|r| r.alive))
+                    .filter(|a| !has_exited(&recs, a))
                     .collect();
                 for (a, r) in c.server_status_of(&ask) {
                     answered.push((a, r.map_err(|e| e.to_string())));
@@ -1524,6 +1527,14 @@ exit 0
         }
         Ok(format!("removed {removed} file(s)\n"))
     }
+}
+
+/// Is `addr` a recorded server whose recorded PID is not alive (and no
+/// live record names it)? Nothing is sent to such a server: a request
+/// could only wait out the RPC timeout.
+fn has_exited(recs: &[Record], addr: &str) -> bool {
+    let mut named = recs.iter().filter(|r| !r.addr.is_empty() && r.addr == addr);
+    named.clone().next().is_some() && named.all(|r| !r.alive)
 }
 
 /// A recorded server as stop names it: `ADDR (host HOST#k, pid P)`.

@@ -75,7 +75,17 @@ impl Client {
         }
         let cs = f.meta.chunk_size as u64;
         let list = st.ring.list();
-        let mut open: Vec<Option<usize>> = vec![None; list.servers.len()];
+        // Over TCP (most pools) this is all it costs a read.
+        let first = st.owner_of_hash(&f.path, f.hash, off / cs);
+        if !list
+            .servers
+            .get(first)
+            .is_some_and(|a| crate::fabric_link::is_fabric(a))
+        {
+            return Ok(None);
+        }
+        // Each server's open request (a pool may have thousands).
+        let mut open: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
         let mut reqs: Vec<Req> = Vec::new();
         let mut pieces = 0;
         let mut done = 0usize;
@@ -91,7 +101,7 @@ impl Client {
             if !crate::fabric_link::is_fabric(addr) || self.inner.no_spans.has(addr) {
                 return Ok(None);
             }
-            let r = match open[server] {
+            let r = match open.get(&server).copied() {
                 Some(r) if reqs[r].spans.len() < MAX_SPANS && reqs[r].len + n <= REQ_MAX => r,
                 _ => {
                     reqs.push(Req {
@@ -100,7 +110,7 @@ impl Client {
                         places: Vec::new(),
                         len: 0,
                     });
-                    open[server] = Some(reqs.len() - 1);
+                    open.insert(server, reqs.len() - 1);
                     reqs.len() - 1
                 }
             };

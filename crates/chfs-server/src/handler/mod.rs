@@ -106,12 +106,8 @@ pub(crate) async fn handle_pieces(
         } = req
         {
             // (No change: nothing for contact servers; see `serve`.)
-            let ns = if sh.is_node_local(&path) {
-                Ns::Plain
-            } else {
-                Ns::of(sh)
-            };
-            ns.touch_read();
+            let ns = Ns::for_path(sh, Some(&path));
+            ns.touch_io();
             return read_spans(sh, ns, &path, fileid, chunk_size, flags, epoch, spans)
                 .map(Served::Pieces);
         }
@@ -159,11 +155,7 @@ async fn tell_contacts(sh: &Arc<Shared>, path: &str, below: bool) {
 
 async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
     let st = &sh.store;
-    // The node-local area is never cached from or written to the backend.
-    let ns = match path_of(&req) {
-        Some(p) if sh.is_node_local(p) => Ns::Plain,
-        _ => Ns::of(sh),
-    };
+    let ns = Ns::for_path(sh, path_of(&req));
     ns.touch(&req);
     match req {
         Request::Ping => Ok(Response::Ok),

@@ -429,26 +429,33 @@ impl<'a> Ns<'a> {
         }
     }
 
-    /// A request from a client arrived: write-back waits for idleness
-    /// (reports and flush requests do not count).
-    pub(super) fn touch(self, req: &Request) {
-        if let Ns::Cached(c) = self {
-            if !matches!(
-                req,
-                Request::Ping
-                    | Request::Status
-                    | Request::FlushStatus { .. }
-                    | Request::Flush { .. }
-                    | Request::GetServers
-            ) {
-                c.touch();
-            }
+    /// The namespace of a request about `path` (None: about no path) on
+    /// server `sh`: the node-local area is never cached from or written
+    /// to the backend.
+    pub(super) fn for_path(sh: &'a Shared, path: Option<&str>) -> Ns<'a> {
+        match path {
+            Some(p) if sh.is_node_local(p) => Ns::Plain,
+            _ => Ns::of(sh),
         }
     }
 
-    /// [`Ns::touch`] for a read (any request but the few that do not
-    /// count as I/O).
-    pub(super) fn touch_read(self) {
+    /// A request from a client arrived: write-back waits for idleness
+    /// (reports and flush requests do not count).
+    pub(super) fn touch(self, req: &Request) {
+        if !matches!(
+            req,
+            Request::Ping
+                | Request::Status
+                | Request::FlushStatus { .. }
+                | Request::Flush { .. }
+                | Request::GetServers
+        ) {
+            self.touch_io();
+        }
+    }
+
+    /// [`Ns::touch`] for a request known to be I/O (a read).
+    pub(super) fn touch_io(self) {
         if let Ns::Cached(c) = self {
             c.touch();
         }
