@@ -105,6 +105,10 @@ pub struct ClientStats {
     /// read whose answer is not landed in a caller's buffer).
     pub rma_lent: u64,
     pub rma_copied: u64,
+    /// Slots of the landing area (where local servers place read-ahead
+    /// data, `FLAG_LAND`) given up for good: their reads failed, and a
+    /// server might still write them.
+    pub landing_lost: u64,
 }
 
 struct Inner {
@@ -320,6 +324,7 @@ impl Client {
             poll_misses: self.inner.pool.poll_counts().1,
             rma_lent: self.inner.pool.rma_counts().0,
             rma_copied: self.inner.pool.rma_counts().1,
+            landing_lost: self.inner.pool.landing_quarantined() as u64,
         }
     }
 

@@ -16,12 +16,12 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, HEADER_LEN};
+use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, FLAG_LAND, HEADER_LEN};
 use chfs_proto::handshake::{Auth, Connector, Credential, HelloReply, Verdict};
 use chfs_proto::msg::{decode_error, op, DATA_TAG};
 use chfs_proto::{Request, Response};
@@ -106,6 +106,9 @@ pub(crate) struct Conn {
     /// The client's shared-memory window was offered (see
     /// [`Conn::offer_window`]).
     window_offered: AtomicBool,
+    /// The client's landing area: 0 not offered yet, 1 being offered, 2
+    /// the server agreed, 3 it refused ([`Conn::lands_in`]).
+    landing: AtomicU8,
     /// Our pid at connect (a forked child has another address space: it
     /// sends its data through the socket).
     pid: u32,
@@ -651,6 +654,7 @@ impl Conn {
             timeout,
             cma: AtomicBool::new(false),
             window_offered: AtomicBool::new(false),
+            landing: AtomicU8::new(0),
             pid: crate::process_id(),
             local,
             fd,
@@ -753,7 +757,7 @@ impl Conn {
     fn probe_cma(&self) {
         let probe = (CmaRef::clock_ns() ^ (self as *const Self as u64)).to_le_bytes();
         let r = self
-            .send_frame(op::PING, &[], &[], Some(&probe))
+            .send_frame(op::PING, &[], &[], Some(&probe), FLAG_CMA)
             .map(|t| self.wait(t));
         if let Ok(Ok(Response::Data(d))) = r {
             if d[..] == probe[..] {
@@ -883,14 +887,91 @@ impl Conn {
             && self.cma.load(Ordering::Relaxed)
             && crate::process_id() == self.pid
         {
-            return self.send_frame(op, head, &[], Some(tail));
+            return self.send_frame(op, head, &[], Some(tail), FLAG_CMA);
         }
-        self.send_frame(op, head, tail, None)
+        self.send_frame(op, head, tail, None, 0)
     }
 
-    /// Sends a frame: `head`, then `tail` in the frame or, with `cma`, a
-    /// [`CmaRef`] naming that memory instead.
-    fn send_frame(&self, op: u16, head: &[u8], tail: &[u8], cma: Option<&[u8]>) -> Result<Ticket> {
+    /// Will the server place replies' data in `area` (a local server of
+    /// our user that mapped it)? Offered once per connection (by the
+    /// first caller; the others read through the socket meanwhile).
+    pub fn lands_in(&self, area: &crate::shm::Landing) -> bool {
+        if !self.local || !self.cma.load(Ordering::Relaxed) || crate::process_id() != self.pid {
+            return false;
+        }
+        match self.landing.load(Ordering::Acquire) {
+            2 => return true,
+            0 => {}
+            _ => return false,
+        }
+        if self
+            .landing
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        let r = with_buffer(&HEAD, |head| {
+            let req = area.attach_request();
+            req.encode(head);
+            self.send_frame(req.op(), head, &[], None, FLAG_LAND)
+        })
+        .and_then(|t| self.wait(t));
+        let state = match &r {
+            Ok(Response::Ok) => 2,
+            // Not answered: offered again by a later read.
+            Err(e) if e.errno() == libc::ETIMEDOUT || e.conn_fault() != ConnFault::None => 0,
+            Err(e) => {
+                tracing::debug!(server = %self.addr, "no landing window: {e}");
+                3
+            }
+            Ok(_) => 3,
+        };
+        self.landing.store(state, Ordering::Release);
+        state == 2
+    }
+
+    /// Sends a read whose data the server is to place in `room` of the
+    /// landing area ([`Conn::lands_in`]): the caller waits for it with
+    /// [`Conn::wait_landing`] and never uses the room again if that fails.
+    pub fn send_landing(&self, op: u16, head: &[u8], room: &[u8]) -> Result<Ticket> {
+        self.send_frame(op, head, &[], Some(room), FLAG_LAND)
+    }
+
+    /// Waits for a read sent with [`Conn::send_landing`]: its data is in
+    /// `dst` (the room named) when it succeeds. A failure is never sent
+    /// again by the pool (not even on a new connection when this one
+    /// broke: the server might still write the room meanwhile).
+    pub fn wait_landing(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
+        match self.wait(t) {
+            Ok(Response::Written(n)) if n as usize <= dst.len() => Ok(Landing::Landed(n as usize)),
+            Ok(Response::Written(n)) => Err(Error::new(
+                libc::EPROTO,
+                format!(
+                    "server {}: placed {n} bytes in a room of {}",
+                    self.addr,
+                    dst.len()
+                ),
+            )),
+            Ok(other) => Ok(Landing::Reply(other)),
+            Err(e) => Err(match e.conn_fault() {
+                ConnFault::NotSent => e,
+                _ => e.with_conn_fault(ConnFault::None),
+            }),
+        }
+    }
+
+    /// Sends a frame: `head`, then `tail` in the frame or, with `mem`, a
+    /// [`CmaRef`] naming that memory instead (of the data: `FLAG_CMA`; of
+    /// the room for the reply's data: `FLAG_LAND`), with `flags`.
+    fn send_frame(
+        &self,
+        op: u16,
+        head: &[u8],
+        tail: &[u8],
+        mem: Option<&[u8]>,
+        flags: u16,
+    ) -> Result<Ticket> {
         let addr = &self.addr;
         if !self.alive() {
             return Err(
@@ -900,7 +981,7 @@ impl Conn {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         lock(&self.state).pending.insert(id, None);
-        let trailer = cma.map(|m| {
+        let trailer = mem.map(|m| {
             CmaRef {
                 addr: m.as_ptr() as u64,
                 len: m.len() as u64,
@@ -914,7 +995,7 @@ impl Conn {
             len: (head.len() + tail.len() + trailer.len()) as u32,
             id,
             op,
-            flags: if cma.is_some() { FLAG_CMA } else { 0 },
+            flags,
         };
         let r = with_buffer(&FRAME, |buf| {
             buf.extend_from_slice(&h.encode());

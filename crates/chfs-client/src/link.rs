@@ -31,6 +31,9 @@ pub(crate) enum Ticket<'a> {
     Socket(conn::Ticket),
     /// A read whose data lands in the destination when the answer comes.
     SocketInto(conn::Ticket, &'a mut [u8]),
+    /// A read whose data the server places in the destination, in the
+    /// client's landing area (`FLAG_LAND`).
+    SocketLanding(conn::Ticket, &'a mut [u8]),
     Fabric(crate::fabric_link::FabricTicket<'a>),
 }
 
@@ -92,6 +95,15 @@ impl Link {
         }
     }
 
+    /// Does the server place reads' data in the landing area `area` (and
+    /// take writes' data from it)? (Local sockets only.)
+    pub fn lands_in(&self, area: &crate::shm::Landing) -> bool {
+        match self {
+            Link::Socket(c) => c.lands_in(area),
+            Link::Fabric(_) => false,
+        }
+    }
+
     /// Tells a local server about the shared window (sockets only).
     pub fn offer_window(&self, w: &crate::shm::Window) {
         if let Link::Socket(c) = self {
@@ -110,9 +122,23 @@ impl Link {
 
     /// Sends a read (`head` the request) whose data is to land in `dst`
     /// ([`Link::wait_landed`]); a fabric server may write it there by RMA
-    /// while the request is in flight.
-    pub fn send_read<'a>(&self, op: u16, head: &[u8], dst: &'a mut [u8]) -> Result<Ticket<'a>> {
+    /// while the request is in flight, and a local server that mapped the
+    /// landing area `area` writes it there itself when `dst` lies in it.
+    /// A read into `area` that fails must not use `dst` again.
+    pub fn send_read<'a>(
+        &self,
+        op: u16,
+        head: &[u8],
+        dst: &'a mut [u8],
+        area: Option<&crate::shm::Landing>,
+    ) -> Result<Ticket<'a>> {
         match self {
+            Link::Socket(c)
+                if area.is_some_and(|a| a.holds(dst.as_ptr(), dst.len()) && c.lands_in(a)) =>
+            {
+                c.send_landing(op, head, dst)
+                    .map(|t| Ticket::SocketLanding(t, dst))
+            }
             Link::Socket(c) => c
                 .send_raw(op, head, &[])
                 .map(|t| Ticket::SocketInto(t, dst)),
@@ -133,6 +159,10 @@ impl Link {
         match (self, t) {
             (Link::Socket(c), Ticket::Socket(t)) => c.wait(t),
             (Link::Socket(c), Ticket::SocketInto(t, _)) => c.wait(t),
+            (Link::Socket(c), Ticket::SocketLanding(t, dst)) => match c.wait_landing(t, dst)? {
+                Landing::Reply(r) => Ok(r),
+                Landing::Landed(n) => Ok(Response::Data(bytes::Bytes::copy_from_slice(&dst[..n]))),
+            },
             (Link::Fabric(f), Ticket::Fabric(t)) => f.wait(t),
             _ => unreachable!("a ticket is waited for on its own link"),
         }
@@ -144,6 +174,7 @@ impl Link {
     pub fn wait_landed(&self, t: Ticket<'_>) -> Result<Landing> {
         match (self, t) {
             (Link::Socket(c), Ticket::SocketInto(t, dst)) => c.wait_into(t, dst),
+            (Link::Socket(c), Ticket::SocketLanding(t, dst)) => c.wait_landing(t, dst),
             (Link::Socket(c), Ticket::Socket(t)) => c.wait(t).map(Landing::Reply),
             (Link::Fabric(f), Ticket::Fabric(t)) => f.wait_into(t, None),
             _ => unreachable!("a ticket is waited for on its own link"),

@@ -77,6 +77,9 @@ pub(crate) struct Pool {
     lanes: AtomicU8,
     /// Memory local servers map too ([`crate::Client::shared_buffer`]).
     window: OnceLock<Arc<Window>>,
+    /// Where local servers place reads' data ([`crate::shm::Landing`]),
+    /// made on first use; None when it cannot be made (or `CHFS_CMA=0`).
+    landing: OnceLock<Option<(u32, Arc<crate::shm::Landing>)>>,
     /// Polling for replies, over every connection ([`crate::poll`]).
     polls: Arc<Counts>,
     /// Chooses among candidate contact servers.
@@ -126,6 +129,7 @@ impl Pool {
             seed,
             lanes: AtomicU8::new(lanes_code(cfg.cpu_lanes)),
             window: OnceLock::new(),
+            landing: OnceLock::new(),
             node_local: OnceLock::new(),
             polls,
             cfg,
@@ -215,6 +219,42 @@ impl Pool {
             c.offer_window(w);
         }
         Ok(c)
+    }
+
+    /// A slot of the landing area for `len` bytes of a read from, or a
+    /// write to, server `i`, when it is on this host and maps the area
+    /// (see [`crate::shm::Landing`]) and a slot is free.
+    pub fn landing_slot(&self, st: &PoolState, i: usize, len: usize) -> Option<crate::shm::Slot> {
+        if len > crate::shm::SLOT {
+            return None;
+        }
+        let (pid, area) = self
+            .landing
+            .get_or_init(|| {
+                self.cfg
+                    .cma
+                    .then(|| crate::shm::Landing::new().ok())
+                    .flatten()
+                    .map(|a| (crate::process_id(), Arc::new(a)))
+            })
+            .as_ref()?;
+        // (A forked child shares the area's pages with its parent.)
+        if *pid != crate::process_id() {
+            return None;
+        }
+        let c = self.conn(st, i).ok()?;
+        if !c.is_local() || !c.lands_in(area) {
+            return None;
+        }
+        area.take(len)
+    }
+
+    /// Landing-area slots given up for good (their reads failed).
+    pub fn landing_quarantined(&self) -> usize {
+        self.landing
+            .get()
+            .and_then(|a| a.as_ref())
+            .map_or(0, |(_, a)| a.quarantined())
     }
 
     /// Makes `w` the memory local servers are told about (once).
@@ -426,6 +466,11 @@ impl Pool {
         // server may write it by RMA while the request is in flight);
         // `which` is in ascending order.
         let mut slots = dsts.iter_mut().enumerate();
+        let area = self
+            .landing
+            .get()
+            .and_then(|a| a.as_ref())
+            .map(|(_, a)| &**a);
         let mut inflight: VecDeque<(usize, Arc<Link>, Ticket<'_>)> = VecDeque::new();
         for i in which {
             if inflight.len() >= window {
@@ -441,7 +486,7 @@ impl Pool {
             let dst: &mut [u8] = dst;
             match self
                 .conn(st, op.server)
-                .and_then(|c| c.send_read(op.op, &op.head, dst).map(|t| (c, t)))
+                .and_then(|c| c.send_read(op.op, &op.head, dst, area).map(|t| (c, t)))
             {
                 Ok((c, t)) => inflight.push_back((i, c, t)),
                 Err(e) => results[i] = Some(Err(e)),

@@ -1,5 +1,7 @@
-//! A shared-memory window: memory of this process that local servers map
-//! too (see [`crate::Client::shared_buffer`]).
+//! Shared-memory windows: memory of this process that local servers map
+//! too: one they copy writes' data from (see
+//! [`crate::Client::shared_buffer`]), and the landing area they place
+//! reads' data in ([`Landing`]).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -40,6 +42,15 @@ impl Window {
         let map = Mapping::shared_read_write(&fd, len)
             .map_err(|e| os_err("mapping the shared buffer", e))?;
         Ok(Window { map, fd })
+    }
+
+    /// Does `[p, p + len)` lie in this window?
+    pub(crate) fn holds(&self, p: *const u8, len: usize) -> bool {
+        let base = self.map.as_ptr() as usize;
+        let a = p as usize;
+        a >= base
+            && a.checked_add(len)
+                .is_some_and(|e| e <= base + self.map.len())
     }
 
     /// The request that tells a local server about this window.
@@ -85,5 +96,121 @@ impl std::fmt::Debug for SharedBuffer {
             .field("ptr", &self.window.map.as_ptr())
             .field("len", &self.window.map.len())
             .finish()
+    }
+}
+
+/// Bytes of one landing slot: a read-ahead request's reply at the default
+/// `CHFS_READ_AHEAD` (larger ones come through the socket).
+pub(crate) const SLOT: usize = 1 << 20;
+
+/// Slots of the landing area (its pages are only allocated as they are
+/// first written, and the slot freed last is taken first: a process uses
+/// as many as it has reads in flight at once).
+const SLOTS: usize = 32;
+
+/// Smallest read that goes through the landing area.
+pub(crate) const LAND_MIN: usize = 16 * 1024;
+
+/// Where local servers place the data of this client's reads instead of
+/// sending it through the socket ([`chfs_proto::frame::FLAG_LAND`]): a
+/// memory file mapped here and, read-write, by each local server that
+/// agrees (per connection), cut into [`SLOT`]-byte slots. A slot is the
+/// room of one request at a time. One whose request failed is never used
+/// again (quarantined): the server may still be about to write it (a
+/// request that timed out, a connection that broke).
+pub(crate) struct Landing {
+    window: Window,
+    /// Free slots, the most recently freed last (its pages are warm).
+    free: std::sync::Mutex<Vec<u32>>,
+    quarantined: std::sync::atomic::AtomicUsize,
+}
+
+impl Landing {
+    /// A landing area of [`SLOTS`] slots.
+    pub(crate) fn new() -> Result<Landing> {
+        Ok(Landing {
+            window: Window::new(SLOT * SLOTS)?,
+            free: std::sync::Mutex::new((0..SLOTS as u32).rev().collect()),
+            quarantined: Default::default(),
+        })
+    }
+
+    /// The request that tells a local server about this area (sent with
+    /// `FLAG_LAND`).
+    pub(crate) fn attach_request(&self) -> Request {
+        self.window.attach_request()
+    }
+
+    /// Does `[p, p + len)` lie in this area?
+    pub(crate) fn holds(&self, p: *const u8, len: usize) -> bool {
+        self.window.holds(p, len)
+    }
+
+    /// A free slot with room for `len` bytes, if any.
+    pub(crate) fn take(self: &Arc<Self>, len: usize) -> Option<Slot> {
+        if len > SLOT {
+            return None;
+        }
+        let i = chfs_sys::lock(&self.free).pop()?;
+        Some(Slot {
+            area: self.clone(),
+            i,
+            len,
+            lost: false,
+        })
+    }
+
+    /// Slots given up for good.
+    pub(crate) fn quarantined(&self) -> usize {
+        self.quarantined.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// One slot of a [`Landing`] area, `len` bytes of it in use; back to the
+/// area when dropped, unless quarantined.
+pub(crate) struct Slot {
+    area: Arc<Landing>,
+    i: u32,
+    len: usize,
+    /// Quarantined: never back to the area.
+    lost: bool,
+}
+
+impl Slot {
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: slot `i` < SLOTS lies in the mapping of SLOT * SLOTS bytes.
+        unsafe { self.area.window.map.as_ptr().add(self.i as usize * SLOT) }
+    }
+
+    /// The bytes in use.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `len <= SLOT` bytes of this slot, which nobody else in
+        // this process uses while it is held; a server writes it only
+        // while a request of ours names it, and a slot whose request did
+        // not end cleanly is never used again (`quarantine`).
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+
+    /// The bytes in use, to be written (by this process or, through a
+    /// request naming them, a server).
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, held exclusively through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
+    }
+
+    /// Gives the slot up for good: a server may still write it.
+    pub(crate) fn quarantine(mut self) {
+        self.area
+            .quarantined
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lost = true;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.lost {
+            chfs_sys::lock(&self.area.free).push(self.i);
+        }
     }
 }

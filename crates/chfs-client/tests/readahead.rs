@@ -423,3 +423,148 @@ fn strided_records_over_ofi_tcp_cost_one_request_per_chunk() {
     );
     small.close(fd).unwrap();
 }
+
+/// Sum over the servers of their `shm_reads` counter (reads whose data
+/// they placed in a client's landing area).
+fn server_landings(c: &Client) -> u64 {
+    c.server_status()
+        .into_iter()
+        .map(|(a, s)| s.unwrap_or_else(|e| panic!("status of {a}: {e}")).shm_reads)
+        .sum()
+}
+
+/// Records fetched ahead from servers on this host are placed by them in
+/// the client's landing area (shared memory: no copy through the socket),
+/// one request per window as before; not with `CHFS_CMA=0`, nor over TCP.
+#[test]
+fn records_from_local_servers_land_in_shared_memory() {
+    let p = LocalPool::start(2).expect("pool");
+    let w = client(&p, |_| {});
+    let want = make_file(&w, "/hard", 16 << 20, 47008 * 4 * 80, &[]);
+    let on = client(&p, |c| c.read_ahead = 1 << 20);
+    let before = server_landings(&on);
+    assert_eq!(hard_reads(&on, "/hard", &want, 46), (2 + 2, 2 + 2));
+    // (The two plain reads that find the pattern land too.)
+    assert_eq!(server_landings(&on) - before, 2 + 2);
+    // 64 KiB chunks: a window's pieces from both servers, both landed
+    // (and the parts of the two plain reads, 18-28 KB each).
+    let before = server_landings(&on);
+    records_of_64k_chunks_cost_a_request_per_server(&w, &on);
+    assert_eq!(server_landings(&on) - before, 4 + 2);
+    for (what, c) in [
+        (
+            "CHFS_CMA=0",
+            client(&p, |c| {
+                c.read_ahead = 1 << 20;
+                c.cma = false;
+            }),
+        ),
+        (
+            "TCP",
+            client(&p, |c| {
+                c.read_ahead = 1 << 20;
+                c.local_socket = false;
+            }),
+        ),
+    ] {
+        let before = server_landings(&c);
+        assert_eq!(hard_reads(&c, "/hard", &want, 46), (2 + 2, 2 + 2), "{what}");
+        assert_eq!(server_landings(&c) - before, 0, "{what}");
+    }
+    assert_eq!(on.stats().landing_lost, 0);
+}
+
+/// A window's read that times out gives its slot of the landing area up
+/// for good (the server may still write it), and the server, once it
+/// runs again, no longer writes it (past the request's deadline); later
+/// windows land in other slots and give the right bytes.
+#[test]
+fn a_landing_read_that_times_out_gives_its_slot_up() {
+    let p = LocalPool::start(2).expect("pool");
+    let w = client(&p, |_| {});
+    let want = make_file(&w, "/hard", 16 << 20, 47008 * 4 * 80, &[]);
+    let c = client(&p, |c| {
+        c.read_ahead = 1 << 20;
+        c.rpc_timeout = Duration::from_millis(700);
+    });
+    let fd = c.open("/hard", libc::O_RDONLY, 0).unwrap();
+    let rec = |i: u64| 47008 * (4 * i + 1);
+    // Records 0 and 1 read plainly, 2..24 fetched ahead in one window:
+    // all landed.
+    for i in 0..24 {
+        assert!(pread(&c, fd, rec(i), 47008) == model(&want, rec(i), 47008));
+    }
+    let landed = server_landings(&c);
+    assert_eq!(landed, 3);
+    for i in 0..2 {
+        p.signal(i, libc::SIGSTOP).unwrap();
+        let stat = format!("/proc/{}/stat", p.pid(i).unwrap());
+        while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // The next window's fetch times out, then the plain read does: two
+    // slots given up.
+    let mut b = vec![0u8; 47008];
+    let e = c.pread(fd, &mut b, rec(24)).unwrap_err();
+    assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
+    assert_eq!(c.stats().landing_lost, 2);
+    for i in 0..2 {
+        p.signal(i, libc::SIGCONT).unwrap();
+    }
+    // (The stopped server's late answers come and go meanwhile.)
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(server_landings(&c), landed);
+    for i in 24..70 {
+        assert!(
+            pread(&c, fd, rec(i), 47008) == model(&want, rec(i), 47008),
+            "record {i}"
+        );
+    }
+    assert!(server_landings(&c) > landed);
+    assert_eq!(c.stats().landing_lost, 2);
+    c.close(fd).unwrap();
+}
+
+/// Plain reads (no read-ahead) of chunks of 16 KiB or more from servers
+/// on this host come through the landing area too, at most 8 chunks per
+/// call (the rest through the socket), the same bytes either way; small
+/// ones, and with `CHFS_CMA=0` all, through the socket.
+#[test]
+fn plain_reads_from_local_servers_land_in_shared_memory() {
+    let p = LocalPool::start(2).expect("pool");
+    let c = client(&p, |c| c.read_ahead = 0);
+    let want = make_file(&c, "/big", 1 << 20, 16 << 20, &[(5 << 20, 6 << 20)]);
+    let fd = c.open("/big", libc::O_RDONLY, 0).unwrap();
+    let landed = |f: &dyn Fn()| {
+        let before = server_landings(&c);
+        f();
+        server_landings(&c) - before
+    };
+    // 4 chunks, one of them a hole.
+    assert_eq!(
+        landed(&|| assert!(pread(&c, fd, 3 << 20, 4 << 20) == model(&want, 3 << 20, 4 << 20))),
+        4
+    );
+    // 16 chunks and a bit: 8 landed.
+    assert_eq!(
+        landed(&|| assert!(pread(&c, fd, 100, 16 << 20) == model(&want, 100, 16 << 20))),
+        8
+    );
+    // Small parts: through the socket.
+    assert_eq!(
+        landed(&|| assert!(
+            pread(&c, fd, (1 << 20) - 4000, 8000) == model(&want, (1 << 20) - 4000, 8000)
+        )),
+        0
+    );
+    c.close(fd).unwrap();
+    let off = client(&p, |c| {
+        c.read_ahead = 0;
+        c.cma = false;
+    });
+    let fd = off.open("/big", libc::O_RDONLY, 0).unwrap();
+    assert_eq!(landed(&|| assert!(pread(&off, fd, 0, 16 << 20) == want)), 0);
+    off.close(fd).unwrap();
+    assert_eq!(c.stats().landing_lost, 0);
+}

@@ -36,7 +36,20 @@ pub const FLAG_FORWARDED: u16 = 2;
 /// with the bytes it read, so the client knows the path works).
 pub const FLAG_CMA: u16 = 4;
 
-/// Where the data of a [`FLAG_CMA`] request lies in the sender's memory.
+/// Request flag, local (Unix socket) connections only: the reply's data is
+/// not to be sent in the frame but placed in the sender's landing window,
+/// a shared-memory window it attached with this flag on `SHM_ATTACH`
+/// (which the server maps read-write), at the [`CmaRef`] at the end of
+/// the payload (`len`: the room there). Allowed on `READ` and
+/// `READ_SPANS`; answered `Written(n)`, `n` the bytes placed (a short
+/// read's less), or with an error, after which the sender never uses that
+/// room again (the server might still write it). A server past the
+/// deadline no longer writes there. On `SHM_ATTACH`: the window is one
+/// replies land in.
+pub const FLAG_LAND: u16 = 8;
+
+/// Where the data of a [`FLAG_CMA`] request lies in the sender's memory
+/// (of a [`FLAG_LAND`] request: where its reply's data goes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmaRef {
     /// Address in the sender's address space.

@@ -34,8 +34,9 @@ pub use msg::{Request, Response};
 /// `fabric_no_session`/`fabric_no_session_dropped`, and over the fabric
 /// lent frames, `FLAG_LENT` and `OP_RELEASE` of chfs-fabric's `rpc`; 12:
 /// `ServerStatus::fabric_replies_dropped`/`fabric_lent_pulls`/
-/// `fabric_rma_most`/`fabric_hellos_dropped`).
-pub const PROTOCOL_VERSION: u16 = 12;
+/// `fabric_rma_most`/`fabric_hellos_dropped`; 13: `FLAG_LAND` and
+/// `ServerStatus::shm_reads`).
+pub const PROTOCOL_VERSION: u16 = 13;
 
 /// Largest chunk size a file may have (64 MiB).
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;

@@ -341,6 +341,10 @@ pub struct ServerStatus {
     /// Fabric: hellos not answered because too many handshake messages
     /// were on their way (a flood of hellos naming dead addresses).
     pub fabric_hellos_dropped: u64,
+    /// Reads whose data the server placed in a local client's landing
+    /// window ([`crate::frame::FLAG_LAND`]) instead of the reply, since
+    /// start.
+    pub shm_reads: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1485,6 +1489,7 @@ impl Response {
                 out.put_u64(s.fabric_lent_pulls);
                 out.put_u64(s.fabric_rma_most);
                 out.put_u64(s.fabric_hellos_dropped);
+                out.put_u64(s.shm_reads);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1599,6 +1604,7 @@ impl Response {
                 fabric_lent_pulls: r.u64()?,
                 fabric_rma_most: r.u64()?,
                 fabric_hellos_dropped: r.u64()?,
+                shm_reads: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -2105,6 +2111,7 @@ mod tests {
                 fabric_lent_pulls: 22,
                 fabric_rma_most: 23,
                 fabric_hellos_dropped: 24,
+                shm_reads: 25,
                 ..Default::default()
             })),
             Response::Count(7),

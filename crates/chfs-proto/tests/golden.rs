@@ -24,7 +24,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use chfs_proto::frame::{
-    CmaRef, Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED, HEADER_LEN, MAX_PAYLOAD,
+    CmaRef, Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED, FLAG_LAND, HEADER_LEN, MAX_PAYLOAD,
 };
 use chfs_proto::handshake::{
     accept, accepted, version_refusal, Accept, Auth, Credential, Hello, HelloReply, Keys, Role,
@@ -197,7 +197,7 @@ fn with_meta<'a>(head: &[&'a str], meta_hex: &[&'a str], tail: &[&'a str]) -> Ve
 fn protocol_constants() {
     // A bump of the version is a deliberate edit of this line, made with
     // the literals below that changed.
-    assert_eq!(PROTOCOL_VERSION, 12);
+    assert_eq!(PROTOCOL_VERSION, 13);
     assert_eq!(MAGIC, *b"CHFS-RS\x01");
     assert_eq!(HEADER_LEN, 16);
     assert_eq!(META_LEN, 64);
@@ -209,7 +209,10 @@ fn protocol_constants() {
     assert_eq!(chfs_proto::DEFAULT_PORT, 50000);
     assert_eq!(chfs_proto::ring::MAX_SERVERS, 65536);
     assert_eq!(CmaRef::LEN, 24);
-    assert_eq!((FLAG_ERROR, FLAG_FORWARDED, FLAG_CMA), (1, 2, 4));
+    assert_eq!(
+        (FLAG_ERROR, FLAG_FORWARDED, FLAG_CMA, FLAG_LAND),
+        (1, 2, 4, 8)
+    );
     assert_eq!(
         [
             meta::FLAG_DIRTY,
@@ -986,6 +989,7 @@ fn responses() {
         fabric_lent_pulls: 0x28,
         fabric_rma_most: 0x29,
         fabric_hellos_dropped: 0x2a,
+        shm_reads: 0x2b,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -1047,6 +1051,7 @@ fn responses() {
                 "2800000000000000",  // fabric_lent_pulls
                 "2900000000000000",  // fabric_rma_most
                 "2a00000000000000",  // fabric_hellos_dropped
+                "2b00000000000000",  // shm_reads
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes
@@ -1336,7 +1341,7 @@ fn handshake_messages() {
         &hello.encode(),
         &[
             "434846532d525301", // magic "CHFS-RS\x01"
-            "0c00",             // version u16
+            "0d00",             // version u16
             "02",               // role (server)
             "01",               // has_key
             "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", // nonce
@@ -1354,7 +1359,7 @@ fn handshake_messages() {
         &open.encode(),
         &[
             "434846532d525301", // magic
-            "0c00",             // version
+            "0d00",             // version
             "00000000",         // status i32
             "0000",             // message length u16, no message
             "00",               // auth: open
@@ -1374,7 +1379,7 @@ fn handshake_messages() {
         &challenge.encode(),
         &[
             "434846532d525301", // magic
-            "0c00",             // version
+            "0d00",             // version
             "00000000",         // status
             "0000",             // message length
             "01",               // auth: challenge
@@ -1388,7 +1393,7 @@ fn handshake_messages() {
         &refusal.encode(),
         &[
             "434846532d525301", // magic
-            "0c00",             // version
+            "0d00",             // version
             "0d000000",         // status (EACCES)
             "0200 6e6f",        // message "no"; no auth byte after a refusal
         ],
@@ -1400,13 +1405,13 @@ fn handshake_messages() {
         &version_refusal(3).encode(),
         &[
             "434846532d525301", // magic
-            "0c00",             // the acceptor's version
+            "0d00",             // the acceptor's version
             "47000000",         // status (EPROTO)
             "7300",             // message length (115)
-            // "protocol version 3 not supported: this server speaks version 12
+            // "protocol version 3 not supported: this server speaks version 13
             // (use client and server of the same chfs-rs release)"
             "70726f746f636f6c2076657273696f6e2033206e6f7420737570706f727465643a20",
-            "746869732073657276657220737065616b732076657273696f6e20313220",
+            "746869732073657276657220737065616b732076657273696f6e20313320",
             "2875736520636c69656e7420616e6420736572766572206f66207468652073616d65",
             "20636866732d72732072656c6561736529",
         ],
@@ -1510,7 +1515,7 @@ fn handshake_keys_and_proofs() {
             &[1; 32],
             &[2; 32],
         ),
-        &["daa88b17051ec1050af16abb73a731d614fc0d3d11570bda6bd13a2efea5ea69"],
+        &["7d69477a19871b8e594635e67febbcf7128569b02ebe8eab42bfd3515e130e14"],
     );
     g.finish();
 }

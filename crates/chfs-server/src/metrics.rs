@@ -22,6 +22,9 @@ pub struct Counters {
     /// Of those, writes copied from a shared-memory window the client
     /// attached (`ShmAttach`).
     pub shm_writes: AtomicU64,
+    /// Reads whose data went into a local client's landing window
+    /// (`FLAG_LAND`).
+    pub shm_reads: AtomicU64,
     /// Reads and writes refused with EIO because the chunk may have been lost
     /// with an earlier incarnation of this server's store.
     pub lost: AtomicU64,

@@ -19,6 +19,13 @@
 //! only, and a client that changes its data during a write gets a chunk
 //! of old and new bytes, as with `process_vm_readv`.
 //!
+//! A *landing* window (attached with [`chfs_proto::frame::FLAG_LAND`]) is
+//! mapped read-write: reads flagged `FLAG_LAND` have their data copied
+//! into it at the room their [`chfs_proto::frame::CmaRef`] names
+//! ([`Window::land`]) instead of sent through the socket. The client never
+//! uses a room again whose read did not end cleanly, and the server does
+//! not write one past the request's deadline.
+//!
 //! [`Request::ShmAttach`]: chfs_proto::Request::ShmAttach
 
 use bytes::{Bytes, BytesMut};
@@ -29,14 +36,17 @@ use chfs_sys::{memfd, Mapping};
 /// only, but a bound keeps a bad request from asking for the impossible).
 const MAX_WINDOW: u64 = 1 << 36;
 
-/// The server's read-only mapping of a client's window, read through raw
-/// pointers only (the client writes it concurrently in any case), unmapped
-/// when the last owner goes.
+/// The server's mapping of a client's window (read-only, or read-write
+/// for a landing window), reached through raw pointers only (the client
+/// touches it concurrently in any case), unmapped when the last owner
+/// goes.
 pub(crate) struct Window {
     /// Where the client maps the file.
     base: u64,
     /// Where the server maps it.
     map: Mapping,
+    /// Mapped read-write: a landing window.
+    writable: bool,
 }
 
 fn io_err(what: &str, e: std::io::Error) -> ErrorReply {
@@ -47,11 +57,14 @@ impl Window {
     /// Maps descriptor `fd` of process `pid` (opened through `/proc`, which
     /// the kernel allows only to a process that may trace `pid`, as for
     /// cross-memory attach).
+    /// `writable`: a landing window ([`chfs_proto::frame::FLAG_LAND`]),
+    /// which the server writes replies' data into.
     pub(crate) fn attach(
         pid: libc::pid_t,
         fd: i32,
         base: u64,
         len: u64,
+        writable: bool,
     ) -> Result<Window, ErrorReply> {
         if len == 0 || len > MAX_WINDOW || base.checked_add(len).is_none() {
             return Err(ErrorReply::new(
@@ -60,7 +73,11 @@ impl Window {
             ));
         }
         let path = format!("/proc/{pid}/fd/{fd}");
-        let file = std::fs::File::open(&path).map_err(|e| io_err(&path, e))?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(&path)
+            .map_err(|e| io_err(&path, e))?;
         // Only plain shared memory: a hugetlb file, say, may have no page
         // to give when the server reads a hole, and that is a SIGBUS.
         if !memfd::on_tmpfs(&file) {
@@ -86,9 +103,59 @@ impl Window {
         }
         // The file cannot shrink (sealed), so every mapped page stays
         // backed.
-        let map = Mapping::shared_read_only(&file, len as usize)
-            .map_err(|e| io_err("cannot map the shared-memory window", e))?;
-        Ok(Window { base, map })
+        let map = if writable {
+            Mapping::shared_read_write(&file, len as usize)
+        } else {
+            Mapping::shared_read_only(&file, len as usize)
+        }
+        .map_err(|e| io_err("cannot map the shared-memory window", e))?;
+        Ok(Window {
+            base,
+            map,
+            writable,
+        })
+    }
+
+    /// Places `pieces`, one after the other, at the client's `addr` in a
+    /// landing window, when the room of `len` bytes there lies in it and
+    /// holds them; the bytes placed. Written with plain stores: the client
+    /// reads them next, so they are best left in the cache.
+    pub(crate) fn land(
+        &self,
+        addr: u64,
+        len: usize,
+        pieces: &[Bytes],
+    ) -> Result<usize, ErrorReply> {
+        let off = addr
+            .checked_sub(self.base)
+            .map(|o| o as usize)
+            .filter(|o| self.writable && o.checked_add(len).is_some_and(|e| e <= self.map.len()))
+            .ok_or_else(|| {
+                ErrorReply::new(
+                    libc::EFAULT,
+                    format!("{len} bytes at {addr:#x} are not in this connection's landing window"),
+                )
+            })?;
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        if total > len {
+            return Err(ErrorReply::new(
+                libc::EOVERFLOW,
+                format!("a reply of {total} bytes does not fit the {len} bytes of room given"),
+            ));
+        }
+        let mut at = off;
+        for p in pieces {
+            // SAFETY: `off + total <= off + len` lies in the mapping
+            // (checked above), which is writable; the pieces are the
+            // server's own memory, not the window. The client may touch
+            // the room meanwhile (its own doing); the mapping stays valid
+            // (the file cannot shrink: sealed).
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), self.map.as_ptr().add(at), p.len())
+            };
+            at += p.len();
+        }
+        Ok(total)
     }
 
     /// Copies the client's `[addr, addr + len)` when it lies in the window.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chfs_localpool::{LocalPool, PoolOptions};
-use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, MAX_PAYLOAD};
+use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, FLAG_LAND, MAX_PAYLOAD};
 use chfs_proto::handshake::{Connector, Credential, Hello, HelloReply, Role, Verdict};
 use chfs_proto::msg::{decode_error, op};
 use chfs_proto::{Meta, Request, Response};
@@ -827,6 +827,178 @@ fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_ser
     let (mut t, _, _) = hello(addr, b"");
     let tcp = call(&mut t, 1, &attach(fd.as_raw_fd(), win, 1 << 20));
     assert_eq!(tcp.unwrap_err().0, libc::EPERM);
+    assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
+}
+
+fn shm_reads(s: &mut (impl Read + Write), id: u64) -> u64 {
+    match call(s, id, &Request::Status) {
+        Ok(Response::Status(st)) => st.shm_reads,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A read flagged `FLAG_LAND` has its data placed in the connection's
+/// landing window (attached with `FLAG_LAND`, mapped read-write by the
+/// server) and is answered `Written(n)`; a room outside the window or too
+/// small, a request that is not a read, a connection without a landing
+/// window (or with a read-only one), a deadline passed, and a landing
+/// window over TCP are refused, the room untouched and the connection
+/// still served.
+#[test]
+fn reads_land_in_a_landing_window_and_bad_rooms_are_refused() {
+    use std::os::fd::AsRawFd;
+    let p = pool(1, None);
+    let addr = &p.addrs()[0];
+    let (fd, win) = memfd(1 << 20, true);
+    win.fill(0xee);
+    let attach = Request::ShmAttach {
+        fd: fd.as_raw_fd(),
+        base: win.as_ptr() as u64,
+        len: 1 << 20,
+    };
+    let mut att = Vec::new();
+    attach.encode(&mut att);
+    let far = CmaRef::clock_ns() + 60_000_000_000;
+    let room = |addr: u64, len: usize, deadline_ns: u64| {
+        CmaRef {
+            addr,
+            len: len as u64,
+            deadline_ns,
+        }
+        .encode()
+    };
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 13 + i / 257) as u8).collect();
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 65536,
+        ..Default::default()
+    };
+    let mut u = local(addr);
+    call(
+        &mut u,
+        1,
+        &Request::Create {
+            path: "/l".into(),
+            meta,
+            excl: true,
+            data: Bytes::from(data.clone()),
+        },
+    )
+    .unwrap();
+    // Before a landing window is attached: refused.
+    let read = |len: u32| {
+        let mut v = Vec::new();
+        let mut r = whole_chunk0("/l", 65536);
+        if let Request::Read { len: l, .. } = &mut r {
+            *l = len;
+        }
+        r.encode(&mut v);
+        v
+    };
+    let base = win.as_ptr() as u64;
+    let mut r = read(65536);
+    r.extend_from_slice(&room(base, 65536, far));
+    send_flags(&mut u, 2, op::READ, FLAG_LAND, &r);
+    assert_eq!(reply(&mut u, 2).unwrap_err().0, libc::EINVAL);
+    // A read-only window (no FLAG_LAND) is not one to land in.
+    assert_eq!(call(&mut u, 3, &attach), Ok(Response::Ok));
+    send_flags(&mut u, 4, op::READ, FLAG_LAND, &r);
+    assert_eq!(reply(&mut u, 4).unwrap_err().0, libc::EINVAL);
+    send_flags(&mut u, 5, op::SHM_ATTACH, FLAG_LAND, &att);
+    assert_eq!(reply(&mut u, 5), Ok(Response::Ok));
+    let before = shm_reads(&mut u, 6);
+    // A chunk at an odd place of the window, and a short read (past the
+    // end of the data: nothing placed beyond what there is).
+    let mut r = read(65536);
+    r.extend_from_slice(&room(base + 3, 65536, far));
+    send_flags(&mut u, 7, op::READ, FLAG_LAND, &r);
+    assert_eq!(reply(&mut u, 7), Ok(Response::Written(65536)));
+    assert!(win[3..3 + 65536] == data[..]);
+    assert_eq!((win[2], win[3 + 65536]), (0xee, 0xee));
+    let spans = Request::ReadSpans {
+        path: "/l".into(),
+        fileid: 0,
+        chunk_size: 65536,
+        flags: 0,
+        epoch: 0,
+        spans: vec![(0, 100, 1000), (0, 60000, 5536), (0, 10, 20)],
+    };
+    let mut r = Vec::new();
+    spans.encode(&mut r);
+    let at = base + (512 << 10);
+    r.extend_from_slice(&room(at, 7000, far));
+    send_flags(&mut u, 8, op::READ_SPANS, FLAG_LAND, &r);
+    assert_eq!(reply(&mut u, 8), Ok(Response::Written(6556)));
+    let want: Vec<u8> = [&data[100..1100], &data[60000..65536], &data[10..30]].concat();
+    assert!(win[512 << 10..(512 << 10) + 6556] == want[..]);
+    assert_eq!(shm_reads(&mut u, 9) - before, 2);
+    // Refused, the window untouched, the connection served on.
+    win.fill(0xee);
+    let heap = vec![0u8; 65536];
+    let refused: Vec<(u16, Vec<u8>, i32)> = vec![
+        // outside the window
+        (
+            op::READ,
+            [read(65536), room(heap.as_ptr() as u64, 65536, far).to_vec()].concat(),
+            libc::EFAULT,
+        ),
+        // running past its end
+        (
+            op::READ,
+            [
+                read(65536),
+                room(base + (1 << 20) - 100, 65536, far).to_vec(),
+            ]
+            .concat(),
+            libc::EFAULT,
+        ),
+        // too small for the data
+        (
+            op::READ,
+            [read(65536), room(base, 100, far).to_vec()].concat(),
+            libc::EOVERFLOW,
+        ),
+        // the client stopped waiting
+        (
+            op::READ,
+            [
+                read(65536),
+                room(base, 65536, CmaRef::clock_ns() - 1).to_vec(),
+            ]
+            .concat(),
+            libc::ETIMEDOUT,
+        ),
+        // not a read
+        (
+            op::STAT,
+            {
+                let mut v = Vec::new();
+                Request::Stat { path: "/l".into() }.encode(&mut v);
+                v.extend_from_slice(&room(base, 65536, far));
+                v
+            },
+            libc::EINVAL,
+        ),
+    ];
+    for (i, (opc, payload, errno)) in refused.into_iter().enumerate() {
+        let id = 100 + 2 * i as u64;
+        send_flags(&mut u, id, opc, FLAG_LAND, &payload);
+        assert_eq!(reply(&mut u, id).unwrap_err().0, errno, "case {i}");
+        assert_eq!(call(&mut u, id + 1, &Request::Ping), Ok(Response::Ok));
+    }
+    assert!(win.iter().all(|&b| b == 0xee));
+    // FLAG_LAND with FLAG_CMA: refused too.
+    let mut r = read(65536);
+    r.extend_from_slice(&room(base, 65536, far));
+    send_flags(&mut u, 200, op::READ, FLAG_LAND | FLAG_CMA, &r);
+    assert_eq!(reply(&mut u, 200).unwrap_err().0, libc::EINVAL);
+    // One landing window per connection.
+    send_flags(&mut u, 201, op::SHM_ATTACH, FLAG_LAND, &att);
+    assert_eq!(reply(&mut u, 201).unwrap_err().0, libc::EBUSY);
+    // Over TCP: no landing window.
+    let (mut t, _, _) = hello(addr, b"");
+    send_flags(&mut t, 1, op::SHM_ATTACH, FLAG_LAND, &att);
+    assert_eq!(reply(&mut t, 1).unwrap_err().0, libc::EPERM);
     assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
 }
 

@@ -7,7 +7,10 @@
 //! the records in that server's chunks, not the gaps between them; all
 //! servers' requests in flight at once), and the reads that follow are
 //! answered from that buffer without a round trip. The replies are kept
-//! as they came; a read copies its record out of them.
+//! as they came; a read copies its record out of them. A local server's
+//! reply goes to a slot of the landing area when one is free
+//! ([`crate::shm::Landing`]: the server copies the records there itself,
+//! not through the socket); a slot whose request failed is given up.
 //!
 //! Consistency (SEMANTICS.md, "data written on node A read on node B"):
 //! the buffer belongs to one descriptor and goes with it (close); it is
@@ -198,9 +201,43 @@ struct Window {
 /// as they came: in the reply buffers of the requests, a piece (of one
 /// chunk) at a time.
 struct Records {
-    bufs: Vec<Vec<u8>>,
+    bufs: Vec<Buf>,
     /// In order, covering the records without gaps.
     pieces: Vec<Piece>,
+}
+
+/// Where a request's reply lands: memory of this process, or a slot of
+/// the landing area that a local server writes itself (no copy through
+/// the socket).
+enum Buf {
+    Heap(Vec<u8>),
+    Slot(crate::shm::Slot),
+}
+
+impl Buf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Slot(s) => s.bytes(),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Slot(s) => s.bytes_mut(),
+        }
+    }
+}
+
+/// Heap buffers kept for the next fetch; slots go back to the area.
+fn heap_only(bufs: Vec<Buf>) -> Vec<Vec<u8>> {
+    bufs.into_iter()
+        .filter_map(|b| match b {
+            Buf::Heap(v) => Some(v),
+            Buf::Slot(_) => None,
+        })
+        .collect()
 }
 
 /// `len` bytes of the records from `at`, found at `boff` in `bufs[buf]`.
@@ -221,7 +258,7 @@ impl Records {
             let from = a + done - p.at;
             let m = (p.len - from).min(out.len() - done);
             let src = p.boff + from;
-            out[done..done + m].copy_from_slice(&self.bufs[p.buf][src..src + m]);
+            out[done..done + m].copy_from_slice(&self.bufs[p.buf].bytes()[src..src + m]);
             done += m;
             k += 1;
         }
@@ -233,7 +270,7 @@ impl ReadAhead {
     pub fn drop_window(&mut self) {
         if let Some(w) = self.win.take() {
             self.next = Some(w.first + w.n * w.stride);
-            self.spare = w.data.bufs;
+            self.spare = heap_only(w.data.bufs);
         }
     }
 
@@ -461,22 +498,31 @@ impl Client {
                 Op::req(r.server, &req)
             })
             .collect();
-        let mut bufs: Vec<Vec<u8>> = reqs
+        let pool = &self.inner.pool;
+        let mut bufs: Vec<Buf> = reqs
             .iter()
             .map(|r| {
+                // A local server's reply lands in a slot when one is free.
                 // (Old bytes are all overwritten: by the reply, or by
                 // zeros where it is short.)
+                if let Some(s) = pool.landing_slot(st, r.server, r.len) {
+                    return Buf::Slot(s);
+                }
                 let mut b = spare.pop().unwrap_or_default();
                 b.truncate(r.len);
                 b.resize(r.len, 0);
-                b
+                Buf::Heap(b)
             })
             .collect();
-        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.bytes_mut()).collect();
         self.count(ops.len());
         let results = self.inner.pool.read_into(st, &ops, &mut dsts);
         let mut first_err = None;
-        for ((r, d), o) in results.into_iter().zip(dsts).zip(&ops) {
+        let mut failed = Vec::new();
+        for (i, ((r, d), o)) in results.into_iter().zip(dsts).zip(&ops).enumerate() {
+            if r.is_err() {
+                failed.push(i);
+            }
             match r {
                 Ok(Landing::Landed(k)) => d[k..].fill(0),
                 Ok(Landing::Reply(Response::Data(x))) => {
@@ -496,7 +542,15 @@ impl Client {
             }
         }
         match first_err {
-            Some(e) => Err(e),
+            Some(e) => {
+                // A server may still write a slot whose read failed.
+                for (i, b) in bufs.into_iter().enumerate() {
+                    if let (Buf::Slot(s), true) = (b, failed.contains(&i)) {
+                        s.quarantine();
+                    }
+                }
+                Err(e)
+            }
             None => Ok(Records { bufs, pieces }),
         }
     }

@@ -20,6 +20,10 @@ use crate::error::{fail, Error, Result};
 use crate::pool::{Op, PoolState};
 use crate::types::{Stat, Whence};
 
+/// Most chunks of one `pread` that come through the landing area (the
+/// rest come through the socket): a large read does not take every slot.
+pub(crate) const LAND_PER_READ: usize = 8;
+
 impl Client {
     /// Largest unpublished size of `path` among this client's open files.
     pub(super) fn local_size(&self, path: &str) -> u64 {
@@ -509,7 +513,9 @@ impl Client {
         Ok(size)
     }
 
-    /// `pread(2)`: holes read as zeros; reads end at the file size.
+    /// `pread(2)`: holes read as zeros; reads end at the file size. Chunks
+    /// of servers on this host come through slots of the landing area
+    /// (see [`crate::shm::Landing`]), at most [`LAND_PER_READ`] per call.
     pub fn pread(&self, fd: i32, buf: &mut [u8], off: u64) -> Result<usize> {
         let f = self.file(fd)?;
         if !f.readable() {
@@ -584,19 +590,59 @@ impl Client {
             done += n;
         }
         self.count(ops.len());
-        let results = self.inner.pool.read_into(&st, &ops, &mut dsts);
-        for (r, d) in results.into_iter().zip(dsts) {
-            match r? {
-                Landing::Landed(k) => d[k..].fill(0),
-                Landing::Reply(Response::Data(x)) => {
+        let pool = &self.inner.pool;
+        // Chunks of local servers come through the landing area (the
+        // server copies them there, this thread into `buf`: cheaper than
+        // the socket's two copies), as far as slots are free.
+        let mut slots: Vec<Option<crate::shm::Slot>> = Vec::with_capacity(ops.len());
+        let mut landing = 0;
+        for (o, d) in ops.iter().zip(&dsts) {
+            let s = (landing < LAND_PER_READ && d.len() >= crate::shm::LAND_MIN)
+                .then(|| pool.landing_slot(&st, o.server, d.len()))
+                .flatten();
+            landing += s.is_some() as usize;
+            slots.push(s);
+        }
+        let results = {
+            let mut to: Vec<&mut [u8]> = dsts
+                .iter_mut()
+                .zip(slots.iter_mut())
+                .map(|(d, s)| match s {
+                    Some(s) => s.bytes_mut(),
+                    None => &mut **d,
+                })
+                .collect();
+            pool.read_into(&st, &ops, &mut to)
+        };
+        let mut first_err = None;
+        for ((r, d), s) in results.into_iter().zip(dsts).zip(slots) {
+            match r {
+                Ok(Landing::Landed(k)) => {
+                    if let Some(s) = &s {
+                        d[..k].copy_from_slice(&s.bytes()[..k]);
+                    }
+                    d[k..].fill(0)
+                }
+                Ok(Landing::Reply(Response::Data(x))) => {
                     let k = x.len().min(d.len());
                     d[..k].copy_from_slice(&x[..k]);
                     d[k..].fill(0);
                 }
-                Landing::Reply(other) => return Err(unexpected(other)),
+                Ok(Landing::Reply(other)) => {
+                    first_err.get_or_insert(unexpected(other));
+                }
+                Err(e) => {
+                    if let Some(s) = s {
+                        s.quarantine();
+                    }
+                    first_err.get_or_insert(e);
+                }
             }
         }
-        Ok(len)
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(len),
+        }
     }
 
     /// `read(2)` at the descriptor's position.

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use chfs_proto::frame::{Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED};
+use chfs_proto::frame::{CmaRef, Header, FLAG_CMA, FLAG_ERROR, FLAG_FORWARDED, FLAG_LAND};
 use chfs_proto::handshake::Role;
 use chfs_proto::msg::{encode_error, op};
 use chfs_proto::{ErrorReply, Request, Response};
@@ -530,6 +530,8 @@ pub(crate) async fn serve_conn<R, W>(
     // Small frames' payloads, used again (net::read_frame_reusing).
     let mut frames = bytes::BytesMut::new();
     let mut window: Option<Arc<crate::shm::Window>> = None;
+    // Where `FLAG_LAND` replies' data goes.
+    let mut landing: Option<Arc<crate::shm::Window>> = None;
     let budget = crate::limits::Budget::new(&shared.limits);
     let watchdog = fd.and_then(|fd| {
         let (sh, p) = (shared.clone(), peer.clone());
@@ -555,7 +557,7 @@ pub(crate) async fn serve_conn<R, W>(
             }
         }
         match frame {
-            Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 => {
+            Ok(Some((h, payload))) if h.flags & FLAG_CMA != 0 && h.flags & FLAG_LAND == 0 => {
                 let permits = budget
                     .admit(crate::limits::cost(&h, &payload), &shared.counters)
                     .await;
@@ -567,9 +569,13 @@ pub(crate) async fn serve_conn<R, W>(
             }
             // Answered here, in order: the connection's later writes see
             // the window.
-            Ok(Some((h, payload))) if h.op == op::SHM_ATTACH && h.flags == 0 => {
-                let r = attach_window(cma, window.is_some(), payload).map(|w| {
-                    window = Some(Arc::new(w));
+            Ok(Some((h, payload)))
+                if h.op == op::SHM_ATTACH && (h.flags == 0 || h.flags == FLAG_LAND) =>
+            {
+                let writable = h.flags == FLAG_LAND;
+                let slot = if writable { &mut landing } else { &mut window };
+                let r = attach_window(cma, slot.is_some(), payload, writable).map(|w| {
+                    *slot = Some(Arc::new(w));
                     Response::Ok
                 });
                 if let Err(e) = &r {
@@ -580,9 +586,16 @@ pub(crate) async fn serve_conn<R, W>(
             Ok(Some((h, payload))) => match if shared.unknown_ops.contains(&h.op) {
                 Err(chfs_proto::ProtoError::UnknownOp(h.op))
             } else {
-                Request::decode(h.op, payload)
+                match landing_of(h, payload, landing.as_ref()) {
+                    Ok((payload, land)) => Request::decode(h.op, payload).map(|r| (r, land)),
+                    Err(e) => {
+                        debug!(%peer, op = h.op, "landing refused: {}", e.message);
+                        let _ = tx.send(Msg::Reply(response_frame(h.id, h.op, Err(e))));
+                        continue;
+                    }
+                }
             } {
-                Ok(req) => {
+                Ok((req, land)) => {
                     // (Not a clone of the payload kept for this: its first
                     // clone allocates a shared count.)
                     let permits = budget
@@ -596,7 +609,11 @@ pub(crate) async fn serve_conn<R, W>(
                     // (A `ReadSpans`' records are written as the pieces
                     // they are in the store: no gather into one buffer.)
                     let mut served = Box::pin(async move {
-                        crate::handler::handle_pieces(&sh, req, forwarded).await
+                        let s = crate::handler::handle_pieces(&sh, req, forwarded).await;
+                        match land {
+                            Some((w, r)) => land_served(&sh, &w, r, s?),
+                            None => s,
+                        }
                     });
                     // A small request is first served here, in the reader:
                     // most complete at once (a store lookup), and then cost
@@ -643,12 +660,74 @@ pub(crate) async fn serve_conn<R, W>(
     debug!(%peer, "connection closed");
 }
 
+/// A `FLAG_LAND` request's payload without its [`CmaRef`], the landing
+/// window and that reference; any other request's payload as it is.
+#[allow(clippy::type_complexity)]
+fn landing_of(
+    h: Header,
+    payload: Bytes,
+    landing: Option<&Arc<crate::shm::Window>>,
+) -> Result<(Bytes, Option<(Arc<crate::shm::Window>, CmaRef)>), ErrorReply> {
+    if h.flags & FLAG_LAND == 0 {
+        return Ok((payload, None));
+    }
+    if !matches!(h.op, op::READ | op::READ_SPANS) || h.flags & FLAG_CMA != 0 {
+        return Err(ErrorReply::new(
+            libc::EINVAL,
+            format!("a landing window is not for request {}", h.op),
+        ));
+    }
+    let Some(w) = landing else {
+        return Err(ErrorReply::new(
+            libc::EINVAL,
+            "this connection has no landing window",
+        ));
+    };
+    let (rest, r) = CmaRef::split_off(&payload)
+        .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
+    Ok((payload.slice(..rest.len()), Some((w.clone(), r))))
+}
+
+/// Places a read's data in the landing window at `r` (the client's room
+/// for it) and answers `Written` with its length instead.
+fn land_served(
+    sh: &Shared,
+    w: &crate::shm::Window,
+    r: CmaRef,
+    served: Served,
+) -> Result<Served, ErrorReply> {
+    // The client stops waiting at the deadline and never uses the room
+    // again; it would not read what came after.
+    if CmaRef::clock_ns() > r.deadline_ns {
+        return Err(ErrorReply::new(
+            libc::ETIMEDOUT,
+            "the client stopped waiting for this read",
+        ));
+    }
+    let n = match &served {
+        Served::Pieces(p) => w.land(r.addr, r.len as usize, p)?,
+        Served::Reply(Response::Data(d)) => {
+            w.land(r.addr, r.len as usize, std::slice::from_ref(d))?
+        }
+        Served::Reply(other) => {
+            return Err(ErrorReply::new(
+                libc::EIO,
+                format!("a read answered {other:?}"),
+            ))
+        }
+    };
+    Counters::inc(&sh.counters.shm_reads);
+    Ok(Served::Reply(Response::Written(n as u32)))
+}
+
 /// Maps the window a [`Request::ShmAttach`] names, for a peer allowed
-/// cross-memory attach (`pid`), once per connection.
+/// cross-memory attach (`pid`), once per connection (`writable`: a
+/// landing window, `FLAG_LAND`).
 fn attach_window(
     pid: Option<libc::pid_t>,
     attached: bool,
     payload: Bytes,
+    writable: bool,
 ) -> Result<crate::shm::Window, ErrorReply> {
     let Some(pid) = pid else {
         return Err(ErrorReply::new(
@@ -663,7 +742,9 @@ fn attach_window(
         ));
     }
     match Request::decode(op::SHM_ATTACH, payload) {
-        Ok(Request::ShmAttach { fd, base, len }) => crate::shm::Window::attach(pid, fd, base, len),
+        Ok(Request::ShmAttach { fd, base, len }) => {
+            crate::shm::Window::attach(pid, fd, base, len, writable)
+        }
         Ok(other) => Err(ErrorReply::new(
             libc::EPROTO,
             format!("expected a shared-memory request, decoded {:?}", other.op()),

@@ -250,6 +250,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 fabric_lent_pulls: Counters::get(&c.fabric_lent_pulls),
                 fabric_rma_most: Counters::get(&c.fabric_rma_most),
                 fabric_hellos_dropped: Counters::get(&c.fabric_hellos_dropped),
+                shm_reads: Counters::get(&c.shm_reads),
                 backend: ns.backend_path(),
                 flush: ns.flush_state("/", false),
             })))
