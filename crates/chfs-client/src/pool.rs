@@ -221,13 +221,9 @@ impl Pool {
         Ok(c)
     }
 
-    /// A slot of the landing area for `len` bytes of a read from, or a
-    /// write to, server `i`, when it is on this host and maps the area
-    /// (see [`crate::shm::Landing`]) and a slot is free.
-    pub fn landing_slot(&self, st: &PoolState, i: usize, len: usize) -> Option<crate::shm::Slot> {
-        if len > crate::shm::SLOT {
-            return None;
-        }
+    /// The landing area, when server `i` is on this host and places
+    /// reads' data in it (see [`crate::shm::Landing`]).
+    pub fn landing(&self, st: &PoolState, i: usize) -> Option<&Arc<crate::shm::Landing>> {
         let (pid, area) = self
             .landing
             .get_or_init(|| {
@@ -243,10 +239,13 @@ impl Pool {
             return None;
         }
         let c = self.conn(st, i).ok()?;
-        if !c.is_local() || !c.lands_in(area) {
-            return None;
-        }
-        area.take(len)
+        (c.is_local() && c.lands_in(area)).then_some(area)
+    }
+
+    /// A slot of the landing area for `len` bytes of a read from server
+    /// `i` ([`Pool::landing`]), if one is free.
+    pub fn landing_slot(&self, st: &PoolState, i: usize, len: usize) -> Option<crate::shm::Slot> {
+        self.landing(st, i)?.take(len)
     }
 
     /// Landing-area slots given up for good (their reads failed).

@@ -527,37 +527,47 @@ fn a_landing_read_that_times_out_gives_its_slot_up() {
 }
 
 /// Plain reads (no read-ahead) of chunks of 16 KiB or more from servers
-/// on this host come through the landing area too, at most 8 chunks per
-/// call (the rest through the socket), the same bytes either way; small
-/// ones, and with `CHFS_CMA=0` all, through the socket.
+/// on this host come through the landing area too, placed one after the
+/// other in at most 4 slots of 1 MiB per call (the rest through the
+/// socket), the same bytes either way; small ones, and with
+/// `CHFS_CMA=0` all, through the socket.
 #[test]
 fn plain_reads_from_local_servers_land_in_shared_memory() {
     let p = LocalPool::start(2).expect("pool");
     let c = client(&p, |c| c.read_ahead = 0);
     let want = make_file(&c, "/big", 1 << 20, 16 << 20, &[(5 << 20, 6 << 20)]);
-    let fd = c.open("/big", libc::O_RDONLY, 0).unwrap();
+    let small = make_file(&c, "/small", 65536, 8 << 20, &[(100_000, 300_000)]);
     let landed = |f: &dyn Fn()| {
         let before = server_landings(&c);
         f();
         server_landings(&c) - before
     };
-    // 4 chunks, one of them a hole.
+    let fd = c.open("/big", libc::O_RDONLY, 0).unwrap();
+    // 4 chunks of 1 MiB, one of them a hole: a slot each.
     assert_eq!(
         landed(&|| assert!(pread(&c, fd, 3 << 20, 4 << 20) == model(&want, 3 << 20, 4 << 20))),
         4
     );
-    // 16 chunks and a bit: 8 landed.
+    // 16 chunks and a bit: 4 landed, the rest through the socket.
     assert_eq!(
         landed(&|| assert!(pread(&c, fd, 100, 16 << 20) == model(&want, 100, 16 << 20))),
-        8
+        4
     );
     // Small parts: through the socket.
     assert_eq!(
-        landed(&|| assert!(
-            pread(&c, fd, (1 << 20) - 4000, 8000) == model(&want, (1 << 20) - 4000, 8000)
-        )),
+        landed(&|| {
+            assert!(pread(&c, fd, (1 << 20) - 4000, 8000) == model(&want, (1 << 20) - 4000, 8000))
+        }),
         0
     );
+    c.close(fd).unwrap();
+    // 64 KiB chunks: 16 to a slot (1 MiB: all of them; 8 MiB: 64 of 128).
+    let fd = c.open("/small", libc::O_RDONLY, 0).unwrap();
+    assert_eq!(
+        landed(&|| assert!(pread(&c, fd, 65536, 1 << 20) == model(&small, 65536, 1 << 20))),
+        16
+    );
+    assert_eq!(landed(&|| assert!(pread(&c, fd, 0, 8 << 20) == small)), 64);
     c.close(fd).unwrap();
     let off = client(&p, |c| {
         c.read_ahead = 0;

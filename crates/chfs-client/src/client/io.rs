@@ -20,9 +20,10 @@ use crate::error::{fail, Error, Result};
 use crate::pool::{Op, PoolState};
 use crate::types::{Stat, Whence};
 
-/// Most chunks of one `pread` that come through the landing area (the
-/// rest come through the socket): a large read does not take every slot.
-pub(crate) const LAND_PER_READ: usize = 8;
+/// Most landing-area slots one `pread` takes (its chunks are placed one
+/// after the other in them; those that do not fit come through the
+/// socket): a large read does not take every slot.
+pub(crate) const LAND_SLOTS_PER_READ: usize = 4;
 
 impl Client {
     /// Largest unpublished size of `path` among this client's open files.
@@ -514,8 +515,9 @@ impl Client {
     }
 
     /// `pread(2)`: holes read as zeros; reads end at the file size. Chunks
-    /// of servers on this host come through slots of the landing area
-    /// (see [`crate::shm::Landing`]), at most [`LAND_PER_READ`] per call.
+    /// of servers on this host come through the landing area (see
+    /// [`crate::shm::Landing`]), at most [`LAND_SLOTS_PER_READ`] slots of
+    /// it per call.
     pub fn pread(&self, fd: i32, buf: &mut [u8], off: u64) -> Result<usize> {
         let f = self.file(fd)?;
         if !f.readable() {
@@ -593,33 +595,54 @@ impl Client {
         let pool = &self.inner.pool;
         // Chunks of local servers come through the landing area (the
         // server copies them there, this thread into `buf`: cheaper than
-        // the socket's two copies), as far as slots are free.
-        let mut slots: Vec<Option<crate::shm::Slot>> = Vec::with_capacity(ops.len());
-        let mut landing = 0;
+        // the socket's two copies), one after the other in its slots, as
+        // far as slots are free. `place`: each chunk's (slot, offset).
+        use crate::shm::{LAND_MIN, SLOT};
+        let mut slots: Vec<crate::shm::Slot> = Vec::new();
+        let mut place: Vec<Option<(usize, usize)>> = Vec::with_capacity(ops.len());
+        let mut room = 0usize;
         for (o, d) in ops.iter().zip(&dsts) {
-            let s = (landing < LAND_PER_READ && d.len() >= crate::shm::LAND_MIN)
-                .then(|| pool.landing_slot(&st, o.server, d.len()))
-                .flatten();
-            landing += s.is_some() as usize;
-            slots.push(s);
+            let n = d.len();
+            let mut p = None;
+            if n >= LAND_MIN {
+                if let Some(area) = pool.landing(&st, o.server) {
+                    if room < n && slots.len() < LAND_SLOTS_PER_READ {
+                        if let Some(s) = area.take(SLOT) {
+                            slots.push(s);
+                            room = SLOT;
+                        }
+                    }
+                    if room >= n && !slots.is_empty() {
+                        p = Some((slots.len() - 1, SLOT - room));
+                        room -= n;
+                    }
+                }
+            }
+            place.push(p);
         }
         let results = {
-            let mut to: Vec<&mut [u8]> = dsts
-                .iter_mut()
-                .zip(slots.iter_mut())
-                .map(|(d, s)| match s {
-                    Some(s) => s.bytes_mut(),
-                    None => &mut **d,
-                })
-                .collect();
+            let mut rest: Vec<&mut [u8]> = slots.iter_mut().map(|s| s.bytes_mut()).collect();
+            let mut to: Vec<&mut [u8]> = Vec::with_capacity(ops.len());
+            for (d, p) in dsts.iter_mut().zip(&place) {
+                match p {
+                    Some((k, _)) => {
+                        let (a, b) = std::mem::take(&mut rest[*k]).split_at_mut(d.len());
+                        rest[*k] = b;
+                        to.push(a);
+                    }
+                    None => to.push(&mut **d),
+                }
+            }
             pool.read_into(&st, &ops, &mut to)
         };
         let mut first_err = None;
-        for ((r, d), s) in results.into_iter().zip(dsts).zip(slots) {
+        // Slots a failed read named: a server may still write them.
+        let mut lost = vec![false; slots.len()];
+        for ((r, d), p) in results.into_iter().zip(dsts).zip(place) {
             match r {
                 Ok(Landing::Landed(k)) => {
-                    if let Some(s) = &s {
-                        d[..k].copy_from_slice(&s.bytes()[..k]);
+                    if let Some((s, at)) = p {
+                        d[..k].copy_from_slice(&slots[s].bytes()[at..at + k]);
                     }
                     d[k..].fill(0)
                 }
@@ -632,11 +655,16 @@ impl Client {
                     first_err.get_or_insert(unexpected(other));
                 }
                 Err(e) => {
-                    if let Some(s) = s {
-                        s.quarantine();
+                    if let Some((s, _)) = p {
+                        lost[s] = true;
                     }
                     first_err.get_or_insert(e);
                 }
+            }
+        }
+        for (s, lost) in slots.into_iter().zip(lost) {
+            if lost {
+                s.quarantine();
             }
         }
         match first_err {
