@@ -158,6 +158,30 @@ pub struct Client {
     creds: Option<(u32, u32)>,
 }
 
+/// Puts a read's answer in `d`: its data, and zeros past a short one;
+/// `from`: where landed data lies when not in `d` itself (a room of the
+/// landing area).
+fn fill_read(d: &mut [u8], l: crate::conn::Landing, from: Option<&[u8]>) -> Result<()> {
+    use crate::conn::Landing;
+    let k = match l {
+        Landing::Landed(k) => {
+            let k = k.min(d.len());
+            if let Some(src) = from {
+                d[..k].copy_from_slice(&src[..k]);
+            }
+            k
+        }
+        Landing::Reply(Response::Data(x)) => {
+            let k = x.len().min(d.len());
+            d[..k].copy_from_slice(&x[..k]);
+            k
+        }
+        Landing::Reply(other) => return Err(unexpected(other)),
+    };
+    d[k..].fill(0);
+    Ok(())
+}
+
 fn unexpected(r: Response) -> Error {
     Error::new(libc::EPROTO, format!("unexpected reply {r:?}"))
 }

@@ -939,9 +939,9 @@ impl Conn {
     }
 
     /// Waits for a read sent with [`Conn::send_landing`]: its data is in
-    /// `dst` (the room named) when it succeeds. A failure is never sent
-    /// again by the pool (not even on a new connection when this one
-    /// broke: the server might still write the room meanwhile).
+    /// `dst` (the room named) when it succeeds. After a failure the room
+    /// is not to be used again (not even for the same read on a new
+    /// connection when this one broke: the server might still write it).
     pub fn wait_landing(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
         match self.wait(t) {
             Ok(Response::Written(n)) if n as usize <= dst.len() => Ok(Landing::Landed(n as usize)),
@@ -954,10 +954,7 @@ impl Conn {
                 ),
             )),
             Ok(other) => Ok(Landing::Reply(other)),
-            Err(e) => Err(match e.conn_fault() {
-                ConnFault::NotSent => e,
-                _ => e.with_conn_fault(ConnFault::None),
-            }),
+            Err(e) => Err(e),
         }
     }
 

@@ -437,10 +437,19 @@ impl Pool {
             dsts,
             &mut results,
         );
+        // (Not those into the landing area: the server of the broken
+        // connection might still write that memory; the caller reads them
+        // again elsewhere.)
+        let area = self
+            .landing
+            .get()
+            .and_then(|a| a.as_ref())
+            .map(|(_, a)| &**a);
         let again: Vec<usize> = results
             .iter()
             .enumerate()
             .filter(|(i, r)| matches!(r, Some(Err(e)) if retry_safe(e, ops[*i].op)))
+            .filter(|(i, _)| !area.is_some_and(|a| a.holds(dsts[*i].as_ptr(), dsts[*i].len())))
             .map(|(i, _)| i)
             .collect();
         if !again.is_empty() {
@@ -569,7 +578,7 @@ impl Pool {
 /// settings, chunk removals. Not creates (an exclusive one would find its
 /// own entry), removals of entries, renames, append reservations,
 /// membership changes.
-fn retry_safe(e: &Error, op: u16) -> bool {
+pub(crate) fn retry_safe(e: &Error, op: u16) -> bool {
     use chfs_proto::msg::op::*;
     match e.conn_fault() {
         ConnFault::None => false,

@@ -214,3 +214,40 @@ impl Drop for Slot {
         }
     }
 }
+
+/// Where a request's reply lands: memory of this process, or a slot of
+/// the landing area that a local server writes itself (no copy through
+/// the socket).
+pub(crate) enum Buf {
+    Heap(Vec<u8>),
+    Slot(Slot),
+}
+
+impl Buf {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Slot(s) => s.bytes(),
+        }
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Slot(s) => s.bytes_mut(),
+        }
+    }
+
+    /// Done with: a slot whose request failed is given up for good (a
+    /// server may still write it); heap memory is handed back.
+    pub(crate) fn retire(self, failed: bool) -> Option<Vec<u8>> {
+        match self {
+            Buf::Heap(v) => Some(v),
+            Buf::Slot(s) if failed => {
+                s.quarantine();
+                None
+            }
+            Buf::Slot(_) => None,
+        }
+    }
+}

@@ -529,7 +529,8 @@ fn a_landing_read_that_times_out_gives_its_slot_up() {
 /// Plain reads (no read-ahead) of chunks of 16 KiB or more from servers
 /// on this host come through the landing area too, placed one after the
 /// other in at most 4 slots of 1 MiB per call (the rest through the
-/// socket), the same bytes either way; small ones, and with
+/// socket), or, for chunks of up to 256 KiB, one `ReadSpans` per server
+/// into a slot each; the same bytes either way; small ones, and with
 /// `CHFS_CMA=0` all, through the socket.
 #[test]
 fn plain_reads_from_local_servers_land_in_shared_memory() {
@@ -561,12 +562,16 @@ fn plain_reads_from_local_servers_land_in_shared_memory() {
         0
     );
     c.close(fd).unwrap();
-    // 64 KiB chunks: 16 to a slot (1 MiB: all of them; 8 MiB: 64 of 128).
+    // 64 KiB chunks: one `ReadSpans` per server for a 1 MiB read (each
+    // into a slot); 8 MiB would take 8 slots, more than a read takes:
+    // chunk by chunk then, 16 to a slot (64 of 128).
     let fd = c.open("/small", libc::O_RDONLY, 0).unwrap();
+    let reads = server_reads(&c);
     assert_eq!(
         landed(&|| assert!(pread(&c, fd, 65536, 1 << 20) == model(&small, 65536, 1 << 20))),
-        16
+        2
     );
+    assert_eq!(server_reads(&c) - reads, 2);
     assert_eq!(landed(&|| assert!(pread(&c, fd, 0, 8 << 20) == small)), 64);
     c.close(fd).unwrap();
     let off = client(&p, |c| {

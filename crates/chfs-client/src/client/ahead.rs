@@ -39,13 +39,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chfs_proto::msg::{op, MAX_SPANS};
-use chfs_proto::{Request, Response};
+use chfs_proto::Request;
 use chfs_sys::lock;
 
-use super::{rw_flags, unexpected, Client, OpenFile};
-use crate::conn::Landing;
+use super::{fill_read, rw_flags, Client, OpenFile};
 use crate::error::Result;
 use crate::pool::{Op, PoolState};
+use crate::shm::Buf;
 
 /// Oldest a read-ahead buffer is used (from when it was asked for).
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
@@ -206,40 +206,6 @@ struct Records {
     pieces: Vec<Piece>,
 }
 
-/// Where a request's reply lands: memory of this process, or a slot of
-/// the landing area that a local server writes itself (no copy through
-/// the socket).
-enum Buf {
-    Heap(Vec<u8>),
-    Slot(crate::shm::Slot),
-}
-
-impl Buf {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Buf::Heap(v) => v,
-            Buf::Slot(s) => s.bytes(),
-        }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        match self {
-            Buf::Heap(v) => v,
-            Buf::Slot(s) => s.bytes_mut(),
-        }
-    }
-}
-
-/// Heap buffers kept for the next fetch; slots go back to the area.
-fn heap_only(bufs: Vec<Buf>) -> Vec<Vec<u8>> {
-    bufs.into_iter()
-        .filter_map(|b| match b {
-            Buf::Heap(v) => Some(v),
-            Buf::Slot(_) => None,
-        })
-        .collect()
-}
-
 /// `len` bytes of the records from `at`, found at `boff` in `bufs[buf]`.
 struct Piece {
     at: usize,
@@ -270,7 +236,14 @@ impl ReadAhead {
     pub fn drop_window(&mut self) {
         if let Some(w) = self.win.take() {
             self.next = Some(w.first + w.n * w.stride);
-            self.spare = heap_only(w.data.bufs);
+            // (Heap buffers kept for the next fetch; slots go back to
+            // the area.)
+            self.spare = w
+                .data
+                .bufs
+                .into_iter()
+                .filter_map(|b| b.retire(false))
+                .collect();
         }
     }
 
@@ -523,16 +496,8 @@ impl Client {
             if r.is_err() {
                 failed.push(i);
             }
-            match r {
-                Ok(Landing::Landed(k)) => d[k..].fill(0),
-                Ok(Landing::Reply(Response::Data(x))) => {
-                    let k = x.len().min(d.len());
-                    d[..k].copy_from_slice(&x[..k]);
-                    d[k..].fill(0);
-                }
-                Ok(Landing::Reply(other)) => {
-                    first_err.get_or_insert(unexpected(other));
-                }
+            match r.and_then(|l| fill_read(d, l, None)) {
+                Ok(()) => {}
                 Err(e) => {
                     if e.errno() == libc::EPROTO && o.op == op::READ_SPANS {
                         self.inner.no_spans.add(&list.servers[o.server]);
@@ -545,9 +510,7 @@ impl Client {
             Some(e) => {
                 // A server may still write a slot whose read failed.
                 for (i, b) in bufs.into_iter().enumerate() {
-                    if let (Buf::Slot(s), true) = (b, failed.contains(&i)) {
-                        s.quarantine();
-                    }
+                    b.retire(failed.contains(&i));
                 }
                 Err(e)
             }

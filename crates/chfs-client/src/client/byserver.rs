@@ -1,13 +1,16 @@
-//! Reads of several chunks from servers over a fabric (`ofi+*`): one
-//! `ReadSpans` per server, carrying that server's parts of the read,
-//! instead of one `Read` per chunk. Each request's data arrives by a
-//! single RMA write into a buffer here, and is then copied to its places
-//! in the caller's buffer.
+//! Reads of several chunks from servers over a fabric (`ofi+*`) or on
+//! this host with the landing area: one `ReadSpans` per server, carrying
+//! that server's parts of the read, instead of one `Read` per chunk. Each
+//! request's data arrives by a single RMA write into a buffer here (or
+//! the server's copy into a slot of the landing area), and is then copied
+//! to its places in the caller's buffer.
 //!
 //! Over the fabric every chunk request costs the provider an operation
 //! and a message each way. With 64 KiB chunks (the default) a 1 MiB read
 //! is 16 of them, and over `ofi+tcp` the provider's per-operation CPU
-//! halved what such reads moved, compared with 1 MiB chunks.
+//! halved what such reads moved, compared with 1 MiB chunks. On this
+//! host each request costs the server a few microseconds of CPU, which
+//! the readers share the CPUs with.
 //!
 //! Only for chunks of up to 256 KiB ([`CHUNK_MAX`]): larger ones move
 //! straight into the caller's memory, a chunk per RMA, without the copy.
@@ -22,12 +25,12 @@
 //! still goes in it).
 
 use chfs_proto::msg::{op, MAX_SPANS};
-use chfs_proto::Response;
 
-use super::{unexpected, Client, OpenFile};
-use crate::conn::Landing;
+use super::io::LAND_SLOTS_PER_READ;
+use super::{fill_read, Client, OpenFile};
 use crate::error::Result;
 use crate::pool::{Op, PoolState};
+use crate::shm::{Buf, SLOT};
 
 /// One request: its server, its spans (chunk, offset, length), and where
 /// each span's bytes go in the caller's buffer.
@@ -36,6 +39,8 @@ struct Req {
     spans: Vec<(u64, u32, u32)>,
     places: Vec<usize>,
     len: usize,
+    /// Into a slot of the landing area (not over the fabric).
+    land: bool,
 }
 
 thread_local! {
@@ -58,10 +63,10 @@ const REQ_MAX: usize = 4 << 20;
 
 impl Client {
     /// `pread` of `buf.len()` bytes at `off` (below the file size this
-    /// client knows) with one `ReadSpans` per fabric server; None when
-    /// not for this read (a server not over a fabric, no more than one
+    /// client knows) with one `ReadSpans` per fabric or landing server;
+    /// None when not for this read (a server neither, no more than one
     /// chunk per server, a server that does not know `ReadSpans` or
-    /// refused it): then read plainly.
+    /// refused it, no landing slot free): then read plainly.
     pub(super) fn read_by_server(
         &self,
         st: &PoolState,
@@ -75,15 +80,22 @@ impl Client {
         }
         let cs = f.meta.chunk_size as u64;
         let list = st.ring.list();
-        // Over TCP (most pools) this is all it costs a read.
-        let first = st.owner_of_hash(&f.path, f.hash, off / cs);
-        if !list
-            .servers
-            .get(first)
-            .is_some_and(|a| crate::fabric_link::is_fabric(a))
-        {
+        let pool = &self.inner.pool;
+        // Over the fabric, or into the landing area?
+        let how = |server: usize| {
+            let addr = list.servers.get(server)?;
+            if crate::fabric_link::is_fabric(addr) {
+                Some(false)
+            } else {
+                pool.landing(st, server).map(|_| true)
+            }
+        };
+        // Over TCP to other hosts (most pools) this is all it costs a read.
+        if how(st.owner_of_hash(&f.path, f.hash, off / cs)).is_none() {
             return Ok(None);
         }
+        // Each server's requests go into slots of at most this size.
+        let req_max = |land: bool| if land { SLOT } else { REQ_MAX };
         // Each server's open request (a pool may have thousands).
         let mut open: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
         let mut reqs: Vec<Req> = Vec::new();
@@ -95,20 +107,21 @@ impl Client {
             let in_chunk = (pos % cs) as u32;
             let n = ((cs - in_chunk as u64) as usize).min(buf.len() - done);
             let server = st.owner_of_hash(&f.path, f.hash, idx);
-            let Some(addr) = list.servers.get(server) else {
+            let (Some(addr), Some(land)) = (list.servers.get(server), how(server)) else {
                 return Ok(None);
             };
-            if !crate::fabric_link::is_fabric(addr) || self.inner.no_spans.has(addr) {
+            if self.inner.no_spans.has(addr) {
                 return Ok(None);
             }
             let r = match open.get(&server).copied() {
-                Some(r) if reqs[r].spans.len() < MAX_SPANS && reqs[r].len + n <= REQ_MAX => r,
+                Some(r) if reqs[r].spans.len() < MAX_SPANS && reqs[r].len + n <= req_max(land) => r,
                 _ => {
                     reqs.push(Req {
                         server,
                         spans: Vec::new(),
                         places: Vec::new(),
                         len: 0,
+                        land,
                     });
                     open.insert(server, reqs.len() - 1);
                     reqs.len() - 1
@@ -120,10 +133,20 @@ impl Client {
             pieces += 1;
             done += n;
         }
-        if reqs.len() == pieces {
-            // A chunk per request either way.
+        if reqs.len() == pieces || reqs.iter().filter(|r| r.land).count() > LAND_SLOTS_PER_READ {
+            // A chunk per request either way; or more slots than a read
+            // takes (the plain read lands what it can).
             return Ok(None);
         }
+        // Slots first: a read that cannot have them all is a plain one.
+        let mut slots = Vec::new();
+        for r in reqs.iter().filter(|r| r.land) {
+            match pool.landing(st, r.server).and_then(|a| a.take(r.len)) {
+                Some(s) => slots.push(s),
+                None => return Ok(None),
+            }
+        }
+        let mut slots = slots.into_iter();
         let ops: Vec<Op<'_>> = reqs
             .iter()
             .map(|r| {
@@ -133,36 +156,47 @@ impl Client {
                 )
             })
             .collect();
-        let mut bufs: Vec<Vec<u8>> = SPARE.with(|s| {
+        let mut bufs: Vec<Buf> = SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             reqs.iter()
-                .map(|r| {
-                    // (Every byte is written below: by the reply, or by
-                    // zeros where it is short.)
-                    let mut b = spare.pop().unwrap_or_default();
-                    b.resize(r.len, 0);
-                    b
+                .map(|r| match if r.land { slots.next() } else { None } {
+                    Some(s) => Buf::Slot(s),
+                    None => {
+                        // (Every byte is written below: by the reply, or
+                        // by zeros where it is short.)
+                        let mut b = spare.pop().unwrap_or_default();
+                        b.resize(r.len, 0);
+                        Buf::Heap(b)
+                    }
                 })
                 .collect()
         });
-        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.bytes_mut()).collect();
         self.count(ops.len());
         let results = self.inner.pool.read_into(st, &ops, &mut dsts);
         let mut outcome = Ok(Some(buf.len()));
-        for ((r, d), o) in results.into_iter().zip(dsts).zip(&ops) {
+        let mut failed = vec![false; ops.len()];
+        for (i, (((r, d), o), q)) in results
+            .into_iter()
+            .zip(dsts)
+            .zip(&ops)
+            .zip(&reqs)
+            .enumerate()
+        {
+            failed[i] = r.is_err();
             match r {
-                Ok(Landing::Landed(k)) => {
-                    let k = k.min(d.len());
-                    d[k..].fill(0);
+                Ok(l) => {
+                    if let Err(e) = fill_read(d, l, None) {
+                        if outcome.as_ref().is_ok_and(Option::is_some) {
+                            outcome = Err(e);
+                        }
+                    }
                 }
-                Ok(Landing::Reply(Response::Data(x))) => {
-                    let k = x.len().min(d.len());
-                    d[..k].copy_from_slice(&x[..k]);
-                    d[k..].fill(0);
-                }
-                Ok(Landing::Reply(other)) => {
-                    if outcome.as_ref().is_ok_and(Option::is_some) {
-                        outcome = Err(unexpected(other));
+                // (Into the landing area, the pool did not send it again
+                // on a new connection: the plain read does.)
+                Err(e) if q.land && crate::pool::retry_safe(&e, o.op) => {
+                    if outcome.is_ok() {
+                        outcome = Ok(None);
                     }
                 }
                 Err(e)
@@ -186,6 +220,7 @@ impl Client {
         if matches!(outcome, Ok(Some(_))) {
             for (r, b) in reqs.iter().zip(&bufs) {
                 let mut at = 0;
+                let b = b.bytes();
                 for (&(_, _, n), &place) in r.spans.iter().zip(&r.places) {
                     let n = n as usize;
                     buf[place..place + n].copy_from_slice(&b[at..at + n]);
@@ -195,9 +230,11 @@ impl Client {
         }
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
-            for b in bufs {
-                if spare.len() < SPARE_KEPT {
-                    spare.push(b);
+            for (b, failed) in bufs.into_iter().zip(failed) {
+                if let Some(b) = b.retire(failed) {
+                    if spare.len() < SPARE_KEPT {
+                        spare.push(b);
+                    }
                 }
             }
         });

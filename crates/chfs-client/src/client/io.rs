@@ -13,9 +13,9 @@ use chfs_proto::{Request, Response};
 use chfs_sys::lock;
 
 use super::{
-    expect_meta, link_target, rw_flags, unexpected, Client, FileState, OpenFile, MAX_SYMLINKS,
+    expect_meta, fill_read, link_target, rw_flags, unexpected, Client, FileState, OpenFile,
+    MAX_SYMLINKS,
 };
-use crate::conn::Landing;
 use crate::error::{fail, Error, Result};
 use crate::pool::{Op, PoolState};
 use crate::types::{Stat, Whence};
@@ -638,24 +638,23 @@ impl Client {
         let mut first_err = None;
         // Slots a failed read named: a server may still write them.
         let mut lost = vec![false; slots.len()];
-        for ((r, d), p) in results.into_iter().zip(dsts).zip(place) {
-            match r {
-                Ok(Landing::Landed(k)) => {
-                    if let Some((s, at)) = p {
-                        d[..k].copy_from_slice(&slots[s].bytes()[at..at + k]);
-                    }
-                    d[k..].fill(0)
+        // Chunks whose landing a broken connection failed: read again
+        // straight into `buf` (on a new connection, not landed).
+        let mut again = Vec::new();
+        for (i, ((r, d), p)) in results.into_iter().zip(&mut dsts).zip(&place).enumerate() {
+            let r = match (r, p) {
+                (Err(e), Some((s, _))) if crate::pool::retry_safe(&e, op::READ) => {
+                    lost[*s] = true;
+                    again.push(i);
+                    continue;
                 }
-                Ok(Landing::Reply(Response::Data(x))) => {
-                    let k = x.len().min(d.len());
-                    d[..k].copy_from_slice(&x[..k]);
-                    d[k..].fill(0);
-                }
-                Ok(Landing::Reply(other)) => {
-                    first_err.get_or_insert(unexpected(other));
-                }
+                (r, _) => r,
+            };
+            let from = p.map(|(s, at)| &slots[s].bytes()[at..]);
+            match r.and_then(|l| fill_read(d, l, from)) {
+                Ok(()) => {}
                 Err(e) => {
-                    if let Some((s, _)) = p {
+                    if let Some((s, _)) = *p {
                         lost[s] = true;
                     }
                     first_err.get_or_insert(e);
@@ -665,6 +664,26 @@ impl Client {
         for (s, lost) in slots.into_iter().zip(lost) {
             if lost {
                 s.quarantine();
+            }
+        }
+        if !again.is_empty() && first_err.is_none() {
+            let ops: Vec<Op<'_>> = again
+                .iter()
+                .map(|&i| Op {
+                    server: ops[i].server,
+                    op: ops[i].op,
+                    head: ops[i].head.clone(),
+                    tail: &[],
+                })
+                .collect();
+            let mut to: Vec<&mut [u8]> = dsts
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| again.contains(i))
+                .map(|(_, d)| d)
+                .collect();
+            for (r, d) in pool.read_into(&st, &ops, &mut to).into_iter().zip(to) {
+                fill_read(d, r?, None)?;
             }
         }
         match first_err {
