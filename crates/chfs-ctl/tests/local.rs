@@ -1216,10 +1216,12 @@ fn queue_files_nobody_uses_are_removed_by_the_next_shm_process() {
     let (live_addr, killed_addr) = servers.split_once(',').unwrap();
     let (live, killed) = (addr_pid(live_addr), addr_pid(killed_addr));
     assert!(chfsd_alive(killed));
+    // (Looked at before the kill: after it, another test's shm process,
+    // run meanwhile, may already have removed it, as it should.)
+    assert!(!shm_files_of(killed).is_empty(), "the chfsd's queue file");
     // SAFETY: kill(2) of a recorded chfsd's PID.
     assert_eq!(unsafe { libc::kill(killed as i32, libc::SIGKILL) }, 0);
     assert!(chfsd_ends(killed));
-    assert!(!shm_files_of(killed).is_empty(), "a SIGKILLed chfsd's file");
     // Stale, and held open by a process whose PID names nothing here.
     let stale = fake_queue_file(unused_pid(40_000 + std::process::id() % 10_000 * 3));
     let held_pid = unused_pid(stale_pid(&stale) + 1);
