@@ -105,9 +105,9 @@ pub struct ClientStats {
     /// read whose answer is not landed in a caller's buffer).
     pub rma_lent: u64,
     pub rma_copied: u64,
-    /// Slots of the landing area (where local servers place read-ahead
-    /// data, `FLAG_LAND`) given up for good: their reads failed, and a
-    /// server might still write them.
+    /// Slots of the landing area (where local servers place reads' data,
+    /// `FLAG_LAND`) given up for good: their reads failed, and a server
+    /// might still write them.
     pub landing_lost: u64,
 }
 

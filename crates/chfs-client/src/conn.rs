@@ -953,8 +953,7 @@ impl Conn {
                     dst.len()
                 ),
             )),
-            Ok(other) => Ok(Landing::Reply(other)),
-            Err(e) => Err(e),
+            r => r.map(Landing::Reply),
         }
     }
 

@@ -95,8 +95,8 @@ impl Link {
         }
     }
 
-    /// Does the server place reads' data in the landing area `area` (and
-    /// take writes' data from it)? (Local sockets only.)
+    /// Does the server place reads' data in the landing area `area`?
+    /// (Local sockets only.)
     pub fn lands_in(&self, area: &crate::shm::Landing) -> bool {
         match self {
             Link::Socket(c) => c.lands_in(area),

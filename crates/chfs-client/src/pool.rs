@@ -248,12 +248,14 @@ impl Pool {
         self.landing(st, i)?.take(len)
     }
 
+    /// The landing area, if made.
+    fn area(&self) -> Option<&crate::shm::Landing> {
+        self.landing.get()?.as_ref().map(|(_, a)| &**a)
+    }
+
     /// Landing-area slots given up for good (their reads failed).
     pub fn landing_quarantined(&self) -> usize {
-        self.landing
-            .get()
-            .and_then(|a| a.as_ref())
-            .map_or(0, |(_, a)| a.quarantined())
+        self.area().map_or(0, |a| a.quarantined())
     }
 
     /// Makes `w` the memory local servers are told about (once).
@@ -440,11 +442,7 @@ impl Pool {
         // (Not those into the landing area: the server of the broken
         // connection might still write that memory; the caller reads them
         // again elsewhere.)
-        let area = self
-            .landing
-            .get()
-            .and_then(|a| a.as_ref())
-            .map(|(_, a)| &**a);
+        let area = self.area();
         let again: Vec<usize> = results
             .iter()
             .enumerate()
@@ -474,11 +472,7 @@ impl Pool {
         // server may write it by RMA while the request is in flight);
         // `which` is in ascending order.
         let mut slots = dsts.iter_mut().enumerate();
-        let area = self
-            .landing
-            .get()
-            .and_then(|a| a.as_ref())
-            .map(|(_, a)| &**a);
+        let area = self.area();
         let mut inflight: VecDeque<(usize, Arc<Link>, Ticket<'_>)> = VecDeque::new();
         for i in which {
             if inflight.len() >= window {

@@ -100,7 +100,8 @@ impl std::fmt::Debug for SharedBuffer {
 }
 
 /// Bytes of one landing slot: a read-ahead request's reply at the default
-/// `CHFS_READ_AHEAD` (larger ones come through the socket).
+/// `CHFS_READ_AHEAD`, or a `pread`'s chunks placed one after the other
+/// (larger requests come through the socket).
 pub(crate) const SLOT: usize = 1 << 20;
 
 /// Slots of the landing area (its pages are only allocated as they are

@@ -107,12 +107,14 @@ impl Client {
             let in_chunk = (pos % cs) as u32;
             let n = ((cs - in_chunk as u64) as usize).min(buf.len() - done);
             let server = st.owner_of_hash(&f.path, f.hash, idx);
-            let (Some(addr), Some(land)) = (list.servers.get(server), how(server)) else {
-                return Ok(None);
+            // (Asked once per server of the read, not per chunk.)
+            let land = match open.get(&server) {
+                Some(&r) => reqs[r].land,
+                None => match (list.servers.get(server), how(server)) {
+                    (Some(addr), Some(land)) if !self.inner.no_spans.has(addr) => land,
+                    _ => return Ok(None),
+                },
             };
-            if self.inner.no_spans.has(addr) {
-                return Ok(None);
-            }
             let r = match open.get(&server).copied() {
                 Some(r) if reqs[r].spans.len() < MAX_SPANS && reqs[r].len + n <= req_max(land) => r,
                 _ => {
