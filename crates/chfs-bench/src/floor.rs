@@ -10,7 +10,15 @@
 //! path: over the server's Unix socket on a CPU lane (the calling thread
 //! pinned, served on its CPU), over the Unix socket without a lane, and
 //! over TCP. A metadata operation cannot cost less than one RPC round trip;
-//! [`Floors::per_op_note`] puts a phase's cost per operation next to them.
+//! the report puts each metadata phase's cost per operation next to them.
+//!
+//! A third figure is the *stream* ceiling: what the same kind of
+//! connections carry when they do nothing but move data, 1 MiB writes
+//! from as many sender threads as the run has ranks (each pinned to a
+//! rank's CPU, as the ranks are) to as many receivers (not pinned, as
+//! chfsd's threads are not), over Unix socket pairs and loopback TCP
+//! ([`transport_streams`]). ior-easy's bandwidth over a transport is
+//! put next to what that transport carries in the same run.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -25,6 +33,9 @@ use crate::{BenchError, Result};
 
 /// Round trips measured for each figure (after as many again to warm up).
 pub const DEFAULT_ROUNDS: usize = 20_000;
+
+/// Seconds each stream ceiling is measured for.
+pub const STREAM_SECS: f64 = 1.0;
 
 /// A socket kind for the transport floor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +107,76 @@ pub fn transport_rtt(
     r
 }
 
+/// Bytes per write of a stream.
+const STREAM_MSG: usize = 1 << 20;
+
+/// GiB/s carried by `pairs` connections over `t` at once, each a sender
+/// writing 1 MiB at a time for `secs` (pinned to `cpus[i % len]` when
+/// `cpus` is not empty) and a receiver reading 1 MiB at a time.
+pub fn transport_streams(
+    t: Transport,
+    pairs: usize,
+    cpus: &[usize],
+    secs: f64,
+) -> std::io::Result<f64> {
+    let start = std::sync::Arc::new(std::sync::Barrier::new(pairs + 1));
+    let mut senders = Vec::with_capacity(pairs);
+    let mut receivers = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let (mut x, mut y) = connected_pair(t)?;
+        let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+        let go = start.clone();
+        senders.push(std::thread::spawn(move || -> std::io::Result<u64> {
+            if let Some(cpu) = cpu {
+                chfs_sys::cpu::pin_current_thread(cpu)?;
+            }
+            let m = vec![0x5au8; STREAM_MSG];
+            go.wait();
+            let (t0, mut sent) = (Instant::now(), 0u64);
+            while t0.elapsed().as_secs_f64() < secs {
+                x.write_all(&m)?;
+                sent += m.len() as u64;
+            }
+            Ok(sent)
+        }));
+        receivers.push(std::thread::spawn(move || -> std::io::Result<u64> {
+            let mut m = vec![0u8; STREAM_MSG];
+            let mut got = 0u64;
+            loop {
+                match y.read(&mut m)? {
+                    0 => return Ok(got),
+                    n => got += n as u64,
+                }
+            }
+        }));
+    }
+    start.wait();
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    let mut first_err = None;
+    for h in senders {
+        match joined(h) {
+            Ok(n) => sent += n,
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    // The senders' writes have all returned: what they sent was taken by
+    // the kernel, and what the receivers have not read yet is at most the
+    // sockets' buffers (the receivers drain them before they see EOF).
+    let elapsed = t0.elapsed().as_secs_f64();
+    let mut got = 0u64;
+    for h in receivers {
+        got += joined(h)?;
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None if got != sent => Err(std::io::Error::other(format!(
+            "streams: {sent} bytes sent but {got} received"
+        ))),
+        None => Ok(sent as f64 / (1u64 << 30) as f64 / elapsed.max(1e-9)),
+    }
+}
+
 fn joined<T>(h: std::thread::JoinHandle<std::io::Result<T>>) -> std::io::Result<T> {
     h.join()
         .map_err(|_| std::io::Error::other("ping-pong thread panicked"))?
@@ -148,6 +229,20 @@ pub struct Floors {
     pub rpc_lane: Option<f64>,
     pub rpc_unix: Option<f64>,
     pub rpc_tcp: Option<f64>,
+    /// GiB/s that as many Unix socket pairs and TCP connections as the
+    /// run has ranks carry at once ([`transport_streams`]; None: not
+    /// measured).
+    #[serde(default)]
+    pub unix_streams: Option<f64>,
+    #[serde(default)]
+    pub tcp_streams: Option<f64>,
+    /// Streams measured at once for those figures.
+    #[serde(default)]
+    pub stream_pairs: usize,
+    /// How the ranks reach the pool's first server: "unix" (its Unix
+    /// socket on this host) or "tcp" (None: no pool measured).
+    #[serde(default)]
+    pub pool_path: Option<String>,
 }
 
 impl Floors {
@@ -168,6 +263,26 @@ impl Floors {
         Ok(f)
     }
 
+    /// Adds the stream ceilings: `pairs` connections at once, for `secs`
+    /// each, senders pinned like the ranks.
+    pub fn streams(&mut self, pairs: usize, secs: f64) -> std::io::Result<()> {
+        let cpus = cpus_allowed();
+        let pairs = pairs.max(1);
+        self.unix_streams = Some(transport_streams(Transport::Unix, pairs, &cpus, secs)?);
+        self.tcp_streams = Some(transport_streams(Transport::Tcp, pairs, &cpus, secs)?);
+        self.stream_pairs = pairs;
+        Ok(())
+    }
+
+    /// The stream ceiling of the path the pool's ranks take (None: not
+    /// measured).
+    pub fn pool_streams(&self) -> Option<(&str, f64)> {
+        match self.pool_path.as_deref()? {
+            "unix" => self.unix_streams.map(|g| ("Unix socket", g)),
+            _ => self.tcp_streams.map(|g| ("TCP", g)),
+        }
+    }
+
     /// Adds the RPC floors, measured against server `index` of the pool
     /// that `cfg` names (the CPU lane and Unix socket figures only when it
     /// is on this host).
@@ -186,7 +301,16 @@ impl Floors {
         let unix = connect(true, CpuLanes::Never)?;
         unix.ping(index)
             .map_err(|e| BenchError::chfs("ping", "server", e))?;
-        if unix.local_connections().0 > 0 {
+        let local = unix.local_connections().0 > 0;
+        self.pool_path = Some(
+            if local && cfg.local_socket {
+                "unix"
+            } else {
+                "tcp"
+            }
+            .to_string(),
+        );
+        if local {
             self.rpc_unix = Some(rpc_rtt(&unix, index, None, rounds)?);
             let lane = connect(true, CpuLanes::Pinned)?;
             self.rpc_lane = Some(rpc_rtt(&lane, index, cpu, rounds)?);
@@ -216,6 +340,12 @@ impl Floors {
             f(self.rpc_unix),
             f(self.rpc_tcp)
         );
+        if let (Some(u), Some(t)) = (self.unix_streams, self.tcp_streams) {
+            s += &format!(
+                "  1 MiB streams, {} at once (GiB/s): Unix socket {u:.2}, TCP {t:.2}\n",
+                self.stream_pairs
+            );
+        }
         s
     }
 }
@@ -235,12 +365,19 @@ pub struct FloorArgs {
     /// the run).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub rpc: bool,
+    /// Connections at once for the stream ceilings (0: none measured).
+    #[arg(long, default_value_t = 2)]
+    pub streams: usize,
 }
 
 /// Runs `chfs-bench floor`.
 pub fn run(a: &FloorArgs) -> Result<()> {
     let mut f =
         Floors::transports(a.rounds).map_err(|e| BenchError::io("ping-pong", "socket", e))?;
+    if a.streams > 0 {
+        f.streams(a.streams, STREAM_SECS)
+            .map_err(|e| BenchError::io("streams", "socket", e))?;
+    }
     if a.rpc {
         let pool = chfs_localpool::LocalPool::start_with(
             chfs_localpool::PoolOptions {
@@ -259,4 +396,25 @@ pub fn run(a: &FloorArgs) -> Result<()> {
     }
     print!("{}", f.table());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every stream moves data, and what the senders wrote is what the
+    /// receivers read (or the figure would count bytes nobody received).
+    #[test]
+    fn streams_carry_data_over_both_transports() {
+        for t in [Transport::Unix, Transport::Tcp] {
+            let g = transport_streams(t, 2, &cpus_allowed(), 0.2).expect("streams");
+            assert!(g > 0.01, "{t:?}: {g} GiB/s");
+        }
+        let mut f = Floors::default();
+        f.streams(1, 0.1).expect("streams");
+        assert_eq!(f.stream_pairs, 1);
+        assert!(f.pool_streams().is_none(), "no pool was measured");
+        f.pool_path = Some("unix".into());
+        assert_eq!(f.pool_streams().map(|p| p.0), Some("Unix socket"));
+    }
 }

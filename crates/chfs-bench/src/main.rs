@@ -490,7 +490,7 @@ fn io500(
         }
     }
     let floors = (!a.no_floor)
-        .then(|| measure_floors(&targets))
+        .then(|| measure_floors(&targets, params.nprocs))
         .transpose()?;
     let mut results = leader::run_targets(&targets, &params, &opts, launcher)?.into_iter();
     let (Some(sys), reference) = (results.next(), results.next()) else {
@@ -624,11 +624,14 @@ fn mpi_main() -> ExitCode {
 }
 
 /// The round-trip floors of this machine, and of the first pool among
-/// `targets` (its first server).
-fn measure_floors(targets: &[(&str, TargetSpec)]) -> Result<floor::Floors> {
+/// `targets` (its first server); the stream ceilings of `nprocs`
+/// connections at once.
+fn measure_floors(targets: &[(&str, TargetSpec)], nprocs: usize) -> Result<floor::Floors> {
     let rounds = 5_000;
     let mut f =
         floor::Floors::transports(rounds).map_err(|e| BenchError::io("ping-pong", "socket", e))?;
+    f.streams(nprocs, floor::STREAM_SECS)
+        .map_err(|e| BenchError::io("streams", "socket", e))?;
     if let Some(TargetSpec::Chfs {
         servers,
         credential,

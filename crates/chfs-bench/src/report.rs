@@ -382,8 +382,28 @@ pub fn table(run: &RunResult) -> String {
                 per_op(r, run.params.nprocs)
             );
         }
+        if let Some(line) = against_streams(&run.system, f) {
+            s.push_str(&line);
+        }
     }
     s
+}
+
+/// ior-easy's bandwidth as a share of what the connections of its path
+/// carried in the stream test of the same run (None: not measured).
+fn against_streams(t: &TargetResult, f: &crate::floor::Floors) -> Option<String> {
+    let (path, gib) = f.pool_streams()?;
+    let share = |name: &str| {
+        t.phases
+            .iter()
+            .find(|p| p.name == name)
+            .map_or("-".to_string(), |p| format!("{:.2}", ratio(p.rate, gib)))
+    };
+    Some(format!(
+        "ior-easy of the system against its path's 1 MiB streams ({path}, {gib:.2} GiB/s): write {}, read {}\n",
+        share("ior-easy-write"),
+        share("ior-easy-read")
+    ))
 }
 
 /// Each metadata phase's time per operation and rank, in µs.
@@ -677,6 +697,10 @@ mod tests {
                 unix_same_cpu: 8.0,
                 tcp_same_cpu: 14.0,
                 rpc_tcp: Some(20.0),
+                unix_streams: Some(8.0),
+                tcp_streams: Some(4.0),
+                stream_pairs: 2,
+                pool_path: Some("tcp".into()),
                 ..Default::default()
             }),
         }
@@ -695,6 +719,15 @@ mod tests {
         assert!(line.contains("easy-write 1000.0"), "{line}");
         assert!(!line.contains("find"), "{line}");
         assert!(t.contains("reference easy-write 2000.0"), "{t}");
+        // 2 GiB/s against TCP streams of 4 GiB/s
+        assert!(
+            t.contains("1 MiB streams, 2 at once (GiB/s): Unix socket 8.00, TCP 4.00"),
+            "{t}"
+        );
+        assert!(
+            t.contains("(TCP, 4.00 GiB/s): write 0.50, read 0.50"),
+            "{t}"
+        );
     }
 
     #[test]
