@@ -144,8 +144,23 @@ fn new_fabric_shared() -> Option<Shared> {
     })
 }
 
+/// The same over TCP: reads of several chunks go by server through the
+/// socket (no landing area).
+fn new_tcp_shared() -> Shared {
+    let pool = LocalPool::start(2).expect("pool");
+    let client = client(&pool, |c| {
+        c.read_ahead = 16 * 1024;
+        c.local_socket = false;
+    });
+    Shared {
+        _pool: pool,
+        client,
+    }
+}
+
 thread_local! {
     static SHARED: Shared = new_shared();
+    static TCP: Shared = new_tcp_shared();
     static FABRIC: Option<Shared> = new_fabric_shared();
 }
 
@@ -206,6 +221,17 @@ proptest! {
         (size, cs, holes, reads, writes) in cases(),
     ) {
         SHARED.with(|s| run_case(&s.client, size, cs, &holes, &reads, &writes))?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    /// The same over TCP.
+    #[test]
+    fn reads_match_plain_reads_over_tcp(
+        (size, cs, holes, reads, writes) in cases(),
+    ) {
+        TCP.with(|s| run_case(&s.client, size, cs, &holes, &reads, &writes))?;
     }
 }
 
@@ -582,4 +608,49 @@ fn plain_reads_from_local_servers_land_in_shared_memory() {
     assert_eq!(landed(&|| assert!(pread(&off, fd, 0, 16 << 20) == want)), 0);
     off.close(fd).unwrap();
     assert_eq!(c.stats().landing_lost, 0);
+}
+
+/// Over a socket (TCP, or the Unix socket without the landing area), a
+/// `pread` of several chunks of up to 256 KiB also goes as one
+/// `ReadSpans` per server (of at most 1 MiB each), its data received into
+/// a buffer and put in place: the bytes of plain reads, holes and the end
+/// of the file included, with no landing.
+#[test]
+fn plain_reads_over_sockets_go_by_server() {
+    let p = LocalPool::start(2).expect("pool");
+    let w = client(&p, |_| {});
+    let small = make_file(&w, "/small", 65536, 8 << 20, &[(100_000, 300_000)]);
+    let tail = make_file(&w, "/tail", 65536, 1_000_000, &[(900_000, 950_000)]);
+    for (name, tcp) in [("tcp", true), ("unix without the landing area", false)] {
+        let c = client(&p, |c| {
+            c.read_ahead = 0;
+            c.cma = false;
+            c.local_socket = !tcp;
+        });
+        let fd = c.open("/small", libc::O_RDONLY, 0).unwrap();
+        let (reads, landings) = (server_reads(&c), server_landings(&c));
+        // 16 chunks, 2 servers: one request each.
+        assert!(
+            pread(&c, fd, 65536 + 10, 1 << 20) == model(&small, 65536 + 10, 1 << 20),
+            "{name}"
+        );
+        assert_eq!(server_reads(&c) - reads, 2, "{name}");
+        // 8 MiB: at most 1 MiB per request, 8 MiB from 2 servers.
+        let reads = server_reads(&c);
+        assert!(pread(&c, fd, 0, 8 << 20) == small, "{name}");
+        let n = server_reads(&c) - reads;
+        assert!((8..=10).contains(&n), "{name}: {n} requests");
+        assert_eq!(server_landings(&c) - landings, 0, "{name}");
+        c.close(fd).unwrap();
+        // Past the end: cut at the size, a hole before it.
+        let fd = c.open("/tail", libc::O_RDONLY, 0).unwrap();
+        assert!(
+            pread(&c, fd, 800_000, 400_000) == model(&tail, 800_000, 400_000),
+            "{name}"
+        );
+        c.close(fd).unwrap();
+        if tcp {
+            assert_eq!(c.local_connections().0, 0, "over TCP");
+        }
+    }
 }

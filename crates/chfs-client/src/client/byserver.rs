@@ -1,19 +1,22 @@
-//! Reads of several chunks from servers over a fabric (`ofi+*`) or on
-//! this host with the landing area: one `ReadSpans` per server, carrying
-//! that server's parts of the read, instead of one `Read` per chunk. Each
-//! request's data arrives by a single RMA write into a buffer here (or
-//! the server's copy into a slot of the landing area), and is then copied
-//! to its places in the caller's buffer.
+//! Reads of several chunks by server: one `ReadSpans` per server,
+//! carrying that server's parts of the read, instead of one `Read` per
+//! chunk. Each request's data arrives in one piece: by a single RMA write
+//! into a buffer here (over a fabric, `ofi+*`), by the server's copy into
+//! a slot of the landing area (a server on this host), or as one reply
+//! received into a buffer here (over a socket: TCP, or a Unix socket
+//! without the landing area). It is then copied to its places in the
+//! caller's buffer.
 //!
-//! Over the fabric every chunk request costs the provider an operation
-//! and a message each way. With 64 KiB chunks (the default) a 1 MiB read
-//! is 16 of them, and over `ofi+tcp` the provider's per-operation CPU
-//! halved what such reads moved, compared with 1 MiB chunks. On this
-//! host each request costs the server a few microseconds of CPU, which
-//! the readers share the CPUs with.
+//! Every chunk request costs each side an operation and a message each
+//! way. With 64 KiB chunks (the default) a 1 MiB read is 16 of them.
+//! Over `ofi+tcp` the provider's per-operation CPU halved what such reads
+//! moved, compared with 1 MiB chunks. Over TCP (loopback, 2 ranks and 2
+//! servers on 2 CPUs) ior-easy-read went from 2.07-2.17 to 2.42-2.53
+//! GiB/s, the copy included (crates/chfs-bench/README.md).
 //!
 //! Only for chunks of up to 256 KiB ([`CHUNK_MAX`]): larger ones move
-//! straight into the caller's memory, a chunk per RMA, without the copy.
+//! straight into the caller's memory, a chunk per request, without the
+//! copy.
 //!
 //! `ReadSpans` pads each span with zeros, as a plain read's short reply
 //! is padded here, and the read is already cut at the file size this
@@ -32,6 +35,28 @@ use crate::error::Result;
 use crate::pool::{Op, PoolState};
 use crate::shm::{Buf, SLOT};
 
+/// How a request's data comes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// By RMA into a buffer here.
+    Fabric,
+    /// Into a slot of the landing area.
+    Land,
+    /// As the reply's data, received into a buffer here.
+    Socket,
+}
+
+impl Via {
+    /// Most bytes of one request: a slot; a buffer kept small.
+    fn req_max(self) -> usize {
+        match self {
+            Via::Land => SLOT,
+            Via::Fabric => REQ_MAX,
+            Via::Socket => SOCKET_REQ_MAX,
+        }
+    }
+}
+
 /// One request: its server, its spans (chunk, offset, length), and where
 /// each span's bytes go in the caller's buffer.
 struct Req {
@@ -39,8 +64,7 @@ struct Req {
     spans: Vec<(u64, u32, u32)>,
     places: Vec<usize>,
     len: usize,
-    /// Into a slot of the landing area (not over the fabric).
-    land: bool,
+    via: Via,
 }
 
 thread_local! {
@@ -57,16 +81,20 @@ pub(super) const CHUNK_MAX: u64 = 256 << 10;
 /// Most buffers kept per thread.
 const SPARE_KEPT: usize = 4;
 
-/// Most bytes of one request (a server's parts of a larger read go in
-/// several): the buffers here stay this small.
+/// Most bytes of one request over a fabric (a server's parts of a larger
+/// read go in several): the buffers here stay this small.
 const REQ_MAX: usize = 4 << 20;
+
+/// Most bytes of one request over a socket: 16 chunks of 64 KiB, and a
+/// thread's kept buffers stay at most 4 MiB.
+const SOCKET_REQ_MAX: usize = 1 << 20;
 
 impl Client {
     /// `pread` of `buf.len()` bytes at `off` (below the file size this
-    /// client knows) with one `ReadSpans` per fabric or landing server;
-    /// None when not for this read (a server neither, no more than one
-    /// chunk per server, a server that does not know `ReadSpans` or
-    /// refused it, no landing slot free): then read plainly.
+    /// client knows) with one `ReadSpans` per server; None when not for
+    /// this read (no more than one chunk per server, a server that does
+    /// not know `ReadSpans` or refused it, no landing slot free): then
+    /// read plainly.
     pub(super) fn read_by_server(
         &self,
         st: &PoolState,
@@ -81,21 +109,17 @@ impl Client {
         let cs = f.meta.chunk_size as u64;
         let list = st.ring.list();
         let pool = &self.inner.pool;
-        // Over the fabric, or into the landing area?
+        // Over the fabric, into the landing area, or through the socket?
         let how = |server: usize| {
             let addr = list.servers.get(server)?;
-            if crate::fabric_link::is_fabric(addr) {
-                Some(false)
+            Some(if crate::fabric_link::is_fabric(addr) {
+                Via::Fabric
+            } else if pool.landing(st, server).is_some() {
+                Via::Land
             } else {
-                pool.landing(st, server).map(|_| true)
-            }
+                Via::Socket
+            })
         };
-        // Over TCP to other hosts (most pools) this is all it costs a read.
-        if how(st.owner_of_hash(&f.path, f.hash, off / cs)).is_none() {
-            return Ok(None);
-        }
-        // Each server's requests go into slots of at most this size.
-        let req_max = |land: bool| if land { SLOT } else { REQ_MAX };
         // Each server's open request (a pool may have thousands).
         let mut open: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
         let mut reqs: Vec<Req> = Vec::new();
@@ -108,22 +132,22 @@ impl Client {
             let n = ((cs - in_chunk as u64) as usize).min(buf.len() - done);
             let server = st.owner_of_hash(&f.path, f.hash, idx);
             // (Asked once per server of the read, not per chunk.)
-            let land = match open.get(&server) {
-                Some(&r) => reqs[r].land,
+            let via = match open.get(&server) {
+                Some(&r) => reqs[r].via,
                 None => match (list.servers.get(server), how(server)) {
-                    (Some(addr), Some(land)) if !self.inner.no_spans.has(addr) => land,
+                    (Some(addr), Some(via)) if !self.inner.no_spans.has(addr) => via,
                     _ => return Ok(None),
                 },
             };
             let r = match open.get(&server).copied() {
-                Some(r) if reqs[r].spans.len() < MAX_SPANS && reqs[r].len + n <= req_max(land) => r,
+                Some(r) if reqs[r].spans.len() < MAX_SPANS && reqs[r].len + n <= via.req_max() => r,
                 _ => {
                     reqs.push(Req {
                         server,
                         spans: Vec::new(),
                         places: Vec::new(),
                         len: 0,
-                        land,
+                        via,
                     });
                     open.insert(server, reqs.len() - 1);
                     reqs.len() - 1
@@ -135,14 +159,16 @@ impl Client {
             pieces += 1;
             done += n;
         }
-        if reqs.len() == pieces || reqs.iter().filter(|r| r.land).count() > LAND_SLOTS_PER_READ {
+        if reqs.len() == pieces
+            || reqs.iter().filter(|r| r.via == Via::Land).count() > LAND_SLOTS_PER_READ
+        {
             // A chunk per request either way; or more slots than a read
             // takes (the plain read lands what it can).
             return Ok(None);
         }
         // Slots first: a read that cannot have them all is a plain one.
         let mut slots = Vec::new();
-        for r in reqs.iter().filter(|r| r.land) {
+        for r in reqs.iter().filter(|r| r.via == Via::Land) {
             match pool.landing(st, r.server).and_then(|a| a.take(r.len)) {
                 Some(s) => slots.push(s),
                 None => return Ok(None),
@@ -161,14 +187,20 @@ impl Client {
         let mut bufs: Vec<Buf> = SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             reqs.iter()
-                .map(|r| match if r.land { slots.next() } else { None } {
-                    Some(s) => Buf::Slot(s),
-                    None => {
-                        // (Every byte is written below: by the reply, or
-                        // by zeros where it is short.)
-                        let mut b = spare.pop().unwrap_or_default();
-                        b.resize(r.len, 0);
-                        Buf::Heap(b)
+                .map(|r| {
+                    match if r.via == Via::Land {
+                        slots.next()
+                    } else {
+                        None
+                    } {
+                        Some(s) => Buf::Slot(s),
+                        None => {
+                            // (Every byte is written below: by the reply, or
+                            // by zeros where it is short.)
+                            let mut b = spare.pop().unwrap_or_default();
+                            b.resize(r.len, 0);
+                            Buf::Heap(b)
+                        }
                     }
                 })
                 .collect()
@@ -196,7 +228,7 @@ impl Client {
                 }
                 // (Into the landing area, the pool did not send it again
                 // on a new connection: the plain read does.)
-                Err(e) if q.land && crate::pool::retry_safe(&e, o.op) => {
+                Err(e) if q.via == Via::Land && crate::pool::retry_safe(&e, o.op) => {
                     if outcome.is_ok() {
                         outcome = Ok(None);
                     }
