@@ -182,6 +182,30 @@ fn fill_read(d: &mut [u8], l: crate::conn::Landing, from: Option<&[u8]>) -> Resu
     Ok(())
 }
 
+/// [`fill_read`] for an answer received into `parts` (one after the
+/// other): data a waiter read whole is put in them, and zeros past a
+/// short one.
+fn fill_parts(parts: &mut [&mut [u8]], l: crate::conn::Landing) -> Result<()> {
+    use crate::conn::Landing;
+    let (mut k, data) = match l {
+        Landing::Landed(k) => (k, None),
+        Landing::Reply(Response::Data(x)) => (x.len(), Some(x)),
+        Landing::Reply(other) => return Err(unexpected(other)),
+    };
+    let mut src = data.as_deref().unwrap_or(&[]);
+    for p in parts.iter_mut() {
+        let n = k.min(p.len());
+        if data.is_some() {
+            let m = n.min(src.len());
+            p[..m].copy_from_slice(&src[..m]);
+            src = &src[m..];
+        }
+        p[n..].fill(0);
+        k -= n;
+    }
+    Ok(())
+}
+
 fn unexpected(r: Response) -> Error {
     Error::new(libc::EPROTO, format!("unexpected reply {r:?}"))
 }

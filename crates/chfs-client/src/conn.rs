@@ -282,23 +282,41 @@ impl FrameReader {
 
     /// Reads a frame; with `dst` = (id, buffer), the data of a
     /// [`Response::Data`] reply to `id` that fits the buffer is read
-    /// straight into it ([`Frame::Landed`]) rather than into our buffer
-    /// and copied out by the caller. With `next` (the reply is likely the
-    /// next frame: its request is alone in flight on the connection),
-    /// while the next frame's head and tag are not in hand, one recvmsg(2)
-    /// asks for them into our buffer, for the data into the destination
-    /// and for a little of what follows into our buffer again
-    /// ([`FrameReader::fill_split`]): a reply that has arrived whole costs
-    /// one system call. What went to the destination but is not this
-    /// reply's data (another frame, an error, what follows a short reply)
-    /// is moved back into our buffer, in order. Without `next` (other
-    /// threads' replies may come first, and would each be copied once more
-    /// that way), the head and tag are asked for alone first, then the
-    /// data, which then lands exactly.
+    /// straight into it ([`Frame::Landed`]); see
+    /// [`FrameReader::read_frame_parts`].
+    #[cfg(test)]
     fn read_frame_into(
         &mut self,
         poll: Option<&Poller>,
-        mut dst: Option<(u64, &mut [u8])>,
+        dst: Option<(u64, &mut [u8])>,
+        next: bool,
+    ) -> std::result::Result<Frame, ReadError> {
+        match dst {
+            Some((id, d)) => self.read_frame_parts(poll, Some((id, &mut [d])), next),
+            None => self.read_frame_parts(poll, None, next),
+        }
+    }
+
+    /// Reads a frame; with `dst` = (id, parts), the data of a
+    /// [`Response::Data`] reply to `id` that fits the parts (one after the
+    /// other: a buffer, or the places of a `ReadSpans`' spans in a
+    /// caller's buffer) is read straight into them ([`Frame::Landed`])
+    /// rather than into our buffer and copied out by the caller. With
+    /// `next` (the reply is likely the next frame: its request is alone in
+    /// flight on the connection), while the next frame's head and tag are
+    /// not in hand, one recvmsg(2) asks for them into our buffer, for the
+    /// data into the destination and for a little of what follows into our
+    /// buffer again ([`FrameReader::fill_split`]): a reply that has arrived
+    /// whole costs one system call. What went to the destination but is
+    /// not this reply's data (another frame, an error, what follows a short
+    /// reply) is moved back into our buffer, in order. Without `next`
+    /// (other threads' replies may come first, and would each be copied
+    /// once more that way), the head and tag are asked for alone first,
+    /// then the data, which then lands exactly.
+    fn read_frame_parts(
+        &mut self,
+        poll: Option<&Poller>,
+        mut dst: Option<(u64, &mut [&mut [u8]])>,
         next: bool,
     ) -> std::result::Result<Frame, ReadError> {
         let mut stalls = 0;
@@ -315,14 +333,15 @@ impl FrameReader {
                 // Where this frame's data may go: all of the destination
                 // while the head is unknown, else exactly the data of a
                 // reply to `id` that fits.
+                let total = parts_len(d);
                 let room = match head {
-                    None if next => Some(d.len()),
-                    Some(h) if awaited(&h, *id, d.len()) => Some(h.len as usize - 1),
+                    None if next => Some(total),
+                    Some(h) if awaited(&h, *id, total) => Some(h.len as usize - 1),
                     _ => None,
                 };
                 if let Some(room) = room {
                     if have <= HEADER_LEN {
-                        if let Some(n) = self.fill_split(*id, &mut d[..room], &mut stalls, poll)? {
+                        if let Some(n) = self.fill_split(*id, d, room, &mut stalls, poll)? {
                             return Ok(Frame::Landed(n));
                         }
                         continue;
@@ -349,17 +368,18 @@ impl FrameReader {
     }
 
     /// With at most a head in hand and no tag: one recvmsg(2) for the rest
-    /// of the head and the tag (into our buffer), for the data (into `d`,
-    /// which is as long as the data may be) and for at most
-    /// [`SPLIT_AHEAD`] bytes after it (into our buffer). If the frame is
-    /// the data reply to `id` and its data fits `d`, the rest of the data
-    /// is received into `d` too and its length returned. Else (or while the
-    /// head is incomplete) whatever went to `d` is moved back into our
-    /// buffer where it belongs, and None returned.
+    /// of the head and the tag (into our buffer), for the data (into the
+    /// first `room` bytes of `d`, as many as the data may be) and for at
+    /// most [`SPLIT_AHEAD`] bytes after it (into our buffer). If the frame
+    /// is the data reply to `id` and its data fits `room`, the rest of the
+    /// data is received into `d` too and its length returned. Else (or
+    /// while the head is incomplete) whatever went to `d` is moved back
+    /// into our buffer where it belongs, and None returned.
     fn fill_split(
         &mut self,
         id: u64,
-        d: &mut [u8],
+        d: &mut [&mut [u8]],
+        room: usize,
         stalls: &mut u32,
         poll: Option<&Poller>,
     ) -> std::result::Result<Option<usize>, ReadError> {
@@ -369,23 +389,13 @@ impl FrameReader {
         let spare = self.buf.spare_capacity_mut();
         let ahead = (spare.len() - head).min(SPLIT_AHEAD);
         let (h_part, rest) = spare.split_at_mut(head);
-        let mut iov = [
-            libc::iovec {
-                iov_base: h_part.as_mut_ptr().cast(),
-                iov_len: head,
-            },
-            libc::iovec {
-                iov_base: d.as_mut_ptr().cast(),
-                iov_len: d.len(),
-            },
-            libc::iovec {
-                iov_base: rest.as_mut_ptr().cast(),
-                iov_len: ahead,
-            },
-        ];
-        let n = self.recv(&mut iov, have == 0, stalls, poll)?;
+        let mut iov = Iovecs::new();
+        iov.push(h_part.as_mut_ptr().cast(), head);
+        iov.parts(d, 0, room);
+        iov.push(rest.as_mut_ptr().cast(), ahead);
+        let n = self.recv(iov.as_mut(), have == 0, stalls, poll)?;
         let a = n.min(head);
-        let b = (n - a).min(d.len());
+        let b = (n - a).min(room);
         let c = n - a - b;
         // SAFETY: the kernel initialised the `a` bytes after the `have` in
         // hand and, when it got to the third part (`c` > 0, so `a` is
@@ -397,18 +407,18 @@ impl FrameReader {
         let mut hb = [0u8; HEADER_LEN];
         hb.copy_from_slice(&self.buf[..HEADER_LEN]);
         let h = Header::decode(&hb).map_err(|e| ReadError::Broken(std::io::Error::other(e)))?;
-        if !(awaited(&h, id, d.len()) && self.buf[HEADER_LEN] == DATA_TAG) {
+        if !(awaited(&h, id, room) && self.buf[HEADER_LEN] == DATA_TAG) {
             // Not this reply's data: what went to `d` follows the tag.
-            insert(&mut self.buf, HEADER_LEN + 1, &d[..b]);
+            insert(&mut self.buf, HEADER_LEN + 1, &gather(d, 0, b));
             return Ok(None);
         }
         let len = h.len as usize - 1;
         self.buf.advance(HEADER_LEN + 1);
         if b > len {
             // A short reply: the next frames' first bytes went to `d`.
-            insert(&mut self.buf, 0, &d[len..b]);
+            insert(&mut self.buf, 0, &gather(d, len, b));
         }
-        self.recv_exact(&mut d[b.min(len)..len], stalls)?;
+        self.recv_exact(d, b.min(len), len, stalls)?;
         Ok(Some(len))
     }
 
@@ -418,27 +428,30 @@ impl FrameReader {
     fn land(
         &mut self,
         n: usize,
-        d: &mut [u8],
+        d: &mut [&mut [u8]],
         stalls: &mut u32,
     ) -> std::result::Result<usize, ReadError> {
         self.buf.advance(HEADER_LEN + 1);
         let k = self.buf.len().min(n);
-        d[..k].copy_from_slice(&self.buf[..k]);
+        put(d, 0, &self.buf[..k]);
         self.buf.advance(k);
-        self.recv_exact(&mut d[k..n], stalls)?;
+        self.recv_exact(d, k, n, stalls)?;
         Ok(n)
     }
 
-    /// Receives exactly `d.len()` bytes (of a frame under way) into `d`.
-    fn recv_exact(&mut self, d: &mut [u8], stalls: &mut u32) -> std::result::Result<(), ReadError> {
-        let mut got = 0;
-        while got < d.len() {
-            let rest = &mut d[got..];
-            let mut iov = [libc::iovec {
-                iov_base: rest.as_mut_ptr().cast(),
-                iov_len: rest.len(),
-            }];
-            got += self.recv(&mut iov, false, stalls, None)?;
+    /// Receives exactly bytes `from..to` of `d` (of a frame under way).
+    fn recv_exact(
+        &mut self,
+        d: &mut [&mut [u8]],
+        from: usize,
+        to: usize,
+        stalls: &mut u32,
+    ) -> std::result::Result<(), ReadError> {
+        let mut got = from;
+        while got < to {
+            let mut iov = Iovecs::new();
+            iov.parts(d, got, to);
+            got += self.recv(iov.as_mut(), false, stalls, None)?;
         }
         Ok(())
     }
@@ -550,6 +563,95 @@ fn insert(buf: &mut BytesMut, at: usize, bytes: &[u8]) {
     buf.truncate(at);
     buf.extend_from_slice(bytes);
     buf.extend_from_slice(&after);
+}
+
+/// Bytes of a destination in parts.
+fn parts_len(d: &[&mut [u8]]) -> usize {
+    d.iter().map(|p| p.len()).sum()
+}
+
+/// Copies `src` into the parts `d`, starting at byte `at` of them.
+fn put(d: &mut [&mut [u8]], mut at: usize, mut src: &[u8]) {
+    for p in d.iter_mut() {
+        if src.is_empty() {
+            return;
+        }
+        if at >= p.len() {
+            at -= p.len();
+            continue;
+        }
+        let k = (p.len() - at).min(src.len());
+        p[at..at + k].copy_from_slice(&src[..k]);
+        src = &src[k..];
+        at = 0;
+    }
+}
+
+/// Bytes `from..to` of the parts `d`, gathered.
+fn gather(d: &[&mut [u8]], from: usize, to: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(to.saturating_sub(from));
+    let mut pos = 0;
+    for p in d {
+        let (a, b) = (from.max(pos), to.min(pos + p.len()));
+        if a < b {
+            out.extend_from_slice(&p[a - pos..b - pos]);
+        }
+        pos += p.len();
+    }
+    out
+}
+
+/// Most pieces one recvmsg(2) of a reply asks for: a head, the
+/// destination's parts, what follows ([`MAX_PARTS`] parts and two).
+const IOVECS: usize = MAX_PARTS + 2;
+
+/// Most parts a destination may have (a `ReadSpans`' spans received in
+/// place; more would need more than one system call per reply anyway).
+pub(crate) const MAX_PARTS: usize = 64;
+
+/// The iovecs of one recvmsg(2), on the stack.
+struct Iovecs {
+    v: [libc::iovec; IOVECS],
+    n: usize,
+}
+
+impl Iovecs {
+    fn new() -> Iovecs {
+        Iovecs {
+            v: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; IOVECS],
+            n: 0,
+        }
+    }
+
+    /// Adds `len` bytes at `base` (nothing for none, or when full).
+    fn push(&mut self, base: *mut libc::c_void, len: usize) {
+        if len > 0 && self.n < IOVECS {
+            self.v[self.n] = libc::iovec {
+                iov_base: base,
+                iov_len: len,
+            };
+            self.n += 1;
+        }
+    }
+
+    /// Adds bytes `from..to` of the parts `d`.
+    fn parts(&mut self, d: &mut [&mut [u8]], from: usize, to: usize) {
+        let mut pos = 0;
+        for p in d.iter_mut() {
+            let (a, b) = (from.max(pos), to.min(pos + p.len()));
+            if a < b {
+                self.push(p[a - pos..].as_mut_ptr().cast(), b - a);
+            }
+            pos += p.len();
+        }
+    }
+
+    fn as_mut(&mut self) -> &mut [libc::iovec] {
+        &mut self.v[..self.n]
+    }
 }
 
 thread_local! {
@@ -1053,10 +1155,17 @@ impl Conn {
     /// first after all, an error), so that whatever the outcome, `dst`
     /// holds nothing the caller may rely on but the data landed.
     pub fn wait_into(&self, t: Ticket, dst: &mut [u8]) -> Result<Landing> {
-        self.wait_for(t, Some(dst))
+        self.wait_for(t, Some(&mut [dst]))
     }
 
-    fn wait_for(&self, t: Ticket, mut dst: Option<&mut [u8]>) -> Result<Landing> {
+    /// [`Conn::wait_into`] with the data going into `parts`, one after the
+    /// other (at most [`MAX_PARTS`]); [`Landing::Landed`] counts the bytes
+    /// of all of them.
+    pub fn wait_into_parts(&self, t: Ticket, parts: &mut [&mut [u8]]) -> Result<Landing> {
+        self.wait_for(t, Some(parts))
+    }
+
+    fn wait_for(&self, t: Ticket, mut dst: Option<&mut [&mut [u8]]>) -> Result<Landing> {
         let deadline = Instant::now() + self.timeout;
         let mut st = lock(&self.state);
         loop {
@@ -1133,7 +1242,7 @@ impl Conn {
     /// state), polling first when the request is `lone` in flight. Replies
     /// to other requests are filed for their waiters.
     /// Its own reply's data goes to `dst` if it fits (see
-    /// [`FrameReader::read_frame_into`]); its own reply is returned
+    /// [`FrameReader::read_frame_parts`]); its own reply is returned
     /// undecoded.
     fn read_until(
         &self,
@@ -1141,12 +1250,12 @@ impl Conn {
         deadline: Instant,
         lone: bool,
         next: bool,
-        mut dst: Option<&mut [u8]>,
+        mut dst: Option<&mut [&mut [u8]]>,
     ) -> Option<Frame> {
         let mut rd = lock(&self.reader);
         loop {
             let into = dst.as_deref_mut().map(|d| (id, d));
-            match rd.read_frame_into(lone.then_some(&self.poll), into, next) {
+            match rd.read_frame_parts(lone.then_some(&self.poll), into, next) {
                 Ok(f @ Frame::Landed(..)) => {
                     self.note_io();
                     return Some(f);
@@ -1563,10 +1672,27 @@ mod tests {
                 ],
             ),
         ];
-        for (bytes, expect, next) in cases
-            .iter()
-            .flat_map(|(b, e)| [(b, e, true), (b, e, false)])
-        {
+        // The destination whole, and in parts (the places of a
+        // `ReadSpans`' spans): 7 bytes, 1, 90, the rest.
+        fn split(dst: &mut [u8], parts: bool) -> Vec<&mut [u8]> {
+            if !parts {
+                return vec![dst];
+            }
+            let mut v = Vec::new();
+            let mut rest = dst;
+            for n in [7, 1, 90] {
+                let (a, b) = std::mem::take(&mut rest).split_at_mut(n.min(rest.len()));
+                v.push(a);
+                rest = b;
+            }
+            v.push(rest);
+            v
+        }
+        for (bytes, expect, next, parts) in cases.iter().flat_map(|(b, e)| {
+            [(b, e, true), (b, e, false)]
+                .into_iter()
+                .flat_map(|(b, e, n)| [(b, e, n, false), (b, e, n, true)])
+        }) {
             for cut in 1..bytes.len() {
                 let (a, mut b) = UnixStream::pair().unwrap();
                 a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -1579,12 +1705,14 @@ mod tests {
                     b
                 });
                 for (i, e) in expect.iter().enumerate() {
-                    let at = format!("cut at {cut}, read {i}, next {next}");
+                    let at = format!("cut at {cut}, read {i}, next {next}, parts {parts}");
                     match e {
                         Expect::Landed(want, size) => {
                             let mut dst = vec![0xeeu8; *size];
-                            match r.read_frame_into(None, Some((1, &mut dst)), next) {
+                            let mut d = split(&mut dst, parts);
+                            match r.read_frame_parts(None, Some((1, &mut d)), next) {
                                 Ok(Frame::Landed(n)) => {
+                                    drop(d);
                                     assert_eq!(&dst[..n], &want[..], "{at}")
                                 }
                                 _ => panic!("{at}: not landed"),
@@ -1592,8 +1720,9 @@ mod tests {
                         }
                         Expect::Whole(id, flags, want, size) => {
                             let mut dst = vec![0xeeu8; *size];
-                            let into = (*size > 0).then_some((1, &mut dst[..]));
-                            match r.read_frame_into(None, into, next) {
+                            let mut d = split(&mut dst, parts);
+                            let into = (*size > 0).then_some((1, &mut d[..]));
+                            match r.read_frame_parts(None, into, next) {
                                 Ok(Frame::Whole(h, p)) => {
                                     assert_eq!(
                                         (h.id, h.flags, &p[..]),

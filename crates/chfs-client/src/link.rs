@@ -31,6 +31,8 @@ pub(crate) enum Ticket<'a> {
     Socket(conn::Ticket),
     /// A read whose data lands in the destination when the answer comes.
     SocketInto(conn::Ticket, &'a mut [u8]),
+    /// A read whose data lands in these parts, one after the other.
+    SocketParts(conn::Ticket, Vec<&'a mut [u8]>),
     /// A read whose data the server places in the destination, in the
     /// client's landing area (`FLAG_LAND`).
     SocketLanding(conn::Ticket, &'a mut [u8]),
@@ -146,6 +148,32 @@ impl Link {
         }
     }
 
+    /// Sends a read (`head` the request) whose data is to land in
+    /// `parts`, one after the other ([`Link::wait_landed`]): the places of
+    /// a `ReadSpans`' spans in the caller's buffer. Sockets only, and at
+    /// most [`conn::MAX_PARTS`] parts.
+    pub fn send_read_parts<'a>(
+        &self,
+        op: u16,
+        head: &[u8],
+        parts: Vec<&'a mut [u8]>,
+    ) -> Result<Ticket<'a>> {
+        match self {
+            Link::Socket(_) if parts.len() > conn::MAX_PARTS => fail(
+                libc::EINVAL,
+                format!(
+                    "a read into {} parts (at most {})",
+                    parts.len(),
+                    conn::MAX_PARTS
+                ),
+            ),
+            Link::Socket(c) => c
+                .send_raw(op, head, &[])
+                .map(|t| Ticket::SocketParts(t, parts)),
+            Link::Fabric(_) => fail(libc::EINVAL, "reads into parts are for sockets only"),
+        }
+    }
+
     /// Sends a request.
     pub fn send(&self, req: &Request) -> Result<Ticket<'static>> {
         match self {
@@ -158,7 +186,7 @@ impl Link {
     pub fn wait(&self, t: Ticket<'_>) -> Result<Response> {
         match (self, t) {
             (Link::Socket(c), Ticket::Socket(t)) => c.wait(t),
-            (Link::Socket(c), Ticket::SocketInto(t, _)) => c.wait(t),
+            (Link::Socket(c), Ticket::SocketInto(t, _) | Ticket::SocketParts(t, _)) => c.wait(t),
             (Link::Socket(c), Ticket::SocketLanding(t, dst)) => match c.wait_landing(t, dst)? {
                 Landing::Reply(r) => Ok(r),
                 Landing::Landed(n) => Ok(Response::Data(bytes::Bytes::copy_from_slice(&dst[..n]))),
@@ -174,6 +202,9 @@ impl Link {
     pub fn wait_landed(&self, t: Ticket<'_>) -> Result<Landing> {
         match (self, t) {
             (Link::Socket(c), Ticket::SocketInto(t, dst)) => c.wait_into(t, dst),
+            (Link::Socket(c), Ticket::SocketParts(t, mut parts)) => {
+                c.wait_into_parts(t, &mut parts)
+            }
             (Link::Socket(c), Ticket::SocketLanding(t, dst)) => c.wait_landing(t, dst),
             (Link::Socket(c), Ticket::Socket(t)) => c.wait(t).map(Landing::Reply),
             (Link::Fabric(f), Ticket::Fabric(t)) => f.wait_into(t, None),

@@ -69,6 +69,67 @@ impl<'a> Op<'a> {
     }
 }
 
+/// Where a read's data goes ([`Pool::read_into`]): one buffer, or the
+/// parts of one (in order; over sockets only).
+pub(crate) trait ReadDst {
+    /// Sends `op` over `link`, its data to land here.
+    fn send<'a>(
+        &'a mut self,
+        link: &Link,
+        op: &Op<'_>,
+        area: Option<&crate::shm::Landing>,
+    ) -> Result<Ticket<'a>>;
+    /// Does it lie in the landing area `a`?
+    fn in_area(&self, a: &crate::shm::Landing) -> bool;
+}
+
+impl ReadDst for &mut [u8] {
+    fn send<'a>(
+        &'a mut self,
+        link: &Link,
+        op: &Op<'_>,
+        area: Option<&crate::shm::Landing>,
+    ) -> Result<Ticket<'a>> {
+        link.send_read(op.op, &op.head, self, area)
+    }
+
+    fn in_area(&self, a: &crate::shm::Landing) -> bool {
+        a.holds(self.as_ptr(), self.len())
+    }
+}
+
+/// A read's destination of either kind.
+pub(crate) enum Dst<'a> {
+    One(&'a mut [u8]),
+    /// Places in a caller's buffer, one after the other (sockets only, at
+    /// most [`crate::conn::MAX_PARTS`]).
+    Parts(Vec<&'a mut [u8]>),
+}
+
+impl ReadDst for Dst<'_> {
+    fn send<'a>(
+        &'a mut self,
+        link: &Link,
+        op: &Op<'_>,
+        area: Option<&crate::shm::Landing>,
+    ) -> Result<Ticket<'a>> {
+        match self {
+            Dst::One(d) => link.send_read(op.op, &op.head, d, area),
+            Dst::Parts(parts) => {
+                let parts = parts.iter_mut().map(|p| &mut **p).collect();
+                link.send_read_parts(op.op, &op.head, parts)
+            }
+        }
+    }
+
+    fn in_area(&self, a: &crate::shm::Landing) -> bool {
+        match self {
+            Dst::One(d) => a.holds(d.as_ptr(), d.len()),
+            Dst::Parts(_) => false,
+        }
+    }
+}
+
 pub(crate) struct Pool {
     cfg: ClientConfig,
     state: RwLock<Arc<PoolState>>,
@@ -418,11 +479,11 @@ impl Pool {
     /// [`Link::wait_into`]), with at most the window in flight (as
     /// [`Pool::pipeline`]); those a broken connection failed are sent once
     /// more on new connections. Results are in the order of `ops`.
-    pub fn read_into(
+    pub fn read_into<D: ReadDst>(
         &self,
         st: &PoolState,
         ops: &[Op<'_>],
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [D],
     ) -> Vec<Result<Landing>> {
         let _rpcs = tracing::debug_span!("reads", n = ops.len()).entered();
         let window = if self.cfg.async_access {
@@ -447,7 +508,7 @@ impl Pool {
             .iter()
             .enumerate()
             .filter(|(i, r)| matches!(r, Some(Err(e)) if retry_safe(e, ops[*i].op)))
-            .filter(|(i, _)| !area.is_some_and(|a| a.holds(dsts[*i].as_ptr(), dsts[*i].len())))
+            .filter(|(i, _)| !area.is_some_and(|a| dsts[*i].in_area(a)))
             .map(|(i, _)| i)
             .collect();
         if !again.is_empty() {
@@ -459,13 +520,13 @@ impl Pool {
             .collect()
     }
 
-    fn read_batch(
+    fn read_batch<D: ReadDst>(
         &self,
         st: &PoolState,
         ops: &[Op<'_>],
         which: Vec<usize>,
         window: usize,
-        dsts: &mut [&mut [u8]],
+        dsts: &mut [D],
         results: &mut [Option<Result<Landing>>],
     ) {
         // Each destination goes with its request (over the fabric the
@@ -485,10 +546,9 @@ impl Pool {
                 results[i] = Some(Err(Error::new(libc::EIO, "reads of a batch out of order")));
                 continue;
             };
-            let dst: &mut [u8] = dst;
             match self
                 .conn(st, op.server)
-                .and_then(|c| c.send_read(op.op, &op.head, dst, area).map(|t| (c, t)))
+                .and_then(|c| dst.send(&c, op, area).map(|t| (c, t)))
             {
                 Ok((c, t)) => inflight.push_back((i, c, t)),
                 Err(e) => results[i] = Some(Err(e)),

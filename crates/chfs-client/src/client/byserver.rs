@@ -1,18 +1,20 @@
 //! Reads of several chunks by server: one `ReadSpans` per server,
 //! carrying that server's parts of the read, instead of one `Read` per
 //! chunk. Each request's data arrives in one piece: by a single RMA write
-//! into a buffer here (over a fabric, `ofi+*`), by the server's copy into
-//! a slot of the landing area (a server on this host), or as one reply
-//! received into a buffer here (over a socket: TCP, or a Unix socket
-//! without the landing area). It is then copied to its places in the
-//! caller's buffer.
+//! into a buffer here (over a fabric, `ofi+*`) or by the server's copy
+//! into a slot of the landing area (a server on this host), and is then
+//! copied to its places in the caller's buffer; or as one reply over a
+//! socket (TCP, or a Unix socket without the landing area), received
+//! straight into those places (a recvmsg(2) with an iovec per span, at
+//! most [`crate::conn::MAX_PARTS`] spans per request).
 //!
 //! Every chunk request costs each side an operation and a message each
 //! way. With 64 KiB chunks (the default) a 1 MiB read is 16 of them.
 //! Over `ofi+tcp` the provider's per-operation CPU halved what such reads
 //! moved, compared with 1 MiB chunks. Over TCP (loopback, 2 ranks and 2
-//! servers on 2 CPUs) ior-easy-read went from 2.07-2.17 to 2.42-2.53
-//! GiB/s, the copy included (crates/chfs-bench/README.md).
+//! servers on 2 CPUs) one process's 1 MiB reads went from 1,741-2,041
+//! to 1,965-2,451 MiB/s with a copy out of a buffer, and further without
+//! it (crates/chfs-bench/README.md).
 //!
 //! Only for chunks of up to 256 KiB ([`CHUNK_MAX`]): larger ones move
 //! straight into the caller's memory, a chunk per request, without the
@@ -30,9 +32,9 @@
 use chfs_proto::msg::{op, MAX_SPANS};
 
 use super::io::LAND_SLOTS_PER_READ;
-use super::{fill_read, Client, OpenFile};
+use super::{fill_parts, fill_read, Client, OpenFile};
 use crate::error::Result;
-use crate::pool::{Op, PoolState};
+use crate::pool::{Dst, Op, PoolState};
 use crate::shm::{Buf, SLOT};
 
 /// How a request's data comes.
@@ -53,6 +55,15 @@ impl Via {
             Via::Land => SLOT,
             Via::Fabric => REQ_MAX,
             Via::Socket => SOCKET_REQ_MAX,
+        }
+    }
+
+    /// Most spans of one request: a socket's are received in place, an
+    /// iovec each.
+    fn spans_max(self) -> usize {
+        match self {
+            Via::Socket => crate::conn::MAX_PARTS,
+            _ => MAX_SPANS,
         }
     }
 }
@@ -85,8 +96,8 @@ const SPARE_KEPT: usize = 4;
 /// read go in several): the buffers here stay this small.
 const REQ_MAX: usize = 4 << 20;
 
-/// Most bytes of one request over a socket: 16 chunks of 64 KiB, and a
-/// thread's kept buffers stay at most 4 MiB.
+/// Most bytes of one request over a socket: 16 chunks of 64 KiB (the
+/// servers' requests of a large read are many, in flight at once).
 const SOCKET_REQ_MAX: usize = 1 << 20;
 
 impl Client {
@@ -123,6 +134,8 @@ impl Client {
         // Each server's open request (a pool may have thousands).
         let mut open: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
         let mut reqs: Vec<Req> = Vec::new();
+        // Each piece's request, in the order of the caller's buffer.
+        let mut seq: Vec<(usize, usize)> = Vec::new();
         let mut pieces = 0;
         let mut done = 0usize;
         while done < buf.len() {
@@ -140,7 +153,12 @@ impl Client {
                 },
             };
             let r = match open.get(&server).copied() {
-                Some(r) if reqs[r].spans.len() < MAX_SPANS && reqs[r].len + n <= via.req_max() => r,
+                Some(r)
+                    if reqs[r].spans.len() < via.spans_max()
+                        && reqs[r].len + n <= via.req_max() =>
+                {
+                    r
+                }
                 _ => {
                     reqs.push(Req {
                         server,
@@ -156,6 +174,7 @@ impl Client {
             reqs[r].spans.push((idx, in_chunk, n as u32));
             reqs[r].places.push(done);
             reqs[r].len += n;
+            seq.push((r, n));
             pieces += 1;
             done += n;
         }
@@ -184,75 +203,113 @@ impl Client {
                 )
             })
             .collect();
-        let mut bufs: Vec<Buf> = SPARE.with(|s| {
+        // A slot or a buffer for each request whose data comes in one
+        // piece elsewhere; none for those received in place.
+        let mut bufs: Vec<Option<Buf>> = SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             reqs.iter()
                 .map(|r| {
-                    match if r.via == Via::Land {
+                    if r.via == Via::Socket {
+                        return None;
+                    }
+                    // (Each landing request has its slot: taken above.)
+                    let slot = if r.via == Via::Land {
                         slots.next()
                     } else {
                         None
-                    } {
+                    };
+                    Some(match slot {
                         Some(s) => Buf::Slot(s),
                         None => {
-                            // (Every byte is written below: by the reply, or
-                            // by zeros where it is short.)
+                            // (Every byte is written below: by the reply,
+                            // or by zeros where it is short.)
                             let mut b = spare.pop().unwrap_or_default();
                             b.resize(r.len, 0);
                             Buf::Heap(b)
                         }
-                    }
+                    })
                 })
                 .collect()
         });
-        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.bytes_mut()).collect();
-        self.count(ops.len());
-        let results = self.inner.pool.read_into(st, &ops, &mut dsts);
         let mut outcome = Ok(Some(buf.len()));
         let mut failed = vec![false; ops.len()];
-        for (i, (((r, d), o), q)) in results
-            .into_iter()
-            .zip(dsts)
-            .zip(&ops)
-            .zip(&reqs)
-            .enumerate()
         {
-            failed[i] = r.is_err();
-            match r {
-                Ok(l) => {
-                    if let Err(e) = fill_read(d, l, None) {
-                        if outcome.as_ref().is_ok_and(Option::is_some) {
-                            outcome = Err(e);
+            // The places in the caller's buffer of the requests received
+            // in place, each request's in order.
+            let mut parts: Vec<Vec<&mut [u8]>> = reqs
+                .iter()
+                .map(|r| match r.via {
+                    Via::Socket => Vec::with_capacity(r.spans.len()),
+                    _ => Vec::new(),
+                })
+                .collect();
+            let mut rest = &mut buf[..];
+            for &(r, n) in &seq {
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+                rest = tail;
+                if reqs[r].via == Via::Socket {
+                    parts[r].push(piece);
+                }
+            }
+            let mut dsts: Vec<Dst> = bufs
+                .iter_mut()
+                .zip(parts)
+                .map(|(b, p)| match b {
+                    Some(b) => Dst::One(b.bytes_mut()),
+                    None => Dst::Parts(p),
+                })
+                .collect();
+            self.count(ops.len());
+            let results = self.inner.pool.read_into(st, &ops, &mut dsts);
+            for (i, (((r, d), o), q)) in results
+                .into_iter()
+                .zip(dsts.iter_mut())
+                .zip(&ops)
+                .zip(&reqs)
+                .enumerate()
+            {
+                failed[i] = r.is_err();
+                match r {
+                    Ok(l) => {
+                        let put = match d {
+                            Dst::One(d) => fill_read(d, l, None),
+                            Dst::Parts(p) => fill_parts(p, l),
+                        };
+                        if let Err(e) = put {
+                            if outcome.as_ref().is_ok_and(Option::is_some) {
+                                outcome = Err(e);
+                            }
                         }
                     }
-                }
-                // (Into the landing area, the pool did not send it again
-                // on a new connection: the plain read does.)
-                Err(e) if q.via == Via::Land && crate::pool::retry_safe(&e, o.op) => {
-                    if outcome.is_ok() {
-                        outcome = Ok(None);
+                    // (Into the landing area, the pool did not send it
+                    // again on a new connection: the plain read does.)
+                    Err(e) if q.via == Via::Land && crate::pool::retry_safe(&e, o.op) => {
+                        if outcome.is_ok() {
+                            outcome = Ok(None);
+                        }
                     }
-                }
-                Err(e)
-                    if o.op == op::READ_SPANS
-                        && matches!(e.errno(), libc::EPROTO | libc::ESTALE | libc::ENOBUFS) =>
-                {
-                    if e.errno() == libc::EPROTO {
-                        self.inner.no_spans.add(&list.servers[o.server]);
+                    Err(e)
+                        if o.op == op::READ_SPANS
+                            && matches!(e.errno(), libc::EPROTO | libc::ESTALE | libc::ENOBUFS) =>
+                    {
+                        if e.errno() == libc::EPROTO {
+                            self.inner.no_spans.add(&list.servers[o.server]);
+                        }
+                        if outcome.is_ok() {
+                            outcome = Ok(None);
+                        }
                     }
-                    if outcome.is_ok() {
-                        outcome = Ok(None);
-                    }
-                }
-                Err(e) => {
-                    if outcome.is_ok() {
-                        outcome = Err(e);
+                    Err(e) => {
+                        if outcome.is_ok() {
+                            outcome = Err(e);
+                        }
                     }
                 }
             }
         }
         if matches!(outcome, Ok(Some(_))) {
             for (r, b) in reqs.iter().zip(&bufs) {
+                let Some(b) = b else { continue };
                 let mut at = 0;
                 let b = b.bytes();
                 for (&(_, _, n), &place) in r.spans.iter().zip(&r.places) {
@@ -265,7 +322,7 @@ impl Client {
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             for (b, failed) in bufs.into_iter().zip(failed) {
-                if let Some(b) = b.retire(failed) {
+                if let Some(b) = b.and_then(|b| b.retire(failed)) {
                     if spare.len() < SPARE_KEPT {
                         spare.push(b);
                     }
