@@ -607,11 +607,20 @@ fn servers_dying_under_a_c_program_give_errors_not_signals() {
     let tmp = tempfile::tempdir().unwrap();
     let exe = p.cc("server_dies", tmp.path());
     for protocol in protocols("servers_dying_under_a_c_program_give_errors_not_signals") {
-        servers_dying_over(&p, &exe, protocol);
+        servers_dying_over(&p, &exe, protocol, &[]);
     }
+    // Over TCP without cross-memory attach: 1 MiB writes carry their data
+    // in the frame (head and data in one sendmsg(2) each), sent to
+    // servers that are gone.
+    servers_dying_over(
+        &p,
+        &exe,
+        None,
+        &[("CHFS_LOCAL_SOCKET", "0"), ("CHFS_CMA", "0")],
+    );
 }
 
-fn servers_dying_over(p: &Prefix, exe: &Path, protocol: Option<&str>) {
+fn servers_dying_over(p: &Prefix, exe: &Path, protocol: Option<&str>, env: &[(&str, &str)]) {
     let pool = p.pool_over(2, protocol);
     let pids: Vec<String> = (0..2)
         .map(|i| pool.pid(i).expect("pid").to_string())
@@ -619,6 +628,7 @@ fn servers_dying_over(p: &Prefix, exe: &Path, protocol: Option<&str>) {
     let out = run(clean(exe)
         .env("CHFS_SERVER", pool.server_string())
         .env("CHFS_RPC_TIMEOUT_MSEC", "3000")
+        .envs(env.iter().copied())
         .args(&pids));
     assert!(
         out.status.success(),

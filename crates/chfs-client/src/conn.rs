@@ -1104,10 +1104,12 @@ impl Conn {
                 buf.extend_from_slice(trailer);
                 w.write_all(buf)
             } else {
-                // Two send(2)s rather than one writev(2): send passes
-                // MSG_NOSIGNAL, so a dead server gives EPIPE, not a SIGPIPE
-                // that would kill a C program using the library.
-                w.write_all(buf).and_then(|_| w.write_all(tail))
+                // One sendmsg(2) for the head and the data: MSG_NOSIGNAL,
+                // so a dead server gives EPIPE, not a SIGPIPE that would
+                // kill a C program using the library.
+                use std::io::IoSlice;
+                let mut parts = [IoSlice::new(buf), IoSlice::new(tail), IoSlice::new(trailer)];
+                crate::stream::write_all_vectored(&mut *w, &mut parts)
             }
         });
         if let Err(e) = r {

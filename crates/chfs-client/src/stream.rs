@@ -132,7 +132,103 @@ impl Write for Stream {
         }
     }
 
+    /// One sendmsg(2) with MSG_NOSIGNAL for all of `bufs` (std's writev
+    /// would raise SIGPIPE when the server is gone).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let fd = self.as_raw_fd();
+        // SAFETY: a zeroed msghdr is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is ABI-compatible with iovec; sendmsg only reads them.
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len().min(1024) as _;
+        // SAFETY: sendmsg(2) on a socket we own, reading at most the
+        // lengths of the live slices `bufs` names.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// Writes all of `bufs` with as few sendmsg(2)s as the socket takes
+/// (`Write::write_all_vectored` is not stable).
+pub(crate) fn write_all_vectored(
+    w: &mut impl Write,
+    mut bufs: &mut [io::IoSlice<'_>],
+) -> io::Result<()> {
+    io::IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame's head and data go in one sendmsg(2) that, to a peer that
+    /// is gone, fails with EPIPE instead of raising SIGPIPE (which would
+    /// kill a C program using the library): checked in a child process
+    /// with SIGPIPE's default action (the test harness ignores it).
+    #[test]
+    fn vectored_writes_to_a_closed_peer_give_epipe_not_sigpipe() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let t = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        drop(l.accept().unwrap());
+        drop(l);
+        drop(b);
+        let head = [1u8; 24];
+        let data = vec![2u8; 1 << 20];
+        for mut s in [Stream::Unix(a), Stream::Tcp(t)] {
+            // SAFETY: the child only resets a signal's action, makes
+            // system calls on memory prepared before the fork and exits.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork");
+            if pid == 0 {
+                // SAFETY: see above.
+                unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+                let mut bufs = [io::IoSlice::new(&head), io::IoSlice::new(&data)];
+                // (A TCP peer that closed first answers with a reset:
+                // the first send may go, a later one fails.)
+                let mut code = 1;
+                for _ in 0..4 {
+                    if let Err(e) = write_all_vectored(&mut s, &mut bufs) {
+                        code = if e.raw_os_error() == Some(libc::EPIPE)
+                            || e.raw_os_error() == Some(libc::ECONNRESET)
+                        {
+                            0
+                        } else {
+                            2
+                        };
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                // SAFETY: leaves the child at once, running no destructors.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            // SAFETY: waits for the child forked above.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "{:?}: child status {status:#x} (signal {})",
+                matches!(s, Stream::Tcp(_)),
+                libc::WTERMSIG(status)
+            );
+        }
     }
 }
