@@ -86,6 +86,18 @@ pub struct Config {
     #[arg(long = "poll-usec", env = "CHFSD_POLL_USEC", default_value = "auto", value_parser = parse_poll)]
     pub poll: std::time::Duration,
 
+    /// Keep the server's heap (the DRAM store's chunk data, request and
+    /// reply buffers) on transparent huge pages where the kernel offers
+    /// them to processes that ask (`madvise` or `always` in
+    /// /sys/kernel/mm/transparent_hugepage/enabled): on = chfsd starts
+    /// itself again, once, with `glibc.malloc.hugetlb=1` added to
+    /// GLIBC_TUNABLES (glibc reads its tunables only at start; 2.35 or
+    /// later), unless GLIBC_TUNABLES already says; off = 4 KiB pages. A
+    /// write of new data faults in a 2 MiB page per 2 MiB instead of a 4
+    /// KiB page per 4 KiB (the kernel's zeroing is the same).
+    #[arg(long = "huge-pages", env = "CHFSD_HUGE_PAGES", default_value = "on", value_name = "on|off", action = clap::ArgAction::Set, value_parser = parse_on_off)]
+    pub huge_pages: bool,
+
     /// Requests of one connection in the server at once (being served, or
     /// answered but not yet sent because the client does not read): a
     /// connection with this many is not read until one is sent
@@ -420,6 +432,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| format!("invalid size {s:?} (a number with optional K, M, G or T)"))
+}
+
+/// `on`/`off` (also 1/0, yes/no, true/false).
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "yes" | "true" => Ok(true),
+        "off" | "0" | "no" | "false" => Ok(false),
+        s => Err(format!("{s:?}: expected on or off")),
+    }
 }
 
 /// The longest polling window `--poll-usec` asks for here: `auto` is 100

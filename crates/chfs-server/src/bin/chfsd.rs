@@ -93,9 +93,60 @@ fn tune_malloc() {
     }
 }
 
+/// `--huge-pages on` (the default): starts this program again, in this
+/// process, with `glibc.malloc.hugetlb=1` in GLIBC_TUNABLES, so that
+/// glibc asks for transparent huge pages (madvise(MADV_HUGEPAGE)) on the
+/// heap it grows; glibc reads tunables only when a program starts. Not
+/// when GLIBC_TUNABLES already names the tunable (this is the program
+/// started again, or the administrator chose). Returns only when it did
+/// not restart: why not, if it tried (the heap then stays on 4 KiB
+/// pages).
+///
+/// Why: chunk data written to the DRAM store is new memory, held as long
+/// as the file. With 4 KiB pages a write of new data costs chfsd a page
+/// fault per 4 KiB, about a third of its time in 1 MiB writes over TCP
+/// on the development VM; with 2 MiB pages one per 2 MiB (touching 1 GiB
+/// of fresh 64 KiB buffers: 1.7-2.0 -> 6.1-6.3 GiB/s there).
+fn huge_page_heap(cfg: &chfs_server::Config) -> Option<String> {
+    use std::os::unix::process::CommandExt;
+    const TUNABLE: &str = "glibc.malloc.hugetlb";
+    if !cfg.huge_pages {
+        return None;
+    }
+    let now = std::env::var_os("GLIBC_TUNABLES").unwrap_or_default();
+    let now = now.to_string_lossy();
+    if now.split(':').any(|t| t.split('=').next() == Some(TUNABLE)) {
+        return None;
+    }
+    let tunables = match now.is_empty() {
+        true => format!("{TUNABLE}=1"),
+        false => format!("{now}:{TUNABLE}=1"),
+    };
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    // Nothing is open yet but the standard streams (and what the launcher
+    // passed on), and no thread runs: the new image starts as this one did.
+    // The program's own path, so that its name stays `chfsd` (in ps,
+    // pgrep, /proc/PID/comm); /proc/self/exe when the file is gone (a
+    // rebuilt or reinstalled binary), which names it `exe`.
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| "/proc/self/exe".into());
+    let e = std::process::Command::new(exe)
+        .arg0(argv0)
+        .args(args)
+        .env("GLIBC_TUNABLES", tunables)
+        .exec();
+    Some(format!(
+        "could not start again with {TUNABLE}=1 ({e}): the heap stays on 4 KiB pages"
+    ))
+}
+
 fn main() {
-    tune_malloc();
     let cfg = chfs_server::Config::parse();
+    let no_huge_pages = huge_page_heap(&cfg);
+    tune_malloc();
     let notify = cfg.daemon.then(daemonize);
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -123,6 +174,9 @@ fn main() {
             .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .init(),
+    }
+    if let Some(why) = no_huge_pages {
+        tracing::warn!("{why}");
     }
     // The pipe is closed as soon as the server serves, so the foreground
     // process can exit.
