@@ -177,6 +177,51 @@ pub fn transport_streams(
     }
 }
 
+/// Bytes each thread of [`fresh_memory`] fills.
+const FRESH_BYTES: usize = 256 << 20;
+
+/// GiB/s at which `threads` threads at once fill memory this process
+/// did not use before, 1 MiB copied at a time (each `bytes` of anonymous
+/// memory, advised onto transparent huge pages as chfsd's heap is; not
+/// pinned, as chfsd's threads are not). The ceiling of writes of new data
+/// into a memory store: each new chunk is such memory. Measured twice:
+/// the second pass gets the pages the first just gave back. On bare metal
+/// the two agree; a virtual machine whose host backs guest memory only
+/// when first touched, and takes back what the guest freed a few seconds
+/// earlier (free page reporting), pays a host page fault per page in the
+/// first pass and not in the second.
+pub fn fresh_memory(threads: usize, bytes: usize) -> std::io::Result<(f64, f64)> {
+    Ok((fill_fresh(threads, bytes)?, fill_fresh(threads, bytes)?))
+}
+
+fn fill_fresh(threads: usize, bytes: usize) -> std::io::Result<f64> {
+    let threads = threads.max(1);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
+    let mut fillers = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let go = start.clone();
+        fillers.push(std::thread::spawn(move || -> std::io::Result<f64> {
+            let src = vec![0x5au8; STREAM_MSG];
+            let mut m = memmap2::MmapOptions::new().len(bytes).map_anon()?;
+            // (Refused where the kernel has no transparent huge pages: the
+            // figure is then for 4 KiB pages, as chfsd's heap there.)
+            let _ = m.advise(memmap2::Advice::HugePage);
+            go.wait();
+            let t0 = Instant::now();
+            for c in m.chunks_mut(STREAM_MSG) {
+                c.copy_from_slice(&src[..c.len()]);
+            }
+            Ok(t0.elapsed().as_secs_f64())
+        }));
+    }
+    start.wait();
+    let mut slowest = 0f64;
+    for h in fillers {
+        slowest = slowest.max(joined(h)?);
+    }
+    Ok((threads * bytes) as f64 / (1u64 << 30) as f64 / slowest.max(1e-9))
+}
+
 fn joined<T>(h: std::thread::JoinHandle<std::io::Result<T>>) -> std::io::Result<T> {
     h.join()
         .map_err(|_| std::io::Error::other("ping-pong thread panicked"))?
@@ -239,6 +284,11 @@ pub struct Floors {
     /// Streams measured at once for those figures.
     #[serde(default)]
     pub stream_pairs: usize,
+    /// GiB/s at which as many threads fill fresh memory at once, first
+    /// touch and again ([`fresh_memory`]; None: not measured): the
+    /// ceiling of writes of new data into a memory store on this machine.
+    #[serde(default)]
+    pub fresh_memory: Option<(f64, f64)>,
     /// How the ranks reach the pool's first server: "unix" (its Unix
     /// socket on this host) or "tcp" (None: no pool measured).
     #[serde(default)]
@@ -270,6 +320,7 @@ impl Floors {
         let pairs = pairs.max(1);
         self.unix_streams = Some(transport_streams(Transport::Unix, pairs, &cpus, secs)?);
         self.tcp_streams = Some(transport_streams(Transport::Tcp, pairs, &cpus, secs)?);
+        self.fresh_memory = Some(fresh_memory(pairs, FRESH_BYTES)?);
         self.stream_pairs = pairs;
         Ok(())
     }
@@ -346,6 +397,12 @@ impl Floors {
                 self.stream_pairs
             );
         }
+        if let Some((first, again)) = self.fresh_memory {
+            s += &format!(
+                "  fresh memory filled, {} at once (GiB/s): first touch {first:.2}, again {again:.2}\n",
+                self.stream_pairs
+            );
+        }
         s
     }
 }
@@ -413,6 +470,12 @@ mod tests {
         let mut f = Floors::default();
         f.streams(1, 0.1).expect("streams");
         assert_eq!(f.stream_pairs, 1);
+        assert!(
+            f.fresh_memory
+                .is_some_and(|(a, b)| a > 0.01 && b > 0.01 && a.is_finite() && b.is_finite()),
+            "{:?}",
+            f.fresh_memory
+        );
         assert!(f.pool_streams().is_none(), "no pool was measured");
         f.pool_path = Some("unix".into());
         assert_eq!(f.pool_streams().map(|p| p.0), Some("Unix socket"));

@@ -393,17 +393,27 @@ pub fn table(run: &RunResult) -> String {
 /// carried in the stream test of the same run (None: not measured).
 fn against_streams(t: &TargetResult, f: &crate::floor::Floors) -> Option<String> {
     let (path, gib) = f.pool_streams()?;
-    let share = |name: &str| {
+    let share = |name: &str, of: f64| {
         t.phases
             .iter()
             .find(|p| p.name == name)
-            .map_or("-".to_string(), |p| format!("{:.2}", ratio(p.rate, gib)))
+            .map_or("-".to_string(), |p| format!("{:.2}", ratio(p.rate, of)))
     };
-    Some(format!(
+    let mut s = format!(
         "ior-easy of the system against its path's 1 MiB streams ({path}, {gib:.2} GiB/s): write {}, read {}\n",
-        share("ior-easy-write"),
-        share("ior-easy-read")
-    ))
+        share("ior-easy-write", gib),
+        share("ior-easy-read", gib)
+    );
+    // Writes of new data into a memory store (or tmpfs) fill fresh
+    // memory: their other ceiling on this machine.
+    if let Some((first, again)) = f.fresh_memory {
+        s += &format!(
+            "ior-easy-write of the system against fresh memory (first touch {first:.2}, again {again:.2} GiB/s): {}, {}\n",
+            share("ior-easy-write", first),
+            share("ior-easy-write", again)
+        );
+    }
+    Some(s)
 }
 
 /// Each metadata phase's time per operation and rank, in µs.
@@ -699,6 +709,7 @@ mod tests {
                 rpc_tcp: Some(20.0),
                 unix_streams: Some(8.0),
                 tcp_streams: Some(4.0),
+                fresh_memory: Some((1.0, 4.0)),
                 stream_pairs: 2,
                 pool_path: Some("tcp".into()),
                 ..Default::default()
@@ -726,6 +737,17 @@ mod tests {
         );
         assert!(
             t.contains("(TCP, 4.00 GiB/s): write 0.50, read 0.50"),
+            "{t}"
+        );
+        // and against fresh memory filled at 1 GiB/s
+        assert!(
+            t.contains("fresh memory filled, 2 at once (GiB/s): first touch 1.00, again 4.00"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "ior-easy-write of the system against fresh memory (first touch 1.00, again 4.00 GiB/s): 2.00, 0.50"
+            ),
             "{t}"
         );
     }
