@@ -180,21 +180,38 @@ pub fn transport_streams(
 /// Bytes each thread of [`fresh_memory`] fills.
 const FRESH_BYTES: usize = 256 << 20;
 
-/// GiB/s at which `threads` threads at once fill memory this process
-/// did not use before, 1 MiB copied at a time (each `bytes` of anonymous
-/// memory, advised onto transparent huge pages as chfsd's heap is; not
-/// pinned, as chfsd's threads are not). The ceiling of writes of new data
-/// into a memory store: each new chunk is such memory. Measured twice:
-/// the second pass gets the pages the first just gave back. On bare metal
-/// the two agree; a virtual machine whose host backs guest memory only
-/// when first touched, and takes back what the guest freed a few seconds
-/// earlier (free page reporting), pays a host page fault per page in the
-/// first pass and not in the second.
-pub fn fresh_memory(threads: usize, bytes: usize) -> std::io::Result<(f64, f64)> {
-    Ok((fill_fresh(threads, bytes)?, fill_fresh(threads, bytes)?))
+/// What [`fresh_memory`] measured: GiB/s at which threads filled memory
+/// their process had not used before.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct FreshMemory {
+    /// On transparent huge pages (as chfsd's heap), the first pass.
+    pub first_touch: f64,
+    /// The same again: the pages the first pass just gave back.
+    pub again: f64,
+    /// Again, on 4 KiB pages (a heap without huge pages).
+    pub small_pages: f64,
 }
 
-fn fill_fresh(threads: usize, bytes: usize) -> std::io::Result<f64> {
+/// GiB/s at which `threads` threads at once fill memory this process
+/// did not use before, 1 MiB copied at a time (each `bytes` of anonymous
+/// memory; not pinned, as chfsd's threads are not): the ceiling of writes
+/// of new data into a memory store, each new chunk being such memory.
+/// Three passes: on huge pages (advised, as chfsd's heap is), the same
+/// again (the pages the first pass just gave back), and again on 4 KiB
+/// pages. On bare metal the first two agree; a virtual machine whose host
+/// backs guest memory only when first touched, and takes back what the
+/// guest freed a few seconds earlier (free page reporting), pays a host
+/// page fault per page in the first pass and not in the second. The last
+/// two differ by the page faults huge pages save.
+pub fn fresh_memory(threads: usize, bytes: usize) -> std::io::Result<FreshMemory> {
+    Ok(FreshMemory {
+        first_touch: fill_fresh(threads, bytes, true)?,
+        again: fill_fresh(threads, bytes, true)?,
+        small_pages: fill_fresh(threads, bytes, false)?,
+    })
+}
+
+fn fill_fresh(threads: usize, bytes: usize, huge: bool) -> std::io::Result<f64> {
     let threads = threads.max(1);
     let start = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
     let mut fillers = Vec::with_capacity(threads);
@@ -204,8 +221,12 @@ fn fill_fresh(threads: usize, bytes: usize) -> std::io::Result<f64> {
             let src = vec![0x5au8; STREAM_MSG];
             let mut m = memmap2::MmapOptions::new().len(bytes).map_anon()?;
             // (Refused where the kernel has no transparent huge pages: the
-            // figure is then for 4 KiB pages, as chfsd's heap there.)
-            let _ = m.advise(memmap2::Advice::HugePage);
+            // figure is then for 4 KiB pages, as chfsd's heap there; with
+            // them on for every process, `always`, it has them anyway.)
+            let _ = m.advise(match huge {
+                true => memmap2::Advice::HugePage,
+                false => memmap2::Advice::NoHugePage,
+            });
             go.wait();
             let t0 = Instant::now();
             for c in m.chunks_mut(STREAM_MSG) {
@@ -288,7 +309,7 @@ pub struct Floors {
     /// touch and again ([`fresh_memory`]; None: not measured): the
     /// ceiling of writes of new data into a memory store on this machine.
     #[serde(default)]
-    pub fresh_memory: Option<(f64, f64)>,
+    pub fresh_memory: Option<FreshMemory>,
     /// How the ranks reach the pool's first server: "unix" (its Unix
     /// socket on this host) or "tcp" (None: no pool measured).
     #[serde(default)]
@@ -397,10 +418,10 @@ impl Floors {
                 self.stream_pairs
             );
         }
-        if let Some((first, again)) = self.fresh_memory {
+        if let Some(m) = self.fresh_memory {
             s += &format!(
-                "  fresh memory filled, {} at once (GiB/s): first touch {first:.2}, again {again:.2}\n",
-                self.stream_pairs
+                "  fresh memory filled, {} at once (GiB/s): first touch {:.2}, again {:.2}, again on 4 KiB pages {:.2}\n",
+                self.stream_pairs, m.first_touch, m.again, m.small_pages
             );
         }
         s
@@ -472,7 +493,9 @@ mod tests {
         assert_eq!(f.stream_pairs, 1);
         assert!(
             f.fresh_memory
-                .is_some_and(|(a, b)| a > 0.01 && b > 0.01 && a.is_finite() && b.is_finite()),
+                .is_some_and(|m| [m.first_touch, m.again, m.small_pages]
+                    .iter()
+                    .all(|g| *g > 0.01 && g.is_finite())),
             "{:?}",
             f.fresh_memory
         );

@@ -406,11 +406,13 @@ fn against_streams(t: &TargetResult, f: &crate::floor::Floors) -> Option<String>
     );
     // Writes of new data into a memory store (or tmpfs) fill fresh
     // memory: their other ceiling on this machine.
-    if let Some((first, again)) = f.fresh_memory {
+    if let Some(m) = f.fresh_memory {
         s += &format!(
-            "ior-easy-write of the system against fresh memory (first touch {first:.2}, again {again:.2} GiB/s): {}, {}\n",
-            share("ior-easy-write", first),
-            share("ior-easy-write", again)
+            "ior-easy-write of the system against fresh memory (first touch {:.2}, again {:.2} GiB/s): {}, {}\n",
+            m.first_touch,
+            m.again,
+            share("ior-easy-write", m.first_touch),
+            share("ior-easy-write", m.again)
         );
     }
     Some(s)
@@ -709,7 +711,11 @@ mod tests {
                 rpc_tcp: Some(20.0),
                 unix_streams: Some(8.0),
                 tcp_streams: Some(4.0),
-                fresh_memory: Some((1.0, 4.0)),
+                fresh_memory: Some(crate::floor::FreshMemory {
+                    first_touch: 1.0,
+                    again: 4.0,
+                    small_pages: 2.0,
+                }),
                 stream_pairs: 2,
                 pool_path: Some("tcp".into()),
                 ..Default::default()
@@ -741,7 +747,7 @@ mod tests {
         );
         // and against fresh memory filled at 1 GiB/s
         assert!(
-            t.contains("fresh memory filled, 2 at once (GiB/s): first touch 1.00, again 4.00"),
+            t.contains("fresh memory filled, 2 at once (GiB/s): first touch 1.00, again 4.00, again on 4 KiB pages 2.00"),
             "{t}"
         );
         assert!(
