@@ -14,7 +14,8 @@
 //!    `peer` (server-to-server calls; `net`, `local_io`, `fabric_ep`) ←
 //!    `relay` (the contact cache of relayed lookups);
 //! 2. `state`: what every connection and request shares (`Shared`:
-//!    store, placement, peers, counters, limits, cache mode);
+//!    store, placement, peers, counters, limits, cache mode) ← `heap`
+//!    (freed memory given back to the system once the server is idle);
 //! 3. `handler`: serving one request (`common` ← `namespace`, `pool`,
 //!    `rebalance` ← `handle`);
 //! 4. `connection`: serving one admitted connection (reader loop, reply
@@ -35,6 +36,7 @@ mod connection;
 mod fabric;
 mod fabric_ep;
 mod handler;
+mod heap;
 mod limits;
 mod listener;
 mod local_io;

@@ -306,6 +306,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
                 .run_flusher(shared.store.clone(), shared.shutdown.subscribe()),
         );
     }
+    tokio::spawn(crate::heap::trim_when_idle(shared.clone()));
     let local = bind_local(&me);
     if let Some(ep) = fabric {
         crate::fabric::start(shared.clone(), ep, tokio::runtime::Handle::current());

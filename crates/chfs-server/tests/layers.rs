@@ -13,6 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["limits", "park", "peer"],
     &["relay"],
     &["state"],
+    &["heap"],
     &["handler::common"],
     &["handler::namespace", "handler::pool", "handler::rebalance"],
     &["handler"],

@@ -10,6 +10,7 @@
 //! - [`poll`]: readiness without blocking, the process's epoll
 //!   instances, its CPU time.
 //! - [`fs`]: the type of a path's file system, reserving a file's blocks.
+//! - [`heap`]: the C heap's free memory, and giving it back.
 //! - [`lock`]: poison-tolerant locking of a `Mutex`.
 //! - [`coarse_realtime_ns`]: the clock file systems stamp times with.
 //!
@@ -20,6 +21,7 @@
 
 pub mod cpu;
 pub mod fs;
+pub mod heap;
 pub mod map;
 pub mod memfd;
 pub mod poll;

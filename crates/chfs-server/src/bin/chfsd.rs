@@ -82,7 +82,11 @@ fn fail(notify: Option<File>, msg: String) -> ! {
 /// memory a shared worker freed was of no use to a CPU lane's thread,
 /// which faulted in fresh pages instead (writes through chfuse after the
 /// native client: ~300 vs ~2,100 MiB/s on the development VM). Small
-/// allocations stay in each thread's cache.
+/// allocations stay in each thread's cache. Freed memory stays in the
+/// heap for the next writes (glibc gives back the top of its heap only
+/// past 512 MiB free there, and never the free memory within it); all of
+/// it goes back to the system once the server is idle (`chfs_server`'s
+/// `heap` module).
 fn tune_malloc() {
     // SAFETY: mallopt only changes allocator parameters; called before any
     // thread exists.

@@ -1,14 +1,17 @@
-//! chfsd's heap on transparent huge pages (`--huge-pages`, default on):
+//! chfsd's heap: on transparent huge pages (`--huge-pages`, default on:
 //! the server starts itself again with glibc's hugetlb tunable, keeps its
 //! name and process id, and the chunk data it stores lands on 2 MiB pages
-//! where the kernel offers them.
+//! where the kernel offers them); what removed chunks freed is kept for
+//! the next writes while requests come, and given back once idle.
 
 use bytes::Bytes;
 use chfs_localpool::{LocalPool, PoolOptions};
+use chfs_proto::msg::RemoveKind;
 use chfs_proto::{Meta, Request, Response};
+use std::time::{Duration, Instant};
 
 mod common;
-use common::{call, hello};
+use common::{call, hello, rss_kib};
 
 fn mem_pool(args: &[&str]) -> LocalPool {
     LocalPool::start_with(PoolOptions {
@@ -116,5 +119,56 @@ fn huge_pages_off_keeps_the_heap_on_small_pages() {
     if !always {
         assert_eq!(rollup_kib(pid, "AnonHugePages:"), 0);
     }
+    p.stop();
+}
+
+#[test]
+fn memory_of_removed_chunks_goes_back_once_the_server_is_idle() {
+    // (The idle time is chfsd's `heap::IDLE`, 2 s.)
+    let p = mem_pool(&[]);
+    let pid = p.pid(0).unwrap();
+    let addr = &p.addrs()[0];
+    // 128 files, then 8 more that stay: the memory of the first is within
+    // the heap, below data still stored (glibc alone never gives that
+    // back, only its heap's top).
+    store_mib(addr, 136);
+    let full = rss_kib(pid);
+    let (mut s, _, _) = hello(addr, b"");
+    for i in 0..128u64 {
+        let r = call(
+            &mut s,
+            1000 + i,
+            &Request::RemoveEntry {
+                path: format!("/f{i}"),
+                kind: RemoveKind::NotDir,
+            },
+        );
+        assert!(r.is_ok(), "remove /f{i}: {r:?}");
+    }
+    // Right after the removals the heap keeps the memory (for the next
+    // writes: no fresh pages to fault in)...
+    let kept = rss_kib(pid);
+    assert!(
+        kept + (64 << 10) > full,
+        "136 MiB stored: RSS {full} KiB, {kept} KiB just after 128 were removed"
+    );
+    // ...and gives it back once no request came for 2 s (nothing is sent
+    // meanwhile: a request would count as activity).
+    let t = Instant::now();
+    let mut now = kept;
+    while now + (96 << 10) > full && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+        now = rss_kib(pid);
+    }
+    assert!(
+        now + (96 << 10) <= full,
+        "136 MiB stored, 128 removed: RSS {full} -> {kept} -> {now} KiB after {:?} idle",
+        t.elapsed()
+    );
+    eprintln!(
+        "RSS {full} -> {kept} -> {now} KiB, given back after {:?}",
+        t.elapsed()
+    );
+    drop(s);
     p.stop();
 }

@@ -1,0 +1,38 @@
+//! The C heap (glibc malloc): how much it holds free, and giving that
+//! back to the system.
+//!
+//! Elsewhere (another C library) nothing is known: [`free_bytes`] is 0
+//! and [`trim`] does nothing.
+
+/// Bytes the heap holds free (`mallinfo2().fordblks`: freed memory not
+/// yet given back to the system, in every arena).
+pub fn free_bytes() -> usize {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics (under
+        // its locks) and returns them by value.
+        unsafe { libc::mallinfo2() }.fordblks
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        0
+    }
+}
+
+/// Gives the heap's free memory back to the system (`malloc_trim(0)`:
+/// the top of the heap is shrunk and whole free pages within it are
+/// released with MADV_DONTNEED); true if any was. Every allocation in the
+/// process waits meanwhile (it holds the arenas' locks): call it when
+/// the process is otherwise idle.
+pub fn trim() -> bool {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: malloc_trim takes the allocator's own locks and changes
+        // nothing a live allocation owns.
+        unsafe { libc::malloc_trim(0) != 0 }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        false
+    }
+}
