@@ -552,6 +552,36 @@ fn a_landing_read_that_times_out_gives_its_slot_up() {
     c.close(fd).unwrap();
 }
 
+/// A read into the landing area whose connection drops while it waits
+/// (the server closes it instead of serving the read:
+/// `--test-drop-landings 1`) is not sent again on a new connection: the
+/// read is done again the plain way, with the right bytes, and the read
+/// after it lands again.
+#[test]
+fn a_landing_read_whose_connection_drops_is_read_again() {
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 1,
+        args: vec!["--test-drop-landings".into(), "1".into()],
+        ..Default::default()
+    })
+    .expect("pool");
+    let c = client(&p, |c| c.read_ahead = 0);
+    let want = make_file(&c, "/small", 65536, 2 << 20, &[]);
+    let fd = c.open("/small", libc::O_RDONLY, 0).unwrap();
+    let reads = server_reads(&c);
+    assert!(pread(&c, fd, 0, 1 << 20) == model(&want, 0, 1 << 20));
+    // The dropped ReadSpans was never served; the plain read was.
+    let again = server_reads(&c) - reads;
+    assert!(again >= 1, "{again} reads served");
+    // (Its slot is given up: the client cannot know that the server will
+    // never write there.)
+    assert_eq!(c.stats().landing_lost, 1);
+    let landed = server_landings(&c);
+    assert!(pread(&c, fd, 4096, 1 << 20) == model(&want, 4096, 1 << 20));
+    assert_eq!(server_landings(&c) - landed, 1, "landed again");
+    c.close(fd).unwrap();
+}
+
 /// Plain reads (no read-ahead) of chunks of 16 KiB or more from servers
 /// on this host come through the landing area too, placed one after the
 /// other in at most 4 slots of 1 MiB per call (the rest through the

@@ -191,6 +191,12 @@ pub struct Config {
     #[arg(long = "unknown-op", hide = true)]
     pub unknown_ops: Vec<String>,
 
+    /// Tests only: close the connection instead of serving each of the
+    /// first N reads into a client's landing area (`FLAG_LAND`): a
+    /// connection that drops while such a read waits.
+    #[arg(long = "test-drop-landings", hide = true, default_value_t = 0)]
+    pub test_drop_landings: u32,
+
     /// Write the server's address to this file once it serves.
     #[arg(short = 'S', long = "server-info-file")]
     pub info_file: Option<PathBuf>,

@@ -292,6 +292,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
         local_users: cfg.local_users.clone(),
         limits: crate::limits::Limits::from_config(&cfg),
         unknown_ops,
+        drop_landings: cfg.test_drop_landings.into(),
         peers_open: Default::default(),
         watchdogs: Default::default(),
     });

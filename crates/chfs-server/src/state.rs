@@ -103,6 +103,9 @@ pub(crate) struct Shared {
     pub watchdogs: Arc<crate::limits::Watchdogs>,
     /// Opcodes answered as unknown (`--unknown-op`, for tests).
     pub unknown_ops: Vec<u16>,
+    /// Landing reads still to answer by closing their connection
+    /// (`--test-drop-landings`, for tests).
+    pub drop_landings: std::sync::atomic::AtomicU32,
 }
 
 impl Shared {

@@ -437,6 +437,13 @@ impl Access {
     }
 }
 
+/// Takes one from `n` if it is not 0.
+fn take_one(n: &std::sync::atomic::AtomicU32) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    n.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1))
+        .is_ok()
+}
+
 /// A duplicate of a socket's descriptor (None if the process is out of
 /// them: the connection then has no idle watchdog).
 pub(crate) fn dup_fd(s: &impl std::os::fd::AsFd) -> Option<std::os::fd::OwnedFd> {
@@ -591,6 +598,10 @@ pub(crate) async fn serve_conn<R, W>(
                 Err(chfs_proto::ProtoError::UnknownOp(h.op))
             } else {
                 match landing_of(h, payload, landing.as_ref()) {
+                    Ok((_, Some(_))) if take_one(&shared.drop_landings) => {
+                        debug!(%peer, "closing the connection instead of a landing read (--test-drop-landings)");
+                        break;
+                    }
                     Ok((payload, land)) => Request::decode(h.op, payload).map(|r| (r, land)),
                     Err(e) => {
                         debug!(%peer, op = h.op, "landing refused: {}", e.message);
