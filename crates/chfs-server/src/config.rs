@@ -92,9 +92,11 @@ pub struct Config {
     /// /sys/kernel/mm/transparent_hugepage/enabled): on = chfsd starts
     /// itself again, once, with `glibc.malloc.hugetlb=1` added to
     /// GLIBC_TUNABLES (glibc reads its tunables only at start; 2.35 or
-    /// later), unless GLIBC_TUNABLES already says; off = 4 KiB pages. A
-    /// write of new data faults in a 2 MiB page per 2 MiB instead of a 4
-    /// KiB page per 4 KiB (the kernel's zeroing is the same).
+    /// later), unless GLIBC_TUNABLES already says; off = 4 KiB pages (and
+    /// no second start: for running chfsd under valgrind, which follows
+    /// no exec by default). A write of new data faults in a 2 MiB page per
+    /// 2 MiB instead of a 4 KiB page per 4 KiB (the kernel's zeroing is
+    /// the same).
     #[arg(long = "huge-pages", env = "CHFSD_HUGE_PAGES", default_value = "on", value_name = "on|off", action = clap::ArgAction::Set, value_parser = parse_on_off)]
     pub huge_pages: bool,
 

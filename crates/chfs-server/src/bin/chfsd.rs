@@ -122,6 +122,13 @@ fn huge_page_heap(cfg: &chfs_server::Config) -> Option<String> {
     if now.split(':').any(|t| t.split('=').next() == Some(TUNABLE)) {
         return None;
     }
+    // Under valgrind (its preload library in LD_PRELOAD), which follows no
+    // exec by default: the program started again would run outside it.
+    if std::env::var_os("LD_PRELOAD").is_some_and(|p| p.to_string_lossy().contains("vgpreload")) {
+        return Some(
+            "running under valgrind: not started again, the heap stays on 4 KiB pages".into(),
+        );
+    }
     let tunables = match now.is_empty() {
         true => format!("{TUNABLE}=1"),
         false => format!("{now}:{TUNABLE}=1"),
