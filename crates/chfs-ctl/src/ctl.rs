@@ -1433,9 +1433,9 @@ exit 0
                 if let Ok(s) = r {
                     let _ = writeln!(
                         out,
-                        "{a}: requests={} forwarded={} reads={} writes={} cma_writes={} shm_writes={} shm_reads={} lost={} refused={} denied={} over_limit={} idle_closed={} throttled={} poll_hits={} poll_misses={} cpu_ms={} connections={} peers={} lookups={} lookup_hits={} lookup_forwards={} node_local_entries={} node_local_bytes={} fabric_sessions={} fabric_expired={} rma_pulls={} rma_pushes={} reg_fallbacks={} fabric_peers={} fabric_no_session={} fabric_no_session_dropped={} fabric_replies_dropped={} fabric_lent_pulls={} fabric_rma_most={} fabric_hellos_dropped={}",
+                        "{a}: requests={} forwarded={} reads={} writes={} cma_writes={} shm_writes={} shm_reads={} lost={} refused={} denied={} over_limit={} idle_closed={} throttled={} poll_hits={} poll_misses={} cpu_ms={} rss_mib={} heap_free_mib={} heap_trims={} connections={} peers={} lookups={} lookup_hits={} lookup_forwards={} node_local_entries={} node_local_bytes={} fabric_sessions={} fabric_expired={} rma_pulls={} rma_pushes={} reg_fallbacks={} fabric_peers={} fabric_no_session={} fabric_no_session_dropped={} fabric_replies_dropped={} fabric_lent_pulls={} fabric_rma_most={} fabric_hellos_dropped={}",
                         s.requests, s.forwarded, s.reads, s.writes, s.cma_writes, s.shm_writes, s.shm_reads,
-                        s.lost, s.refused, s.denied, s.over_limit, s.idle_closed, s.throttled, s.poll_hits, s.poll_misses, s.cpu_ns / 1_000_000, s.connections, s.peers,
+                        s.lost, s.refused, s.denied, s.over_limit, s.idle_closed, s.throttled, s.poll_hits, s.poll_misses, s.cpu_ns / 1_000_000, s.rss >> 20, s.heap_free >> 20, s.heap_trims, s.connections, s.peers,
                         s.lookups, s.lookup_hits, s.lookup_forwards, s.node_local_entries, s.node_local_bytes,
                         s.fabric_sessions, s.fabric_expired, s.rma_pulls, s.rma_pushes, s.reg_fallbacks,
                         s.fabric_peers, s.fabric_no_session, s.fabric_no_session_dropped,

@@ -345,6 +345,12 @@ pub struct ServerStatus {
     /// window ([`crate::frame::FLAG_LAND`]) instead of the reply, since
     /// start.
     pub shm_reads: u64,
+    /// The server's resident memory (bytes), what its heap holds free
+    /// (freed, not yet given back to the system), and the times it gave
+    /// that back once idle.
+    pub rss: u64,
+    pub heap_free: u64,
+    pub heap_trims: u64,
     /// Chunk reads served.
     pub reads: u64,
     /// Chunk writes served.
@@ -1490,6 +1496,9 @@ impl Response {
                 out.put_u64(s.fabric_rma_most);
                 out.put_u64(s.fabric_hellos_dropped);
                 out.put_u64(s.shm_reads);
+                out.put_u64(s.rss);
+                out.put_u64(s.heap_free);
+                out.put_u64(s.heap_trims);
                 out.put_str(&s.backend);
                 put_flush(out, &s.flush);
             }
@@ -1605,6 +1614,9 @@ impl Response {
                 fabric_rma_most: r.u64()?,
                 fabric_hellos_dropped: r.u64()?,
                 shm_reads: r.u64()?,
+                rss: r.u64()?,
+                heap_free: r.u64()?,
+                heap_trims: r.u64()?,
                 backend: r.string()?,
                 flush: get_flush(&mut r)?,
             })),
@@ -2112,6 +2124,9 @@ mod tests {
                 fabric_rma_most: 23,
                 fabric_hellos_dropped: 24,
                 shm_reads: 25,
+                rss: 26,
+                heap_free: 27,
+                heap_trims: 28,
                 ..Default::default()
             })),
             Response::Count(7),

@@ -632,7 +632,7 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
         (1, any_list().prop_map(Response::Servers).boxed()),
         (
             2,
-            (text(), text(), text(), vec(any::<u64>(), 40), any_flush())
+            (text(), text(), text(), vec(any::<u64>(), 43), any_flush())
                 .prop_map(|(addr, store, backend, n, flush)| {
                     Response::Status(Box::new(ServerStatus {
                         addr,
@@ -677,6 +677,9 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                         fabric_rma_most: n[37],
                         fabric_hellos_dropped: n[38],
                         shm_reads: n[39],
+                        rss: n[40],
+                        heap_free: n[41],
+                        heap_trims: n[42],
                         backend,
                         flush,
                     }))

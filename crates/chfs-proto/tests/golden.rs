@@ -990,6 +990,9 @@ fn responses() {
         fabric_rma_most: 0x29,
         fabric_hellos_dropped: 0x2a,
         shm_reads: 0x2b,
+        rss: 0x2c,
+        heap_free: 0x2d,
+        heap_trims: 0x2e,
         backend: "/b".into(),
         flush: FlushState {
             chunks: 0x21,
@@ -1052,6 +1055,9 @@ fn responses() {
                 "2900000000000000",  // fabric_rma_most
                 "2a00000000000000",  // fabric_hellos_dropped
                 "2b00000000000000",  // shm_reads
+                "2c00000000000000",  // rss
+                "2d00000000000000",  // heap_free
+                "2e00000000000000",  // heap_trims
                 "02000000 2f62",     // backend
                 "2100000000000000",  // flush.chunks
                 "2200000000000000",  // flush.bytes

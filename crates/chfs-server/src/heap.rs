@@ -57,6 +57,7 @@ pub(crate) async fn trim_when_idle(shared: Arc<Shared>) {
         // (It holds the allocator's locks for its pass: off the runtime's
         // threads, while nothing else runs anyway.)
         let _ = tokio::task::spawn_blocking(chfs_sys::heap::trim).await;
+        crate::metrics::Counters::inc(&shared.counters.heap_trims);
         debug!(
             free_before = free,
             free_after = chfs_sys::heap::free_bytes(),

@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Counters {
     /// Requests served (all kinds).
     pub requests: AtomicU64,
+    /// Times the heap's free memory went back to the system once the
+    /// server was idle (`crate::heap`).
+    pub heap_trims: AtomicU64,
     /// Requests forwarded to their owner.
     pub forwarded: AtomicU64,
     /// Connections refused at the handshake.

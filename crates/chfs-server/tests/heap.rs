@@ -11,7 +11,7 @@ use chfs_proto::{Meta, Request, Response};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{call, hello, rss_kib};
+use common::{call, hello, rss_kib, status};
 
 fn mem_pool(args: &[&str]) -> LocalPool {
     LocalPool::start_with(PoolOptions {
@@ -152,6 +152,15 @@ fn memory_of_removed_chunks_goes_back_once_the_server_is_idle() {
         kept + (64 << 10) > full,
         "136 MiB stored: RSS {full} KiB, {kept} KiB just after 128 were removed"
     );
+    // `status` says so (the server's RSS, what its heap holds free)...
+    let st = status(addr);
+    assert_eq!(st.heap_trims, 0);
+    assert!(st.heap_free >= 96 << 20, "heap_free {}", st.heap_free);
+    assert!(
+        st.rss >> 10 >= kept / 2 && st.rss >> 10 <= kept * 2,
+        "status rss {} B, /proc {kept} KiB",
+        st.rss
+    );
     // ...and gives it back once no request came for 2 s (nothing is sent
     // meanwhile: a request would count as activity).
     let t = Instant::now();
@@ -168,6 +177,13 @@ fn memory_of_removed_chunks_goes_back_once_the_server_is_idle() {
     eprintln!(
         "RSS {full} -> {kept} -> {now} KiB, given back after {:?}",
         t.elapsed()
+    );
+    let st = status(addr);
+    assert_eq!(st.heap_trims, 1);
+    assert!(
+        st.rss >> 10 <= now * 2,
+        "status rss {} B, /proc {now} KiB",
+        st.rss
     );
     drop(s);
     p.stop();

@@ -1,5 +1,5 @@
 //! The C heap (glibc malloc): how much it holds free, and giving that
-//! back to the system.
+//! back to the system; the process's resident memory.
 //!
 //! Elsewhere (another C library) nothing is known: [`free_bytes`] is 0
 //! and [`trim`] does nothing.
@@ -17,6 +17,24 @@ pub fn free_bytes() -> usize {
     {
         0
     }
+}
+
+/// The process's resident memory in bytes (`/proc/self/statm`; 0 if it
+/// cannot be read).
+pub fn resident_bytes() -> u64 {
+    let page = {
+        // SAFETY: sysconf reads a system constant.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if p > 0 {
+            p as u64
+        } else {
+            4096
+        }
+    };
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page)
 }
 
 /// Gives the heap's free memory back to the system (`malloc_trim(0)`:
