@@ -29,13 +29,14 @@ const KEEP: usize = 8 << 20;
 
 /// Runs until the server stops: every [`IDLE`] / 4, trims the heap if no
 /// request came during the last [`IDLE`] and it holds at least [`KEEP`]
-/// free.
+/// free; once per idle spell.
 pub(crate) async fn trim_when_idle(shared: Arc<Shared>) {
     let mut stop = shared.shutdown.subscribe();
     let tick = IDLE / 4;
     let (mut seen, mut quiet) = (u64::MAX, Duration::ZERO);
-    // The request count at the last trim: not again before more came.
-    let mut trimmed_at = None;
+    // The request count when the heap was last looked at: not again
+    // before more requests came.
+    let mut looked_at = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -47,9 +48,12 @@ pub(crate) async fn trim_when_idle(shared: Arc<Shared>) {
             continue;
         }
         quiet += tick;
-        if quiet < IDLE || trimmed_at == Some(now) {
+        if quiet < IDLE || looked_at == Some(now) {
             continue;
         }
+        // (Looked at once per idle spell: mallinfo2 walks the heap's free
+        // lists.)
+        looked_at = Some(now);
         let free = chfs_sys::heap::free_bytes();
         if free < KEEP {
             continue;
@@ -63,6 +67,5 @@ pub(crate) async fn trim_when_idle(shared: Arc<Shared>) {
             free_after = chfs_sys::heap::free_bytes(),
             "idle: heap trimmed"
         );
-        trimmed_at = Some(now);
     }
 }
