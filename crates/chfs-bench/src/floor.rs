@@ -184,20 +184,24 @@ const FRESH_BYTES: usize = 256 << 20;
 /// their process had not used before.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct FreshMemory {
-    /// On transparent huge pages (as chfsd's heap), the first pass.
+    /// On the pages the system gives without asking (4 KiB unless
+    /// transparent huge pages are `always`; as chfsd's heap by default),
+    /// the first pass.
     pub first_touch: f64,
     /// The same again: the pages the first pass just gave back.
     pub again: f64,
-    /// Again, on 4 KiB pages (a heap without huge pages).
-    pub small_pages: f64,
+    /// Again, on transparent huge pages (chfsd `--huge-pages on`).
+    pub huge_pages: f64,
 }
 
 /// GiB/s at which `threads` threads at once fill memory this process
 /// did not use before, 1 MiB copied at a time (each `bytes` of anonymous
 /// memory; not pinned, as chfsd's threads are not): the ceiling of writes
 /// of new data into a memory store, each new chunk being such memory.
-/// Three passes: on huge pages (advised, as chfsd's heap is), the same
-/// again (the pages the first pass just gave back), and again on 4 KiB
+/// Three passes: on the pages the system gives without asking (4 KiB
+/// unless transparent huge pages are `always`; as chfsd's heap by
+/// default), the same
+/// again (the pages the first pass just gave back), and again on huge
 /// pages. On bare metal the first two agree; a virtual machine whose host
 /// backs guest memory only when first touched, and takes back what the
 /// guest freed a few seconds earlier (free page reporting), pays a host
@@ -205,9 +209,9 @@ pub struct FreshMemory {
 /// two differ by the page faults huge pages save.
 pub fn fresh_memory(threads: usize, bytes: usize) -> std::io::Result<FreshMemory> {
     Ok(FreshMemory {
-        first_touch: fill_fresh(threads, bytes, true)?,
-        again: fill_fresh(threads, bytes, true)?,
-        small_pages: fill_fresh(threads, bytes, false)?,
+        first_touch: fill_fresh(threads, bytes, false)?,
+        again: fill_fresh(threads, bytes, false)?,
+        huge_pages: fill_fresh(threads, bytes, true)?,
     })
 }
 
@@ -220,13 +224,13 @@ fn fill_fresh(threads: usize, bytes: usize, huge: bool) -> std::io::Result<f64> 
         fillers.push(std::thread::spawn(move || -> std::io::Result<f64> {
             let src = vec![0x5au8; STREAM_MSG];
             let mut m = memmap2::MmapOptions::new().len(bytes).map_anon()?;
-            // (Refused where the kernel has no transparent huge pages: the
-            // figure is then for 4 KiB pages, as chfsd's heap there; with
-            // them on for every process, `always`, it has them anyway.)
-            let _ = m.advise(match huge {
-                true => memmap2::Advice::HugePage,
-                false => memmap2::Advice::NoHugePage,
-            });
+            // Huge pages asked for (refused where the kernel has none), or
+            // what the system gives without asking, as chfsd's heap gets
+            // by default: 4 KiB pages, unless transparent huge pages are
+            // on for every process (`always`).
+            if huge {
+                let _ = m.advise(memmap2::Advice::HugePage);
+            }
             go.wait();
             let t0 = Instant::now();
             for c in m.chunks_mut(STREAM_MSG) {
@@ -420,8 +424,8 @@ impl Floors {
         }
         if let Some(m) = self.fresh_memory {
             s += &format!(
-                "  fresh memory filled, {} at once (GiB/s): first touch {:.2}, again {:.2}, again on 4 KiB pages {:.2}\n",
-                self.stream_pairs, m.first_touch, m.again, m.small_pages
+                "  fresh memory filled, {} at once (GiB/s): first touch {:.2}, again {:.2}, again on huge pages {:.2}\n",
+                self.stream_pairs, m.first_touch, m.again, m.huge_pages
             );
         }
         s
@@ -493,7 +497,7 @@ mod tests {
         assert_eq!(f.stream_pairs, 1);
         assert!(
             f.fresh_memory
-                .is_some_and(|m| [m.first_touch, m.again, m.small_pages]
+                .is_some_and(|m| [m.first_touch, m.again, m.huge_pages]
                     .iter()
                     .all(|g| *g > 0.01 && g.is_finite())),
             "{:?}",

@@ -714,7 +714,7 @@ mod tests {
                 fresh_memory: Some(crate::floor::FreshMemory {
                     first_touch: 1.0,
                     again: 4.0,
-                    small_pages: 2.0,
+                    huge_pages: 2.0,
                 }),
                 stream_pairs: 2,
                 pool_path: Some("tcp".into()),
@@ -747,7 +747,7 @@ mod tests {
         );
         // and against fresh memory filled at 1 GiB/s
         assert!(
-            t.contains("fresh memory filled, 2 at once (GiB/s): first touch 1.00, again 4.00, again on 4 KiB pages 2.00"),
+            t.contains("fresh memory filled, 2 at once (GiB/s): first touch 1.00, again 4.00, again on huge pages 2.00"),
             "{t}"
         );
         assert!(

@@ -92,12 +92,13 @@ pub struct Config {
     /// /sys/kernel/mm/transparent_hugepage/enabled): on = chfsd starts
     /// itself again, once, with `glibc.malloc.hugetlb=1` added to
     /// GLIBC_TUNABLES (glibc reads its tunables only at start; 2.35 or
-    /// later), unless GLIBC_TUNABLES already says; off = 4 KiB pages (and
-    /// no second start: for running chfsd under valgrind, which follows
-    /// no exec by default). A write of new data faults in a 2 MiB page per
-    /// 2 MiB instead of a 4 KiB page per 4 KiB (the kernel's zeroing is
-    /// the same).
-    #[arg(long = "huge-pages", env = "CHFSD_HUGE_PAGES", default_value = "on", value_name = "on|off", action = clap::ArgAction::Set, value_parser = parse_on_off)]
+    /// later), unless GLIBC_TUNABLES already says (not under valgrind,
+    /// which follows no exec by default); off = 4 KiB pages. Filling fresh
+    /// memory costs a page fault per 2 MiB instead of per 4 KiB (2-3x
+    /// faster on the development VM), but IO500 writes over the same-host
+    /// path were slower with it there (ior-hard-write about half), hence
+    /// off by default.
+    #[arg(long = "huge-pages", env = "CHFSD_HUGE_PAGES", default_value = "off", value_name = "on|off", action = clap::ArgAction::Set, value_parser = parse_on_off)]
     pub huge_pages: bool,
 
     /// Requests of one connection in the server at once (being served, or

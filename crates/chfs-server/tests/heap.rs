@@ -1,7 +1,7 @@
-//! chfsd's heap: on transparent huge pages (`--huge-pages`, default on:
-//! the server starts itself again with glibc's hugetlb tunable, keeps its
+//! chfsd's heap: on transparent huge pages with `--huge-pages on` (the
+//! server starts itself again with glibc's hugetlb tunable, keeps its
 //! name and process id, and the chunk data it stores lands on 2 MiB pages
-//! where the kernel offers them); what removed chunks freed is kept for
+//! where the kernel offers them; off by default); what removed chunks freed is kept for
 //! the next writes while requests come, and given back once idle.
 
 use bytes::Bytes;
@@ -85,8 +85,8 @@ fn store_mib(addr: &str, mib: u64) {
 }
 
 #[test]
-fn chunk_data_lands_on_huge_pages_by_default() {
-    let p = mem_pool(&[]);
+fn chunk_data_lands_on_huge_pages_with_huge_pages_on() {
+    let p = mem_pool(&["--huge-pages", "on"]);
     let pid = p.pid(0).unwrap();
     let t = tunables(pid).unwrap_or_default();
     assert!(
@@ -107,8 +107,8 @@ fn chunk_data_lands_on_huge_pages_by_default() {
 }
 
 #[test]
-fn huge_pages_off_keeps_the_heap_on_small_pages() {
-    let p = mem_pool(&["--huge-pages", "off"]);
+fn by_default_the_heap_stays_on_small_pages() {
+    let p = mem_pool(&[]);
     let pid = p.pid(0).unwrap();
     let t = tunables(pid).unwrap_or_default();
     assert!(!t.contains("glibc.malloc.hugetlb"), "GLIBC_TUNABLES: {t:?}");

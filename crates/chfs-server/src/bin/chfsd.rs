@@ -97,7 +97,7 @@ fn tune_malloc() {
     }
 }
 
-/// `--huge-pages on` (the default): starts this program again, in this
+/// `--huge-pages on` (off by default): starts this program again, in this
 /// process, with `glibc.malloc.hugetlb=1` in GLIBC_TUNABLES, so that
 /// glibc asks for transparent huge pages (madvise(MADV_HUGEPAGE)) on the
 /// heap it grows; glibc reads tunables only when a program starts. Not
@@ -108,9 +108,10 @@ fn tune_malloc() {
 ///
 /// Why: chunk data written to the DRAM store is new memory, held as long
 /// as the file. With 4 KiB pages a write of new data costs chfsd a page
-/// fault per 4 KiB, about a third of its time in 1 MiB writes over TCP
-/// on the development VM; with 2 MiB pages one per 2 MiB (touching 1 GiB
-/// of fresh 64 KiB buffers: 1.7-2.0 -> 6.1-6.3 GiB/s there).
+/// fault per 4 KiB; with 2 MiB pages one per 2 MiB (touching 1 GiB of
+/// fresh 64 KiB buffers: 1.7-2.0 -> 6.1-6.3 GiB/s on the development VM).
+/// Off by default: IO500 writes through the same-host path were slower
+/// with it there (crates/chfs-bench/README.md).
 fn huge_page_heap(cfg: &chfs_server::Config) -> Option<String> {
     use std::os::unix::process::CommandExt;
     const TUNABLE: &str = "glibc.malloc.hugetlb";
