@@ -19,7 +19,7 @@ for k in 0 "$m"; do
 	port=$((52000 + RANDOM % 5000))
 	export CHFS_SERVER=127.0.0.1:$port CHFS_POLL_USEC=0 CHFS_CPU_LANES=0
 	valgrind --tool=dhat --dhat-out-file="$out/dhat-server-$op-$k.json" "$rel/chfsd" \
-		-h 127.0.0.1:$port -T 2 --poll-usec 0 --huge-pages off --log-level error >/dev/null 2>&1 &
+		-h 127.0.0.1:$port -T 2 --poll-usec 0 --log-level error >/dev/null 2>&1 &
 	spid=$!
 	for _ in $(seq 200); do
 		(exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break

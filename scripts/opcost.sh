@@ -31,9 +31,7 @@ if [ "$mode" = tcp ]; then export CHFS_LOCAL_SOCKET=0 CHFS_CMA=0; fi
 n=$m
 case $op in create | write) n=0 ;; esac
 tag=$out/$op-$mode
-# (--huge-pages off: chfsd would otherwise start itself again, out of
-# valgrind, which follows no exec by default.)
-chfsd_args=(-h 127.0.0.1:$port -T 2 --poll-usec 0 --huge-pages off --log-level warn)
+chfsd_args=(-h 127.0.0.1:$port -T 2 --poll-usec 0 --log-level warn)
 
 wait_up() { # until the server answers
 	for _ in $(seq 200); do

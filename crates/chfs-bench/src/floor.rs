@@ -200,9 +200,8 @@ pub struct FreshMemory {
 /// of new data into a memory store, each new chunk being such memory.
 /// Three passes: on the pages the system gives without asking (4 KiB
 /// unless transparent huge pages are `always`; as chfsd's heap by
-/// default), the same
-/// again (the pages the first pass just gave back), and again on huge
-/// pages. On bare metal the first two agree; a virtual machine whose host
+/// default), the same again (the pages the first pass just gave back),
+/// and again on huge pages. On bare metal the first two agree; a virtual machine whose host
 /// backs guest memory only when first touched, and takes back what the
 /// guest freed a few seconds earlier (free page reporting), pays a host
 /// page fault per page in the first pass and not in the second. The last
@@ -310,8 +309,9 @@ pub struct Floors {
     #[serde(default)]
     pub stream_pairs: usize,
     /// GiB/s at which as many threads fill fresh memory at once, first
-    /// touch and again ([`fresh_memory`]; None: not measured): the
-    /// ceiling of writes of new data into a memory store on this machine.
+    /// touch, again and on huge pages ([`fresh_memory`]; None: not
+    /// measured): the ceiling of writes of new data into a memory store
+    /// on this machine.
     #[serde(default)]
     pub fresh_memory: Option<FreshMemory>,
     /// How the ranks reach the pool's first server: "unix" (its Unix

@@ -390,7 +390,8 @@ pub fn table(run: &RunResult) -> String {
 }
 
 /// ior-easy's bandwidth as a share of what the connections of its path
-/// carried in the stream test of the same run (None: not measured).
+/// carried in the stream test of the same run, and ior-easy-write's as a
+/// share of the fresh-memory fill of the same run (None: not measured).
 fn against_streams(t: &TargetResult, f: &crate::floor::Floors) -> Option<String> {
     let (path, gib) = f.pool_streams()?;
     let share = |name: &str, of: f64| {

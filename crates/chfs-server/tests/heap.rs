@@ -1,8 +1,9 @@
 //! chfsd's heap: on transparent huge pages with `--huge-pages on` (the
 //! server starts itself again with glibc's hugetlb tunable, keeps its
 //! name and process id, and the chunk data it stores lands on 2 MiB pages
-//! where the kernel offers them; off by default); what removed chunks freed is kept for
-//! the next writes while requests come, and given back once idle.
+//! where the kernel offers them; off by default); what removed chunks
+//! freed is kept for the next writes while requests come, and given back
+//! once idle.
 
 use bytes::Bytes;
 use chfs_localpool::{LocalPool, PoolOptions};

@@ -22,19 +22,10 @@ pub fn free_bytes() -> usize {
 /// The process's resident memory in bytes (`/proc/self/statm`; 0 if it
 /// cannot be read).
 pub fn resident_bytes() -> u64 {
-    let page = {
-        // SAFETY: sysconf reads a system constant.
-        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        if p > 0 {
-            p as u64
-        } else {
-            4096
-        }
-    };
     std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * page)
+        .map_or(0, |pages| pages * crate::map::page_size() as u64)
 }
 
 /// Gives the heap's free memory back to the system (`malloc_trim(0)`:

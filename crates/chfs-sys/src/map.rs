@@ -212,7 +212,7 @@ impl Mapping {
 }
 
 /// The page size.
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf reads a system constant.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }

@@ -136,8 +136,6 @@ fn huge_page_heap(cfg: &chfs_server::Config) -> Option<String> {
     };
     let mut args = std::env::args_os();
     let argv0 = args.next().unwrap_or_default();
-    // Nothing is open yet but the standard streams (and what the launcher
-    // passed on), and no thread runs: the new image starts as this one did.
     // The program's own path, so that its name stays `chfsd` (in ps,
     // pgrep, /proc/PID/comm); /proc/self/exe when the file is gone (a
     // rebuilt or reinstalled binary), which names it `exe`.
@@ -145,6 +143,8 @@ fn huge_page_heap(cfg: &chfs_server::Config) -> Option<String> {
         .ok()
         .filter(|p| p.is_file())
         .unwrap_or_else(|| "/proc/self/exe".into());
+    // Nothing is open yet but the standard streams (and what the launcher
+    // passed on), and no thread runs: the new image starts as this one did.
     let e = std::process::Command::new(exe)
         .arg0(argv0)
         .args(args)
