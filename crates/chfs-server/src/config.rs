@@ -87,16 +87,17 @@ pub struct Config {
     pub poll: std::time::Duration,
 
     /// Keep the server's heap (the DRAM store's chunk data, request and
-    /// reply buffers) on transparent huge pages where the kernel offers
-    /// them to processes that ask (`madvise` or `always` in
-    /// /sys/kernel/mm/transparent_hugepage/enabled): on = chfsd starts
-    /// itself again, once, with `glibc.malloc.hugetlb=1` added to
-    /// GLIBC_TUNABLES (glibc reads its tunables only at start; 2.35 or
-    /// later), unless GLIBC_TUNABLES already says (not under valgrind,
-    /// which follows no exec by default); off = 4 KiB pages. Filling fresh
-    /// memory costs a page fault per 2 MiB instead of per 4 KiB (2-3x
-    /// faster on the development VM), but IO500 writes over the same-host
-    /// path were slower with it there (ior-hard-write about half), hence
+    /// reply buffers) on transparent huge pages where the kernel gives
+    /// them to processes that ask (`madvise` in
+    /// /sys/kernel/mm/transparent_hugepage/enabled; with `always` every
+    /// heap gets them anyway): on = chfsd starts itself again with
+    /// `glibc.malloc.hugetlb=1` added to GLIBC_TUNABLES (glibc reads its
+    /// tunables only at start; 2.35 or later), until glibc took it (2.35
+    /// and 2.36 take it only in some starts), unless GLIBC_TUNABLES sets
+    /// it otherwise (not under valgrind, which follows no exec by
+    /// default); off = 4 KiB pages. Filling fresh memory costs a page
+    /// fault per 2 MiB instead of per 4 KiB (2-3x faster on the
+    /// development VM), but IO500 writes were slower with it there, hence
     /// off by default.
     #[arg(long = "huge-pages", env = "CHFSD_HUGE_PAGES", default_value = "off", value_name = "on|off", action = clap::ArgAction::Set, value_parser = parse_on_off)]
     pub huge_pages: bool,
