@@ -131,6 +131,10 @@ pub(crate) struct FabricTicket<'a> {
     /// the ticket is done with, whatever the outcome.
     lent: Option<(Lent<'a>, bool)>,
     dst: Option<&'a mut [u8]>,
+    /// Sent when the link had been idle ([`IDLE_PROGRESS`]): it may have
+    /// gone into a connection that ended meanwhile
+    /// ([`RpcClient::wait_probing`]).
+    after_idle: bool,
 }
 
 /// How a request's bulk data moves.
@@ -451,9 +455,11 @@ impl FabricLink {
                     .with_conn_fault(ConnFault::NotSent),
             );
         }
-        if self.idle_for() >= IDLE_PROGRESS {
+        let after_idle = self.idle_for() >= IDLE_PROGRESS;
+        if after_idle {
             // Lets the provider notice a connection that ended meanwhile
-            // (a restarted server), so that this request is not lost on it.
+            // (a restarted server), so that this request is not lost on it
+            // (mostly: see RpcClient::wait_probing).
             self.rpc.progress();
         }
         let moves = self.bulk(op, head, tail, dst)?;
@@ -486,6 +492,7 @@ impl FabricLink {
                     bulk: moves.bulk,
                     lent: moves.lent,
                     dst: moves.dst,
+                    after_idle,
                 })
             }
             Err(e) => {
@@ -534,7 +541,7 @@ impl FabricLink {
             .timeout
             .saturating_sub(t.sent.elapsed())
             .max(Duration::from_millis(1));
-        let r = match self.rpc.wait(&self.session, t.id, left) {
+        let r = match self.answer(&t, left) {
             Ok((h, _)) if h.op == OP_NO_SESSION => {
                 // The server restarted, or ended the session for idleness:
                 // it did not serve the request. The pool sends it again on
@@ -634,6 +641,20 @@ impl FabricLink {
             }
         }
         out
+    }
+
+    /// The answer to the ticket's request, waited for at most `left`;
+    /// for a request sent after the link was idle, probed with pings
+    /// ([`RpcClient::wait_probing`]).
+    fn answer(
+        &self,
+        t: &FabricTicket<'_>,
+        left: Duration,
+    ) -> std::result::Result<(Header, Bytes), RpcError> {
+        match t.after_idle {
+            true => self.rpc.wait_probing(&self.session, t.id, left),
+            false => self.rpc.wait(&self.session, t.id, left),
+        }
     }
 
     fn decode(&self, h: Header, payload: Bytes) -> Result<Response> {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chfs_fabric::rpc::{
-    decode_message, encode_message, RpcClient, RpcError, RpcServer, OP_HELLO, OP_WELCOME,
+    decode_message, decode_message_from, encode_message, RpcClient, RpcError, RpcServer, OP_HELLO,
+    OP_WELCOME,
 };
 use chfs_fabric::{Address, Config, Endpoint, Protocol, BUILT_WITH_LIBFABRIC};
 use chfs_proto::frame::FLAG_ERROR;
@@ -498,4 +499,122 @@ fn a_hello_to_an_exited_shm_peer_is_refused_at_once() {
     // Nothing was sent, nothing waited for.
     let st = client.endpoint().stats();
     assert_eq!((st.sends, st.timeouts), (0, 0), "{st:?}");
+}
+
+/// A server of raw messages: answers the hello (session token 7), then
+/// gives each later message's header to `on`, which returns what to
+/// answer it (op, flags, payload), or None: the message is lost.
+fn raw_server(
+    ep: &Endpoint,
+    stop: &AtomicBool,
+    mut on: impl FnMut(&chfs_proto::frame::Header) -> Vec<(u64, u16, u16, Vec<u8>)>,
+) {
+    let mut peer = None;
+    while !stop.load(Ordering::Acquire) {
+        let m = match ep.recv(Duration::from_millis(50)) {
+            Ok(m) => m,
+            Err(chfs_fabric::Error::Timeout { .. }) => continue,
+            Err(e) => panic!("server: {e}"),
+        };
+        let (token, h, payload, _) = decode_message_from(&m).unwrap();
+        drop(m);
+        if token == 0 && h.op == OP_HELLO {
+            let addr: Address = std::str::from_utf8(&payload).unwrap().parse().unwrap();
+            let p = ep.connect(&addr).unwrap();
+            let welcome = encode_message(0, h.id, OP_WELCOME, 0, &7u64.to_le_bytes());
+            ep.send(p, &welcome, T).unwrap();
+            peer = Some(p);
+            continue;
+        }
+        assert_eq!(token, 7);
+        for (id, op, flags, body) in on(&h) {
+            ep.send(peer.unwrap(), &encode_message(0, id, op, flags, &body), T)
+                .unwrap();
+        }
+    }
+}
+
+/// A request sent after an idle spell that rxm lost (here: a server that
+/// drops it) is found out by the ping that follows it
+/// ([`RpcClient::wait_probing`], [`chfs_fabric::rpc::PROBE_AFTER`]): a
+/// ping answered OP_NO_SESSION (a restarted server) stands for the
+/// request, at once instead of at the request's timeout; a ping answered
+/// otherwise leaves the request waited for, and its late answer taken.
+#[test]
+fn a_request_lost_after_an_idle_spell_is_found_out_by_a_ping() {
+    use chfs_fabric::rpc::{OP_NO_SESSION, PROBE_AFTER};
+    use chfs_proto::msg::op;
+    let test = "a_request_lost_after_an_idle_spell_is_found_out_by_a_ping";
+    let (Some(server_ep), Some(client_ep)) = (open(test, Protocol::Tcp), open(test, Protocol::Tcp))
+    else {
+        return;
+    };
+    let addr = server_ep.address().clone();
+    let client = RpcClient::new(Arc::new(client_ep));
+    let stop = AtomicBool::new(false);
+    let mut stat = Vec::new();
+    Request::Stat { path: "/".into() }.encode(&mut stat);
+    let timeout = Duration::from_secs(6);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Stats are lost; the first ping is answered OP_NO_SESSION, the
+            // second Ok, and then the stat held since is answered too.
+            let mut pings = 0;
+            let mut held = None;
+            raw_server(&server_ep, &stop, |h| match h.op {
+                op::STAT => {
+                    held = Some(h.id);
+                    vec![]
+                }
+                op::PING => {
+                    pings += 1;
+                    if pings == 1 {
+                        let mut e = Vec::new();
+                        chfs_proto::msg::encode_error(
+                            &mut e,
+                            &ErrorReply::new(libc::ENOTCONN, "no such session"),
+                        );
+                        vec![(h.id, OP_NO_SESSION, FLAG_ERROR, e)]
+                    } else {
+                        let mut ok = Vec::new();
+                        Response::Ok.encode(&mut ok);
+                        let mut meta = Vec::new();
+                        Response::Meta(Meta::default()).encode(&mut meta);
+                        vec![
+                            (h.id, op::PING, 0, ok),
+                            (held.take().unwrap(), op::STAT, 0, meta),
+                        ]
+                    }
+                }
+                other => panic!("op {other}"),
+            });
+        });
+        let _stopper = StopOnDrop(&stop);
+        let session = client.connect(&addr, T).unwrap();
+        // Lost, and the ping says no server knows the session: told at
+        // once, not after the 6 s.
+        let t0 = Instant::now();
+        let id = client.post(&session, op::STAT, 0, &stat, timeout).unwrap();
+        let (h, _) = client.wait_probing(&session, id, timeout).unwrap();
+        let took = t0.elapsed();
+        assert_eq!(h.op, OP_NO_SESSION);
+        assert!(took >= PROBE_AFTER && took < PROBE_AFTER * 4, "{took:?}");
+        // Held, and the ping is answered: the request's late answer is
+        // the one returned.
+        let id = client.post(&session, op::STAT, 0, &stat, timeout).unwrap();
+        let (h, p) = client.wait_probing(&session, id, timeout).unwrap();
+        assert_eq!(h.op, op::STAT);
+        assert_eq!(
+            Response::decode(p).unwrap(),
+            Response::Meta(Meta::default())
+        );
+        // Without the probe, a lost request is found out only at its
+        // timeout.
+        let id = client
+            .post(&session, op::STAT, 0, &stat, Duration::from_secs(1))
+            .unwrap();
+        let t0 = Instant::now();
+        assert!(client.wait(&session, id, Duration::from_secs(1)).is_err());
+        assert!(t0.elapsed() >= Duration::from_secs(1));
+    });
 }
