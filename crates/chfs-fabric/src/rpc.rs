@@ -715,7 +715,16 @@ impl RpcClient {
             if let Some(r) = self.wait_within(s, id, PROBE_AFTER, left)? {
                 return Ok(r);
             }
-            let p = self.post(s, op::PING, 0, &ping, PROBE_AFTER)?;
+            // (A send may wait, for rxm's connection to a restarted
+            // server: up to the request's time left, not the interval.)
+            let left = deadline.saturating_duration_since(Instant::now());
+            let p = match self.post(s, op::PING, 0, &ping, left) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.abandon(id);
+                    return Err(e);
+                }
+            };
             match self.wait_within(s, p, PROBE_AFTER, PROBE_AFTER)? {
                 Some(r) if r.0.op == OP_NO_SESSION => {
                     self.abandon(id);
