@@ -344,13 +344,6 @@ fn a_pool_mixing_tcp_and_ofi_tcp() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let t = Instant::now();
     while !std::fs::read_to_string(&info).is_ok_and(|s| s.ends_with('\n')) {
         assert!(
@@ -360,7 +353,7 @@ fn a_pool_mixing_tcp_and_ofi_tcp() {
         assert!(child.try_wait().unwrap().is_none(), "fabric server exited");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _guard = Kill(child);
+    let _guard = Killed(child);
     let _ = std::fs::remove_file(&info);
     let c = client(&p, |_| {});
     let servers = c.servers();
@@ -611,6 +604,17 @@ fn a_client_that_goes_away_ends_its_sessions() {
     while closed() == before {
         assert!(t.elapsed() < Duration::from_secs(5), "no session closed");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process this test started, killed (by its pid) and waited
+/// for when dropped, however the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -1654,14 +1658,7 @@ fn many_clients_of_a_restarted_server_are_told_at_once() {
         .spawn()
         .unwrap();
     // Killed (by its pid) if this test fails before it ended.
-    struct Reap(std::process::Child);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Reap(child);
+    let mut child = Killed(child);
     let mut out = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
     let mut line = |what: &str| {
         out.by_ref()

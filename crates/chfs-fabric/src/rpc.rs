@@ -650,6 +650,19 @@ impl RpcClient {
     ) -> Result<(Header, Bytes), RpcError> {
         let deadline = Instant::now() + timeout;
         let r = self.reply(id, deadline, timeout);
+        self.answered(s, id, r, deadline)
+    }
+
+    /// What [`Self::wait`] and [`Self::wait_within`] do with call `id`'s
+    /// answer (or failure) `r`: the call's lent request released, a lent
+    /// reply pulled by `deadline`.
+    fn answered(
+        &self,
+        s: &Session,
+        id: u64,
+        r: Result<(Header, Bytes), RpcError>,
+        deadline: Instant,
+    ) -> Result<(Header, Bytes), RpcError> {
         self.settle_lent(id, r.is_ok());
         match r {
             Ok((h, p)) if h.flags & FLAG_LENT != 0 => self.pull_lent(s, h, &p, deadline),
@@ -671,15 +684,7 @@ impl RpcClient {
         let t0 = Instant::now();
         match self.reply_or_keep(id, t0 + within, within, false) {
             Err(RpcError::Fabric(Error::Timeout { .. })) => Ok(None),
-            r => {
-                self.settle_lent(id, r.is_ok());
-                match r {
-                    Ok((h, p)) if h.flags & FLAG_LENT != 0 => {
-                        self.pull_lent(s, h, &p, t0 + timeout.max(within)).map(Some)
-                    }
-                    r => r.map(Some),
-                }
-            }
+            r => self.answered(s, id, r, t0 + timeout.max(within)).map(Some),
         }
     }
 

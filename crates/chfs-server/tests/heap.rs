@@ -39,19 +39,23 @@ fn environ(pid: u32, name: &str) -> Option<String> {
         .find_map(|v| Some(v.strip_prefix(name)?.strip_prefix('=')?.to_string()))
 }
 
+/// The KiB of a `field:  N kB` line of /proc/PID/smaps(_rollup), if the
+/// line is one.
+fn kib(line: &str, field: &str) -> Option<u64> {
+    line.strip_prefix(field)?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// A field of /proc/PID/smaps_rollup, in KiB.
 fn rollup_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
         .unwrap()
         .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
+        .find_map(|l| kib(l, field))
         .unwrap_or_else(|| panic!("no {field} in smaps_rollup of {pid}"))
 }
 
@@ -60,14 +64,6 @@ fn rollup_kib(pid: u32, field: &str) -> u64 {
 /// much of it is on them, in KiB.
 fn huge_advised_kib(pid: u32) -> (u64, u64) {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
-    let kib = |l: &str, field: &str| -> Option<u64> {
-        l.strip_prefix(field)?
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()
-    };
     let (mut advised, mut huge) = (0, 0);
     let (mut size, mut anon_huge) = (0, 0);
     for l in smaps.lines() {
@@ -170,9 +166,7 @@ fn by_default_the_heap_stays_on_small_pages() {
         "KiB of chfsd's memory that asked for huge pages"
     );
     // (Transparent huge pages in `always` mode would give them anyway.)
-    let always = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .is_ok_and(|s| s.contains("[always]"));
-    if !always {
+    if chfs_sys::heap::thp_mode() != ThpMode::Always {
         assert_eq!(rollup_kib(pid, "AnonHugePages:"), 0);
     }
     p.stop();
