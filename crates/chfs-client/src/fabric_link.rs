@@ -92,7 +92,9 @@ pub(crate) struct FabricLink {
     alive: AtomicBool,
     timeout: Duration,
     opened: Instant,
-    last_io: AtomicU64,
+    /// When it last sent or received, and whether it has been answered
+    /// since an idle spell.
+    watch: IdleWatch,
     /// The process that opened it (a forked child opens its own).
     pid: u32,
     /// Chunk data of at least this many bytes moves by RMA.
@@ -111,6 +113,50 @@ pub(crate) struct FabricLink {
 /// A link unused for this long reads the endpoint before it sends
 /// ([`RpcClient::progress`]).
 const IDLE_PROGRESS: Duration = Duration::from_millis(200);
+
+/// A link's idle spells, and which requests are waited for with probes
+/// ([`RpcClient::wait_probing`]): every one that leaves before the link
+/// was answered again after an idle spell of [`IDLE_PROGRESS`], not only
+/// the first. rxm may take a message into a connection that ended while
+/// nobody read (a restarted server) and lose it; requests that other
+/// threads, or the rest of a pipeline, send right after the first one
+/// may go the same way, and unprobed each would wait out the RPC
+/// timeout. An answer proves the connection carries messages again.
+/// Times are nanoseconds since the link opened.
+#[derive(Debug, Default)]
+struct IdleWatch {
+    last_io: AtomicU64,
+    /// Requests have left since an idle spell and none was answered yet.
+    unconfirmed: AtomicBool,
+}
+
+impl IdleWatch {
+    /// How long since the link last sent or received, at `now`.
+    fn idle_for(&self, now: u64) -> Duration {
+        Duration::from_nanos(now.saturating_sub(self.last_io.load(Ordering::Relaxed)))
+    }
+
+    /// A request leaves at `now`: (the link was idle, so the endpoint is
+    /// to be read first; the request is to be waited for with probes).
+    fn sending(&self, now: u64) -> (bool, bool) {
+        let idle = self.idle_for(now) >= IDLE_PROGRESS;
+        if idle {
+            self.unconfirmed.store(true, Ordering::Release);
+        }
+        (idle, idle || self.unconfirmed.load(Ordering::Acquire))
+    }
+
+    /// A request left at `now`.
+    fn sent(&self, now: u64) {
+        self.last_io.store(now, Ordering::Relaxed);
+    }
+
+    /// An answer came at `now` (not OP_NO_SESSION): the connection works.
+    fn answered(&self, now: u64) {
+        self.last_io.store(now, Ordering::Relaxed);
+        self.unconfirmed.store(false, Ordering::Release);
+    }
+}
 
 /// Windows a link keeps for reuse, and the smallest allocated.
 const WINDOWS_KEPT: usize = 16;
@@ -131,9 +177,9 @@ pub(crate) struct FabricTicket<'a> {
     /// the ticket is done with, whatever the outcome.
     lent: Option<(Lent<'a>, bool)>,
     dst: Option<&'a mut [u8]>,
-    /// Sent when the link had been idle ([`IDLE_PROGRESS`]): it may have
-    /// gone into a connection that ended meanwhile
-    /// ([`RpcClient::wait_probing`]).
+    /// Sent after an idle spell, before the link was answered again
+    /// ([`IdleWatch`]): it may have gone into a connection that ended
+    /// meanwhile ([`RpcClient::wait_probing`]).
     after_idle: bool,
 }
 
@@ -241,7 +287,7 @@ impl FabricLink {
             alive: AtomicBool::new(true),
             timeout,
             opened: Instant::now(),
-            last_io: AtomicU64::new(0),
+            watch: IdleWatch::default(),
             pid: crate::process_id(),
             rdma_thresh: cfg.rdma_thresh.max(1),
             windows: Mutex::new(Vec::new()),
@@ -257,13 +303,12 @@ impl FabricLink {
 
     /// How long since the link last sent or received.
     pub fn idle_for(&self) -> Duration {
-        let last = self.last_io.load(Ordering::Relaxed);
-        Duration::from_nanos((self.opened.elapsed().as_nanos() as u64).saturating_sub(last))
+        self.watch.idle_for(self.now())
     }
 
-    fn note_io(&self) {
-        self.last_io
-            .store(self.opened.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    /// Nanoseconds since the link opened.
+    fn now(&self) -> u64 {
+        self.opened.elapsed().as_nanos() as u64
     }
 
     /// Marks the link broken and forgets the peer (its rxm connection may
@@ -455,8 +500,8 @@ impl FabricLink {
                     .with_conn_fault(ConnFault::NotSent),
             );
         }
-        let after_idle = self.idle_for() >= IDLE_PROGRESS;
-        if after_idle {
+        let (idle, after_idle) = self.watch.sending(self.now());
+        if idle {
             // Lets the provider notice a connection that ended meanwhile
             // (a restarted server), so that this request is not lost on it
             // (mostly: see RpcClient::wait_probing).
@@ -485,7 +530,7 @@ impl FabricLink {
             .post(&self.session, op, flags, &payload, self.timeout)
         {
             Ok(id) => {
-                self.note_io();
+                self.watch.sent(self.now());
                 Ok(FabricTicket {
                     id,
                     sent,
@@ -557,7 +602,7 @@ impl FabricLink {
                 .with_conn_fault(ConnFault::NotSent));
             }
             Ok((h, payload)) => {
-                self.note_io();
+                self.watch.answered(self.now());
                 self.decode(h, payload)
             }
             Err(RpcError::Fabric(chfs_fabric::Error::Timeout { .. })) => {
@@ -686,5 +731,46 @@ impl Drop for FabricLink {
                 .rpc
                 .post(&self.session, OP_BYE, 0, &[], Duration::from_millis(100));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// After an idle spell every request is probed until one is answered,
+    /// not only the first (the others of a pipeline, other threads'); a
+    /// busy link probes none.
+    #[test]
+    fn requests_leaving_before_the_first_answer_after_idle_are_probed() {
+        let idle = IDLE_PROGRESS.as_nanos() as u64;
+        let w = IdleWatch::default();
+        // Just opened, never used: idle since its start.
+        w.sent(0);
+        assert_eq!(w.sending(MS), (false, false));
+        // Busy: answered, sent again soon.
+        w.sent(MS);
+        w.answered(2 * MS);
+        assert_eq!(w.sending(3 * MS), (false, false));
+        w.sent(3 * MS);
+        w.answered(4 * MS);
+        // An idle spell: the first request reads the endpoint and is
+        // probed; so are those that leave before any answer came.
+        let t = 4 * MS + idle;
+        assert_eq!(w.sending(t), (true, true));
+        w.sent(t);
+        assert_eq!(w.sending(t + MS), (false, true));
+        w.sent(t + MS);
+        assert_eq!(w.sending(t + 100 * MS), (false, true));
+        w.sent(t + 100 * MS);
+        // Answered: the connection carries messages; no more probes.
+        w.answered(t + 101 * MS);
+        assert_eq!(w.sending(t + 102 * MS), (false, false));
+        assert_eq!(w.idle_for(t + 102 * MS), Duration::from_millis(1));
+        // Unanswered for a whole idle spell: the next one reads first.
+        w.sent(t + 102 * MS);
+        assert_eq!(w.sending(t + 102 * MS + idle), (true, true));
     }
 }
