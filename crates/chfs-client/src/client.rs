@@ -147,6 +147,8 @@ struct Inner {
     gens: ahead::DataGens,
     /// Servers that do not know `ReadSpans`.
     no_spans: ahead::NoSpans,
+    /// A server did not know `StatData`: opens ask for the entry alone.
+    no_stat_data: AtomicBool,
 }
 
 /// A handle to a chfs-rs pool. Cheap to clone; all clones share
@@ -258,6 +260,7 @@ impl Client {
                 read_ahead,
                 gens: Default::default(),
                 no_spans: Default::default(),
+                no_stat_data: AtomicBool::new(false),
             }),
             creds: None,
         })

@@ -23,6 +23,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { env: "CHFS_CHUNK_SIZE", default: "65536", help: "chunk size in bytes of files this client creates" },
     Setting { env: "CHFS_BUF_SIZE", default: "0", help: "client write buffer per open file in bytes; small writes are aggregated into one RPC (0 = off)" },
     Setting { env: "CHFS_READ_AHEAD", default: "1048576", help: "bytes of records read ahead per descriptor (of a regular file open for reading) whose reads follow a pattern (reads of one length at a constant stride, sequential ones too; from the third such read): the next records come in one request per chunk, and the reads that follow are answered without a round trip; the records are kept by that descriptor only, for at most 1 s, and dropped at fsync and when this process writes, truncates, removes or renames the file; not used by the FUSE mount and the Python package (0 = off)" },
+    Setting { env: "CHFS_OPEN_DATA", default: "65536", help: "largest file whose bytes come with the answer to its open (of a file that exists, without O_TRUNC), in the same round trip, when the file lies in its first chunk: its reads are then answered without a request of their own; the bytes are kept by that descriptor only, under the same rules as CHFS_READ_AHEAD (for at most 1 s, dropped at fsync and when this process changes the file), and only while read-ahead is on (0 = off)" },
     Setting { env: "CHFS_RPC_TIMEOUT_MSEC", default: "30000", help: "time after which an unanswered request fails with ETIMEDOUT (0 = 30000)" },
     Setting { env: "CHFS_NODE_LIST_CACHE_TIMEOUT", default: "120", help: "seconds the server list is cached before it is fetched again" },
     Setting { env: "CHFS_ASYNC_ACCESS", default: "1", help: "issue the chunk RPCs of one read/write concurrently (0 = one after another)" },
@@ -68,6 +69,9 @@ pub struct ClientConfig {
     /// Bytes of strided records read ahead per descriptor
     /// (`CHFS_READ_AHEAD`, 0 = off).
     pub read_ahead: usize,
+    /// Largest file whose bytes come with its open (`CHFS_OPEN_DATA`,
+    /// 0 = off; only with read-ahead on).
+    pub open_data: u32,
     /// Request timeout.
     pub rpc_timeout: Duration,
     /// Chunk data of at least this many bytes moves by RMA over a fabric
@@ -175,6 +179,7 @@ impl Default for ClientConfig {
             chunk_size: chfs_proto::DEFAULT_CHUNK_SIZE,
             buf_size: 0,
             read_ahead: 1 << 20,
+            open_data: 64 << 10,
             rpc_timeout: Duration::from_millis(30_000),
             rdma_thresh: 32 * 1024,
             node_list_cache_timeout: Duration::from_secs(120),
@@ -254,6 +259,9 @@ impl ClientConfig {
         }
         if let Some(v) = get("CHFS_READ_AHEAD") {
             c.read_ahead = num("CHFS_READ_AHEAD", &v)?;
+        }
+        if let Some(v) = get("CHFS_OPEN_DATA") {
+            c.open_data = num("CHFS_OPEN_DATA", &v)?;
         }
         if let Some(v) = get("CHFS_RDMA_THRESH") {
             c.rdma_thresh = num::<usize>("CHFS_RDMA_THRESH", &v)?.max(1);

@@ -684,3 +684,130 @@ fn plain_reads_over_sockets_go_by_server() {
         }
     }
 }
+
+/// A small file's bytes come with its open (`CHFS_OPEN_DATA`,
+/// `Request::StatData`): opening it, reading it whole (with a buffer of
+/// any length, and again at its end) and closing it is one request, read-
+/// only or read-write (as the C API opens), through a symbolic link too;
+/// a file of more than its first chunk, or larger than the setting, is
+/// read as before; the bytes follow read-ahead's rules (this process's
+/// writes seen at once, another's at the next open, or by a descriptor
+/// already open once they are a second old), and none come while the
+/// setting or read-ahead is off.
+#[test]
+fn small_files_come_with_their_open() {
+    let p = LocalPool::start(2).expect("pool");
+    let c = client(&p, |_| {});
+    assert_eq!(c.config().open_data, 64 << 10, "the default");
+    let cs = chfs_proto::DEFAULT_CHUNK_SIZE as usize;
+    // (name, size, holes): one of mdtest-hard's files, a chunk's worth,
+    // one whose end is a hole, one of two chunks, an empty one.
+    let files = [
+        ("/a", 3901, vec![]),
+        ("/b", cs, vec![]),
+        ("/c", 5000, vec![(100, 5000)]),
+        ("/d", 300, vec![(0, 200)]),
+        ("/e", cs + 1, vec![]),
+        ("/z", 0, vec![]),
+    ];
+    let mut wants = Vec::new();
+    for (name, size, holes) in &files {
+        wants.push(make_file(&c, name, cs as u32, *size, holes));
+    }
+    c.symlink("/a", "/l").unwrap();
+    // Requests to open, read whole (twice: the second at the end) and
+    // close, and the bytes read.
+    let read_whole = |c: &Client, name: &str, flags: i32| {
+        let sent = c.stats().rpcs;
+        let fd = c.open(name, flags, 0).unwrap();
+        let mut buf = vec![0xa5u8; 1 << 20];
+        let n = c.read(fd, &mut buf).unwrap();
+        assert_eq!(c.read(fd, &mut buf[n..]).unwrap(), 0, "{name}: at its end");
+        c.close(fd).unwrap();
+        buf.truncate(n);
+        (c.stats().rpcs - sent, buf)
+    };
+    for ((name, size, _), want) in files.iter().zip(&wants) {
+        for flags in [libc::O_RDONLY, libc::O_RDWR] {
+            let (rpcs, got) = read_whole(&c, name, flags);
+            assert!(got == *want, "{name}, flags {flags}: other bytes");
+            match *size {
+                s if s <= cs => assert_eq!(rpcs, 1, "{name}, flags {flags}"),
+                _ => assert!(rpcs >= 3, "{name}: {rpcs}"),
+            }
+        }
+    }
+    let (rpcs, got) = read_whole(&c, "/l", libc::O_RDONLY);
+    assert!(got == wants[0]);
+    assert_eq!(
+        rpcs, 3,
+        "the link's entry, its target, then the file's entry with its bytes"
+    );
+
+    // This process's write through the descriptor, or by path: seen at
+    // once.
+    let fd = c.open("/a", libc::O_RDWR, 0).unwrap();
+    c.pwrite(fd, b"xyz", 10).unwrap();
+    let mut b = [0u8; 20];
+    assert_eq!(c.pread(fd, &mut b, 0).unwrap(), 20);
+    assert_eq!(&b[10..13], b"xyz");
+    c.close(fd).unwrap();
+    let fd = c.open("/a", libc::O_RDONLY, 0).unwrap();
+    c.truncate("/a", 12).unwrap();
+    assert_eq!(c.pread(fd, &mut b, 0).unwrap(), 12);
+    c.close(fd).unwrap();
+
+    // Another process's write: at the next open; by a descriptor already
+    // open once its bytes are a second old.
+    let other = client(&p, |_| {});
+    let fd = c.open("/b", libc::O_RDONLY, 0).unwrap();
+    let ofd = other.open("/b", libc::O_WRONLY, 0).unwrap();
+    other.pwrite(ofd, b"new", 0).unwrap();
+    other.close(ofd).unwrap();
+    let fresh = c.open("/b", libc::O_RDONLY, 0).unwrap();
+    let mut b = [0u8; 3];
+    c.pread(fresh, &mut b, 0).unwrap();
+    assert_eq!(&b, b"new");
+    c.pread(fd, &mut b, 0).unwrap();
+    assert_eq!(&b[..], &wants[1][..3], "within the second: as at the open");
+    std::thread::sleep(Duration::from_millis(1100));
+    c.pread(fd, &mut b, 0).unwrap();
+    assert_eq!(&b, b"new");
+    c.close(fd).unwrap();
+    c.close(fresh).unwrap();
+
+    // Off: an open and a read are a request each.
+    for off in [
+        client(&p, |c| c.open_data = 0),
+        client(&p, |c| c.read_ahead = 0),
+    ] {
+        let (rpcs, got) = read_whole(&off, "/d", libc::O_RDONLY);
+        assert!(got == wants[3]);
+        assert!(rpcs >= 2, "{rpcs}");
+    }
+}
+
+/// Servers that do not know `StatData` (an older chfsd): the open that
+/// asked is answered by a plain lookup, and later opens ask for the entry
+/// alone; the bytes read are the file's.
+#[test]
+fn servers_without_stat_data_are_asked_for_the_entry() {
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 2,
+        args: vec!["--unknown-op".into(), "STAT_DATA".into()],
+        ..Default::default()
+    })
+    .expect("pool");
+    let c = client(&p, |_| {});
+    let want = make_file(&c, "/s", 65536, 3901, &[]);
+    for round in 0..3 {
+        let sent = c.stats().rpcs;
+        let fd = c.open("/s", libc::O_RDONLY, 0).unwrap();
+        assert!(pread(&c, fd, 0, 4096) == want, "round {round}");
+        c.close(fd).unwrap();
+        let rpcs = c.stats().rpcs - sent;
+        // The refused StatData, the lookup, the read (and the read that
+        // found the end: whether the file grew); then no StatData.
+        assert_eq!(rpcs, if round == 0 { 4 } else { 3 }, "round {round}");
+    }
+}

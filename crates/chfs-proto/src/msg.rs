@@ -89,6 +89,7 @@ opcodes! {
     LIST_TREE = 36 => ListTree,
     DIR_VERSION = 37 => DirVersion,
     READ_SPANS = 38 => ReadSpans,
+    STAT_DATA = 39 => StatData,
 }
 
 /// Most spans one [`Request::ReadSpans`] may ask for.
@@ -444,6 +445,19 @@ pub enum Request {
     Stat {
         /// Normalised path.
         path: String,
+    },
+    /// Metadata of an entry and, for a regular file of at most `max`
+    /// bytes held in its first chunk, that file's bytes
+    /// ([`Response::MetaData`]): an open that reads a small file in the
+    /// same round trip. The server leaves the data out (a bare
+    /// [`Response::Meta`]) whenever a plain read could need more than
+    /// this server's store (a cached or damaged file, a chunk it may have
+    /// lost, one it does not hold).
+    StatData {
+        /// Normalised path.
+        path: String,
+        /// Largest file whose bytes come with the answer.
+        max: u32,
     },
     /// Write `data` at offset `off` of chunk `idx`. Writes into chunk 0 also
     /// grow the file size; writes to other chunks leave size publication to
@@ -826,6 +840,14 @@ pub enum Response {
     Tree(TreePage),
     /// The answer to [`Request::DirVersion`].
     DirVersion(DirVersion),
+    /// The answer to [`Request::StatData`] that carries the file's bytes
+    /// (as many as its size; fewer when its end is a hole).
+    MetaData {
+        /// The entry.
+        meta: Meta,
+        /// The file's bytes from offset 0.
+        data: Bytes,
+    },
 }
 
 fn put_meta(out: &mut Vec<u8>, m: &Meta) {
@@ -971,6 +993,7 @@ impl Request {
         match self {
             Request::Create { path, .. }
             | Request::Stat { path }
+            | Request::StatData { path, .. }
             | Request::WatchStat { path, .. }
             | Request::SetSize { path, .. }
             | Request::SetAttr { path, .. }
@@ -1039,6 +1062,10 @@ impl Request {
             Request::Lookup { path, max_age_ms } => {
                 out.put_str(path);
                 out.put_u32(*max_age_ms);
+            }
+            Request::StatData { path, max } => {
+                out.put_str(path);
+                out.put_u32(*max);
             }
             Request::WatchStat {
                 path,
@@ -1225,6 +1252,10 @@ impl Request {
             op::LOOKUP => Request::Lookup {
                 path: r.string()?,
                 max_age_ms: r.u32()?,
+            },
+            op::STAT_DATA => Request::StatData {
+                path: r.string()?,
+                max: r.u32()?,
             },
             op::WATCH_STAT => Request::WatchStat {
                 path: r.string()?,
@@ -1441,6 +1472,7 @@ mod tag {
     pub const SIZED: u8 = 12;
     pub const TREE: u8 = 13;
     pub const DIR_VERSION: u8 = 14;
+    pub const META_DATA: u8 = 15;
 }
 
 impl Response {
@@ -1545,6 +1577,11 @@ impl Response {
                 put_meta(out, meta);
                 out.put_u64(*before);
             }
+            Response::MetaData { meta, data } => {
+                out.put_u8(tag::META_DATA);
+                put_meta(out, meta);
+                out.extend_from_slice(data);
+            }
             Response::Tree(t) => put_tree(out, t),
             Response::DirVersion(v) => {
                 out.put_u8(tag::DIR_VERSION);
@@ -1625,6 +1662,13 @@ impl Response {
                 meta: get_meta(&mut r)?,
                 before: r.u64()?,
             },
+            tag::META_DATA => {
+                let meta = get_meta(&mut r)?;
+                return Ok(Response::MetaData {
+                    meta,
+                    data: r.rest(),
+                });
+            }
             tag::CREATED => Response::Created {
                 meta: get_meta(&mut r)?,
                 created: r.bool()?,
@@ -2067,6 +2111,10 @@ mod tests {
             });
         }
         rt(Request::DirVersion { path: "/d".into() });
+        rt(Request::StatData {
+            path: "/a".into(),
+            max: 65536,
+        });
         // Every opcode was checked (its round trip, and that
         // `keeps_payload` tells whether its decoded value keeps the
         // payload's buffer, which a server reuses for those that don't):
@@ -2131,6 +2179,14 @@ mod tests {
             })),
             Response::Count(7),
             Response::Sized { meta, before: 9 },
+            Response::MetaData {
+                meta,
+                data: Bytes::from_static(b"abc"),
+            },
+            Response::MetaData {
+                meta,
+                data: Bytes::new(),
+            },
             Response::DirVersion(DirVersion {
                 born: 1,
                 changes: 2,

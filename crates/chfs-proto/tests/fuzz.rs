@@ -192,11 +192,12 @@ const REQUEST_OPS: &[u16] = &[
     op::LIST_TREE,
     op::DIR_VERSION,
     op::READ_SPANS,
+    op::STAT_DATA,
 ];
 
 /// Number of response tags (0 .. this), checked by
 /// `opcode_tables_are_complete`.
-const RESPONSE_TAGS: u8 = 15;
+const RESPONSE_TAGS: u8 = 16;
 
 /// Short strings: paths, names, addresses, messages, odd characters.
 fn text() -> BoxedStrategy<String> {
@@ -380,6 +381,12 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
         (
             op::DIR_VERSION,
             text().prop_map(|path| Request::DirVersion { path }).boxed(),
+        ),
+        (
+            op::STAT_DATA,
+            (text(), any::<u32>())
+                .prop_map(|(path, max)| Request::StatData { path, max })
+                .boxed(),
         ),
         (
             op::READ_SPANS,
@@ -687,6 +694,15 @@ fn response_arms() -> Vec<(u8, BoxedStrategy<Response>)> {
                 .boxed(),
         ),
         (3, any_meta().prop_map(Response::Meta).boxed()),
+        (
+            15,
+            (any_meta(), vec(any::<u8>(), 0..64))
+                .prop_map(|(meta, data)| Response::MetaData {
+                    meta,
+                    data: Bytes::from(data),
+                })
+                .boxed(),
+        ),
         (
             4,
             (any_meta(), any::<bool>())

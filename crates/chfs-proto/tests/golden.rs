@@ -353,10 +353,11 @@ fn request_name(r: &Request) -> &'static str {
         Request::ListTree { .. } => "ListTree",
         Request::DirVersion { .. } => "DirVersion",
         Request::ReadSpans { .. } => "ReadSpans",
+        Request::StatData { .. } => "StatData",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 35] = [
+const REQUEST_VARIANTS: [&str; 36] = [
     "Ping",
     "GetServers",
     "Join",
@@ -392,6 +393,7 @@ const REQUEST_VARIANTS: [&str; 35] = [
     "ListTree",
     "DirVersion",
     "ReadSpans",
+    "StatData",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -795,6 +797,14 @@ fn requests() {
             Some(vec!["02000000 2f64"]), // path: u32 length, bytes
         ),
         (
+            Request::StatData {
+                path: "/f".into(),
+                max: 0x0001_0000,
+            },
+            39,
+            Some(vec!["02000000 2f66", "00000100"]), // path, max
+        ),
+        (
             Request::ReadSpans {
                 path: "/f".into(),
                 fileid: 0x0a0b_0c0d,
@@ -922,10 +932,11 @@ fn response_name(r: &Response) -> &'static str {
         Response::Sized { .. } => "Sized",
         Response::Tree(_) => "Tree",
         Response::DirVersion(_) => "DirVersion",
+        Response::MetaData { .. } => "MetaData",
     }
 }
 
-const RESPONSE_VARIANTS: [&str; 15] = [
+const RESPONSE_VARIANTS: [&str; 16] = [
     "Ok",
     "Servers",
     "Status",
@@ -941,6 +952,7 @@ const RESPONSE_VARIANTS: [&str; 15] = [
     "Sized",
     "Tree",
     "DirVersion",
+    "MetaData",
 ];
 
 #[test]
@@ -1067,6 +1079,14 @@ fn responses() {
             ],
         ),
         (Response::Meta(META), with_meta(&["03"], &META_HEX, &[])),
+        (
+            Response::MetaData {
+                meta: META,
+                data: Bytes::from_static(b"hi"),
+            },
+            // tag, the entry, the file's bytes: the payload tail, no length
+            with_meta(&["0f"], &META_HEX, &["6869"]),
+        ),
         (
             Response::Created {
                 meta: META,

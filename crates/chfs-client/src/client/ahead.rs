@@ -186,7 +186,8 @@ pub(crate) struct ReadAhead {
 }
 
 /// Records fetched ahead: `n` records of `rec` bytes every `stride` bytes
-/// from `first`.
+/// from `first`; or (`whole`) a small file's bytes that came with its
+/// open (`CHFS_OPEN_DATA`): one record of the file's size at 0.
 struct Window {
     first: u64,
     rec: usize,
@@ -195,6 +196,9 @@ struct Window {
     data: Records,
     gen: (u64, u64),
     at: Instant,
+    /// The record is the whole file as the open found it: any read is
+    /// answered from it, ending at its end.
+    whole: bool,
 }
 
 /// The bytes of records, one after the other (record i at i * length),
@@ -254,25 +258,66 @@ impl ReadAhead {
         self.shrink = (self.shrink + 1).min(63);
     }
 
+    /// The bytes of a small file that came with its open (of `size`
+    /// bytes; `data` shorter where its end is a hole), asked for at `at`
+    /// when the file's generation here was `gen`.
+    pub(super) fn seed_whole(&mut self, size: u64, data: &[u8], gen: (u64, u64), at: Instant) {
+        if data.len() as u64 > size {
+            return;
+        }
+        let mut bytes = data.to_vec();
+        bytes.resize(size as usize, 0);
+        self.win = Some(Window {
+            first: 0,
+            rec: size as usize,
+            stride: size.max(1),
+            n: 1,
+            data: Records {
+                bufs: vec![Buf::Heap(bytes)],
+                pieces: vec![Piece {
+                    at: 0,
+                    len: size as usize,
+                    buf: 0,
+                    boff: 0,
+                }],
+            },
+            gen,
+            at,
+            whole: true,
+        });
+    }
+
     /// Copies the read of `buf.len()` bytes at `off` from the window if it
-    /// holds it whole and is still valid (`gen`: the file's generation
-    /// now); drops a window no longer valid.
-    fn serve(&mut self, buf: &mut [u8], off: u64, gen: (u64, u64)) -> bool {
-        let Some(w) = &self.win else { return false };
+    /// holds it whole (a whole file's window: as much of it as lies below
+    /// the file's end) and is still valid (`gen`: the file's generation
+    /// now); the bytes copied. Drops a window no longer valid.
+    fn serve(&mut self, buf: &mut [u8], off: u64, gen: (u64, u64)) -> Option<usize> {
+        let w = self.win.as_ref()?;
         if w.gen != gen || w.at.elapsed() > MAX_AGE {
-            self.wasted();
-            return false;
+            match w.whole {
+                // (Not a pattern's: no bearing on how far ahead to read.)
+                true => self.win = None,
+                false => self.wasted(),
+            }
+            return None;
+        }
+        if w.whole {
+            let n = (w.rec as u64).saturating_sub(off).min(buf.len() as u64) as usize;
+            if n > 0 {
+                w.data.copy_to(off as usize, &mut buf[..n]);
+            }
+            return Some(n);
         }
         if off < w.first {
-            return false;
+            return None;
         }
         let i = (off - w.first) / w.stride;
         let within = ((off - w.first) % w.stride) as usize;
         if i >= w.n || within + buf.len() > w.rec {
-            return false;
+            return None;
         }
         w.data.copy_to(i as usize * w.rec + within, buf);
-        true
+        Some(buf.len())
     }
 
     /// Records the read of `len` bytes at `off`; true when it continues a
@@ -328,18 +373,25 @@ impl Client {
             .load(Ordering::Relaxed)
             .min(chfs_proto::MAX_CHUNK_SIZE as u64);
         let len = buf.len();
-        if limit == 0 || len as u64 > limit / 2 {
-            lock(ra).drop_window();
-            return Ok(None);
-        }
         // Taken before the records are asked for: a change this client
         // completes after this drops them.
         let gen = self.inner.gens.of(&f.path);
+        if limit == 0 || len as u64 > limit / 2 {
+            let mut a = lock(ra);
+            // (A whole file's window answers reads of any length.)
+            if limit > 0 && a.win.as_ref().is_some_and(|w| w.whole) {
+                if let Some(n) = a.serve(buf, off, gen) {
+                    return Ok(Some(n));
+                }
+            }
+            a.drop_window();
+            return Ok(None);
+        }
         let (stride, limit, spare) = {
             let mut a = lock(ra);
-            if a.serve(buf, off, gen) {
+            if let Some(n) = a.serve(buf, off, gen) {
                 a.saw(off, len);
-                return Ok(Some(len));
+                return Ok(Some(n));
             }
             if !a.saw(off, len) {
                 return Ok(None);
@@ -383,6 +435,7 @@ impl Client {
             data,
             gen,
             at,
+            whole: false,
         });
         Ok(Some(len))
     }

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use chfs_proto::msg::{encode_write_head, op, WriteHead};
 use chfs_proto::path::normalize;
@@ -80,15 +81,31 @@ impl Client {
         let acc = flags & libc::O_ACCMODE;
         let wants_write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         let mut hops = 0;
+        // A small file's bytes that came with its entry, the generation of
+        // its data and when they were asked for (read-ahead's rules).
+        let mut seed;
+        let open_data = self.open_data_max();
         let meta = loop {
+            seed = None;
             let (m, created) = if flags & libc::O_CREAT != 0 {
                 let nm = self.new_meta(libc::S_IFREG | (mode & 0o7777), cs);
                 self.create_entry(&st, &p, nm, flags & libc::O_EXCL != 0, &[])?
-            } else if wants_write {
-                (self.stat_meta(&st, &p)?, false)
             } else {
+                let asked = (open_data > 0 && flags & libc::O_TRUNC == 0)
+                    .then(|| (self.inner.gens.of(&p), Instant::now()));
                 // A read-only open is a lookup (relayed when configured).
-                (self.lookup_meta(&st, &p)?, false)
+                let with_data = match asked {
+                    Some(_) => self.stat_data(&st, &p, open_data, !wants_write)?,
+                    None => None,
+                };
+                match with_data {
+                    Some((m, data)) => {
+                        seed = data.zip(asked);
+                        (m, false)
+                    }
+                    None if wants_write => (self.stat_meta(&st, &p)?, false),
+                    None => (self.lookup_meta(&st, &p)?, false),
+                }
             };
             if m.is_symlink() && !created {
                 if flags & libc::O_NOFOLLOW != 0 {
@@ -136,8 +153,22 @@ impl Client {
                 fds.len() - 1
             }
         };
+        if let (Some(ra), Some((data, (gen, at)))) = (&f.ahead, seed) {
+            lock(ra).seed_whole(meta.size, &data, gen, at);
+        }
         fds[fd] = Some(Arc::new(f));
         Ok(fd as i32)
+    }
+
+    /// The largest file whose bytes an open asks for with the entry
+    /// (`CHFS_OPEN_DATA`; 0 while read-ahead is off, whose rules the bytes
+    /// follow).
+    fn open_data_max(&self) -> u32 {
+        if self.inner.read_ahead.load(Ordering::Relaxed) == 0 {
+            0
+        } else {
+            self.config().open_data
+        }
     }
 
     /// `open(path, O_CREAT|flags, mode)`.

@@ -30,6 +30,44 @@ impl Client {
         ))
     }
 
+    /// The entry of `path` and, for a regular file of at most `max` bytes
+    /// in its first chunk, its bytes (fewer where its end is a hole), in
+    /// one request to the owner ([`Request::StatData`]). None where the
+    /// entry is to be asked for otherwise: a lookup (`lookup`) that goes
+    /// through a contact server, or servers that do not know the request.
+    pub(super) fn stat_data(
+        &self,
+        st: &PoolState,
+        path: &str,
+        max: u32,
+        lookup: bool,
+    ) -> Result<Option<(Meta, Option<bytes::Bytes>)>> {
+        if self.inner.no_stat_data.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        if lookup && !st.is_node_local(path) {
+            let owner = st.owner(path, 0);
+            if st.contact(owner) != owner && !self.inner.own.bypass(path) {
+                return Ok(None);
+            }
+        }
+        let req = Request::StatData {
+            path: path.to_string(),
+            max,
+        };
+        match self.call_owner(st, path, 0, &req) {
+            Ok(Response::MetaData { meta, data }) => Ok(Some((meta, Some(data)))),
+            Ok(Response::Meta(m)) => Ok(Some((m, None))),
+            Ok(other) => Err(unexpected(other)),
+            Err(e) if e.errno() == libc::EPROTO => {
+                tracing::debug!("no StatData: {e}");
+                self.inner.no_stat_data.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// The entry of `path` for a lookup (stat, a read-only open, a
     /// parent directory): through the contact server when lookups are
     /// relayed (`CHFS_LOOKUP_LOCAL`, `CHFS_LOOKUP_RELAY_GROUP`), unless

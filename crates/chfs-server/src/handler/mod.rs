@@ -352,6 +352,16 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 format!("{path}: no such file or directory"),
             )),
         },
+        Request::StatData { path, max } => {
+            let m = match Box::pin(serve_here(sh, Request::Stat { path: path.clone() })).await? {
+                Response::Meta(m) => m,
+                other => return Ok(other),
+            };
+            Ok(match small_file_data(sh, ns, &path, &m, max)? {
+                Some(data) => Response::MetaData { meta: m, data },
+                None => Response::Meta(m),
+            })
+        }
         Request::Write {
             path,
             fileid,
@@ -943,6 +953,37 @@ fn path_of(req: &Request) -> Option<&str> {
 /// from the backend, not a directory. Returns why the chunk may have
 /// been lost on this server, if it may (then a chunk not held is `EIO`).
 #[allow(clippy::too_many_arguments)]
+/// The bytes of the regular file `m` of `path` for a
+/// [`Request::StatData`]: all of it when it is at most `max` bytes, in
+/// its first chunk, and a plain read of that chunk would be served from
+/// this server's store alone (no backend behind the file, nothing this
+/// server may have lost, the chunk held here: else None, and the client
+/// reads as usual). Shorter than the size where the chunk's end is a hole.
+fn small_file_data(
+    sh: &Arc<Shared>,
+    ns: Ns<'_>,
+    path: &str,
+    m: &Meta,
+    max: u32,
+) -> Result<Option<Bytes>, ErrorReply> {
+    use chfs_proto::meta::{FLAG_CACHED, FLAG_DAMAGED};
+    let small = m.is_reg() && m.size <= u64::from(max.min(m.chunk_size).min(MAX_CHUNK_SIZE));
+    if !small
+        || ns.is_cached()
+        || m.flags & (FLAG_CACHED | FLAG_DAMAGED) != 0
+        || sh.placement().may_have_lost(m.epoch(), 0).is_some()
+    {
+        return Ok(None);
+    }
+    if m.size == 0 {
+        return Ok(Some(Bytes::new()));
+    }
+    Counters::inc(&sh.counters.reads);
+    sh.store
+        .read_bytes(path, 0, m.fileid, 0, m.size as u32)
+        .map_err(|e| store_err(path, e))
+}
+
 fn read_checks(
     sh: &Arc<Shared>,
     ns: Ns<'_>,
