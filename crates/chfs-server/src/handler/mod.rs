@@ -952,7 +952,6 @@ fn path_of(req: &Request) -> Option<&str> {
 /// (`Read`, `ReadSpans`): the chunk size in cache mode, a chunk fetched
 /// from the backend, not a directory. Returns why the chunk may have
 /// been lost on this server, if it may (then a chunk not held is `EIO`).
-#[allow(clippy::too_many_arguments)]
 /// The bytes of the regular file `m` of `path` for a
 /// [`Request::StatData`]: all of it when it is at most `max` bytes, in
 /// its first chunk, and a plain read of that chunk would be served from
@@ -984,6 +983,7 @@ fn small_file_data(
         .map_err(|e| store_err(path, e))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn read_checks(
     sh: &Arc<Shared>,
     ns: Ns<'_>,
