@@ -326,18 +326,19 @@ fn scale_counts_what_each_server_serves() {
             .map(|w| w.parse().ok())
             .collect()
     };
-    // Direct: each client opens (one lookup), stats and reads its file:
-    // three requests. The shared file's owner serves all of them; one
-    // file each spreads them over the servers.
+    // Direct: each client opens its 4096-byte file (one lookup, which
+    // brings the bytes: CHFS_OPEN_DATA), stats and reads it: two
+    // requests. The shared file's owner serves all of them; one file each
+    // spreads them over the servers.
     assert_eq!(
         row(direct, "storm-shared"),
-        [Some(24), Some(24), Some(24)],
+        [Some(16), Some(16), Some(16)],
         "{o}"
     );
     assert_eq!(row(direct, "open-shared")[1], Some(8), "{o}");
     let distinct = row(direct, "storm-distinct");
-    assert_eq!(distinct[2], Some(24), "{o}");
-    assert!(distinct[0] < Some(24), "{o}");
+    assert_eq!(distinct[2], Some(16), "{o}");
+    assert!(distinct[0] < Some(16), "{o}");
     assert_eq!(distinct[1], None, "{o}");
     // Relay groups of 2 (the square root of 4): the owner serves the
     // lookups of its own group's 4 clients and one for the other group.

@@ -757,6 +757,21 @@ fn small_files_come_with_their_open() {
     assert_eq!(c.pread(fd, &mut b, 0).unwrap(), 12);
     c.close(fd).unwrap();
 
+    // A write past the size through a descriptor still open (in a
+    // second chunk: the size is published at its close), then a second
+    // descriptor: its reads see the bytes, as plain reads do (fsx found
+    // this).
+    let w = c
+        .open_chunk_size("/w", libc::O_CREAT | libc::O_RDWR, 0o644, 4096)
+        .unwrap();
+    c.pwrite(w, b"12345678", 12288).unwrap();
+    let r = c.open("/w", libc::O_RDONLY, 0).unwrap();
+    let mut b = [0u8; 5];
+    assert_eq!(c.pread(r, &mut b, 12288).unwrap(), 5);
+    assert_eq!(&b, b"12345");
+    c.close(r).unwrap();
+    c.close(w).unwrap();
+
     // Another process's write: at the next open; by a descriptor already
     // open once its bytes are a second old.
     let other = client(&p, |_| {});

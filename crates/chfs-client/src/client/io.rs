@@ -145,6 +145,14 @@ impl Client {
             ahead: (acc != libc::O_WRONLY && meta.is_reg()).then(Default::default),
             path: p,
         };
+        // (Not where this process wrote past the size its server knows,
+        // through a descriptor that has not published it yet: a plain
+        // read sees those bytes.)
+        if let (Some(ra), Some((data, (gen, at)))) = (&f.ahead, seed) {
+            if self.local_size(&f.path) <= meta.size {
+                lock(ra).seed_whole(meta.size, &data, gen, at);
+            }
+        }
         let mut fds = lock(&self.inner.fds);
         let fd = match fds.iter().position(Option::is_none) {
             Some(i) => i,
@@ -153,9 +161,6 @@ impl Client {
                 fds.len() - 1
             }
         };
-        if let (Some(ra), Some((data, (gen, at)))) = (&f.ahead, seed) {
-            lock(ra).seed_whole(meta.size, &data, gen, at);
-        }
         fds[fd] = Some(Arc::new(f));
         Ok(fd as i32)
     }
