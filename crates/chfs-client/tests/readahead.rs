@@ -826,3 +826,33 @@ fn servers_without_stat_data_are_asked_for_the_entry() {
         assert_eq!(rpcs, if round == 0 { 4 } else { 3 }, "round {round}");
     }
 }
+
+/// Over `ofi+tcp` too, a small file's bytes come with its open: in the
+/// answer's message up to 64 KiB, and (a larger `CHFS_OPEN_DATA` with
+/// larger chunks) an answer longer than a message, lent by the server for
+/// the client to pull.
+#[test]
+fn small_files_come_with_their_open_over_ofi_tcp() {
+    let Some(p) = fabric_pool(2, "small_files_come_with_their_open_over_ofi_tcp") else {
+        return;
+    };
+    let secret = p.secret().unwrap().as_bytes().to_vec();
+    let c = client(&p, |c| {
+        c.secret = secret.clone();
+        c.open_data = 1 << 20;
+    });
+    for (name, cs, size) in [
+        ("/a", 65536u32, 3901usize),
+        ("/b", 65536, 65536),
+        ("/c", 1 << 20, 300_000),
+        ("/d", 1 << 20, 1 << 20),
+    ] {
+        let want = make_file(&c, name, cs, size, &[(10, 20)]);
+        let sent = c.stats().rpcs;
+        let fd = c.open(name, libc::O_RDONLY, 0).unwrap();
+        let got = pread(&c, fd, 0, size + 10);
+        c.close(fd).unwrap();
+        assert!(got == want, "{name}");
+        assert_eq!(c.stats().rpcs - sent, 1, "{name}");
+    }
+}
