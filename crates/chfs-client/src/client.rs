@@ -482,6 +482,12 @@ fn rw_flags(m: &Meta, wrote: bool) -> u16 {
     }
 }
 
+/// A symbolic link's target from its stored bytes.
+fn link_text(b: &[u8]) -> Result<String> {
+    String::from_utf8(b.to_vec())
+        .map_err(|_| Error::new(libc::EILSEQ, "symlink target is not UTF-8"))
+}
+
 /// The path a symbolic link at `link` with `target` points to.
 fn link_target(link: &str, target: &str) -> Result<String> {
     if target.starts_with('/') {

@@ -688,7 +688,8 @@ fn plain_reads_over_sockets_go_by_server() {
 /// A small file's bytes come with its open (`CHFS_OPEN_DATA`,
 /// `Request::StatData`): opening it, reading it whole (with a buffer of
 /// any length, and again at its end) and closing it is one request, read-
-/// only or read-write (as the C API opens), through a symbolic link too;
+/// only or read-write (as the C API opens), through a symbolic link too
+/// (whose target comes with its entry, as for readlink);
 /// a file of more than its first chunk, or larger than the setting, is
 /// read as before; the bytes follow read-ahead's rules (this process's
 /// writes seen at once, another's at the next open, or by a descriptor
@@ -740,9 +741,12 @@ fn small_files_come_with_their_open() {
     let (rpcs, got) = read_whole(&c, "/l", libc::O_RDONLY);
     assert!(got == wants[0]);
     assert_eq!(
-        rpcs, 3,
-        "the link's entry, its target, then the file's entry with its bytes"
+        rpcs, 2,
+        "the link's entry with its target, then the file's with its bytes"
     );
+    let sent = c.stats().rpcs;
+    assert_eq!(c.readlink("/l").unwrap(), "/a");
+    assert_eq!(c.stats().rpcs - sent, 1, "readlink: the entry with its target");
 
     // This process's write through the descriptor, or by path: seen at
     // once.

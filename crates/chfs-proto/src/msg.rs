@@ -447,7 +447,8 @@ pub enum Request {
         path: String,
     },
     /// Metadata of an entry and, for a regular file of at most `max`
-    /// bytes held in its first chunk, that file's bytes
+    /// bytes held in its first chunk, that file's bytes (for a symbolic
+    /// link, its target, whatever `max` says)
     /// ([`Response::MetaData`]): an open that reads a small file in the
     /// same round trip. The server leaves the data out (a bare
     /// [`Response::Meta`]) whenever a plain read could need more than

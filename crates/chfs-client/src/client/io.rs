@@ -14,8 +14,8 @@ use chfs_proto::{Request, Response};
 use chfs_sys::lock;
 
 use super::{
-    expect_meta, fill_read, link_target, rw_flags, unexpected, Client, FileState, OpenFile,
-    MAX_SYMLINKS,
+    expect_meta, fill_read, link_target, link_text, rw_flags, unexpected, Client, FileState,
+    OpenFile, MAX_SYMLINKS,
 };
 use crate::error::{fail, Error, Result};
 use crate::pool::{Op, PoolState};
@@ -87,6 +87,7 @@ impl Client {
         let open_data = self.open_data_max();
         let meta = loop {
             seed = None;
+            let mut link = None;
             let (m, created) = if flags & libc::O_CREAT != 0 {
                 let nm = self.new_meta(libc::S_IFREG | (mode & 0o7777), cs);
                 self.create_entry(&st, &p, nm, flags & libc::O_EXCL != 0, &[])?
@@ -99,6 +100,10 @@ impl Client {
                     None => None,
                 };
                 match with_data {
+                    Some((m, Some(target))) if m.is_symlink() => {
+                        link = Some(target);
+                        (m, false)
+                    }
                     Some((m, data)) => {
                         seed = data.zip(asked);
                         (m, false)
@@ -118,7 +123,11 @@ impl Client {
                         format!("{p}: too many levels of symbolic links"),
                     );
                 }
-                let target = self.read_link_meta(&st, &p, &m)?;
+                // (The target came with the entry, or is read now.)
+                let target = match link.take() {
+                    Some(t) if t.len() as u64 == m.size => link_text(&t)?,
+                    _ => self.read_link_meta(&st, &p, &m)?,
+                };
                 p = link_target(&p, &target)?;
                 continue;
             }

@@ -12,8 +12,8 @@ use chfs_proto::path::{self, normalize};
 use chfs_proto::{Meta, Request, Response};
 use chfs_sys::lock;
 
-use super::{expect_meta, ids, link_target, rw_flags, unexpected, Client, MAX_SYMLINKS};
-use crate::error::{fail, Error, Result};
+use super::{expect_meta, ids, link_target, link_text, rw_flags, unexpected, Client, MAX_SYMLINKS};
+use crate::error::{fail, Result};
 use crate::names::{Effect, Versions};
 use crate::pool::{Op, PoolState};
 use crate::types::Stat;
@@ -525,8 +525,7 @@ impl Client {
             epoch: m.epoch(),
         };
         match self.call_owner(st, p, 0, &req)? {
-            Response::Data(d) => String::from_utf8(d.to_vec())
-                .map_err(|_| Error::new(libc::EILSEQ, "symlink target is not UTF-8")),
+            Response::Data(d) => link_text(&d),
             other => Err(unexpected(other)),
         }
     }
@@ -535,11 +534,18 @@ impl Client {
     pub fn readlink(&self, path: &str) -> Result<String> {
         let st = self.state();
         let p = normalize(path)?;
-        let m = self.stat_meta(&st, &p)?;
+        // The entry and the target in one request where the server can.
+        let (m, target) = match self.stat_data(&st, &p, 0, false)? {
+            Some((m, t)) => (m, t),
+            None => (self.stat_meta(&st, &p)?, None),
+        };
         if !m.is_symlink() {
             return fail(libc::EINVAL, format!("{p}: not a symbolic link"));
         }
-        self.read_link_meta(&st, &p, &m)
+        match target {
+            Some(t) if t.len() as u64 == m.size => link_text(&t),
+            _ => self.read_link_meta(&st, &p, &m),
+        }
     }
 
     /// `mknod(2)`: FIFOs, sockets and device files are stored as metadata;

@@ -954,7 +954,8 @@ fn path_of(req: &Request) -> Option<&str> {
 /// been lost on this server, if it may (then a chunk not held is `EIO`).
 /// The bytes of the regular file `m` of `path` for a
 /// [`Request::StatData`]: all of it when it is at most `max` bytes, in
-/// its first chunk, and a plain read of that chunk would be served from
+/// its first chunk (a symbolic link's target whatever `max` says: what
+/// an open or a readlink asks next), and a plain read of that chunk would be served from
 /// this server's store alone (no backend behind the file, nothing this
 /// server may have lost, the chunk held here: else None, and the client
 /// reads as usual). Shorter than the size where the chunk's end is a hole.
@@ -966,7 +967,9 @@ fn small_file_data(
     max: u32,
 ) -> Result<Option<Bytes>, ErrorReply> {
     use chfs_proto::meta::{FLAG_CACHED, FLAG_DAMAGED};
-    let small = m.is_reg() && m.size <= u64::from(max.min(m.chunk_size).min(MAX_CHUNK_SIZE));
+    let max = if m.is_symlink() { m.chunk_size } else { max };
+    let small = (m.is_reg() || m.is_symlink())
+        && m.size <= u64::from(max.min(m.chunk_size).min(MAX_CHUNK_SIZE));
     if !small
         || ns.is_cached()
         || m.flags & (FLAG_CACHED | FLAG_DAMAGED) != 0
