@@ -746,7 +746,11 @@ fn small_files_come_with_their_open() {
     );
     let sent = c.stats().rpcs;
     assert_eq!(c.readlink("/l").unwrap(), "/a");
-    assert_eq!(c.stats().rpcs - sent, 1, "readlink: the entry with its target");
+    assert_eq!(
+        c.stats().rpcs - sent,
+        1,
+        "readlink: the entry with its target"
+    );
 
     // This process's write through the descriptor, or by path: seen at
     // once.
