@@ -752,6 +752,15 @@ fn small_files_come_with_their_open() {
         "readlink: the entry with its target"
     );
 
+    // A write-only open asks for no bytes: the open alone is a request
+    // (whose answer is checked to carry none by the server's reads).
+    let reads = server_reads(&c);
+    let sent = c.stats().rpcs;
+    let fd = c.open("/a", libc::O_WRONLY, 0).unwrap();
+    c.close(fd).unwrap();
+    assert_eq!(c.stats().rpcs - sent, 1);
+    assert_eq!(server_reads(&c), reads, "no chunk read for it");
+
     // This process's write through the descriptor, or by path: seen at
     // once.
     let fd = c.open("/a", libc::O_RDWR, 0).unwrap();

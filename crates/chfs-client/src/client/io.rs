@@ -95,8 +95,11 @@ impl Client {
                 let asked = (open_data > 0 && flags & libc::O_TRUNC == 0)
                     .then(|| (self.inner.gens.of(&p), Instant::now()));
                 // A read-only open is a lookup (relayed when configured).
+                // (A write-only descriptor reads nothing: no bytes, only a
+                // link's target.)
+                let max = if acc == libc::O_WRONLY { 0 } else { open_data };
                 let with_data = match asked {
-                    Some(_) => self.stat_data(&st, &p, open_data, !wants_write)?,
+                    Some(_) => self.stat_data(&st, &p, max, !wants_write)?,
                     None => None,
                 };
                 match with_data {
