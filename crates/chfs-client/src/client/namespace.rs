@@ -45,11 +45,8 @@ impl Client {
         if self.inner.no_stat_data.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        if lookup && !st.is_node_local(path) {
-            let owner = st.owner(path, 0);
-            if st.contact(owner) != owner && !self.inner.own.bypass(path) {
-                return Ok(None);
-            }
+        if lookup && self.relayed_to(st, path).is_some() {
+            return Ok(None);
         }
         let req = Request::StatData {
             path: path.to_string(),
@@ -68,6 +65,19 @@ impl Client {
         }
     }
 
+    /// The contact server a lookup of `path` goes through, None where it
+    /// asks the owner itself (lookups not relayed, the node-local area,
+    /// a path this client changed lately).
+    fn relayed_to(&self, st: &PoolState, path: &str) -> Option<usize> {
+        let owner = st.owner(path, 0);
+        let contact = if st.is_node_local(path) {
+            owner
+        } else {
+            st.contact(owner)
+        };
+        (contact != owner && !self.inner.own.bypass(path)).then_some(contact)
+    }
+
     /// The entry of `path` for a lookup (stat, a read-only open, a
     /// parent directory): through the contact server when lookups are
     /// relayed (`CHFS_LOOKUP_LOCAL`, `CHFS_LOOKUP_RELAY_GROUP`), unless
@@ -76,15 +86,9 @@ impl Client {
     /// that cannot be reached (refused, reset, lost) is passed over for
     /// the owner; one that does not answer gives ETIMEDOUT.
     pub(super) fn lookup_meta(&self, st: &PoolState, path: &str) -> Result<Meta> {
-        let owner = st.owner(path, 0);
-        let contact = if st.is_node_local(path) {
-            owner
-        } else {
-            st.contact(owner)
-        };
-        if contact == owner || self.inner.own.bypass(path) {
+        let Some(contact) = self.relayed_to(st, path) else {
             return self.stat_meta(st, path);
-        }
+        };
         self.count(1);
         let max_age_ms = self.config().lookup_cache.as_millis().min(u32::MAX as u128) as u32;
         let req = Request::Lookup {

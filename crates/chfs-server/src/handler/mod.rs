@@ -948,17 +948,14 @@ fn path_of(req: &Request) -> Option<&str> {
     req.path()
 }
 
-/// What a read of chunk `idx` checks and prepares before it reads
-/// (`Read`, `ReadSpans`): the chunk size in cache mode, a chunk fetched
-/// from the backend, not a directory. Returns why the chunk may have
-/// been lost on this server, if it may (then a chunk not held is `EIO`).
 /// The bytes of the regular file `m` of `path` for a
 /// [`Request::StatData`]: all of it when it is at most `max` bytes, in
 /// its first chunk (a symbolic link's target whatever `max` says: what
-/// an open or a readlink asks next), and a plain read of that chunk would be served from
-/// this server's store alone (no backend behind the file, nothing this
-/// server may have lost, the chunk held here: else None, and the client
-/// reads as usual). Shorter than the size where the chunk's end is a hole.
+/// an open or a readlink asks next), and a plain read of that chunk
+/// would be served from this server's store alone (no backend behind the
+/// file, nothing this server may have lost, the chunk held here: else
+/// None, and the client reads as usual). Shorter than the size where the
+/// chunk's end is a hole.
 fn small_file_data(
     sh: &Arc<Shared>,
     ns: Ns<'_>,
@@ -986,6 +983,10 @@ fn small_file_data(
         .map_err(|e| store_err(path, e))
 }
 
+/// What a read of chunk `idx` checks and prepares before it reads
+/// (`Read`, `ReadSpans`): the chunk size in cache mode, a chunk fetched
+/// from the backend, not a directory. Returns why the chunk may have
+/// been lost on this server, if it may (then a chunk not held is `EIO`).
 #[allow(clippy::too_many_arguments)]
 fn read_checks(
     sh: &Arc<Shared>,
