@@ -4,8 +4,8 @@
 #
 #   scripts/opcost-dhat.sh RELEASE_DIR OP M OUTDIR
 #
-# Runs crates/chfs-capi/examples/capi_oploop.c (built by scripts/opcost.sh
-# into OUTDIR) with 0 and with M operations, each against a fresh chfsd,
+# Runs crates/chfs-capi/examples/capi_oploop.c (built into OUTDIR by
+# scripts/oploop-build.sh) with 0 and with M operations, each against a fresh chfsd,
 # both under valgrind --tool=dhat, and prints the difference of their
 # total allocations (blocks) divided by M. (callgrind's call counts of
 # malloc, which opcost.sh prints, over-count in the client: calls through
@@ -13,7 +13,7 @@
 set -u
 rel=$1 op=$2 m=$3 out=$4
 loop=$out/capi_oploop
-[ -x "$loop" ] || { echo "build $loop first (scripts/opcost.sh)" >&2; exit 1; }
+"$(dirname "$0")/oploop-build.sh" "$rel" "$out"
 tot() { python3 -c "import json,sys; print(sum(p['tbk'] for p in json.load(open(sys.argv[1]))['pps']))" "$1"; }
 for k in 0 "$m"; do
 	port=$((52000 + RANDOM % 5000))

@@ -18,13 +18,8 @@
 set -eu
 rel=$1 op=$2 n=$3 out=$4 prof=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out"
+"$here/oploop-build.sh" "$rel" "$out"
 loop=$out/capi_oploop
-if [ ! -x "$loop" ]; then
-	ln -sf "$rel/libchfs.so" "$out/libchfs.so.0"
-	cc -O2 -g -o "$loop" "$here/../crates/chfs-capi/examples/capi_oploop.c" \
-		-I"$here/../crates/chfs-capi/include" -L"$rel" -lchfs -Wl,-rpath,"$out"
-fi
 d=$(mktemp -d "$out/run.XXXX")
 pa=$((40000 + RANDOM % 5000))
 pb=$((pa + 1))

@@ -18,13 +18,8 @@
 set -eu
 rel=$1 op=$2 m=$3 mode=$4 out=$5
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out"
+"$here/oploop-build.sh" "$rel" "$out"
 loop=$out/capi_oploop
-if [ ! -x "$loop" ]; then
-	ln -sf "$rel/libchfs.so" "$out/libchfs.so.0"
-	cc -O2 -g -o "$loop" "$here/../crates/chfs-capi/examples/capi_oploop.c" \
-		-I"$here/../crates/chfs-capi/include" -L"$rel" -lchfs -Wl,-rpath,"$out"
-fi
 port=$((52000 + RANDOM % 5000))
 export CHFS_SERVER=127.0.0.1:$port CHFS_POLL_USEC=0 CHFS_CPU_LANES=0
 if [ "$mode" = tcp ]; then export CHFS_LOCAL_SOCKET=0 CHFS_CMA=0; fi

@@ -5,8 +5,10 @@
  *   capi_oploop OP DIR N M
  *
  * OP is create (create+close of an empty file), stat, unlink, read (a
- * 47,008-byte pread, IOR-hard's record) or write (a 1 MiB pwrite). The
- * set-up (N files for stat and unlink, a file of N records for read) is
+ * 47,008-byte pread, IOR-hard's record), write (a 1 MiB pwrite) or small
+ * (open, read and close of a 3,901-byte file, mdtest-hard's read). The
+ * set-up (N files for stat, unlink and small, a file of N records for
+ * read) is
  * done first; then, between two markers, M operations: the loop is the
  * function oploop() (for callgrind --toggle-collect=oploop), it is
  * bracketed by access("/OPLOOP-START") and access("/OPLOOP-END") (for
@@ -30,6 +32,7 @@
 
 #define RECORD	47008
 #define BIG	(1 << 20)
+#define SMALL	3901
 
 static double
 now(void)
@@ -83,6 +86,12 @@ oploop(const char *op, const char *dir, int m, int fd, char *buf)
 			if (chfs_pread(fd, buf, RECORD, (off_t)i * RECORD) !=
 			    RECORD)
 				return (-1);
+		} else if (strcmp(op, "small") == 0) {
+			if ((f = chfs_open(p, 0)) < 0)
+				return (-1);
+			if (chfs_read(f, buf, SMALL) != SMALL)
+				return (-1);
+			chfs_close(f);
 		} else {
 			if (chfs_pwrite(fd, buf, BIG, (off_t)i * BIG) != BIG)
 				return (-1);
@@ -102,16 +111,16 @@ main(int argc, char **argv)
 	if (argc != 5 || (n = atoi(argv[3])) < 0 || (m = atoi(argv[4])) < 0 ||
 	    (strcmp(argv[1], "create") && strcmp(argv[1], "stat") &&
 	    strcmp(argv[1], "unlink") && strcmp(argv[1], "read") &&
-	    strcmp(argv[1], "write"))) {
+	    strcmp(argv[1], "write") && strcmp(argv[1], "small"))) {
 		fprintf(stderr,
-		    "usage: %s create|stat|unlink|read|write DIR N M\n",
+		    "usage: %s create|stat|unlink|read|write|small DIR N M\n",
 		    argv[0]);
 		return (2);
 	}
 	op = argv[1];
 	dir = argv[2];
 	if ((strcmp(op, "stat") == 0 || strcmp(op, "unlink") == 0 ||
-	    strcmp(op, "read") == 0) && m > n) {
+	    strcmp(op, "read") == 0 || strcmp(op, "small") == 0) && m > n) {
 		fprintf(stderr, "%s: M must be at most N\n", op);
 		return (2);
 	}
@@ -122,10 +131,14 @@ main(int argc, char **argv)
 	if (posix_memalign((void **)&buf, 4096, BIG))
 		return (1);
 	memset(buf, 'x', BIG);
-	if (strcmp(op, "stat") == 0 || strcmp(op, "unlink") == 0) {
+	if (strcmp(op, "stat") == 0 || strcmp(op, "unlink") == 0 ||
+	    strcmp(op, "small") == 0) {
 		for (i = 0; i < n; i++) {
 			snprintf(p, sizeof(p), "%s/f%d", dir, i);
 			if ((f = chfs_create(p, 0x10 | 0x02, 0644)) < 0)
+				die(p);
+			if (strcmp(op, "small") == 0 &&
+			    chfs_write(f, buf, SMALL) != SMALL)
 				die(p);
 			chfs_close(f);
 		}

@@ -5,7 +5,7 @@
 //! prints `OP M us/op allocs/op` (allocations made by the loop, the
 //! path strings it formats included: one per operation).
 //!
-//! Usage: oploop create|stat|unlink|read|write DIR N M (the pool is
+//! Usage: oploop create|stat|unlink|read|write|small DIR N M (the pool is
 //! `CHFS_SERVER`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -47,6 +47,7 @@ static GLOBAL: Counting = Counting;
 
 const RECORD: usize = 47_008;
 const BIG: usize = 1 << 20;
+const SMALL: usize = 3901;
 
 fn main() {
     if let Err(e) = run() {
@@ -81,6 +82,11 @@ fn oploop(
                 c.stat(&p)?;
             }
             "unlink" => c.unlink(&p)?,
+            "small" => {
+                let f = c.open(&p, flags::O_RDONLY, 0)?;
+                c.read(f, &mut buf[..SMALL])?;
+                c.close(f)?;
+            }
             "read" => {
                 c.pread(fd, &mut buf[..RECORD], (i * RECORD) as u64)?;
             }
@@ -94,14 +100,15 @@ fn oploop(
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: oploop create|stat|unlink|read|write DIR N M";
-    if a.len() != 4 || !["create", "stat", "unlink", "read", "write"].contains(&a[0].as_str()) {
+    let usage = "usage: oploop create|stat|unlink|read|write|small DIR N M";
+    let ops = ["create", "stat", "unlink", "read", "write", "small"];
+    if a.len() != 4 || !ops.contains(&a[0].as_str()) {
         return Err(usage.into());
     }
     let (op, dir) = (a[0].as_str(), a[1].as_str());
     let n: usize = a[2].parse()?;
     let m: usize = a[3].parse()?;
-    if matches!(op, "stat" | "unlink" | "read") && m > n {
+    if matches!(op, "stat" | "unlink" | "read" | "small") && m > n {
         return Err(format!("{op}: M must be at most N").into());
     }
     let c = Client::from_env()?;
@@ -109,9 +116,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut buf = vec![b'x'; BIG];
     let mut fd = -1;
     match op {
-        "stat" | "unlink" => {
+        "stat" | "unlink" | "small" => {
             for i in 0..n {
                 let f = c.create(&format!("{dir}/f{i}"), flags::O_WRONLY, 0o644)?;
+                if op == "small" {
+                    c.write(f, &buf[..SMALL])?;
+                }
                 c.close(f)?;
             }
         }
