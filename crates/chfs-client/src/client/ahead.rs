@@ -373,20 +373,20 @@ impl Client {
             .load(Ordering::Relaxed)
             .min(chfs_proto::MAX_CHUNK_SIZE as u64);
         let len = buf.len();
-        // Taken before the records are asked for: a change this client
-        // completes after this drops them.
-        let gen = self.inner.gens.of(&f.path);
         if limit == 0 || len as u64 > limit / 2 {
             let mut a = lock(ra);
             // (A whole file's window answers reads of any length.)
             if limit > 0 && a.win.as_ref().is_some_and(|w| w.whole) {
-                if let Some(n) = a.serve(buf, off, gen) {
+                if let Some(n) = a.serve(buf, off, self.inner.gens.of(&f.path)) {
                     return Ok(Some(n));
                 }
             }
             a.drop_window();
             return Ok(None);
         }
+        // Taken before the records are asked for: a change this client
+        // completes after this drops them.
+        let gen = self.inner.gens.of(&f.path);
         let (stride, limit, spare) = {
             let mut a = lock(ra);
             if let Some(n) = a.serve(buf, off, gen) {
