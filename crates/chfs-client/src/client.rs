@@ -145,10 +145,8 @@ struct Inner {
     /// Generations of the data of paths this client changed (read-ahead
     /// buffers older than a change are dropped).
     gens: ahead::DataGens,
-    /// Servers that do not know `ReadSpans`.
-    no_spans: ahead::NoSpans,
-    /// A server did not know `StatData`: opens ask for the entry alone.
-    no_stat_data: AtomicBool,
+    /// Servers that do not know `ReadSpans` or `StatData`.
+    older: ahead::OlderServers,
 }
 
 /// A handle to a chfs-rs pool. Cheap to clone; all clones share
@@ -259,8 +257,7 @@ impl Client {
                 no_versions: AtomicU64::new(0),
                 read_ahead,
                 gens: Default::default(),
-                no_spans: Default::default(),
-                no_stat_data: AtomicBool::new(false),
+                older: Default::default(),
             }),
             creds: None,
         })

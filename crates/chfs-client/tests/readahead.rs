@@ -844,6 +844,58 @@ fn servers_without_stat_data_are_asked_for_the_entry() {
     }
 }
 
+/// A pool with one server that does not know `StatData` among others
+/// that do: the older one is remembered by address (its files' opens ask
+/// it for the entry alone), and the others' files still come with their
+/// open. (Before, the first refusal turned it off for every server.)
+#[test]
+fn one_older_server_costs_only_its_own_files_their_bytes() {
+    let mut p = LocalPool::start_with(PoolOptions {
+        servers: 1,
+        args: vec!["--unknown-op".into(), "STAT_DATA".into()],
+        ..Default::default()
+    })
+    .expect("pool");
+    p.set_args(Vec::new());
+    p.add_server().expect("a second server");
+    let c = client(&p, |_| {});
+    let names: Vec<String> = (0..32).map(|i| format!("/f{i}")).collect();
+    let wants: Vec<Vec<u8>> = names
+        .iter()
+        .map(|n| make_file(&c, n, 65536, 3901, &[]))
+        .collect();
+    let open_read = |round: usize| -> Vec<u64> {
+        names
+            .iter()
+            .zip(&wants)
+            .map(|(n, want)| {
+                let sent = c.stats().rpcs;
+                let fd = c.open(n, libc::O_RDONLY, 0).unwrap();
+                assert!(pread(&c, fd, 0, 4096) == *want, "{n}, round {round}");
+                c.close(fd).unwrap();
+                c.stats().rpcs - sent
+            })
+            .collect()
+    };
+    // The first round: one refusal (4 requests for that file) at most.
+    let first = open_read(0);
+    assert_eq!(first.iter().filter(|&&n| n == 4).count(), 1, "{first:?}");
+    // Then the older server's files cost the lookup, the read and the
+    // read that found the end; the other's one request each.
+    for round in 1..3 {
+        let rpcs = open_read(round);
+        assert!(rpcs.iter().all(|&n| n == 1 || n == 3), "{rpcs:?}");
+        let with = rpcs.iter().filter(|&&n| n == 1).count();
+        assert!(with > 0 && with < names.len(), "{rpcs:?}");
+        for (i, (&a, &b)) in first.iter().zip(&rpcs).enumerate() {
+            assert!(
+                a == b || (a, b) == (4, 3),
+                "file {i}: {first:?} then {rpcs:?}"
+            );
+        }
+    }
+}
+
 /// Over `ofi+tcp` too, a small file's bytes come with its open: in the
 /// answer's message up to 64 KiB, and (a larger `CHFS_OPEN_DATA` with
 /// larger chunks) an answer longer than a message, lent by the server for

@@ -330,6 +330,14 @@ impl LocalPool {
         Ok(())
     }
 
+    /// Extra `chfsd` arguments of the servers started from now on (by
+    /// [`LocalPool::add_server`] and the restarts), in place of those of
+    /// the options: a pool of servers that differ (older ones among
+    /// newer, say).
+    pub fn set_args(&mut self, args: Vec<String>) {
+        self.opts.args = args;
+    }
+
     /// Starts one more server joining the pool (as `chfsctl -A` does) and
     /// returns its address.
     pub fn add_server(&mut self) -> io::Result<String> {

@@ -143,20 +143,37 @@ pub(super) fn read_spans(f: &OpenFile, flags: u16, spans: Vec<(u64, u32, u32)>) 
     }
 }
 
-/// Servers (by address) that answered `ReadSpans` as an unknown request.
+/// Servers (by address) that answered a request as unknown (older
+/// chfsd: `EPROTO`), by opcode: `ReadSpans` (read record by record
+/// instead) and `StatData` (ask for the entry alone). Per server, so that
+/// one older server in a pool does not cost the others' requests; the
+/// usual case, none, is one atomic load.
 #[derive(Default)]
-pub(crate) struct NoSpans(Mutex<HashSet<String>>);
+pub(crate) struct OlderServers {
+    /// Bit `op` set: some server refused opcode `op` (< 64).
+    ops: AtomicU64,
+    refused: Mutex<HashSet<(String, u16)>>,
+}
 
-impl NoSpans {
-    /// Did `addr` answer `ReadSpans` as an unknown request?
-    pub(super) fn has(&self, addr: &str) -> bool {
-        lock(&self.0).contains(addr)
+impl OlderServers {
+    /// Did `addr` answer opcode `op` as an unknown request?
+    pub(super) fn refused(&self, addr: &str, op: u16) -> bool {
+        if self.ops.load(Ordering::Relaxed) & Self::bit(op) == 0 {
+            return false;
+        }
+        lock(&self.refused).contains(&(addr.to_string(), op))
     }
 
-    /// `addr` answered `ReadSpans` as an unknown request.
-    pub(super) fn add(&self, addr: &str) {
-        tracing::debug!(server = %addr, "no ReadSpans: plain reads from it");
-        lock(&self.0).insert(addr.to_string());
+    /// `addr` answered opcode `op` as an unknown request.
+    pub(super) fn add(&self, addr: &str, op: u16) {
+        tracing::debug!(server = %addr, op, "an older server: not asked for this again");
+        lock(&self.refused).insert((addr.to_string(), op));
+        self.ops.fetch_or(Self::bit(op), Ordering::Relaxed);
+    }
+
+    fn bit(op: u16) -> u64 {
+        // (Opcodes past 63 share the last bit: only a cheaper test lost.)
+        1 << op.min(63)
     }
 }
 
@@ -473,7 +490,7 @@ impl Client {
                 let server = st.owner_of_hash(&f.path, f.hash, idx);
                 let slot = servers[server].get_or_insert_with(|| {
                     let addr = &list.servers[server];
-                    let plain = self.inner.no_spans.has(addr);
+                    let plain = self.inner.older.refused(addr, op::READ_SPANS);
                     (plain, None)
                 });
                 let r = match slot.1 {
@@ -553,7 +570,9 @@ impl Client {
                 Ok(()) => {}
                 Err(e) => {
                     if e.errno() == libc::EPROTO && o.op == op::READ_SPANS {
-                        self.inner.no_spans.add(&list.servers[o.server]);
+                        self.inner
+                            .older
+                            .add(&list.servers[o.server], op::READ_SPANS);
                     }
                     first_err.get_or_insert(e);
                 }

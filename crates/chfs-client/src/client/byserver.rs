@@ -148,7 +148,9 @@ impl Client {
             let via = match open.get(&server) {
                 Some(&r) => reqs[r].via,
                 None => match (list.servers.get(server), how(server)) {
-                    (Some(addr), Some(via)) if !self.inner.no_spans.has(addr) => via,
+                    (Some(addr), Some(via)) if !self.inner.older.refused(addr, op::READ_SPANS) => {
+                        via
+                    }
                     _ => return Ok(None),
                 },
             };
@@ -293,7 +295,9 @@ impl Client {
                             && matches!(e.errno(), libc::EPROTO | libc::ESTALE | libc::ENOBUFS) =>
                     {
                         if e.errno() == libc::EPROTO {
-                            self.inner.no_spans.add(&list.servers[o.server]);
+                            self.inner
+                                .older
+                                .add(&list.servers[o.server], op::READ_SPANS);
                         }
                         if outcome.is_ok() {
                             outcome = Ok(None);

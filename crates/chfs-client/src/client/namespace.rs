@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use chfs_proto::meta::{now_ns, FLAG_STRAY};
-use chfs_proto::msg::RemoveKind;
+use chfs_proto::msg::{op, RemoveKind};
 use chfs_proto::path::{self, normalize};
 use chfs_proto::{Meta, Request, Response};
 use chfs_sys::lock;
@@ -42,10 +42,13 @@ impl Client {
         max: u32,
         lookup: bool,
     ) -> Result<Option<(Meta, Option<bytes::Bytes>)>> {
-        if self.inner.no_stat_data.load(Ordering::Relaxed) {
+        if lookup && self.relayed_to(st, path).is_some() {
             return Ok(None);
         }
-        if lookup && self.relayed_to(st, path).is_some() {
+        let owner = st.owner(path, 0);
+        let list = st.ring.list();
+        let addr = &list.servers[owner];
+        if self.inner.older.refused(addr, op::STAT_DATA) {
             return Ok(None);
         }
         let req = Request::StatData {
@@ -57,8 +60,8 @@ impl Client {
             Ok(Response::Meta(m)) => Ok(Some((m, None))),
             Ok(other) => Err(unexpected(other)),
             Err(e) if e.errno() == libc::EPROTO => {
-                tracing::debug!("no StatData: {e}");
-                self.inner.no_stat_data.store(true, Ordering::Relaxed);
+                tracing::debug!(server = %addr, "no StatData: {e}");
+                self.inner.older.add(addr, op::STAT_DATA);
                 Ok(None)
             }
             Err(e) => Err(e),
