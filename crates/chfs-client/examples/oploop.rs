@@ -5,7 +5,7 @@
 //! prints `OP M us/op allocs/op` (allocations made by the loop, the
 //! path strings it formats included: one per operation).
 //!
-//! Usage: oploop create|stat|unlink|read|write|small DIR N M (the pool is
+//! Usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall DIR N M (the pool is
 //! `CHFS_SERVER`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -81,7 +81,7 @@ fn oploop(
             "stat" => {
                 c.stat(&p)?;
             }
-            "unlink" => c.unlink(&p)?,
+            "unlink" | "unlinksmall" => c.unlink(&p)?,
             "small" => {
                 let f = c.open(&p, flags::O_RDONLY, 0)?;
                 c.read(f, &mut buf[..SMALL])?;
@@ -89,6 +89,11 @@ fn oploop(
             }
             "read" => {
                 c.pread(fd, &mut buf[..RECORD], (i * RECORD) as u64)?;
+            }
+            "hardwrite" => {
+                let f = c.create(&p, flags::O_WRONLY, 0o644)?;
+                c.write(f, &buf[..SMALL])?;
+                c.close(f)?;
             }
             _ => {
                 c.pwrite(fd, &buf[..BIG], (i * BIG) as u64)?;
@@ -100,15 +105,24 @@ fn oploop(
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: oploop create|stat|unlink|read|write|small DIR N M";
-    let ops = ["create", "stat", "unlink", "read", "write", "small"];
+    let usage = "usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall DIR N M";
+    let ops = [
+        "create",
+        "stat",
+        "unlink",
+        "read",
+        "write",
+        "small",
+        "hardwrite",
+        "unlinksmall",
+    ];
     if a.len() != 4 || !ops.contains(&a[0].as_str()) {
         return Err(usage.into());
     }
     let (op, dir) = (a[0].as_str(), a[1].as_str());
     let n: usize = a[2].parse()?;
     let m: usize = a[3].parse()?;
-    if matches!(op, "stat" | "unlink" | "read" | "small") && m > n {
+    if matches!(op, "stat" | "unlink" | "read" | "small" | "unlinksmall") && m > n {
         return Err(format!("{op}: M must be at most N").into());
     }
     let c = Client::from_env()?;
@@ -116,10 +130,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut buf = vec![b'x'; BIG];
     let mut fd = -1;
     match op {
-        "stat" | "unlink" | "small" => {
+        "stat" | "unlink" | "small" | "unlinksmall" => {
             for i in 0..n {
                 let f = c.create(&format!("{dir}/f{i}"), flags::O_WRONLY, 0o644)?;
-                if op == "small" {
+                if op == "small" || op == "unlinksmall" {
                     c.write(f, &buf[..SMALL])?;
                 }
                 c.close(f)?;
@@ -139,16 +153,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     marker(c"/OPLOOP-START");
     let a0 = ALLOCS.load(Ordering::Relaxed);
+    let r0 = c.stats().rpcs;
     let t = Instant::now();
     oploop(&c, op, dir, m, fd, &mut buf)?;
     let el = t.elapsed();
     let a1 = ALLOCS.load(Ordering::Relaxed);
+    let r1 = c.stats().rpcs;
     marker(c"/OPLOOP-END");
     let per = |x: f64| if m == 0 { 0.0 } else { x / m as f64 };
     println!(
-        "{op} {m} {:.2} us/op {:.2} allocs/op",
+        "{op} {m} {:.2} us/op {:.2} allocs/op {:.2} requests/op",
         per(el.as_secs_f64() * 1e6),
-        per((a1 - a0) as f64)
+        per((a1 - a0) as f64),
+        per((r1 - r0) as f64)
     );
     if fd >= 0 {
         c.close(fd)?;
