@@ -79,14 +79,20 @@ fn unknown_opcode_and_garbage_payload() {
     let p = pool(1, None);
     let addr = &p.addrs()[0];
     let (mut s, _, _) = hello(addr, b"");
+    // An opcode it does not know (a newer client's): refused, and the
+    // connection goes on.
     send(&mut s, 5, 4242, b"xyz");
     let (h, payload) = recv(&mut s).unwrap();
     assert_eq!(h.id, 5);
-    assert_eq!(decode_error(payload).unwrap().errno, libc::EPROTO);
-    assert!(closed(&mut s));
-    let (mut s, _, _) = hello(addr, b"");
+    let e = decode_error(payload).unwrap();
+    assert_eq!(e.errno, libc::EPROTO);
+    assert!(e.message.contains("4242"), "{}", e.message);
+    assert_eq!(call(&mut s, 7, &Request::Ping), Ok(Response::Ok));
+    // A known opcode with a payload that does not decode: refused, and
+    // the connection closed.
     send(&mut s, 6, op::CREATE, &[0xff; 200]);
     assert!(recv(&mut s).is_some_and(|(h, _)| h.flags & FLAG_ERROR != 0));
+    assert!(closed(&mut s));
     still_serves(addr);
 }
 

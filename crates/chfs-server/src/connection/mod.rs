@@ -649,6 +649,17 @@ pub(crate) async fn serve_conn<R, W>(
                         let _ = tx.send(Msg::Reply(served_with(h.id, h.op, r, permits)));
                     });
                 }
+                Err(e @ chfs_proto::ProtoError::UnknownOp(_)) => {
+                    // A newer client's request: refused, and the
+                    // connection goes on (the frame was read whole; the
+                    // client's other requests on it are not lost).
+                    debug!(%peer, op = h.op, "{e}");
+                    let _ = tx.send(Msg::Reply(response_frame(
+                        h.id,
+                        h.op,
+                        Err(ErrorReply::new(e.errno(), format!("{e}"))),
+                    )));
+                }
                 Err(e) => {
                     warn!(%peer, op = h.op, "malformed request, closing connection: {e}");
                     let _ = tx.send(Msg::Reply(response_frame(
