@@ -90,9 +90,11 @@ opcodes! {
     DIR_VERSION = 37 => DirVersion,
     READ_SPANS = 38 => ReadSpans,
     STAT_DATA = 39 => StatData,
+    WRITE_SPANS = 40 => WriteSpans,
 }
 
-/// Most spans one [`Request::ReadSpans`] may ask for.
+/// Most spans one [`Request::ReadSpans`] or [`Request::WriteSpans`] may
+/// name.
 pub const MAX_SPANS: usize = 65536;
 
 /// Does a request of opcode `op`, decoded from a frame's payload, keep a
@@ -100,7 +102,10 @@ pub const MAX_SPANS: usize = 65536;
 /// need, so that a server may read their frames into a buffer it uses
 /// again (checked for every variant by the round-trip test).
 pub fn keeps_payload(op: u16) -> bool {
-    matches!(op, op::CREATE | op::WRITE | op::PUT_CHUNK | op::ADOPT_CHUNK)
+    matches!(
+        op,
+        op::CREATE | op::WRITE | op::WRITE_SPANS | op::PUT_CHUNK | op::ADOPT_CHUNK
+    )
 }
 
 /// Flags of [`Request::Read`] and [`Request::Write`] (cache mode).
@@ -766,6 +771,39 @@ pub enum Request {
         /// (chunk index, offset within the chunk, length) of each range.
         spans: Vec<(u64, u32, u32)>,
     },
+    /// Write several ranges of chunks of one file that this server owns
+    /// (`spans`: chunk index, offset within the chunk, length; at most
+    /// [`MAX_SPANS`]) in one request: `data` holds each span's bytes in
+    /// order (their lengths add up to its length; empty in a message whose
+    /// data moves by RMA, `FLAG_RMA`). Each span is written
+    /// as a [`Request::Write`] of it would be, in order; the first that
+    /// fails ends the request with its error (the spans before it are
+    /// written). Answered [`Response::Written`] with the bytes written.
+    /// Forwarded to the owner of the first span's chunk; a server that
+    /// does not own every chunk named refuses it with `ESTALE` (the
+    /// client's server list is out of date: it writes chunk by chunk). A
+    /// client's write of several chunks to a server over a fabric (one
+    /// request and one pull instead of one each per chunk). Servers older
+    /// than this op answer `EPROTO` (unknown opcode): the client then
+    /// writes chunk by chunk to that server.
+    WriteSpans {
+        /// Normalised path.
+        path: String,
+        /// File incarnation id.
+        fileid: u32,
+        /// Chunk size of the file.
+        chunk_size: u32,
+        /// File mode (for a newly created data chunk).
+        mode: u32,
+        /// `rw::*` flags.
+        flags: u16,
+        /// The file's epoch ([`Meta::epoch`]).
+        epoch: u32,
+        /// (chunk index, offset within the chunk, length) of each range.
+        spans: Vec<(u64, u32, u32)>,
+        /// The bytes of the spans, one after the other (payload tail).
+        data: Bytes,
+    },
 }
 
 impl Request {
@@ -969,6 +1007,69 @@ pub fn encode_write_head(out: &mut Vec<u8>, h: &WriteHead<'_>) {
     out.put_u32(h.epoch);
 }
 
+/// The fields of a [`Request::WriteSpans`] before its data.
+pub struct WriteSpansHead<'a> {
+    /// Normalised path.
+    pub path: &'a str,
+    /// File incarnation id.
+    pub fileid: u32,
+    /// Chunk size of the file.
+    pub chunk_size: u32,
+    /// File mode.
+    pub mode: u32,
+    /// `rw::*` flags.
+    pub flags: u16,
+    /// The file's epoch.
+    pub epoch: u32,
+    /// (chunk index, offset within the chunk, length) of each range.
+    pub spans: &'a [(u64, u32, u32)],
+}
+
+/// Encodes the fields of a [`Request::WriteSpans`] before its data, which
+/// follows as the payload tail (as [`encode_write_head`]).
+pub fn encode_write_spans_head(out: &mut Vec<u8>, h: &WriteSpansHead<'_>) {
+    out.put_str(h.path);
+    out.put_u32(h.fileid);
+    out.put_u32(h.chunk_size);
+    out.put_u32(h.mode);
+    out.put_u16(h.flags);
+    out.put_u32(h.epoch);
+    put_spans(out, h.spans);
+}
+
+fn put_spans(out: &mut Vec<u8>, spans: &[(u64, u32, u32)]) {
+    out.put_u32(spans.len() as u32);
+    for (idx, off, len) in spans {
+        out.put_u64(*idx);
+        out.put_u32(*off);
+        out.put_u32(*len);
+    }
+}
+
+/// (chunk index, offset within the chunk, length) of each range of a
+/// [`Request::ReadSpans`] or [`Request::WriteSpans`].
+type Spans = Vec<(u64, u32, u32)>;
+
+/// The spans of a [`Request::ReadSpans`] or [`Request::WriteSpans`], and
+/// their lengths' sum.
+fn get_spans(r: &mut Reader) -> Result<(Spans, u64), ProtoError> {
+    let n = r.u32()? as usize;
+    if n > MAX_SPANS || n * 16 > r.remaining() {
+        return Err(ProtoError::Malformed(format!(
+            "{n} spans ({} bytes left, at most {MAX_SPANS})",
+            r.remaining()
+        )));
+    }
+    let mut spans = Vec::with_capacity(n);
+    let mut total = 0u64;
+    for _ in 0..n {
+        let s = (r.u64()?, r.u32()?, r.u32()?);
+        total += s.2 as u64;
+        spans.push(s);
+    }
+    Ok((spans, total))
+}
+
 fn put_flush(out: &mut Vec<u8>, f: &FlushState) {
     out.put_u64(f.chunks);
     out.put_u64(f.bytes);
@@ -1004,7 +1105,7 @@ impl Request {
             | Request::Read { path, idx, .. }
             | Request::PutChunk { path, idx, .. }
             | Request::AdoptChunk { path, idx, .. } => Some((path, *idx)),
-            Request::ReadSpans { path, spans, .. } => {
+            Request::ReadSpans { path, spans, .. } | Request::WriteSpans { path, spans, .. } => {
                 Some((path, spans.first().map_or(0, |s| s.0)))
             }
             _ => None,
@@ -1148,12 +1249,31 @@ impl Request {
                 out.put_u32(*chunk_size);
                 out.put_u16(*flags);
                 out.put_u32(*epoch);
-                out.put_u32(spans.len() as u32);
-                for (idx, off, len) in spans {
-                    out.put_u64(*idx);
-                    out.put_u32(*off);
-                    out.put_u32(*len);
-                }
+                put_spans(out, spans);
+            }
+            Request::WriteSpans {
+                path,
+                fileid,
+                chunk_size,
+                mode,
+                flags,
+                epoch,
+                spans,
+                data,
+            } => {
+                encode_write_spans_head(
+                    out,
+                    &WriteSpansHead {
+                        path,
+                        fileid: *fileid,
+                        chunk_size: *chunk_size,
+                        mode: *mode,
+                        flags: *flags,
+                        epoch: *epoch,
+                        spans,
+                    },
+                );
+                out.extend_from_slice(data);
             }
             Request::SetSize {
                 path,
@@ -1330,26 +1450,40 @@ impl Request {
                 flags: r.u16()?,
                 epoch: r.u32()?,
             },
+            op::WRITE_SPANS => {
+                let path = r.string()?;
+                let fileid = r.u32()?;
+                let chunk_size = r.u32()?;
+                let mode = r.u32()?;
+                let flags = r.u16()?;
+                let epoch = r.u32()?;
+                let (spans, total) = get_spans(&mut r)?;
+                let data = r.rest();
+                // (None: they move by RMA, `FLAG_RMA`.)
+                if total != data.len() as u64 && !data.is_empty() {
+                    return Err(ProtoError::Malformed(format!(
+                        "spans of {total} bytes with {} bytes of data",
+                        data.len()
+                    )));
+                }
+                return Ok(Request::WriteSpans {
+                    path,
+                    fileid,
+                    chunk_size,
+                    mode,
+                    flags,
+                    epoch,
+                    spans,
+                    data,
+                });
+            }
             op::READ_SPANS => {
                 let path = r.string()?;
                 let fileid = r.u32()?;
                 let chunk_size = r.u32()?;
                 let flags = r.u16()?;
                 let epoch = r.u32()?;
-                let n = r.u32()? as usize;
-                if n > MAX_SPANS || n * 16 > r.remaining() {
-                    return Err(ProtoError::Malformed(format!(
-                        "{n} spans ({} bytes left, at most {MAX_SPANS})",
-                        r.remaining()
-                    )));
-                }
-                let mut spans = Vec::with_capacity(n);
-                let mut total = 0u64;
-                for _ in 0..n {
-                    let s = (r.u64()?, r.u32()?, r.u32()?);
-                    total += s.2 as u64;
-                    spans.push(s);
-                }
+                let (spans, total) = get_spans(&mut r)?;
                 if total > crate::MAX_CHUNK_SIZE as u64 {
                     return Err(ProtoError::Malformed(format!(
                         "spans of {total} bytes (at most {})",
@@ -1948,6 +2082,37 @@ mod tests {
         assert!(whole.try_reclaim(b.len()));
     }
 
+    /// A `WriteSpans` whose data is not as long as its spans add up to is
+    /// malformed (one byte short, one too many).
+    #[test]
+    fn write_spans_data_must_match_the_spans() {
+        let mut b = Vec::new();
+        encode_write_spans_head(
+            &mut b,
+            &WriteSpansHead {
+                path: "/a",
+                fileid: 1,
+                chunk_size: 9,
+                mode: 0o100644,
+                flags: 0,
+                epoch: 0,
+                spans: &[(1, 0, 3), (2, 0, 2)],
+            },
+        );
+        // (No data at all: it moves by RMA.)
+        for (data, ok) in [
+            (&b"abcd"[..], false),
+            (b"abcde", true),
+            (b"abcdef", false),
+            (b"", true),
+        ] {
+            let mut p = b.clone();
+            p.extend_from_slice(data);
+            let r = Request::decode(op::WRITE_SPANS, Bytes::from(p));
+            assert_eq!(r.is_ok(), ok, "{} bytes: {r:?}", data.len());
+        }
+    }
+
     #[test]
     fn requests_round_trip() {
         let meta = Meta {
@@ -2028,6 +2193,16 @@ mod tests {
             flags: rw::DAMAGED,
             epoch: 3,
             spans: vec![(2, 0, 2), (4, 5, 4)],
+        });
+        rt(Request::WriteSpans {
+            path: "/a".into(),
+            fileid: 1,
+            chunk_size: 9,
+            mode: 0o100644,
+            flags: rw::MODIFIED,
+            epoch: 3,
+            spans: vec![(2, 0, 2), (4, 5, 4)],
+            data: Bytes::from_static(b"abcdef"),
         });
         for (if_size, stray) in [(None, false), (Some(9), false), (None, true)] {
             rt(Request::SetSize {

@@ -193,6 +193,7 @@ const REQUEST_OPS: &[u16] = &[
     op::DIR_VERSION,
     op::READ_SPANS,
     op::STAT_DATA,
+    op::WRITE_SPANS,
 ];
 
 /// Number of response tags (0 .. this), checked by
@@ -408,6 +409,34 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
                         spans,
                     },
                 )
+                .boxed(),
+        ),
+        (
+            op::WRITE_SPANS,
+            (
+                text(),
+                (any::<u32>(), any::<u32>(), any::<u32>()),
+                any::<u16>(),
+                any::<u32>(),
+                vec((any::<u64>(), any::<u32>(), vec(any::<u8>(), 0..40)), 0..8),
+            )
+                .prop_map(|(path, (fileid, chunk_size, mode), flags, epoch, parts)| {
+                    let spans = parts
+                        .iter()
+                        .map(|(i, o, d)| (*i, *o, d.len() as u32))
+                        .collect();
+                    let data: Vec<u8> = parts.into_iter().flat_map(|p| p.2).collect();
+                    Request::WriteSpans {
+                        path,
+                        fileid,
+                        chunk_size,
+                        mode,
+                        flags,
+                        epoch,
+                        spans,
+                        data: data.into(),
+                    }
+                })
                 .boxed(),
         ),
         (

@@ -354,10 +354,11 @@ fn request_name(r: &Request) -> &'static str {
         Request::DirVersion { .. } => "DirVersion",
         Request::ReadSpans { .. } => "ReadSpans",
         Request::StatData { .. } => "StatData",
+        Request::WriteSpans { .. } => "WriteSpans",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 36] = [
+const REQUEST_VARIANTS: [&str; 37] = [
     "Ping",
     "GetServers",
     "Join",
@@ -394,6 +395,7 @@ const REQUEST_VARIANTS: [&str; 36] = [
     "DirVersion",
     "ReadSpans",
     "StatData",
+    "WriteSpans",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -823,6 +825,31 @@ fn requests() {
                 "02000000",                           // span count
                 "0300000000000000 00000000 a0b70000", // chunk, offset, length
                 "0500000000000000 406f0000 02000000", // chunk, offset, length
+            ]),
+        ),
+        (
+            Request::WriteSpans {
+                path: "/f".into(),
+                fileid: 0x0a0b_0c0d,
+                chunk_size: 0x0001_0000,
+                mode: 0o100644,
+                flags: msg::rw::MODIFIED,
+                epoch: 9,
+                spans: vec![(3, 0xfffe, 2), (5, 0, 1)],
+                data: Bytes::from_static(b"abc"),
+            },
+            40,
+            Some(vec![
+                "02000000 2f66",                      // path
+                "0d0c0b0a",                           // fileid
+                "00000100",                           // chunk size
+                "a4810000",                           // mode
+                "0400",                               // flags (MODIFIED)
+                "09000000",                           // epoch
+                "02000000",                           // span count
+                "0300000000000000 feff0000 02000000", // chunk, offset, length
+                "0500000000000000 00000000 01000000", // chunk, offset, length
+                "616263",                             // the spans' bytes
             ]),
         ),
     ];

@@ -1018,7 +1018,10 @@ async fn serve_rma(
         };
     let bulk_in = matches!(
         &req,
-        Request::Write { data, .. } | Request::AdoptChunk { data, .. } | Request::PutChunk { data, .. }
+        Request::Write { data, .. }
+            | Request::WriteSpans { data, .. }
+            | Request::AdoptChunk { data, .. }
+            | Request::PutChunk { data, .. }
             if data.is_empty() && len > 0
     );
     match req {
@@ -1052,6 +1055,7 @@ async fn serve_rma(
             });
             match &mut req {
                 Request::Write { data, .. }
+                | Request::WriteSpans { data, .. }
                 | Request::AdoptChunk { data, .. }
                 | Request::PutChunk { data, .. } => *data = pulled,
                 _ => unreachable!("matched above"),

@@ -148,6 +148,7 @@ fn bulk_of(req: &Request, rdma_thresh: usize) -> (Bulk, Option<Request>) {
     let big = |n: usize| n >= rdma_thresh || n + INLINE_MARGIN > MAX_MESSAGE;
     match req {
         Request::Write { data, .. }
+        | Request::WriteSpans { data, .. }
         | Request::AdoptChunk { data, .. }
         | Request::PutChunk { data, .. }
             if big(data.len()) =>
@@ -155,6 +156,7 @@ fn bulk_of(req: &Request, rdma_thresh: usize) -> (Bulk, Option<Request>) {
             let mut r = req.clone();
             let out = match &mut r {
                 Request::Write { data, .. }
+                | Request::WriteSpans { data, .. }
                 | Request::AdoptChunk { data, .. }
                 | Request::PutChunk { data, .. } => std::mem::take(data),
                 _ => unreachable!("matched above"),

@@ -1374,3 +1374,75 @@ fn read_spans_pad_holes_and_refuse_chunks_of_other_servers() {
     let e = reply(&mut s, 6).unwrap_err();
     assert_eq!(e.0, libc::EPROTO, "{e:?}");
 }
+
+/// `WriteSpans`: each span written as a `Write` of it would be, in order;
+/// spans of chunks of other servers refused before anything is written
+/// (ESTALE); a span that crosses its chunk's end fails the request there
+/// (EINVAL, the spans before it written); data not as long as the spans
+/// refused when decoded.
+#[test]
+fn write_spans_write_each_span_and_refuse_chunks_of_other_servers() {
+    let p = pool(3, None);
+    let (mut s, _, _) = hello(&p.addrs()[0], b"");
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 10,
+        fileid: 7,
+        ..Default::default()
+    };
+    let path = "/wspans".to_string();
+    let create = Request::Create {
+        path: path.clone(),
+        meta,
+        excl: true,
+        data: Bytes::new(),
+    };
+    call(&mut s, 1, &create).unwrap();
+    let spans = |spans: Vec<(u64, u32, u32)>, data: &[u8]| Request::WriteSpans {
+        path: path.clone(),
+        fileid: 7,
+        chunk_size: 10,
+        mode: meta.mode,
+        flags: 0,
+        epoch: 0,
+        spans,
+        data: Bytes::copy_from_slice(data),
+    };
+    let read = |s: &mut TcpStream, idx: u64| {
+        let r = Request::Read {
+            path: path.clone(),
+            fileid: 7,
+            idx,
+            off: 0,
+            len: 10,
+            chunk_size: 10,
+            flags: 0,
+            epoch: 0,
+        };
+        match call(s, 9, &r) {
+            Ok(Response::Data(d)) => d.to_vec(),
+            other => panic!("read of chunk {idx}: {other:?}"),
+        }
+    };
+    // Two spans of one chunk (forwarded to its owner), a gap between.
+    let r = call(&mut s, 2, &spans(vec![(1, 0, 3), (1, 5, 2)], b"abcde"));
+    assert_eq!(r, Ok(Response::Written(5)));
+    assert_eq!(read(&mut s, 1), b"abc\0\0de");
+    // Consecutive chunks belong to different servers of three: refused,
+    // nothing written.
+    let e = call(&mut s, 3, &spans(vec![(1, 0, 1), (2, 0, 2)], b"xyz")).unwrap_err();
+    assert_eq!(e.0, libc::ESTALE, "{e:?}");
+    assert_eq!(read(&mut s, 1), b"abc\0\0de");
+    assert_eq!(read(&mut s, 2), b"");
+    // The second span crosses the chunk's end: the first is written.
+    let e = call(&mut s, 4, &spans(vec![(1, 0, 2), (1, 8, 4)], b"XY1234")).unwrap_err();
+    assert_eq!(e.0, libc::EINVAL, "{e:?}");
+    assert_eq!(read(&mut s, 1), b"XYc\0\0de");
+    // Data shorter than the spans: refused when decoded.
+    let mut payload = Vec::new();
+    spans(vec![(1, 0, 5)], b"abc").encode(&mut payload);
+    send(&mut s, 5, chfs_proto::msg::op::WRITE_SPANS, &payload);
+    let e = reply(&mut s, 5).unwrap_err();
+    assert_eq!(e.0, libc::EPROTO, "{e:?}");
+    still_serves(&p.addrs()[0]);
+}

@@ -133,6 +133,9 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         Request::Write { path, idx: 0, .. }
         | Request::PutChunk { path, idx: 0, .. }
         | Request::AdoptChunk { path, idx: 0, .. } => vec![(path.clone(), false)],
+        Request::WriteSpans { path, spans, .. } if spans.iter().any(|s| s.0 == 0) => {
+            vec![(path.clone(), false)]
+        }
         // (entries moved within this server appear under the new name
         // without a request of their own)
         Request::RenameMove { old, new, .. } => vec![(old.clone(), true), (new.clone(), true)],
@@ -373,67 +376,35 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             flags,
             epoch,
         } => {
-            Counters::inc(&sh.counters.writes);
-            check_chunk_size(chunk_size)?;
-            if off as u64 + data.len() as u64 > chunk_size as u64 {
-                return Err(ErrorReply::new(
-                    libc::EINVAL,
-                    format!("{path}: write of {} bytes at offset {off} crosses the chunk boundary (chunk size {chunk_size})", data.len()),
-                ));
-            }
-            // A partial write into a chunk this server may have lost would
-            // leave zeros where the lost bytes were: refused. (A write of
-            // the whole chunk defines all of it.)
-            let whole = off == 0 && data.len() == chunk_size as usize;
-            if idx > 0 && !whole {
-                if let Some(why) = sh.placement().may_have_lost(epoch, flags) {
-                    let held = st.meta(&path, idx).map_err(|e| store_err(&path, e))?;
-                    if held.is_none_or(|m| m.fileid != fileid)
-                        && (flags & rw::BACKEND == 0 || flags & rw::MODIFIED != 0)
-                    {
-                        return Err(lost(sh, &path, idx, &why));
-                    }
-                }
-            }
-            ns.fetch(sh, &path, idx, fileid, chunk_size, mode, flags)?;
-            if idx == 0 {
-                match st.meta(&path, 0).map_err(|e| store_err(&path, e))? {
-                    None => {
-                        return Err(ErrorReply::new(
-                            libc::ENOENT,
-                            format!("{path}: no such file"),
-                        ))
-                    }
-                    Some(m) if m.is_dir() => {
-                        return Err(ErrorReply::new(
-                            libc::EISDIR,
-                            format!("{path}: is a directory"),
-                        ))
-                    }
-                    Some(m) if m.chunk_size != chunk_size => {
-                        return Err(ErrorReply::new(
-                            libc::EINVAL,
-                            format!(
-                                "{path}: chunk size {chunk_size} differs from the file's {}",
-                                m.chunk_size
-                            ),
-                        ))
-                    }
-                    Some(_) => {}
-                }
-            }
-            let t = Meta {
-                mode,
-                chunk_size,
+            let w = ChunkWrite {
+                path: &path,
                 fileid,
-                mtime: now_ns(),
-                ..Default::default()
+                chunk_size,
+                mode,
+                flags,
+                epoch,
             };
-            let n = data.len() as u32;
-            st.write_bytes(&path, idx, off, data, &t)
-                .map_err(|e| store_err(&path, e))?;
-            ns.changed(sh, &path, idx, true)?;
-            Ok(Response::Written(n))
+            write_chunk(sh, ns, &w, idx, off, data).map(Response::Written)
+        }
+        Request::WriteSpans {
+            path,
+            fileid,
+            chunk_size,
+            mode,
+            flags,
+            epoch,
+            spans,
+            data,
+        } => {
+            let w = ChunkWrite {
+                path: &path,
+                fileid,
+                chunk_size,
+                mode,
+                flags,
+                epoch,
+            };
+            write_spans(sh, ns, &w, &spans, data).map(Response::Written)
         }
         Request::Read {
             path,
@@ -854,6 +825,140 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
 
 /// Zeros for the padding of spans ([`read_spans`]).
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// The fields of a write that are the same for each chunk it writes
+/// ([`Request::Write`], [`Request::WriteSpans`]).
+struct ChunkWrite<'a> {
+    path: &'a str,
+    fileid: u32,
+    chunk_size: u32,
+    mode: u32,
+    flags: u16,
+    epoch: u32,
+}
+
+/// Writes `data` at `off` of chunk `idx` (a [`Request::Write`], or a span
+/// of a [`Request::WriteSpans`]); the bytes written.
+fn write_chunk(
+    sh: &Arc<Shared>,
+    ns: Ns<'_>,
+    w: &ChunkWrite<'_>,
+    idx: u64,
+    off: u32,
+    data: Bytes,
+) -> Result<u32, ErrorReply> {
+    let st = &sh.store;
+    let &ChunkWrite {
+        path,
+        fileid,
+        chunk_size,
+        mode,
+        flags,
+        epoch,
+    } = w;
+    Counters::inc(&sh.counters.writes);
+    check_chunk_size(chunk_size)?;
+    if off as u64 + data.len() as u64 > chunk_size as u64 {
+        return Err(ErrorReply::new(
+            libc::EINVAL,
+            format!("{path}: write of {} bytes at offset {off} crosses the chunk boundary (chunk size {chunk_size})", data.len()),
+        ));
+    }
+    // A partial write into a chunk this server may have lost would
+    // leave zeros where the lost bytes were: refused. (A write of
+    // the whole chunk defines all of it.)
+    let whole = off == 0 && data.len() == chunk_size as usize;
+    if idx > 0 && !whole {
+        if let Some(why) = sh.placement().may_have_lost(epoch, flags) {
+            let held = st.meta(path, idx).map_err(|e| store_err(path, e))?;
+            if held.is_none_or(|m| m.fileid != fileid)
+                && (flags & rw::BACKEND == 0 || flags & rw::MODIFIED != 0)
+            {
+                return Err(lost(sh, path, idx, &why));
+            }
+        }
+    }
+    ns.fetch(sh, path, idx, fileid, chunk_size, mode, flags)?;
+    if idx == 0 {
+        match st.meta(path, 0).map_err(|e| store_err(path, e))? {
+            None => {
+                return Err(ErrorReply::new(
+                    libc::ENOENT,
+                    format!("{path}: no such file"),
+                ))
+            }
+            Some(m) if m.is_dir() => {
+                return Err(ErrorReply::new(
+                    libc::EISDIR,
+                    format!("{path}: is a directory"),
+                ))
+            }
+            Some(m) if m.chunk_size != chunk_size => {
+                return Err(ErrorReply::new(
+                    libc::EINVAL,
+                    format!(
+                        "{path}: chunk size {chunk_size} differs from the file's {}",
+                        m.chunk_size
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    let t = Meta {
+        mode,
+        chunk_size,
+        fileid,
+        mtime: now_ns(),
+        ..Default::default()
+    };
+    let n = data.len() as u32;
+    st.write_bytes(path, idx, off, data, &t)
+        .map_err(|e| store_err(path, e))?;
+    ns.changed(sh, path, idx, true)?;
+    Ok(n)
+}
+
+/// Writes each span of a [`Request::WriteSpans`] in order (its bytes the
+/// next ones of `data`); the first that fails ends it with its error.
+fn write_spans(
+    sh: &Arc<Shared>,
+    ns: Ns<'_>,
+    w: &ChunkWrite<'_>,
+    spans: &[(u64, u32, u32)],
+    data: Bytes,
+) -> Result<u32, ErrorReply> {
+    let path = w.path;
+    let total: u64 = spans.iter().map(|s| s.2 as u64).sum();
+    if total != data.len() as u64 || total > u32::MAX as u64 {
+        return Err(ErrorReply::new(
+            libc::EPROTO,
+            format!(
+                "{path}: spans of {total} bytes with {} bytes of data",
+                data.len()
+            ),
+        ));
+    }
+    // Every chunk must be this server's (the request went to the owner
+    // of the first one): else the client's list is out of date.
+    let p = sh.placement();
+    if !p.ring.is_empty() && !sh.is_node_local(path) {
+        if let Some(&(idx, _, _)) = spans.iter().find(|s| p.me != Some(p.ring.owner(path, s.0))) {
+            return Err(ErrorReply::new(
+                libc::ESTALE,
+                format!("{path}: chunk {idx} is not this server's"),
+            ));
+        }
+    }
+    drop(p);
+    let mut at = 0usize;
+    for &(idx, off, len) in spans {
+        let piece = data.slice(at..at + len as usize);
+        at += len as usize;
+        write_chunk(sh, ns, w, idx, off, piece)?;
+    }
+    Ok(total as u32)
+}
 
 /// The records of a `ReadSpans`: each span's bytes, padded with zeros to
 /// its length (a hole, or past the chunk's end), as the pieces they are
