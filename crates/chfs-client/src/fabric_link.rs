@@ -373,7 +373,9 @@ impl FabricLink {
         // above a message's size).
         let fits = |n: usize| head.len() + n + INLINE_MARGIN <= MAX_MESSAGE;
         let (len, read) = match op {
-            op::WRITE if tail.len() >= self.rdma_thresh || !fits(tail.len()) => (tail.len(), false),
+            op::WRITE | op::WRITE_SPANS if tail.len() >= self.rdma_thresh || !fits(tail.len()) => {
+                (tail.len(), false)
+            }
             op::READ | op::READ_SPANS => {
                 let len = match Request::decode(op, Bytes::copy_from_slice(head)) {
                     Ok(Request::Read { len, .. }) => len as usize,

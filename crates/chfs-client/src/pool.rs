@@ -643,6 +643,7 @@ pub(crate) fn retry_safe(e: &Error, op: u16) -> bool {
                 | STATUS
                 | STAT
                 | WRITE
+                | WRITE_SPANS
                 | READ
                 | READ_SPANS
                 | SET_SIZE

@@ -830,9 +830,10 @@ fn large_chunks_move_from_and_into_the_callers_memory() {
             calls += if cs > 256 << 10 {
                 len as u64 / cs as u64 * 2 + (len as u64 - 12_345).div_ceil(cs as u64)
             } else {
-                // Reads of small chunks go a request per server (into a
-                // buffer of the client's, lent too, then copied).
-                len as u64 / cs as u64 + 2
+                // Writes and reads of small chunks go a request per
+                // server (from and into a buffer of the client's, lent
+                // too, with a copy).
+                2 + 2
             };
         }
         // (Addresses came back: a stale lending would have shown.)
@@ -941,7 +942,7 @@ fn one_mib_chunks_over_ofi_shm() {
     // shm does not revoke a closed registration: the caller's memory is
     // never lent, data goes through the link's windows.
     assert_eq!(c.stats().rma_lent, 0);
-    assert!(c.stats().rma_copied >= 16, "{:?}", c.stats());
+    assert!(c.stats().rma_copied >= 12, "{:?}", c.stats());
 }
 
 /// A request that takes longer than the server's idle timeout (a relayed
@@ -2100,10 +2101,11 @@ fn a_lent_request_the_role_may_not_make_is_not_pulled() {
 
 /// The RMA operations chfsd has in flight for one client are bounded
 /// (`fabric::RMA_PER_PEER`, 32; the rest of its requests wait): a client
-/// with 4 threads writing and reading 256 KiB chunks by RMA, 128 in
-/// flight each, gets its data through and the server never had more
-/// than 32 of its RMA operations in flight (`fabric_rma_most`). Before:
-/// as many as the client sent (the same test saw 100 and more).
+/// with 4 threads writing and reading 288 KiB chunks by RMA (a request
+/// each: larger than those written and read by server), 128 in flight
+/// each, gets its data through and the server never had more than 32 of
+/// its RMA operations in flight (`fabric_rma_most`). Before: as many as
+/// the client sent (the same test saw 100 and more).
 #[test]
 fn rma_operations_in_flight_per_client_are_bounded() {
     let Some(p) = fabric_pool(1, "rma_operations_in_flight_per_client_are_bounded") else {
@@ -2113,12 +2115,12 @@ fn rma_operations_in_flight_per_client_are_bounded() {
         cfg.secret = p.secret().unwrap().as_bytes().to_vec();
         cfg.window = 128;
     }));
-    c.set_chunk_size(256 << 10).unwrap();
+    c.set_chunk_size(288 << 10).unwrap();
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let c = c.clone();
             std::thread::spawn(move || {
-                let data = pattern(32 << 20, t);
+                let data = pattern(128 * (288 << 10), t);
                 let path = format!("/rma{t}");
                 let fd = c.create(&path, O_RDWR, 0o644).unwrap();
                 for _ in 0..2 {
@@ -2312,4 +2314,122 @@ fn multi_chunk_reads_over_the_fabric_cost_one_request_per_server() {
         }
         c.close(fd).unwrap();
     }
+}
+
+thread_local! {
+    /// The requests the client sent for the last `write_counted`.
+    static RPCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Sum of a counter over every server of the pool.
+fn summed(c: &chfs_client::Client, f: fn(&chfs_proto::msg::ServerStatus) -> u64) -> u64 {
+    c.server_status()
+        .into_iter()
+        .map(|(a, s)| f(&s.unwrap_or_else(|e| panic!("status of {a}: {e}"))))
+        .sum()
+}
+
+/// Writes `data` at `off` of `path` (created), reads it back whole and
+/// returns the requests and RMA pulls the servers counted for the write
+/// (`RPCS`: the requests this client sent for it).
+fn write_counted(c: &chfs_client::Client, path: &str, data: &[u8], off: u64) -> (u64, u64) {
+    let fd = c.create(path, O_RDWR, 0o644).unwrap();
+    let (r0, p0) = (summed(c, |s| s.requests), summed(c, |s| s.rma_pulls));
+    let sent = c.stats().rpcs;
+    assert_eq!(c.pwrite(fd, data, off).unwrap(), data.len());
+    RPCS.with(|r| r.set(c.stats().rpcs - sent));
+    let (r1, p1) = (summed(c, |s| s.requests), summed(c, |s| s.rma_pulls));
+    let mut back = vec![0u8; data.len() + 5];
+    assert_eq!(c.pread(fd, &mut back, off).unwrap(), data.len());
+    assert!(back[..data.len()] == *data, "{path}");
+    c.close(fd).unwrap();
+    // (less the status requests between the counts: two per server)
+    let servers = c.server_status().len() as u64;
+    (r1 - r0 - 2 * servers, p1 - p0)
+}
+
+/// Over `ofi+tcp`, a write of several chunks of up to 256 KiB goes to
+/// each server in one `WriteSpans` (its pieces gathered into one buffer
+/// the server pulls), not a `Write` and a pull per chunk: a 1 MiB write
+/// of 64 KiB chunks to two servers is two requests and two pulls, was
+/// sixteen of each. The bytes are those written, at any offset.
+#[test]
+fn writes_of_small_chunks_go_by_server_over_ofi_tcp() {
+    let Some(p) = fabric_pool(2, "writes_of_small_chunks_go_by_server_over_ofi_tcp") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.set_chunk_size(65536).unwrap();
+    let writes0 = summed(&c, |s| s.writes);
+    let (reqs, pulls) = write_counted(&c, "/a", &pattern(1 << 20, 1), 0);
+    assert_eq!((reqs, pulls), (2, 2));
+    assert_eq!(summed(&c, |s| s.writes) - writes0, 16);
+    // At an odd offset, a length that is not a whole number of chunks.
+    let (reqs, _) = write_counted(&c, "/b", &pattern((1 << 20) + 12_345, 2), 777);
+    assert!(reqs <= 4, "{reqs} requests");
+    // Larger chunks than 256 KiB: a request per chunk, as before.
+    c.set_chunk_size(1 << 20).unwrap();
+    let (reqs, pulls) = write_counted(&c, "/c", &pattern(4 << 20, 3), 0);
+    assert_eq!((reqs, pulls), (4, 4));
+}
+
+/// Servers that do not know `WriteSpans` (an older chfsd) are written
+/// chunk by chunk: the first refusal is sent again as plain writes, and
+/// the server is not asked again. The bytes are those written.
+#[test]
+fn servers_without_write_spans_are_written_chunk_by_chunk() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "servers_without_write_spans_are_written_chunk_by_chunk",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: 2,
+            args: vec![
+                "-p".into(),
+                "ofi+tcp".into(),
+                "--unknown-op".into(),
+                "WRITE_SPANS".into(),
+            ],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool over ofi+tcp");
+    let c = fabric_client(&p);
+    c.set_chunk_size(65536).unwrap();
+    // The two refused (not served), then the sixteen chunks.
+    let (reqs, _) = write_counted(&c, "/a", &pattern(1 << 20, 1), 0);
+    assert_eq!((reqs, RPCS.with(|r| r.get())), (16, 18));
+    // Not asked again.
+    let (reqs, _) = write_counted(&c, "/b", &pattern(1 << 20, 2), 65536 * 3 + 5);
+    assert_eq!((reqs, RPCS.with(|r| r.get())), (17, 17));
+}
+
+/// A client whose server list is out of date (a server joined since) has
+/// some of its `WriteSpans` refused (ESTALE: chunks no longer that
+/// server's): those pieces are written plainly, and every byte is there.
+#[test]
+fn write_spans_of_an_outdated_list_are_written_plainly() {
+    let Some(mut p) = fabric_pool(2, "write_spans_of_an_outdated_list_are_written_plainly") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.set_chunk_size(65536).unwrap();
+    let _ = write_counted(&c, "/before", &pattern(1 << 20, 1), 0);
+    p.add_server().expect("a third server");
+    let data = pattern(4 << 20, 2);
+    let _ = write_counted(&c, "/after", &data, 0);
+    // The two requests of the old list, refused (each names chunks that
+    // are the new server's now), then the 64 chunks one by one.
+    assert_eq!(RPCS.with(|r| r.get()), 2 + 64);
+    let other = fabric_client(&p);
+    let fd = other.open("/after", O_RDONLY, 0).unwrap();
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(other.pread(fd, &mut back, 0).unwrap(), data.len());
+    assert!(back == data);
 }

@@ -758,6 +758,17 @@ fn request(
         reply(&ep, peer, h, Err(e));
         return;
     }
+    if shared.unknown_ops.contains(&h.op) {
+        // (`--unknown-op`: as a server older than the request.)
+        let e = chfs_proto::ProtoError::UnknownOp(h.op);
+        reply(
+            &ep,
+            peer,
+            h,
+            Err(ErrorReply::new(e.errno(), format!("{e}"))),
+        );
+        return;
+    }
     if h.flags & FLAG_RMA != 0 && h.flags & !(FLAG_FORWARDED | FLAG_RMA) == 0 {
         let pulls = pulls(shared);
         let mut served = Box::pin(async move {
@@ -1024,6 +1035,8 @@ async fn serve_rma(
             | Request::PutChunk { data, .. }
             if data.is_empty() && len > 0
     );
+    // (Before its data is pulled.)
+    crate::handler::spans_of_one_owner(shared, &req)?;
     match req {
         // A write's data, or a chunk a peer moves to this server
         // (rebalance, rename), read from the sender's memory.

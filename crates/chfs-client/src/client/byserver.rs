@@ -336,3 +336,96 @@ impl Client {
         outcome
     }
 }
+
+/// One chunk's part of a write: the chunk, the offset in it, its bytes,
+/// where they are in the caller's buffer, and the chunk's server.
+pub(super) struct Piece {
+    pub idx: u64,
+    pub off: u32,
+    pub n: usize,
+    pub at: usize,
+    pub server: usize,
+}
+
+impl Client {
+    /// The pieces of a write that go to their server together, in one
+    /// `WriteSpans` per group (each group's pieces in order; the others
+    /// go a `Write` each): a server over a fabric with two or more of
+    /// the write's pieces, chunks of up to [`CHUNK_MAX`], a server not
+    /// known to refuse it. Over a fabric each chunk request is a message
+    /// each way and an RMA pull of its own (a 1 MiB write of 64 KiB chunks:
+    /// 16 of each), where a group is one; its bytes are gathered into one
+    /// buffer first ([`gather`]). Over sockets the chunk requests are
+    /// streamed and their data goes straight from the caller's buffer, so
+    /// they stay as they are.
+    pub(super) fn write_groups(
+        &self,
+        st: &PoolState,
+        path: &str,
+        chunk_size: u32,
+        pieces: &[Piece],
+    ) -> Vec<Vec<usize>> {
+        if pieces.len() < 2 || chunk_size as u64 > CHUNK_MAX || st.is_node_local(path) {
+            return Vec::new();
+        }
+        let list = st.ring.list();
+        let mut by: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for (i, p) in pieces.iter().enumerate() {
+            by.entry(p.server).or_default().push(i);
+        }
+        let mut groups = Vec::new();
+        for (server, mine) in by {
+            if mine.len() < 2 {
+                continue;
+            }
+            match list.servers.get(server) {
+                Some(addr)
+                    if crate::fabric_link::is_fabric(addr)
+                        && !self.inner.older.refused(addr, op::WRITE_SPANS) => {}
+                _ => continue,
+            }
+            let mut cur: Vec<usize> = Vec::new();
+            let mut len = 0;
+            for i in mine {
+                if !cur.is_empty() && (len + pieces[i].n > REQ_MAX || cur.len() >= MAX_SPANS) {
+                    groups.push(std::mem::take(&mut cur));
+                    len = 0;
+                }
+                len += pieces[i].n;
+                cur.push(i);
+            }
+            // (A piece left alone goes as a plain write.)
+            if cur.len() >= 2 {
+                groups.push(cur);
+            }
+        }
+        groups
+    }
+}
+
+/// The bytes of a group's pieces one after the other, in a buffer of
+/// this thread's spares ([`give_back`] it after the request).
+pub(super) fn gather(buf: &[u8], pieces: &[Piece], group: &[usize]) -> Vec<u8> {
+    let total = group.iter().map(|&i| pieces[i].n).sum();
+    let mut b = SPARE.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+    b.clear();
+    b.reserve(total);
+    for &i in group {
+        let p = &pieces[i];
+        b.extend_from_slice(&buf[p.at..p.at + p.n]);
+    }
+    b
+}
+
+/// Buffers of [`gather`] back to this thread's spares. (A request that
+/// failed cannot have its buffer written: the server only reads it.)
+pub(super) fn give_back(bufs: Vec<Vec<u8>>) {
+    SPARE.with(|s| {
+        let mut spare = s.borrow_mut();
+        for b in bufs {
+            if spare.len() < SPARE_KEPT {
+                spare.push(b);
+            }
+        }
+    });
+}

@@ -7,12 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use chfs_proto::msg::{encode_write_head, op, WriteHead};
+use chfs_proto::msg::{encode_write_head, encode_write_spans_head, op, WriteHead, WriteSpansHead};
 use chfs_proto::path::normalize;
 use chfs_proto::ring::path_hash;
 use chfs_proto::{Request, Response};
 use chfs_sys::lock;
 
+use super::byserver::{gather, give_back, Piece};
 use super::{
     expect_meta, fill_read, link_target, link_text, rw_flags, unexpected, Client, FileState,
     OpenFile, MAX_SYMLINKS,
@@ -340,8 +341,7 @@ impl Client {
         off: u64,
     ) -> (usize, Option<Error>) {
         let cs = f.meta.chunk_size as u64;
-        let mut ops = Vec::new();
-        let mut lens = Vec::new();
+        let mut pieces = Vec::new();
         let mut done = 0usize;
         let mut data_chunks = false;
         s.wrote = true;
@@ -354,29 +354,57 @@ impl Client {
             let idx = pos / cs;
             let in_chunk = (pos % cs) as u32;
             let n = ((cs - in_chunk as u64) as usize).min(buf.len() - done);
-            let mut head = Vec::with_capacity(48 + f.path.len());
-            encode_write_head(
+            pieces.push(Piece {
+                idx,
+                off: in_chunk,
+                n,
+                at: done,
+                server: st.owner_of_hash(&f.path, f.hash, idx),
+            });
+            data_chunks |= idx > 0;
+            done += n;
+        }
+        // Several pieces of a fabric server in one request each.
+        let groups = self.write_groups(st, &f.path, f.meta.chunk_size, &pieces);
+        let gathered: Vec<Vec<u8>> = groups.iter().map(|g| gather(buf, &pieces, g)).collect();
+        let mut grouped = vec![false; pieces.len()];
+        // Each request's pieces.
+        let mut of_op: Vec<Vec<usize>> = Vec::new();
+        let mut ops = Vec::new();
+        for (g, data) in groups.iter().zip(&gathered) {
+            let spans: Vec<(u64, u32, u32)> = g
+                .iter()
+                .map(|&i| (pieces[i].idx, pieces[i].off, pieces[i].n as u32))
+                .collect();
+            let mut head = Vec::with_capacity(48 + f.path.len() + 16 * spans.len());
+            encode_write_spans_head(
                 &mut head,
-                &WriteHead {
+                &WriteSpansHead {
                     path: &f.path,
                     fileid: f.meta.fileid,
                     chunk_size: f.meta.chunk_size,
                     mode: f.meta.mode,
-                    idx,
-                    off: in_chunk,
                     flags,
                     epoch: f.meta.epoch(),
+                    spans: &spans,
                 },
             );
             ops.push(Op {
-                server: st.owner_of_hash(&f.path, f.hash, idx),
-                op: op::WRITE,
+                server: pieces[g[0]].server,
+                op: op::WRITE_SPANS,
                 head,
-                tail: &buf[done..done + n],
+                tail: data,
             });
-            lens.push(n);
-            data_chunks |= idx > 0;
-            done += n;
+            for &i in g {
+                grouped[i] = true;
+            }
+            of_op.push(g.clone());
+        }
+        for (i, p) in pieces.iter().enumerate() {
+            if !grouped[i] {
+                ops.push(self.write_op(f, flags, p, buf));
+                of_op.push(vec![i]);
+            }
         }
         let full_end = off + buf.len() as u64;
         // The size is published with the data (no round trip of its own);
@@ -396,24 +424,67 @@ impl Client {
         }
         let mut results = self.pipeline(st, ops);
         let published = if publish { results.pop() } else { None };
-        let mut stored = 0usize;
-        let mut first_err = None;
-        // Chunks stored after one that failed: past the size published.
+        // Each piece's request that failed, if one did, and their errors.
+        let mut failed: Vec<Option<usize>> = vec![None; pieces.len()];
+        let mut errors: Vec<Option<Error>> = Vec::new();
+        // Chunks stored after one that failed: past the size published
+        // (perhaps some of a group that failed part of the way).
         let mut stray = false;
-        for (r, n) in results.into_iter().zip(lens) {
+        // Pieces of groups the server would not take: each written plainly.
+        let mut again = Vec::new();
+        let list = st.ring.list();
+        for (r, ps) in results.into_iter().zip(&of_op) {
             let e = match r {
-                Ok(Response::Written(_)) if first_err.is_none() => {
-                    stored += n;
-                    continue;
-                }
-                Ok(Response::Written(_)) => {
-                    stray = true;
-                    continue;
-                }
+                Ok(Response::Written(_)) => continue,
                 Ok(other) => unexpected(other),
+                Err(e)
+                    if ps.len() > 1
+                        && matches!(e.errno(), libc::EPROTO | libc::ESTALE | libc::ENOBUFS) =>
+                {
+                    if e.errno() == libc::EPROTO {
+                        if let Some(addr) = list.servers.get(pieces[ps[0]].server) {
+                            self.inner.older.add(addr, op::WRITE_SPANS);
+                        }
+                    }
+                    again.extend_from_slice(ps);
+                    continue;
+                }
                 Err(e) => e,
             };
-            first_err.get_or_insert(e);
+            stray |= ps.len() > 1;
+            for &i in ps {
+                failed[i] = Some(errors.len());
+            }
+            errors.push(Some(e));
+        }
+        give_back(gathered);
+        if !again.is_empty() {
+            let ops = again
+                .iter()
+                .map(|&i| self.write_op(f, flags, &pieces[i], buf))
+                .collect();
+            for (r, &i) in self.pipeline(st, ops).into_iter().zip(&again) {
+                let e = match r {
+                    Ok(Response::Written(_)) => continue,
+                    Ok(other) => unexpected(other),
+                    Err(e) => e,
+                };
+                failed[i] = Some(errors.len());
+                errors.push(Some(e));
+            }
+        }
+        let mut stored = 0usize;
+        let mut first_err = None;
+        for (p, fail) in pieces.iter().zip(&failed) {
+            match fail {
+                None if first_err.is_none() => stored += p.n,
+                None => stray = true,
+                Some(e) => {
+                    if first_err.is_none() {
+                        first_err = errors[*e].take();
+                    }
+                }
+            }
         }
         let end = off + stored as u64;
         match published {
@@ -472,6 +543,30 @@ impl Client {
             s.published = s.published.max(end);
         }
         (stored, first_err)
+    }
+
+    /// The `Write` of one piece of a write.
+    fn write_op<'a>(&self, f: &OpenFile, flags: u16, p: &Piece, buf: &'a [u8]) -> Op<'a> {
+        let mut head = Vec::with_capacity(48 + f.path.len());
+        encode_write_head(
+            &mut head,
+            &WriteHead {
+                path: &f.path,
+                fileid: f.meta.fileid,
+                chunk_size: f.meta.chunk_size,
+                mode: f.meta.mode,
+                idx: p.idx,
+                off: p.off,
+                flags,
+                epoch: f.meta.epoch(),
+            },
+        );
+        Op {
+            server: p.server,
+            op: op::WRITE,
+            head,
+            tail: &buf[p.at..p.at + p.n],
+        }
     }
 
     /// `pwrite(2)`.

@@ -80,6 +80,7 @@ pub(crate) async fn handle_pieces(
     async move {
         if let Some((path, idx)) = req.key() {
             validate(path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
+            spans_of_one_owner(sh, &req)?;
             let p = sh.placement();
             let owner = p.ring.owner(path, idx);
             // (the node-local area is this server's: never forwarded)
@@ -825,6 +826,33 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
 
 /// Zeros for the padding of spans ([`read_spans`]).
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// A `ReadSpans` or `WriteSpans` names chunks of one server (the owner
+/// of its first span's, which it goes to): else the client's server list
+/// is out of date, and it is refused here (ESTALE) rather than moved to
+/// a server that would refuse it (a write's data pulled and sent on for
+/// nothing).
+pub(crate) fn spans_of_one_owner(sh: &Shared, req: &Request) -> Result<(), ErrorReply> {
+    let (Request::ReadSpans { path, spans, .. } | Request::WriteSpans { path, spans, .. }) = req
+    else {
+        return Ok(());
+    };
+    let p = sh.placement();
+    if p.ring.is_empty() || sh.is_node_local(path) {
+        return Ok(());
+    }
+    let Some(first) = spans.first() else {
+        return Ok(());
+    };
+    let owner = p.ring.owner(path, first.0);
+    match spans.iter().find(|s| p.ring.owner(path, s.0) != owner) {
+        Some(&(idx, _, _)) => Err(ErrorReply::new(
+            libc::ESTALE,
+            format!("{path}: chunks {} and {idx} are not one server's", first.0),
+        )),
+        None => Ok(()),
+    }
+}
 
 /// The fields of a write that are the same for each chunk it writes
 /// ([`Request::Write`], [`Request::WriteSpans`]).
