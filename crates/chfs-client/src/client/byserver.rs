@@ -20,6 +20,10 @@
 //! straight into the caller's memory, a chunk per request, without the
 //! copy.
 //!
+//! Writes over a fabric go the same way ([`Client::write_groups`]): each
+//! fabric server's pieces of a write of several chunks of up to 256 KiB
+//! in one `WriteSpans`, gathered into one buffer the server pulls.
+//!
 //! `ReadSpans` pads each span with zeros, as a plain read's short reply
 //! is padded here, and the read is already cut at the file size this
 //! client knows; so the bytes are those of plain reads. A server that does
