@@ -211,32 +211,30 @@ impl Client {
             .collect();
         // A slot or a buffer for each request whose data comes in one
         // piece elsewhere; none for those received in place.
-        let mut bufs: Vec<Option<Buf>> = SPARE.with(|s| {
-            let mut spare = s.borrow_mut();
-            reqs.iter()
-                .map(|r| {
-                    if r.via == Via::Socket {
-                        return None;
+        let mut bufs: Vec<Option<Buf>> = reqs
+            .iter()
+            .map(|r| {
+                if r.via == Via::Socket {
+                    return None;
+                }
+                // (Each landing request has its slot: taken above.)
+                let slot = if r.via == Via::Land {
+                    slots.next()
+                } else {
+                    None
+                };
+                Some(match slot {
+                    Some(s) => Buf::Slot(s),
+                    None => {
+                        // (Every byte is written below: by the reply,
+                        // or by zeros where it is short.)
+                        let mut b = spare();
+                        b.resize(r.len, 0);
+                        Buf::Heap(b)
                     }
-                    // (Each landing request has its slot: taken above.)
-                    let slot = if r.via == Via::Land {
-                        slots.next()
-                    } else {
-                        None
-                    };
-                    Some(match slot {
-                        Some(s) => Buf::Slot(s),
-                        None => {
-                            // (Every byte is written below: by the reply,
-                            // or by zeros where it is short.)
-                            let mut b = spare.pop().unwrap_or_default();
-                            b.resize(r.len, 0);
-                            Buf::Heap(b)
-                        }
-                    })
                 })
-                .collect()
-        });
+            })
+            .collect();
         let mut outcome = Ok(Some(buf.len()));
         let mut failed = vec![false; ops.len()];
         {
@@ -327,16 +325,12 @@ impl Client {
                 }
             }
         }
-        SPARE.with(|s| {
-            let mut spare = s.borrow_mut();
-            for (b, failed) in bufs.into_iter().zip(failed) {
-                if let Some(b) = b.and_then(|b| b.retire(failed)) {
-                    if spare.len() < SPARE_KEPT {
-                        spare.push(b);
-                    }
-                }
-            }
-        });
+        give_back(
+            bufs.into_iter()
+                .zip(failed)
+                .filter_map(|(b, failed)| b.and_then(|b| b.retire(failed)))
+                .collect(),
+        );
         outcome
     }
 }
@@ -411,7 +405,7 @@ impl Client {
 /// this thread's spares ([`give_back`] it after the request).
 pub(super) fn gather(buf: &[u8], pieces: &[Piece], group: &[usize]) -> Vec<u8> {
     let total = group.iter().map(|&i| pieces[i].n).sum();
-    let mut b = SPARE.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+    let mut b = spare();
     b.clear();
     b.reserve(total);
     for &i in group {
@@ -421,10 +415,26 @@ pub(super) fn gather(buf: &[u8], pieces: &[Piece], group: &[usize]) -> Vec<u8> {
     b
 }
 
-/// Buffers of [`gather`] back to this thread's spares. (A request that
+/// A buffer of this thread's spares, or a new one. (`try_with`: a read or
+/// write may come from a thread's or the process's exit handlers, such as
+/// the preload's flush of open files, after this thread's storage is
+/// gone: `with` would panic there.)
+fn spare() -> Vec<u8> {
+    SPARE
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Buffers of [`gather`] (or of reads) back to this thread's spares. (A request that
 /// failed cannot have its buffer written: the server only reads it.)
 pub(super) fn give_back(bufs: Vec<Vec<u8>>) {
-    SPARE.with(|s| {
+    if bufs.is_empty() {
+        return;
+    }
+    // (After this thread's storage is gone: dropped, see `gather`.)
+    let _ = SPARE.try_with(|s| {
         let mut spare = s.borrow_mut();
         for b in bufs {
             if spare.len() < SPARE_KEPT {
