@@ -854,6 +854,23 @@ pub(crate) fn spans_of_one_owner(sh: &Shared, req: &Request) -> Result<(), Error
     }
 }
 
+/// Every chunk of `spans` is this server's (a `ReadSpans` or
+/// `WriteSpans` goes to the owner of its first span's chunk): else the
+/// client's server list is out of date (ESTALE).
+fn spans_are_mine(sh: &Shared, path: &str, spans: &[(u64, u32, u32)]) -> Result<(), ErrorReply> {
+    let p = sh.placement();
+    if p.ring.is_empty() || sh.is_node_local(path) {
+        return Ok(());
+    }
+    match spans.iter().find(|s| p.me != Some(p.ring.owner(path, s.0))) {
+        Some(&(idx, _, _)) => Err(ErrorReply::new(
+            libc::ESTALE,
+            format!("{path}: chunk {idx} is not this server's"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The fields of a write that are the same for each chunk it writes
 /// ([`Request::Write`], [`Request::WriteSpans`]).
 struct ChunkWrite<'a> {
@@ -967,18 +984,7 @@ fn write_spans(
             ),
         ));
     }
-    // Every chunk must be this server's (the request went to the owner
-    // of the first one): else the client's list is out of date.
-    let p = sh.placement();
-    if !p.ring.is_empty() && !sh.is_node_local(path) {
-        if let Some(&(idx, _, _)) = spans.iter().find(|s| p.me != Some(p.ring.owner(path, s.0))) {
-            return Err(ErrorReply::new(
-                libc::ESTALE,
-                format!("{path}: chunk {idx} is not this server's"),
-            ));
-        }
-    }
-    drop(p);
+    spans_are_mine(sh, path, spans)?;
     let mut at = 0usize;
     for &(idx, off, len) in spans {
         let piece = data.slice(at..at + len as usize);
@@ -1011,19 +1017,8 @@ fn read_spans(
             format!("{path}: spans of {total} bytes (at most {MAX_CHUNK_SIZE})"),
         ));
     }
-    // Every chunk must be this server's (the request went to the
-    // owner of the first one): else the client's list is out of
-    // date, and what this server does not hold is not a hole.
-    let p = sh.placement();
-    if !p.ring.is_empty() && !sh.is_node_local(path) {
-        if let Some(&(idx, _, _)) = spans.iter().find(|s| p.me != Some(p.ring.owner(path, s.0))) {
-            return Err(ErrorReply::new(
-                libc::ESTALE,
-                format!("{path}: chunk {idx} is not this server's"),
-            ));
-        }
-    }
-    drop(p);
+    // (What this server does not hold is not a hole.)
+    spans_are_mine(sh, path, &spans)?;
     let mut pieces = Vec::with_capacity(spans.len());
     let mut checked = None;
     for (idx, off, len) in spans {
