@@ -857,6 +857,35 @@ const PULLS_SPARE: usize = 4;
 /// ... but no more than this many bytes of them (at least one buffer).
 const PULLS_SPARE_BYTES: usize = 16 << 20;
 
+/// Which kept pull buffer (by its length) takes a pull of `len` bytes:
+/// the smallest that holds it, unless that is more than twice as large
+/// (none: a new buffer of `len`). A store keeps a write's pull buffer as
+/// its chunks' memory (slices of it, a `WriteSpans`' several), so a
+/// buffer much larger than its data would hold the difference for as
+/// long as they live; the pulls of `WriteSpans` vary in size with the
+/// writes' shapes.
+fn pull_fit(lens: impl Iterator<Item = usize>, len: usize) -> Option<usize> {
+    lens.enumerate()
+        .filter(|&(_, l)| l >= len && l / 2 <= len.max(64 * 1024))
+        .min_by_key(|&(_, l)| l)
+        .map(|(i, _)| i)
+}
+
+/// The size of a new pull buffer for `len` bytes: at least 64 KiB, and
+/// above 256 KiB a multiple of 256 KiB, so that the spares made after it
+/// ([`restock`], of its size) fit the next pulls of a similar size (a
+/// `WriteSpans`' size varies with its write's shape: 448, 512, 576 KiB
+/// for 1 MiB writes of 64 KiB chunks to two servers), within
+/// [`pull_fit`]'s bound.
+fn pull_size(len: usize) -> usize {
+    const STEP: usize = 256 * 1024;
+    if len <= STEP {
+        len.max(64 * 1024)
+    } else {
+        len.div_ceil(STEP) * STEP
+    }
+}
+
 /// Tops the pool up to [`PULLS_SPARE`] buffers of `len` bytes (at most
 /// [`PULLS_SPARE_BYTES`]) in the background.
 fn restock(ep: &Arc<Endpoint>, pulls: &Pulls, len: usize) {
@@ -1045,13 +1074,11 @@ async fn serve_rma(
             let slot = rma_slot(shared, ep, peer).await;
             let kept = {
                 let mut pool = chfs_sys::lock(&pulls);
-                pool.iter()
-                    .position(|b| b.len() >= len)
-                    .map(|i| pool.swap_remove(i))
+                pull_fit(pool.iter().map(|b| b.len()), len).map(|i| pool.swap_remove(i))
             };
             let buf = match kept {
                 Some(b) => b,
-                None => ep.buffer(len.max(64 * 1024)).map_err(fabric)?,
+                None => ep.buffer(pull_size(len)).map_err(fabric)?,
             };
             restock(ep, &pulls, buf.len());
             let pull = ep
@@ -1411,6 +1438,33 @@ mod tests {
     use super::*;
     use chfs_proto::msg::{tree, TreePage};
     use chfs_proto::{Meta, Response};
+
+    /// A pull takes the smallest kept buffer that holds it, and none more
+    /// than twice its size (of at least 64 KiB): a 4 MiB buffer kept from
+    /// a large `WriteSpans` does not become the memory of 448 KiB of
+    /// chunks.
+    #[test]
+    fn a_pull_takes_the_smallest_buffer_that_fits() {
+        let kept = [4 << 20, 576 << 10, 1 << 20, 64 << 10];
+        assert_eq!(pull_fit(kept.into_iter(), 448 << 10), Some(1));
+        assert_eq!(pull_fit(kept.into_iter(), 600 << 10), Some(2));
+        assert_eq!(pull_fit(kept.into_iter(), 64 << 10), Some(3));
+        // (Small pulls: any buffer of up to 128 KiB.)
+        assert_eq!(pull_fit([128 << 10].into_iter(), 4096), Some(0));
+        assert_eq!(pull_fit([4 << 20].into_iter(), 1 << 20), None);
+        assert_eq!(pull_fit([4 << 20].into_iter(), 2 << 20), Some(0));
+        assert_eq!(pull_fit([32 << 10].into_iter(), 64 << 10), None);
+        assert_eq!(pull_fit(std::iter::empty(), 1), None);
+        // New buffers come in few sizes, each fitting its neighbours.
+        assert_eq!(pull_size(1000), 64 << 10);
+        assert_eq!(pull_size(200 << 10), 200 << 10);
+        assert_eq!(pull_size(448 << 10), 512 << 10);
+        assert_eq!(pull_size(576 << 10), 768 << 10);
+        assert_eq!(
+            pull_fit([pull_size(576 << 10)].into_iter(), 448 << 10),
+            Some(0)
+        );
+    }
 
     /// A tree page is asked for no more entries than a message holds,
     /// and not many fewer: a page of the capped number of the smallest
