@@ -145,7 +145,7 @@ struct Inner {
     /// Generations of the data of paths this client changed (read-ahead
     /// buffers older than a change are dropped).
     gens: ahead::DataGens,
-    /// Servers that do not know `ReadSpans` or `StatData`.
+    /// Servers that do not know `ReadSpans`, `StatData` or `WriteSpans`.
     older: ahead::OlderServers,
 }
 

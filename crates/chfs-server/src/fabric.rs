@@ -1064,8 +1064,10 @@ async fn serve_rma(
             | Request::PutChunk { data, .. }
             if data.is_empty() && len > 0
     );
-    // (Before its data is pulled.)
-    crate::handler::spans_of_one_owner(shared, &req)?;
+    if bulk_in {
+        // (Before its data is pulled; `handle` checks again, for the rest.)
+        crate::handler::spans_of_one_owner(shared, &req)?;
+    }
     match req {
         // A write's data, or a chunk a peer moves to this server
         // (rebalance, rename), read from the sender's memory.

@@ -145,7 +145,8 @@ pub(super) fn read_spans(f: &OpenFile, flags: u16, spans: Vec<(u64, u32, u32)>) 
 
 /// Servers (by address) that answered a request as unknown (older
 /// chfsd: `EPROTO`), by opcode: `ReadSpans` (read record by record
-/// instead) and `StatData` (ask for the entry alone). Per server, so that
+/// instead), `StatData` (ask for the entry alone) and `WriteSpans` (write
+/// chunk by chunk). Per server, so that
 /// one older server in a pool does not cost the others' requests; the
 /// usual case, none, is one atomic load.
 #[derive(Default)]

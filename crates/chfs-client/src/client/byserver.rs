@@ -367,20 +367,30 @@ impl Client {
             return Vec::new();
         }
         let list = st.ring.list();
+        let fabric = |server: usize| {
+            list.servers
+                .get(server)
+                .is_some_and(|a| crate::fabric_link::is_fabric(a))
+        };
+        // (Writes to servers over sockets, the usual case, stop here.)
+        if !pieces.iter().any(|p| fabric(p.server)) {
+            return Vec::new();
+        }
         let mut by: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
         for (i, p) in pieces.iter().enumerate() {
-            by.entry(p.server).or_default().push(i);
+            if fabric(p.server) {
+                by.entry(p.server).or_default().push(i);
+            }
         }
         let mut groups = Vec::new();
         for (server, mine) in by {
-            if mine.len() < 2 {
+            if mine.len() < 2
+                || self
+                    .inner
+                    .older
+                    .refused(&list.servers[server], op::WRITE_SPANS)
+            {
                 continue;
-            }
-            match list.servers.get(server) {
-                Some(addr)
-                    if crate::fabric_link::is_fabric(addr)
-                        && !self.inner.older.refused(addr, op::WRITE_SPANS) => {}
-                _ => continue,
             }
             let mut cur: Vec<usize> = Vec::new();
             let mut len = 0;
@@ -427,8 +437,9 @@ fn spare() -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Buffers of [`gather`] (or of reads) back to this thread's spares. (A request that
-/// failed cannot have its buffer written: the server only reads it.)
+/// Buffers back to this thread's spares: those of [`gather`] (a request
+/// that failed cannot have its buffer written: the server only reads
+/// it), and those of reads that are safe to use again (`Buf::retire`).
 pub(super) fn give_back(bufs: Vec<Vec<u8>>) {
     if bufs.is_empty() {
         return;

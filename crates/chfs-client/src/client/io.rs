@@ -367,10 +367,10 @@ impl Client {
         // Several pieces of a fabric server in one request each.
         let groups = self.write_groups(st, &f.path, f.meta.chunk_size, &pieces);
         let gathered: Vec<Vec<u8>> = groups.iter().map(|g| gather(buf, &pieces, g)).collect();
-        let mut grouped = vec![false; pieces.len()];
-        // Each request's pieces.
-        let mut of_op: Vec<Vec<usize>> = Vec::new();
-        let mut ops = Vec::new();
+        // The requests: one per group, then a `Write` per other piece.
+        let mut grouped = vec![false; if groups.is_empty() { 0 } else { pieces.len() }];
+        let mut plain: Vec<usize> = Vec::with_capacity(pieces.len());
+        let mut ops = Vec::with_capacity(pieces.len() + 1);
         for (g, data) in groups.iter().zip(&gathered) {
             let spans: Vec<(u64, u32, u32)> = g
                 .iter()
@@ -398,14 +398,20 @@ impl Client {
             for &i in g {
                 grouped[i] = true;
             }
-            of_op.push(g.clone());
         }
         for (i, p) in pieces.iter().enumerate() {
-            if !grouped[i] {
+            if !grouped.get(i).copied().unwrap_or(false) {
                 ops.push(self.write_op(f, flags, p, buf));
-                of_op.push(vec![i]);
+                plain.push(i);
             }
         }
+        // Each request's pieces.
+        let of_op = |k: usize| -> &[usize] {
+            match groups.get(k) {
+                Some(g) => g,
+                None => std::slice::from_ref(&plain[k - groups.len()]),
+            }
+        };
         let full_end = off + buf.len() as u64;
         // The size is published with the data (no round trip of its own);
         // should a chunk then fail, it is taken back below.
@@ -432,8 +438,8 @@ impl Client {
         let mut stray = false;
         // Pieces of groups the server would not take: each written plainly.
         let mut again = Vec::new();
-        let list = st.ring.list();
-        for (r, ps) in results.into_iter().zip(&of_op) {
+        for (k, r) in results.into_iter().enumerate() {
+            let ps = of_op(k);
             let e = match r {
                 Ok(Response::Written(_)) => continue,
                 Ok(other) => unexpected(other),
@@ -442,7 +448,7 @@ impl Client {
                         && matches!(e.errno(), libc::EPROTO | libc::ESTALE | libc::ENOBUFS) =>
                 {
                     if e.errno() == libc::EPROTO {
-                        if let Some(addr) = list.servers.get(pieces[ps[0]].server) {
+                        if let Some(addr) = st.ring.list().servers.get(pieces[ps[0]].server) {
                             self.inner.older.add(addr, op::WRITE_SPANS);
                         }
                     }

@@ -827,30 +827,42 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
 /// Zeros for the padding of spans ([`read_spans`]).
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
-/// A `ReadSpans` or `WriteSpans` names chunks of one server (the owner
-/// of its first span's, which it goes to): else the client's server list
-/// is out of date, and it is refused here (ESTALE) rather than moved to
-/// a server that would refuse it (a write's data pulled and sent on for
-/// nothing).
-pub(crate) fn spans_of_one_owner(sh: &Shared, req: &Request) -> Result<(), ErrorReply> {
-    let (Request::ReadSpans { path, spans, .. } | Request::WriteSpans { path, spans, .. }) = req
-    else {
-        return Ok(());
-    };
+/// The server owning every chunk that `spans` of `path` name (None where
+/// placement does not apply: no ring, the node-local area, no spans);
+/// ESTALE when they are not one server's (the client's server list is
+/// out of date).
+fn spans_owner(
+    sh: &Shared,
+    path: &str,
+    spans: &[(u64, u32, u32)],
+) -> Result<Option<usize>, ErrorReply> {
     let p = sh.placement();
-    if p.ring.is_empty() || sh.is_node_local(path) {
-        return Ok(());
-    }
     let Some(first) = spans.first() else {
-        return Ok(());
+        return Ok(None);
     };
+    if p.ring.is_empty() || sh.is_node_local(path) {
+        return Ok(None);
+    }
     let owner = p.ring.owner(path, first.0);
-    match spans.iter().find(|s| p.ring.owner(path, s.0) != owner) {
+    match spans[1..].iter().find(|s| p.ring.owner(path, s.0) != owner) {
         Some(&(idx, _, _)) => Err(ErrorReply::new(
             libc::ESTALE,
             format!("{path}: chunks {} and {idx} are not one server's", first.0),
         )),
-        None => Ok(()),
+        None => Ok(Some(owner)),
+    }
+}
+
+/// A `ReadSpans` or `WriteSpans` names chunks of one server (the owner
+/// of its first span's, which it goes to): else it is refused here
+/// (ESTALE) rather than moved to a server that would refuse it (a
+/// write's data pulled and sent on for nothing).
+pub(crate) fn spans_of_one_owner(sh: &Shared, req: &Request) -> Result<(), ErrorReply> {
+    match req {
+        Request::ReadSpans { path, spans, .. } | Request::WriteSpans { path, spans, .. } => {
+            spans_owner(sh, path, spans).map(drop)
+        }
+        _ => Ok(()),
     }
 }
 
@@ -858,16 +870,12 @@ pub(crate) fn spans_of_one_owner(sh: &Shared, req: &Request) -> Result<(), Error
 /// `WriteSpans` goes to the owner of its first span's chunk): else the
 /// client's server list is out of date (ESTALE).
 fn spans_are_mine(sh: &Shared, path: &str, spans: &[(u64, u32, u32)]) -> Result<(), ErrorReply> {
-    let p = sh.placement();
-    if p.ring.is_empty() || sh.is_node_local(path) {
-        return Ok(());
-    }
-    match spans.iter().find(|s| p.me != Some(p.ring.owner(path, s.0))) {
-        Some(&(idx, _, _)) => Err(ErrorReply::new(
+    match spans_owner(sh, path, spans)? {
+        Some(owner) if sh.placement().me != Some(owner) => Err(ErrorReply::new(
             libc::ESTALE,
-            format!("{path}: chunk {idx} is not this server's"),
+            format!("{path}: chunk {} is not this server's", spans[0].0),
         )),
-        None => Ok(()),
+        _ => Ok(()),
     }
 }
 
