@@ -698,6 +698,47 @@ impl Endpoint {
         )
     }
 
+    /// Starts an RMA write gathered from `pieces` into `places` (offset,
+    /// length) of the peer's memory under `remote`, as
+    /// [`Endpoint::start_write`]: the pieces' bytes, in order, fill the
+    /// places in order. At most [`Endpoint::writev_limits`] of each.
+    pub fn start_writev(
+        self: &Arc<Self>,
+        peer: Peer,
+        mut pieces: Vec<crate::ffi::Piece>,
+        places: &[(u64, u64)],
+        remote: RemoteKey,
+        timeout: Duration,
+    ) -> Result<InFlight> {
+        let deadline = Deadline::after(timeout);
+        let id = loop {
+            match self.ep.post_writev(pieces, places, remote, peer.0) {
+                Ok(id) => break id,
+                Err(e) if e.is_again() => {
+                    pieces = e.local;
+                    self.progress_until(deadline, "write")?;
+                }
+                Err(PostError { error, .. }) => return Err(error),
+            }
+        };
+        Ok(InFlight {
+            ep: self.clone(),
+            id,
+            name: "write",
+            finished: false,
+        })
+    }
+
+    /// Most local pieces and most places of the peer's memory of one
+    /// [`Endpoint::start_writev`].
+    pub fn writev_limits(&self) -> (usize, usize) {
+        let a = self.attr();
+        (
+            a.iov_limit.clamp(1, crate::ffi::WRITEV_MAX),
+            a.rma_iov_limit.clamp(1, crate::ffi::WRITEV_MAX),
+        )
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn start(
         self: &Arc<Self>,

@@ -59,6 +59,11 @@ pub struct DomainAttr {
     pub inject_size: usize,
     /// Largest message.
     pub max_msg_size: u64,
+    /// Most local pieces of one operation (`tx_attr.iov_limit`).
+    pub iov_limit: usize,
+    /// Most places of the peer's memory one RMA names
+    /// (`tx_attr.rma_iov_limit`).
+    pub rma_iov_limit: usize,
     /// The address format (`FI_SOCKADDR_IN`, ...).
     pub addr_format: u32,
 }
@@ -165,6 +170,8 @@ mod sys {
         pub mr_mode: u64,
         pub inject_size: u64,
         pub max_msg_size: u64,
+        pub iov_limit: u64,
+        pub rma_iov_limit: u64,
         pub addr_format: u32,
         pub prov_name: [c_char; 64],
         pub fabric_name: [c_char; 128],
@@ -243,6 +250,18 @@ mod sys {
             desc: *mut c_void,
             dest: u64,
             raddr: u64,
+            key: u64,
+            ctx: u64,
+        ) -> isize;
+        pub fn chfs_fi_writev(
+            e: *mut Ep,
+            iov: *const libc::iovec,
+            desc: *mut *mut c_void,
+            count: usize,
+            dest: u64,
+            raddr: *const u64,
+            rlen: *const u64,
+            rma_count: usize,
             key: u64,
             ctx: u64,
         ) -> isize;
@@ -360,6 +379,8 @@ impl Domain {
             mr_mode: 0,
             inject_size: 0,
             max_msg_size: 0,
+            iov_limit: 0,
+            rma_iov_limit: 0,
             addr_format: 0,
             prov_name: [0; 64],
             fabric_name: [0; 128],
@@ -410,6 +431,8 @@ impl Domain {
                 mr_mode: a.mr_mode,
                 inject_size: usize::try_from(a.inject_size).unwrap_or(0),
                 max_msg_size: a.max_msg_size,
+                iov_limit: usize::try_from(a.iov_limit).unwrap_or(1),
+                rma_iov_limit: usize::try_from(a.rma_iov_limit).unwrap_or(1),
                 addr_format: a.addr_format,
             },
             next_key: AtomicU64::new(1),
@@ -1006,19 +1029,38 @@ impl Local {
 }
 
 /// A post that was refused: the error and the memory back.
-pub struct PostError {
+pub struct PostError<L = Local> {
     /// Why (`Error::Call` with code `FI_EAGAIN` = 11 when the queue is full).
     pub error: Error,
     /// The memory given to the post.
-    pub local: Local,
+    pub local: L,
 }
 
-impl PostError {
+impl<L> PostError<L> {
     /// The queue was full: progress, then try again.
     pub fn is_again(&self) -> bool {
         matches!(self.error, Error::Call { code: 11, .. })
     }
 }
+
+/// What an operation in flight holds until its completion.
+enum Held {
+    One(Local),
+    /// The pieces of a gathered write ([`Ep::post_writev`]).
+    Pieces(Vec<Piece>),
+}
+
+/// One local piece of a gathered RMA write ([`Ep::post_writev`]): `len`
+/// bytes at `off` of registered memory.
+pub struct Piece {
+    pub mem: Arc<Pinned>,
+    pub off: usize,
+    pub len: usize,
+}
+
+/// Most local pieces, and most places of the peer's memory, of one
+/// gathered write (the shim's arrays; a provider may allow fewer).
+pub const WRITEV_MAX: usize = 16;
 
 /// The kind of operation to post.
 #[derive(Debug, Clone, Copy)]
@@ -1043,7 +1085,7 @@ pub struct Ep {
     domain: Arc<Domain>,
     next_id: AtomicU64,
     /// Operations in flight: their memory, released at completion.
-    inflight: Mutex<HashMap<u64, Local>>,
+    inflight: Mutex<HashMap<u64, Held>>,
     /// The addresses inserted and not removed: only these are given to
     /// libfabric (a number from another endpoint's vector could name
     /// nothing).
@@ -1259,7 +1301,7 @@ impl Ep {
         // Kept before the post: a completion may be read by another thread
         // before the post returns.
         let mut table = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
-        table.insert(id, local);
+        table.insert(id, Held::One(local));
         drop(table);
         // SAFETY: ptr..ptr+len lies in registered memory (checked above)
         // that the table keeps alive and, for writes into it, unshared
@@ -1293,12 +1335,14 @@ impl Ep {
             }
         };
         if ret != 0 {
-            let local = self
+            let Some(Held::One(local)) = self
                 .inflight
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&id)
-                .expect("kept above; only a completion removes it, and none came");
+            else {
+                unreachable!("kept above; only a completion removes it, and none came")
+            };
             let name = match op {
                 Op::Send => "fi_send",
                 Op::Recv => "fi_recv",
@@ -1311,6 +1355,138 @@ impl Ep {
             });
         }
         Ok(id)
+    }
+
+    /// Posts one RMA write gathered from `pieces` (at most the domain's
+    /// `iov_limit` and [`WRITEV_MAX`]) into `places` of the peer's memory
+    /// under `remote` (offsets and lengths in it; at most its
+    /// `rma_iov_limit` and [`WRITEV_MAX`]): the pieces' bytes, one after
+    /// the other, fill the places one after the other, so both add up to
+    /// the same length. The pieces are kept until the completion.
+    #[cfg(chfs_libfabric)]
+    pub fn post_writev(
+        &self,
+        pieces: Vec<Piece>,
+        places: &[(u64, u64)],
+        remote: RemoteKey,
+        peer: u64,
+    ) -> std::result::Result<u64, PostError<Vec<Piece>>> {
+        if let Err(error) = self.check_writev(&pieces, places, remote, peer) {
+            return Err(PostError {
+                error,
+                local: pieces,
+            });
+        }
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; WRITEV_MAX];
+        let mut desc = [std::ptr::null_mut(); WRITEV_MAX];
+        for (i, p) in pieces.iter().enumerate() {
+            // SAFETY: off+len lies within the registration (checked).
+            iov[i].iov_base = unsafe { p.mem.ptr.add(p.off) }.cast_mut().cast();
+            iov[i].iov_len = p.len;
+            desc[i] = p.mem.mr.desc;
+        }
+        let mut raddr = [0u64; WRITEV_MAX];
+        let mut rlen = [0u64; WRITEV_MAX];
+        for (i, &(roff, len)) in places.iter().enumerate() {
+            raddr[i] = remote.addr + roff;
+            rlen[i] = len;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let count = pieces.len();
+        // Kept before the post: a completion may be read by another thread
+        // before the post returns.
+        self.inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Held::Pieces(pieces));
+        // SAFETY: every iovec lies in registered memory (checked above)
+        // that the table keeps alive until the completion is read or the
+        // endpoint closes; the provider only reads it; the arrays outlive
+        // the call, which copies what it keeps; `peer` was inserted
+        // (checked above).
+        let ret = unsafe {
+            sys::chfs_fi_writev(
+                self.ptr,
+                iov.as_ptr(),
+                desc.as_mut_ptr(),
+                count,
+                peer,
+                raddr.as_ptr(),
+                rlen.as_ptr(),
+                places.len(),
+                remote.key,
+                id,
+            )
+        };
+        if ret != 0 {
+            let Some(Held::Pieces(pieces)) = self
+                .inflight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id)
+            else {
+                unreachable!("kept above; only a completion removes it, and none came")
+            };
+            return Err(PostError {
+                error: call_err("fi_writemsg", ret as i64),
+                local: pieces,
+            });
+        }
+        Ok(id)
+    }
+
+    /// What [`Ep::post_writev`] checks before it posts.
+    fn check_writev(
+        &self,
+        pieces: &[Piece],
+        places: &[(u64, u64)],
+        remote: RemoteKey,
+        peer: u64,
+    ) -> Result<()> {
+        let attr = &self.domain.attr;
+        let most = attr.iov_limit.clamp(1, WRITEV_MAX);
+        let most_places = attr.rma_iov_limit.clamp(1, WRITEV_MAX);
+        if pieces.is_empty() || pieces.len() > most || places.len() > most_places {
+            return Err(Error::InvalidInput(format!(
+                "a gathered write of {} pieces into {} places (1-{most} and at most {most_places})",
+                pieces.len(),
+                places.len()
+            )));
+        }
+        let mut total = 0u64;
+        for p in pieces {
+            if !Arc::ptr_eq(&p.mem.domain, &self.domain) {
+                return Err(Error::InvalidInput(
+                    "memory registered with another domain".into(),
+                ));
+            }
+            if p.off.checked_add(p.len).is_none_or(|end| end > p.mem.len) || p.len == 0 {
+                return Err(Error::InvalidInput(format!(
+                    "piece {}+{} outside {} bytes (or empty)",
+                    p.off, p.len, p.mem.len
+                )));
+            }
+            total += p.len as u64;
+        }
+        let mut placed = 0u64;
+        for &(roff, len) in places {
+            if roff.checked_add(len).is_none_or(|end| end > remote.len) {
+                return Err(Error::InvalidInput(format!(
+                    "remote range {roff}+{len} outside a {}-byte window",
+                    remote.len
+                )));
+            }
+            placed += len;
+        }
+        if placed != total {
+            return Err(Error::InvalidInput(format!(
+                "{total} bytes of pieces into {placed} bytes of places"
+            )));
+        }
+        self.check_peer(peer)
     }
 
     /// Reads up to `max` completions, waiting up to `timeout_ms` without
@@ -1337,7 +1513,7 @@ impl Ep {
         let mut table = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
         for c in &raw[..n] {
             let buffer = match table.remove(&c.ctx) {
-                Some(Local::Buffer(b)) => Some(b),
+                Some(Held::One(Local::Buffer(b))) => Some(b),
                 _ => None,
             };
             out.push(Completion {
@@ -1379,6 +1555,16 @@ impl Ep {
         _len: usize,
         _peer: u64,
     ) -> std::result::Result<u64, PostError> {
+        match self.never {}
+    }
+    #[cfg(not(chfs_libfabric))]
+    pub fn post_writev(
+        &self,
+        _pieces: Vec<Piece>,
+        _places: &[(u64, u64)],
+        _remote: RemoteKey,
+        _peer: u64,
+    ) -> std::result::Result<u64, PostError<Vec<Piece>>> {
         match self.never {}
     }
     #[cfg(not(chfs_libfabric))]

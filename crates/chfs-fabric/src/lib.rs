@@ -33,8 +33,8 @@ pub use cache::{CacheStats, RegCache, Registered};
 pub use endpoint::{Config, Endpoint, InFlight, Message, Peer, Sent, Stats};
 pub use error::{Error, Result};
 pub use ffi::{
-    libfabric_version, Buffer, DomainAttr, Lent, Local, Pinned, RemoteKey, StableBuf, WaitKind,
-    Window,
+    libfabric_version, Buffer, DomainAttr, Lent, Local, Piece, Pinned, RemoteKey, StableBuf,
+    WaitKind, Window, WRITEV_MAX,
 };
 
 /// Whether this build has libfabric (the transport may still find no

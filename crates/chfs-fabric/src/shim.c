@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include <rdma/fabric.h>
@@ -54,6 +55,9 @@ static int lf_loaded;
 #ifndef CHFS_LIBFABRIC_PATH
 #define CHFS_LIBFABRIC_PATH "libfabric.so.1"
 #endif
+
+/* Most places of the peer's memory one chfs_fi_writev names. */
+#define CHFS_RMA_IOV_MAX 16
 
 static void lf_load(void)
 {
@@ -99,6 +103,8 @@ struct chfs_fi_domain_attr {
 	uint64_t mr_mode;
 	uint64_t inject_size;
 	uint64_t max_msg_size;
+	uint64_t iov_limit;
+	uint64_t rma_iov_limit;
 	uint32_t addr_format;
 	char prov_name[64];
 	char fabric_name[128];
@@ -219,6 +225,8 @@ int chfs_fi_domain_open(const char *prov, const char *node, const char *service,
 	attr->mr_mode = (uint64_t)d->info->domain_attr->mr_mode;
 	attr->inject_size = d->info->tx_attr->inject_size;
 	attr->max_msg_size = d->info->ep_attr->max_msg_size;
+	attr->iov_limit = d->info->tx_attr->iov_limit;
+	attr->rma_iov_limit = d->info->tx_attr->rma_iov_limit;
 	attr->addr_format = d->info->addr_format;
 	copy_name(attr->prov_name, sizeof(attr->prov_name), d->info->fabric_attr->prov_name);
 	copy_name(attr->fabric_name, sizeof(attr->fabric_name), d->info->fabric_attr->name);
@@ -372,6 +380,36 @@ ssize_t chfs_fi_write(struct chfs_fi_ep *e, const void *buf, size_t len, void *d
 		      uint64_t dest, uint64_t raddr, uint64_t key, uint64_t ctx)
 {
 	return fi_write(e->ep, buf, len, desc, dest, raddr, key, (void *)(uintptr_t)ctx);
+}
+
+/* An RMA write gathered from `count` local pieces and scattered into
+ * `rma_count` places of the peer's memory under one key (at most the
+ * domain's iov_limit and rma_iov_limit), with the completion semantics of
+ * a plain fi_write (the endpoint's default operation flags). */
+ssize_t chfs_fi_writev(struct chfs_fi_ep *e, const struct iovec *iov, void **desc, size_t count,
+		       uint64_t dest, const uint64_t *raddr, const uint64_t *rlen,
+		       size_t rma_count, uint64_t key, uint64_t ctx)
+{
+	struct fi_rma_iov rma[CHFS_RMA_IOV_MAX];
+	struct fi_msg_rma msg;
+	size_t i;
+
+	if (rma_count > CHFS_RMA_IOV_MAX)
+		return -FI_EINVAL;
+	for (i = 0; i < rma_count; i++) {
+		rma[i].addr = raddr[i];
+		rma[i].len = rlen[i];
+		rma[i].key = key;
+	}
+	memset(&msg, 0, sizeof(msg));
+	msg.msg_iov = iov;
+	msg.desc = desc;
+	msg.iov_count = count;
+	msg.addr = dest;
+	msg.rma_iov = rma;
+	msg.rma_iov_count = rma_count;
+	msg.context = (void *)(uintptr_t)ctx;
+	return fi_writemsg(e->ep, &msg, e->d->info->tx_attr->op_flags | FI_COMPLETION);
 }
 
 int chfs_fi_mr_reg(struct chfs_fi_domain *d, const void *buf, size_t len, uint64_t access,

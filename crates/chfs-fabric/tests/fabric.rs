@@ -1071,3 +1071,124 @@ fn peers_not_in_the_address_vector_are_refused() {
     assert!(matches!(err, Error::InvalidInput(_)), "{err}");
     assert!(b.disconnect(of_b).is_err());
 }
+
+/// A write gathered from pieces of several registrations fills scattered
+/// places of the peer's memory (what chfsd does with a `ReadSpans`'
+/// chunks, `Endpoint::start_writev`); the bytes between the places stay
+/// as they were, and a write whose pieces and places disagree, or that
+/// has more of either than the provider takes, is refused before it is
+/// posted.
+fn gathered_write(protocol: Protocol, test: &str) {
+    let Some(server) = open(test, &config(protocol)) else {
+        return;
+    };
+    let Some(client) = open(test, &config(protocol)) else {
+        return;
+    };
+    let client = Arc::new(client);
+    let p = client.connect(server.address()).unwrap();
+    let (a, b, c) = (pattern(5000, 1), pattern(3000, 2), pattern(10_000, 3));
+    let stream: Vec<u8> = [&a[..], &b[1000..], &c[..]].concat();
+    let places = [(100u64, 4000u64), (20_000, 8000), (40_000, 5000)];
+    let pin = |v: &Vec<u8>| client.pin(v.clone()).ok().expect("registered");
+    let pieces = || {
+        vec![
+            chfs_fabric::Piece {
+                mem: pin(&a),
+                off: 0,
+                len: 5000,
+            },
+            chfs_fabric::Piece {
+                mem: pin(&b),
+                off: 1000,
+                len: 2000,
+            },
+            chfs_fabric::Piece {
+                mem: pin(&c),
+                off: 0,
+                len: 10_000,
+            },
+        ]
+    };
+    let (most, most_places) = client.writev_limits();
+    assert!(
+        most >= 3 && most_places >= 3,
+        "{protocol:?}: {most}/{most_places}"
+    );
+    let mut dst = vec![0xEEu8; 64 << 10];
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (server, dst) = (&server, &mut dst);
+        s.spawn(move || {
+            server
+                .expose_mut(dst, |key| {
+                    tx.send(key).unwrap();
+                    // Messages follow the RMA before them on the peer's
+                    // connection: once this one is here, so is the data.
+                    let m = server.recv(T).unwrap();
+                    assert_eq!(&*m, b"done");
+                })
+                .unwrap();
+        });
+        let key: RemoteKey = rx.recv().unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|inner| {
+            let _stop = StopOnDrop(&stop);
+            inner.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    client.progress(Duration::from_millis(20)).unwrap();
+                }
+            });
+            // Refused before anything is posted.
+            let short = [(100u64, 4000u64), (20_000, 8000)];
+            let err = client
+                .start_writev(p, pieces(), &short, key, T)
+                .err()
+                .expect("17,000 bytes into 12,000");
+            assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+            let outside = [(100u64, 4000u64), (20_000, 8000), (64_000, 5000)];
+            let err = client
+                .start_writev(p, pieces(), &outside, key, T)
+                .err()
+                .expect("a place past the window");
+            assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+            let many: Vec<_> = (0..=most)
+                .map(|i| chfs_fabric::Piece {
+                    mem: pin(&a),
+                    off: i,
+                    len: 1,
+                })
+                .collect();
+            let err = client
+                .start_writev(p, many, &[(0, most as u64 + 1)], key, T)
+                .err()
+                .expect("more pieces than the provider takes");
+            assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+            let w = client.start_writev(p, pieces(), &places, key, T).unwrap();
+            let done = block_on_all(vec![w]);
+            assert!(done[0].is_ok(), "{:?}", done[0].as_ref().err());
+            client.send(p, b"done", T).unwrap();
+        });
+    });
+    let mut want = vec![0xEEu8; 64 << 10];
+    let mut at = 0;
+    for (roff, len) in places {
+        let (roff, len) = (roff as usize, len as usize);
+        want[roff..roff + len].copy_from_slice(&stream[at..at + len]);
+        at += len;
+    }
+    assert!(
+        dst == want,
+        "{protocol:?}: the places hold the pieces, the rest is untouched"
+    );
+}
+
+#[test]
+fn a_gathered_write_fills_scattered_places_tcp() {
+    gathered_write(Protocol::Tcp, "a_gathered_write_fills_scattered_places_tcp");
+}
+
+#[test]
+fn a_gathered_write_fills_scattered_places_shm() {
+    gathered_write(Protocol::Shm, "a_gathered_write_fills_scattered_places_shm");
+}
