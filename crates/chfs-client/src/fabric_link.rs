@@ -181,6 +181,9 @@ pub(crate) struct FabricTicket<'a> {
     /// ([`IdleWatch`]): it may have gone into a connection that ended
     /// meanwhile ([`RpcClient::wait_probing`]).
     after_idle: bool,
+    /// A read whose data the server writes into memory the caller lent
+    /// for several requests at once ([`FabricLink::send_placed`]).
+    placed: bool,
 }
 
 /// How a request's bulk data moves.
@@ -189,6 +192,7 @@ struct Moves<'a> {
     lent: Option<(Lent<'a>, bool)>,
     dst: Option<&'a mut [u8]>,
     key: Option<RemoteKey>,
+    placed: bool,
 }
 
 impl<'a> Moves<'a> {
@@ -200,6 +204,7 @@ impl<'a> Moves<'a> {
             lent: None,
             dst,
             key: None,
+            placed: false,
         }
     }
 }
@@ -426,6 +431,7 @@ impl FabricLink {
                     lent: Some((l, read)),
                     dst,
                     key: Some(key),
+                    placed: false,
                 });
             }
         }
@@ -466,6 +472,7 @@ impl FabricLink {
             lent: None,
             dst,
             key: Some(key),
+            placed: false,
         })
     }
 
@@ -488,12 +495,60 @@ impl FabricLink {
         self.send_with(op, head, &[], Some(dst))
     }
 
+    /// The endpoint this link lends the caller's memory on, where the
+    /// provider revokes a closed registration ([`FabricLink::lends`]):
+    /// memory lent there once may be named by several requests
+    /// ([`FabricLink::send_placed`]).
+    pub fn lender(&self) -> Option<&Arc<Endpoint>> {
+        self.lends.then(|| self.rpc.endpoint())
+    }
+
+    /// Sends a read (`head`, a `ReadSpansPlaced`) whose data the server
+    /// writes into `key`, memory the caller lent on `on` (this link's
+    /// [`FabricLink::lender`]) and keeps lent until the answer came; it
+    /// answers `Written(n)`. ESTALE when `on` is not this link's endpoint
+    /// (the key would name nothing here).
+    pub fn send_placed(
+        &self,
+        op: u16,
+        head: &[u8],
+        key: RemoteKey,
+        on: &Endpoint,
+    ) -> Result<FabricTicket<'static>> {
+        if !self.lender().is_some_and(|e| std::ptr::eq(&**e, on)) {
+            return Err(Error::new(
+                libc::ESTALE,
+                format!("server {}: memory lent on another endpoint", self.addr),
+            ));
+        }
+        Counts::bump(&self.counts.rma_lent);
+        let moves = Moves {
+            bulk: None,
+            lent: None,
+            dst: None,
+            key: Some(key),
+            placed: true,
+        };
+        self.send_moves(op, head, &[], moves)
+    }
+
     fn send_with<'a>(
         &self,
         op: u16,
         head: &[u8],
         tail: &'a [u8],
         dst: Option<&'a mut [u8]>,
+    ) -> Result<FabricTicket<'a>> {
+        let moves = self.bulk(op, head, tail, dst)?;
+        self.send_moves(op, head, tail, moves)
+    }
+
+    fn send_moves<'a>(
+        &self,
+        op: u16,
+        head: &[u8],
+        tail: &'a [u8],
+        moves: Moves<'a>,
     ) -> Result<FabricTicket<'a>> {
         let addr = &self.addr;
         if !self.alive() {
@@ -509,7 +564,6 @@ impl FabricLink {
             // (mostly: see RpcClient::wait_probing).
             self.rpc.progress();
         }
-        let moves = self.bulk(op, head, tail, dst)?;
         let mut payload = Vec::with_capacity(head.len() + tail.len().min(MAX_MESSAGE));
         payload.extend_from_slice(head);
         let flags = match &moves.key {
@@ -540,6 +594,7 @@ impl FabricLink {
                     lent: moves.lent,
                     dst: moves.dst,
                     after_idle,
+                    placed: moves.placed,
                 })
             }
             Err(e) => {
@@ -623,6 +678,25 @@ impl FabricLink {
                 return Err(rpc_err(&self.addr, "lost", e).with_conn_fault(ConnFault::Lost));
             }
         };
+        if t.placed {
+            // The caller ends the lending once every request naming the
+            // memory is done with; an error answer may come after the
+            // server gave up on an RMA still queued: as below.
+            if r.is_err() {
+                self.fail();
+            }
+            return match r {
+                Ok(Response::Written(n)) => Ok(Landing::Landed(n as usize)),
+                Ok(other) => Err(Error::new(
+                    libc::EPROTO,
+                    format!(
+                        "server {}: unexpected answer to a read by RMA: {other:?}",
+                        self.addr
+                    ),
+                )),
+                Err(e) => Err(e),
+            };
+        }
         if let Some((lent, read)) = t.lent.take() {
             let lent_len = lent.remote_key().len;
             // Answered: the server is done with the memory (its RMA

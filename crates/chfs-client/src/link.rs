@@ -174,6 +174,30 @@ impl Link {
         }
     }
 
+    /// Sends a read whose data the server writes into memory the caller
+    /// lent on `on` ([`FabricLink::send_placed`]). Fabric links only.
+    pub fn send_read_placed(
+        &self,
+        op: u16,
+        head: &[u8],
+        key: chfs_fabric::RemoteKey,
+        on: &chfs_fabric::Endpoint,
+    ) -> Result<Ticket<'static>> {
+        match self {
+            Link::Fabric(f) => f.send_placed(op, head, key, on).map(Ticket::Fabric),
+            Link::Socket(_) => fail(libc::EINVAL, "placed reads are for fabric links only"),
+        }
+    }
+
+    /// The endpoint a fabric link lends the caller's memory on
+    /// ([`FabricLink::lender`]); None for sockets.
+    pub fn lender(&self) -> Option<&std::sync::Arc<chfs_fabric::Endpoint>> {
+        match self {
+            Link::Fabric(f) => f.lender(),
+            Link::Socket(_) => None,
+        }
+    }
+
     /// Sends a request.
     pub fn send(&self, req: &Request) -> Result<Ticket<'static>> {
         match self {

@@ -104,6 +104,9 @@ pub(crate) enum Dst<'a> {
     /// Places in a caller's buffer, one after the other (sockets only, at
     /// most [`crate::conn::MAX_PARTS`]).
     Parts(Vec<&'a mut [u8]>),
+    /// Memory the caller lent on this endpoint, named by this key, for
+    /// several requests at once (a `ReadSpansPlaced`; fabric links only).
+    Placed(chfs_fabric::RemoteKey, &'a chfs_fabric::Endpoint),
 }
 
 impl ReadDst for Dst<'_> {
@@ -119,13 +122,14 @@ impl ReadDst for Dst<'_> {
                 let parts = parts.iter_mut().map(|p| &mut **p).collect();
                 link.send_read_parts(op.op, &op.head, parts)
             }
+            Dst::Placed(key, on) => link.send_read_placed(op.op, &op.head, *key, on),
         }
     }
 
     fn in_area(&self, a: &crate::shm::Landing) -> bool {
         match self {
             Dst::One(d) => a.holds(d.as_ptr(), d.len()),
-            Dst::Parts(_) => false,
+            Dst::Parts(_) | Dst::Placed(..) => false,
         }
     }
 }

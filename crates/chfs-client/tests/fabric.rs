@@ -2433,3 +2433,130 @@ fn write_spans_of_an_outdated_list_are_written_plainly() {
     assert_eq!(other.pread(fd, &mut back, 0).unwrap(), data.len());
     assert!(back == data);
 }
+
+/// `ReadSpansPlaced` as chfsd answers it: each span's bytes written by RMA
+/// at its place in the file (from the first span's) in memory the client
+/// exposes, the bytes between them untouched; spans out of file order
+/// refused (EINVAL) and memory too short for the last span refused
+/// (EMSGSIZE), nothing written; without `FLAG_RMA` answered as a
+/// `ReadSpans` (the spans one after the other).
+#[test]
+fn placed_spans_land_at_their_places_over_ofi_tcp() {
+    use chfs_fabric::rpc::{RpcClient, FLAG_RMA};
+    use chfs_fabric::{Config, Endpoint, Protocol, RemoteKey};
+    use chfs_proto::{Request, Response};
+    let Some(p) = fabric_pool(1, "placed_spans_land_at_their_places_over_ofi_tcp") else {
+        return;
+    };
+    let c = fabric_client(&p);
+    c.set_chunk_size(65536).unwrap();
+    let data = pattern(8 * 65536, 7);
+    let fd = c.create("/pl", O_RDWR, 0o644).unwrap();
+    c.pwrite(fd, &data, 0).unwrap();
+    c.close(fd).unwrap();
+    let t = Duration::from_secs(10);
+    let rpc = RpcClient::new(std::sync::Arc::new(
+        Endpoint::open(&Config::new(Protocol::Tcp).bind("127.0.0.1", None)).unwrap(),
+    ));
+    let s = fabric_session(&rpc, &p, &p.addrs()[0], chfs_proto::handshake::Role::Client);
+    let call = |req: &Request, flags: u16, key: Option<RemoteKey>| {
+        let mut b = Vec::new();
+        req.encode(&mut b);
+        if let Some(k) = key {
+            b.extend_from_slice(&k.encode());
+        }
+        let id = rpc.post(&s, req.op(), flags, &b, t).unwrap();
+        let (h, payload) = rpc.wait(&s, id, t).unwrap();
+        if h.flags & chfs_proto::frame::FLAG_ERROR != 0 {
+            return Err(chfs_proto::msg::decode_error(payload).unwrap().errno);
+        }
+        Ok(Response::decode(payload).unwrap())
+    };
+    let Ok(Response::Meta(meta)) = call(&Request::Stat { path: "/pl".into() }, 0, None) else {
+        panic!("no entry");
+    };
+    let placed = |spans: Vec<(u64, u32, u32)>| Request::ReadSpansPlaced {
+        path: "/pl".into(),
+        fileid: meta.fileid,
+        chunk_size: 65536,
+        flags: 0,
+        epoch: meta.epoch(),
+        spans,
+    };
+    let spans = vec![(1u64, 100u32, 1000u32), (3, 0, 65536), (6, 60_000, 5536)];
+    let first = 65536 + 100;
+    let extent = 6 * 65536 + 65536 - first;
+    let mut mem = vec![0xEEu8; extent];
+    let mut want = mem.clone();
+    for &(idx, off, len) in &spans {
+        let at = idx as usize * 65536 + off as usize;
+        want[at - first..][..len as usize].copy_from_slice(&data[at..][..len as usize]);
+    }
+    rpc.endpoint()
+        .clone()
+        .expose_mut(&mut mem, |key| {
+            // Out of order, and memory short of the last span: refused.
+            let back = vec![(3u64, 0u32, 10u32), (1, 0, 10)];
+            assert_eq!(call(&placed(back), FLAG_RMA, Some(key)), Err(libc::EINVAL));
+            let short = RemoteKey {
+                len: extent as u64 - 1,
+                ..key
+            };
+            let e = call(&placed(spans.clone()), FLAG_RMA, Some(short));
+            assert_eq!(e, Err(libc::EMSGSIZE));
+            let r = call(&placed(spans.clone()), FLAG_RMA, Some(key));
+            assert_eq!(r, Ok(Response::Written(1000 + 65536 + 5536)));
+        })
+        .unwrap();
+    assert!(mem == want, "each span at its place, the rest untouched");
+    // In the message: the spans one after the other.
+    let small = vec![(1u64, 0u32, 100u32), (2, 5, 50)];
+    let r = call(&placed(small), 0, None).unwrap();
+    let packed = [&data[65536..65636], &data[2 * 65536 + 5..][..50]].concat();
+    assert_eq!(r, Response::Data(bytes::Bytes::from(packed)));
+}
+
+/// Servers that do not know `ReadSpansPlaced` (an older chfsd) are read
+/// with a `ReadSpans` per server: the first refusal makes that read a
+/// plain one, and the server is not asked again. The bytes are right.
+#[test]
+fn servers_without_placed_reads_are_read_by_spans() {
+    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+        chfs_localpool::skip(
+            "fabric",
+            "servers_without_placed_reads_are_read_by_spans",
+            "built without libfabric",
+        );
+        return;
+    }
+    let p = LocalPool::start_with(
+        PoolOptions {
+            servers: 2,
+            args: vec![
+                "-p".into(),
+                "ofi+tcp".into(),
+                "--unknown-op".into(),
+                "READ_SPANS_PLACED".into(),
+            ],
+            ..Default::default()
+        }
+        .with_new_secret(),
+    )
+    .expect("start chfsd pool over ofi+tcp");
+    let c = fabric_client(&p);
+    c.set_chunk_size(65536).unwrap();
+    let data = pattern(2 << 20, 3);
+    let fd = c.create("/r", O_RDWR, 0o644).unwrap();
+    c.pwrite(fd, &data, 0).unwrap();
+    let read = |off: usize| {
+        let sent = c.stats().rpcs;
+        let mut b = vec![0u8; 1 << 20];
+        assert_eq!(c.pread(fd, &mut b, off as u64).unwrap(), b.len());
+        assert!(b[..] == data[off..][..1 << 20], "at {off}");
+        c.stats().rpcs - sent
+    };
+    // The two refused, then the sixteen chunks; then a ReadSpans each.
+    assert_eq!(read(0), 18);
+    assert_eq!(read(65536 * 5 + 7), 2);
+    c.close(fd).unwrap();
+}

@@ -1090,7 +1090,12 @@ fn gathered_write(protocol: Protocol, test: &str) {
     let (a, b, c) = (pattern(5000, 1), pattern(3000, 2), pattern(10_000, 3));
     let stream: Vec<u8> = [&a[..], &b[1000..], &c[..]].concat();
     let places = [(100u64, 4000u64), (20_000, 8000), (40_000, 5000)];
-    let pin = |v: &Vec<u8>| client.pin(v.clone()).ok().expect("registered");
+    let pin = |v: &Vec<u8>| {
+        client
+            .pin(v.clone())
+            .map_err(|(e, _)| e)
+            .expect("registered")
+    };
     let pieces = || {
         vec![
             chfs_fabric::Piece {

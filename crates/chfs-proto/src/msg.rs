@@ -91,6 +91,7 @@ opcodes! {
     READ_SPANS = 38 => ReadSpans,
     STAT_DATA = 39 => StatData,
     WRITE_SPANS = 40 => WriteSpans,
+    READ_SPANS_PLACED = 41 => ReadSpansPlaced,
 }
 
 /// Most spans one [`Request::ReadSpans`] or [`Request::WriteSpans`] may
@@ -804,16 +805,100 @@ pub enum Request {
         /// The bytes of the spans, one after the other (payload tail).
         data: Bytes,
     },
+    /// A [`Request::ReadSpans`] whose data moves by RMA (`FLAG_RMA`) into
+    /// the client's memory at the spans' places in the file rather than
+    /// one after the other: span `i` at `pos(i) - pos(0)` of the memory
+    /// named, where `pos` is `chunk * chunk_size + offset`. The spans must
+    /// follow one another in the file (each past the end of the one
+    /// before; else `EINVAL`), and the memory named must reach the last
+    /// span's end (else `EMSGSIZE`). A pread's parts of one server land
+    /// in the caller's buffer as they are, between those of other
+    /// servers, with no copy on either side. Without `FLAG_RMA` it is
+    /// answered as a `ReadSpans`. Servers older than this op answer
+    /// `EPROTO` (unknown opcode): the client then sends `ReadSpans`.
+    ReadSpansPlaced {
+        /// Normalised path.
+        path: String,
+        /// File incarnation id.
+        fileid: u32,
+        /// Chunk size of the file.
+        chunk_size: u32,
+        /// `rw::*` flags.
+        flags: u16,
+        /// The file's epoch ([`Meta::epoch`]).
+        epoch: u32,
+        /// (chunk index, offset within the chunk, length) of each range,
+        /// in file order.
+        spans: Vec<(u64, u32, u32)>,
+    },
 }
 
 impl Request {
-    /// The bytes a [`Request::ReadSpans`] answers with (0 for any other).
+    /// The bytes a [`Request::ReadSpans`] (or `ReadSpansPlaced`) answers
+    /// with (0 for any other).
     pub fn spans_len(&self) -> u64 {
         match self {
-            Request::ReadSpans { spans, .. } => spans.iter().map(|s| s.2 as u64).sum(),
+            Request::ReadSpans { spans, .. } | Request::ReadSpansPlaced { spans, .. } => {
+                spans.iter().map(|s| s.2 as u64).sum()
+            }
             _ => 0,
         }
     }
+
+    /// A [`Request::ReadSpansPlaced`] as the `ReadSpans` it is served
+    /// as (and forwarded as: the owner's answer is placed by the server
+    /// that moves it); any other request as it is.
+    pub fn into_packed(self) -> Request {
+        match self {
+            Request::ReadSpansPlaced {
+                path,
+                fileid,
+                chunk_size,
+                flags,
+                epoch,
+                spans,
+            } => Request::ReadSpans {
+                path,
+                fileid,
+                chunk_size,
+                flags,
+                epoch,
+                spans,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Where each span of a [`Request::ReadSpansPlaced`] goes in the memory
+/// its data is moved into: (offset, length) per span, from the first
+/// span's place in the file; `EINVAL` when a span starts before the end
+/// of the one before it (or a place does not fit in 64 bits).
+pub fn span_places(
+    chunk_size: u32,
+    spans: &[(u64, u32, u32)],
+) -> Result<Vec<(u64, u64)>, ErrorReply> {
+    let bad = |why: &str| ErrorReply::new(libc::EINVAL, format!("placed spans: {why}"));
+    let pos = |&(idx, off, _): &(u64, u32, u32)| {
+        idx.checked_mul(chunk_size as u64)
+            .and_then(|p| p.checked_add(off as u64))
+            .ok_or_else(|| bad("a place past 2^64"))
+    };
+    let Some(first) = spans.first() else {
+        return Ok(Vec::new());
+    };
+    let base = pos(first)?;
+    let mut end = base;
+    let mut places = Vec::with_capacity(spans.len());
+    for s in spans {
+        let at = pos(s)?;
+        if at < end {
+            return Err(bad("not in file order"));
+        }
+        end = at + s.2 as u64;
+        places.push((at - base, s.2 as u64));
+    }
+    Ok(places)
 }
 
 /// A directory's version on one server ([`Request::DirVersion`]).
@@ -1105,7 +1190,9 @@ impl Request {
             | Request::Read { path, idx, .. }
             | Request::PutChunk { path, idx, .. }
             | Request::AdoptChunk { path, idx, .. } => Some((path, *idx)),
-            Request::ReadSpans { path, spans, .. } | Request::WriteSpans { path, spans, .. } => {
+            Request::ReadSpans { path, spans, .. }
+            | Request::ReadSpansPlaced { path, spans, .. }
+            | Request::WriteSpans { path, spans, .. } => {
                 Some((path, spans.first().map_or(0, |s| s.0)))
             }
             _ => None,
@@ -1237,6 +1324,14 @@ impl Request {
                 out.put_u32(*epoch);
             }
             Request::ReadSpans {
+                path,
+                fileid,
+                chunk_size,
+                flags,
+                epoch,
+                spans,
+            }
+            | Request::ReadSpansPlaced {
                 path,
                 fileid,
                 chunk_size,
@@ -1477,7 +1572,7 @@ impl Request {
                     data,
                 });
             }
-            op::READ_SPANS => {
+            op::READ_SPANS | op::READ_SPANS_PLACED => {
                 let path = r.string()?;
                 let fileid = r.u32()?;
                 let chunk_size = r.u32()?;
@@ -1490,13 +1585,24 @@ impl Request {
                         crate::MAX_CHUNK_SIZE
                     )));
                 }
-                Request::ReadSpans {
-                    path,
-                    fileid,
-                    chunk_size,
-                    flags,
-                    epoch,
-                    spans,
+                if op == op::READ_SPANS_PLACED {
+                    Request::ReadSpansPlaced {
+                        path,
+                        fileid,
+                        chunk_size,
+                        flags,
+                        epoch,
+                        spans,
+                    }
+                } else {
+                    Request::ReadSpans {
+                        path,
+                        fileid,
+                        chunk_size,
+                        flags,
+                        epoch,
+                        spans,
+                    }
                 }
             }
             op::FLUSH_STATUS => Request::FlushStatus {
@@ -2194,6 +2300,14 @@ mod tests {
             epoch: 3,
             spans: vec![(2, 0, 2), (4, 5, 4)],
         });
+        rt(Request::ReadSpansPlaced {
+            path: "/a".into(),
+            fileid: 1,
+            chunk_size: 9,
+            flags: 0,
+            epoch: 3,
+            spans: vec![(2, 0, 9), (4, 5, 4)],
+        });
         rt(Request::WriteSpans {
             path: "/a".into(),
             fileid: 1,
@@ -2466,5 +2580,34 @@ mod tests {
             b'z', b'z',                  // data (payload tail)
         ];
         assert_eq!(b, want);
+    }
+
+    #[test]
+    fn placed_spans_go_at_their_places_in_the_file() {
+        // 64 KiB chunks: a pread from 100,000 of 200,000 bytes, this
+        // server's parts chunks 1 and 3.
+        let spans = [(1u64, 34_464u32, 31_072u32), (3, 0, 65_536)];
+        assert_eq!(
+            span_places(65_536, &spans).unwrap(),
+            vec![(0, 31_072), (96_608, 65_536)]
+        );
+        assert_eq!(span_places(65_536, &[]).unwrap(), vec![]);
+        // Out of order, overlapping, or past 2^64: refused.
+        for bad in [
+            vec![(3u64, 0u32, 10u32), (1, 0, 10)],
+            vec![(1, 0, 100), (1, 50, 10)],
+            vec![(u64::MAX, 0, 1)],
+        ] {
+            assert_eq!(
+                span_places(65_536, &bad).unwrap_err().errno,
+                libc::EINVAL,
+                "{bad:?}"
+            );
+        }
+        // Adjacent spans are fine.
+        assert_eq!(
+            span_places(10, &[(0, 5, 5), (1, 0, 10)]).unwrap(),
+            vec![(0, 5), (5, 10)]
+        );
     }
 }

@@ -194,6 +194,7 @@ const REQUEST_OPS: &[u16] = &[
     op::READ_SPANS,
     op::STAT_DATA,
     op::WRITE_SPANS,
+    op::READ_SPANS_PLACED,
 ];
 
 /// Number of response tags (0 .. this), checked by
@@ -409,6 +410,28 @@ fn request_arms() -> Vec<(u16, BoxedStrategy<Request>)> {
                         spans,
                     },
                 )
+                .boxed(),
+        ),
+        (
+            op::READ_SPANS_PLACED,
+            (
+                text(),
+                any::<u32>(),
+                any::<u32>(),
+                any::<u16>(),
+                any::<u32>(),
+                vec((any::<u64>(), any::<u32>(), 0u32..(1 << 20)), 0..8),
+            )
+                .prop_map(|(path, fileid, chunk_size, flags, epoch, spans)| {
+                    Request::ReadSpansPlaced {
+                        path,
+                        fileid,
+                        chunk_size,
+                        flags,
+                        epoch,
+                        spans,
+                    }
+                })
                 .boxed(),
         ),
         (

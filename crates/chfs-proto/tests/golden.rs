@@ -355,10 +355,11 @@ fn request_name(r: &Request) -> &'static str {
         Request::ReadSpans { .. } => "ReadSpans",
         Request::StatData { .. } => "StatData",
         Request::WriteSpans { .. } => "WriteSpans",
+        Request::ReadSpansPlaced { .. } => "ReadSpansPlaced",
     }
 }
 
-const REQUEST_VARIANTS: [&str; 37] = [
+const REQUEST_VARIANTS: [&str; 38] = [
     "Ping",
     "GetServers",
     "Join",
@@ -396,6 +397,7 @@ const REQUEST_VARIANTS: [&str; 37] = [
     "ReadSpans",
     "StatData",
     "WriteSpans",
+    "ReadSpansPlaced",
 ];
 
 /// A list of three servers, the second one replaced at version 5.
@@ -816,6 +818,27 @@ fn requests() {
                 spans: vec![(3, 0, 47008), (5, 0x0000_6f40, 2)],
             },
             38,
+            Some(vec![
+                "02000000 2f66",                      // path
+                "0d0c0b0a",                           // fileid
+                "00000100",                           // chunk size
+                "0800",                               // flags (DAMAGED)
+                "09000000",                           // epoch
+                "02000000",                           // span count
+                "0300000000000000 00000000 a0b70000", // chunk, offset, length
+                "0500000000000000 406f0000 02000000", // chunk, offset, length
+            ]),
+        ),
+        (
+            Request::ReadSpansPlaced {
+                path: "/f".into(),
+                fileid: 0x0a0b_0c0d,
+                chunk_size: 0x0001_0000,
+                flags: msg::rw::DAMAGED,
+                epoch: 9,
+                spans: vec![(3, 0, 47008), (5, 0x0000_6f40, 2)],
+            },
+            41,
             Some(vec![
                 "02000000 2f66",                      // path
                 "0d0c0b0a",                           // fileid

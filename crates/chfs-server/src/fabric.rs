@@ -1105,44 +1105,175 @@ async fn serve_rma(
             crate::handler::handle(shared, req, forwarded).await
         }
         // A read's data, or the records of a read-ahead (`ReadSpans`: its
-        // pieces one after the other), written into the client's memory.
-        req @ (Request::Read { .. } | Request::ReadSpans { .. }) => {
-            match crate::handler::handle(shared, req, forwarded).await? {
-                chfs_proto::Response::Data(d) => {
-                    let n = d.len();
-                    if n > len {
-                        return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
+        // pieces one after the other; `ReadSpansPlaced`: each at its place
+        // in the file, from the first's), written into the client's
+        // memory from the store's chunks, without gathering them first.
+        req @ (Request::Read { .. }
+        | Request::ReadSpans { .. }
+        | Request::ReadSpansPlaced { .. }) => {
+            let places = match &req {
+                Request::ReadSpansPlaced {
+                    chunk_size, spans, ..
+                } => {
+                    let places = chfs_proto::msg::span_places(*chunk_size, spans)?;
+                    let end = places.last().map_or(0, |&(o, n)| o + n);
+                    if end > key.len {
+                        return Err(ErrorReply::new(
+                            libc::EMSGSIZE,
+                            format!("spans placed over {end} bytes of {}", key.len),
+                        ));
                     }
-                    if n > 0 {
-                        let _slot = rma_slot(shared, ep, peer).await;
-                        // The chunk's memory, registered for this push
-                        // (the registration keeps it alive until the write
-                        // completes, no longer: a cached one kept chunks
-                        // the store had dropped, up to the cache's 256 MiB,
-                        // and their pull buffers out of the pool), else a
-                        // copy.
-                        let (local, off) = match ep.pin(d.clone()) {
-                            Ok(r) => (Local::Pinned(r), 0),
-                            Err(_) => {
-                                Counters::inc(&shared.counters.reg_fallbacks);
-                                let mut b = ep.buffer(n).map_err(fabric)?;
-                                b[..n].copy_from_slice(&d);
-                                (Local::Buffer(b), 0)
-                            }
-                        };
-                        let push = ep
-                            .start_write(peer, local, off, n, key, 0, SEND_TIMEOUT)
-                            .map_err(fabric)?;
-                        timed(tokio::time::timeout(RMA_TIMEOUT, push).await)?;
-                        Counters::inc(&shared.counters.rma_pushes);
-                    }
-                    Ok(chfs_proto::Response::Written(n as u32))
+                    Some(places)
                 }
-                other => Ok(other),
+                _ => None,
+            };
+            let pieces = match crate::handler::handle_pieces(shared, req, forwarded).await? {
+                crate::handler::Served::Pieces(p) => p,
+                crate::handler::Served::Reply(chfs_proto::Response::Data(d)) => vec![d],
+                crate::handler::Served::Reply(other) => return Ok(other),
+            };
+            let n: usize = pieces.iter().map(Bytes::len).sum();
+            if n > len {
+                return Err(ErrorReply::new(libc::EMSGSIZE, "more data than asked for"));
             }
+            if n > 0 {
+                let _slot = rma_slot(shared, ep, peer).await;
+                let packed = [(0, n as u64)];
+                let places = match &places {
+                    // (Every span is padded to its length by the store.)
+                    Some(p) if p.iter().map(|x| x.1).sum::<u64>() == n as u64 => &p[..],
+                    Some(_) => {
+                        return Err(ErrorReply::new(
+                            libc::EIO,
+                            "spans read short of their length",
+                        ))
+                    }
+                    None => &packed[..],
+                };
+                let pushes = push(shared, ep, peer, pieces, places, key)?;
+                timed(
+                    tokio::time::timeout(RMA_TIMEOUT, async {
+                        for p in pushes {
+                            p.await?;
+                        }
+                        Ok(None)
+                    })
+                    .await,
+                )?;
+                Counters::inc(&shared.counters.rma_pushes);
+            }
+            Ok(chfs_proto::Response::Written(n as u32))
         }
         other => Err(proto(format!("FLAG_RMA on request {}", other.op()))),
     }
+}
+
+/// Starts the RMA writes of `pieces` (a read's data: slices of the
+/// store's chunks and of zeros, in order) into `places` (offset, length)
+/// of the client's memory under `key`, which add up to the pieces'
+/// length: as few gathered writes as the provider's iov limits allow,
+/// each piece's memory registered for its write (the registration keeps
+/// the chunk alive until the write completes, no longer: a cached one
+/// kept chunks the store had dropped, up to the cache's 256 MiB, and
+/// their pull buffers out of the pool). A piece that cannot be
+/// registered makes it one write from a copy (`reg_fallbacks`).
+fn push(
+    shared: &Shared,
+    ep: &Arc<Endpoint>,
+    peer: Peer,
+    pieces: Vec<Bytes>,
+    places: &[(u64, u64)],
+    key: RemoteKey,
+) -> Result<Vec<chfs_fabric::InFlight>, ErrorReply> {
+    let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
+    let pinned: Result<Vec<_>, _> = pieces.iter().map(|d| ep.pin(d.clone())).collect();
+    let Ok(pinned) = pinned else {
+        Counters::inc(&shared.counters.reg_fallbacks);
+        let data = crate::handler::gather(pieces);
+        let mut at = 0;
+        return places
+            .iter()
+            .map(|&(roff, len)| {
+                let len = len as usize;
+                let mut b = ep.buffer(len).map_err(fabric)?;
+                b.copy_from_slice(&data[at..at + len]);
+                at += len;
+                ep.start_write(peer, Local::Buffer(b), 0, len, key, roff, SEND_TIMEOUT)
+                    .map_err(fabric)
+            })
+            .collect();
+    };
+    let lens: Vec<usize> = pieces.iter().map(Bytes::len).collect();
+    writev_plan(&lens, places, ep.writev_limits())
+        .into_iter()
+        .map(|(local, remote)| {
+            let local = local
+                .into_iter()
+                .map(|(i, off, len)| chfs_fabric::Piece {
+                    mem: pinned[i].clone(),
+                    off,
+                    len,
+                })
+                .collect();
+            ep.start_writev(peer, local, &remote, key, SEND_TIMEOUT)
+                .map_err(fabric)
+        })
+        .collect()
+}
+
+/// The gathered writes that move pieces of `lens` bytes, one after the
+/// other, into `places` (offset, length; adding up to the same length):
+/// each write's local parts (piece, offset in it, length) and places, at
+/// most `most` and `most_places` of each (the provider's iov limits).
+/// Adjacent parts of one piece, and places that continue one another,
+/// are one entry.
+#[allow(clippy::type_complexity)]
+fn writev_plan(
+    lens: &[usize],
+    places: &[(u64, u64)],
+    (most, most_places): (usize, usize),
+) -> Vec<(Vec<(usize, usize, usize)>, Vec<(u64, u64)>)> {
+    let mut ops = Vec::new();
+    let mut local: Vec<(usize, usize, usize)> = Vec::new();
+    let mut remote: Vec<(u64, u64)> = Vec::new();
+    let (mut pi, mut poff) = (0usize, 0usize);
+    for &(roff, rlen) in places {
+        let mut done = 0u64;
+        while done < rlen {
+            while pi < lens.len() && poff == lens[pi] {
+                pi += 1;
+                poff = 0;
+            }
+            if pi == lens.len() {
+                break;
+            }
+            let take = (lens[pi] - poff).min((rlen - done) as usize);
+            let at = roff + done;
+            let joins_local = local
+                .last()
+                .is_some_and(|&(i, o, l)| i == pi && o + l == poff);
+            let joins_remote = remote.last().is_some_and(|&(o, l)| o + l == at);
+            if (!joins_local && local.len() == most)
+                || (!joins_remote && remote.len() == most_places)
+            {
+                ops.push((std::mem::take(&mut local), std::mem::take(&mut remote)));
+            }
+            match local.last_mut() {
+                Some((i, o, l)) if *i == pi && *o + *l == poff => *l += take,
+                _ => local.push((pi, poff, take)),
+            }
+            match remote.last_mut() {
+                Some((o, l)) if *o + *l == at => *l += take as u64,
+                _ => remote.push((at, take as u64)),
+            }
+            poff += take;
+            done += take as u64;
+        }
+    }
+    if !local.is_empty() {
+        ops.push((local, remote));
+    }
+    ops
 }
 
 /// Most entries of a tree listing page that a message of `max_message`
@@ -1474,6 +1605,70 @@ mod tests {
     /// beyond what fits was read for nothing, and again for the next
     /// page: 30,001 entries with headers over ofi+tcp took 535 ms, 84 ms
     /// with the cap).
+    #[test]
+    fn pushes_are_planned_within_the_iov_limits() {
+        // Packed: 16 chunk slices of 64 KiB into one place, 4 per write.
+        let lens = vec![65536; 16];
+        let plan = writev_plan(&lens, &[(0, 16 * 65536)], (4, 4));
+        assert_eq!(plan.len(), 4);
+        for (k, (local, remote)) in plan.iter().enumerate() {
+            assert_eq!(local.len(), 4);
+            assert_eq!(remote, &vec![(k as u64 * 4 * 65536, 4 * 65536)]);
+        }
+        // Placed: pieces cut across places, places that continue one
+        // another joined, a piece's parts of one write joined.
+        let plan = writev_plan(
+            &[100, 50, 30],
+            &[(1000, 60), (1060, 60), (5000, 60)],
+            (2, 2),
+        );
+        assert_eq!(
+            plan,
+            vec![
+                (vec![(0, 0, 100), (1, 0, 50)], vec![(1000, 120), (5000, 30)]),
+                (vec![(2, 0, 30)], vec![(5030, 30)]),
+            ]
+        );
+        // One place per write: every write takes what fits.
+        let plan = writev_plan(&[10, 10], &[(0, 5), (100, 10), (200, 5)], (4, 1));
+        assert_eq!(
+            plan,
+            vec![
+                (vec![(0, 0, 5)], vec![(0, 5)]),
+                (vec![(0, 5, 5), (1, 0, 5)], vec![(100, 10)]),
+                (vec![(1, 5, 5)], vec![(200, 5)]),
+            ]
+        );
+        // Every byte planned once, in order, whatever the limits.
+        for (most, most_places) in [(1, 1), (1, 3), (3, 1), (4, 4), (16, 16)] {
+            let lens = [7, 1, 30, 12, 5];
+            let places = [(0u64, 9u64), (20, 1), (30, 25), (100, 20)];
+            let plan = writev_plan(&lens, &places, (most, most_places));
+            let mut stream = Vec::new();
+            let mut dst = Vec::new();
+            for (local, remote) in &plan {
+                assert!(local.len() <= most && remote.len() <= most_places);
+                let l: usize = local.iter().map(|x| x.2).sum();
+                let r: u64 = remote.iter().map(|x| x.1).sum();
+                assert_eq!(l as u64, r);
+                for &(i, o, n) in local {
+                    stream.extend((o..o + n).map(|b| (i, b)));
+                }
+                for &(o, n) in remote {
+                    dst.extend(o..o + n);
+                }
+            }
+            let want: Vec<_> = lens
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &n)| (0..n).map(move |b| (i, b)))
+                .collect();
+            assert_eq!(stream, want);
+            let want_dst: Vec<u64> = places.iter().flat_map(|&(o, n)| o..o + n).collect();
+            assert_eq!(dst, want_dst);
+        }
+    }
+
     #[test]
     fn tree_pages_are_capped_to_what_a_message_holds() {
         let max = crate::fabric_ep::MAX_MESSAGE;

@@ -40,6 +40,7 @@ use super::{fill_parts, fill_read, Client, OpenFile};
 use crate::error::Result;
 use crate::pool::{Dst, Op, PoolState};
 use crate::shm::{Buf, SLOT};
+use chfs_proto::Request;
 
 /// How a request's data comes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -114,7 +115,7 @@ impl Client {
         &self,
         st: &PoolState,
         f: &OpenFile,
-        buf: &mut [u8],
+        mut buf: &mut [u8],
         off: u64,
         flags: u16,
     ) -> Result<Option<usize>> {
@@ -190,6 +191,15 @@ impl Client {
             // A chunk per request either way; or more slots than a read
             // takes (the plain read lands what it can).
             return Ok(None);
+        }
+        // Over a fabric whose provider revokes closed registrations, the
+        // caller's buffer is lent once and each server writes its parts
+        // at their places in it: no copy on either side.
+        if let Some(ep) = self.placed_endpoint(st, &reqs) {
+            match self.read_placed(st, f, flags, buf, &reqs, &ep) {
+                Placed::Done(r) => return r,
+                Placed::Packed(b) => buf = b,
+            }
         }
         // Slots first: a read that cannot have them all is a plain one.
         let mut slots = Vec::new();
@@ -278,6 +288,7 @@ impl Client {
                         let put = match d {
                             Dst::One(d) => fill_read(d, l, None),
                             Dst::Parts(p) => fill_parts(p, l),
+                            Dst::Placed(..) => unreachable!("placed reads are read_placed's"),
                         };
                         if let Err(e) = put {
                             if outcome.as_ref().is_ok_and(Option::is_some) {
@@ -332,6 +343,156 @@ impl Client {
                 .collect(),
         );
         outcome
+    }
+}
+
+/// What [`Client::read_placed`] did: the read (done, or to be read
+/// plainly: `Ok(None)`), or nothing, the buffer given back for a
+/// `ReadSpans` per server.
+enum Placed<'a> {
+    Done(Result<Option<usize>>),
+    Packed(&'a mut [u8]),
+}
+
+impl Client {
+    /// The endpoint every request of a read by server lends the caller's
+    /// memory on, when they all go over a fabric (one endpoint: a key names
+    /// memory of one) whose servers know `ReadSpansPlaced`.
+    fn placed_endpoint(
+        &self,
+        st: &PoolState,
+        reqs: &[Req],
+    ) -> Option<std::sync::Arc<chfs_fabric::Endpoint>> {
+        let list = st.ring.list();
+        let mut on: Option<std::sync::Arc<chfs_fabric::Endpoint>> = None;
+        for r in reqs {
+            if r.via != Via::Fabric
+                || self
+                    .inner
+                    .older
+                    .refused(list.servers.get(r.server)?, op::READ_SPANS_PLACED)
+            {
+                return None;
+            }
+            let link = self.inner.pool.conn(st, r.server).ok()?;
+            let ep = link.lender()?;
+            match &on {
+                Some(o) if !std::sync::Arc::ptr_eq(o, ep) => return None,
+                Some(_) => {}
+                None => on = Some(ep.clone()),
+            }
+        }
+        on
+    }
+
+    /// The read of `reqs` (each a server's spans and their places in
+    /// `buf`) with `buf` lent once on `ep` and each server's spans written
+    /// at their places in it by the server (`ReadSpansPlaced`). A server
+    /// that does not know the request (EPROTO, remembered), or refuses it
+    /// (ESTALE, ENOBUFS), makes the read a plain one; memory that cannot
+    /// be lent, a read by `ReadSpans` per server.
+    fn read_placed<'a>(
+        &self,
+        st: &PoolState,
+        f: &OpenFile,
+        flags: u16,
+        buf: &'a mut [u8],
+        reqs: &[Req],
+        ep: &chfs_fabric::Endpoint,
+    ) -> Placed<'a> {
+        let total = buf.len();
+        // SAFETY: the lending ends below (`lent.end()`), after every
+        // request naming the memory was answered or failed (`read_into`
+        // returns only then) and before `buf` is used again; it is held
+        // in this frame only, never leaked.
+        let lent = match unsafe { ep.lend_mut(buf) } {
+            Ok(l) => l,
+            Err((_, buf)) => return Placed::Packed(buf),
+        };
+        let key = lent.remote_key();
+        let ops: Vec<Op<'_>> = reqs
+            .iter()
+            .map(|r| {
+                let req = match super::ahead::read_spans(f, flags, r.spans.clone()) {
+                    Request::ReadSpans {
+                        path,
+                        fileid,
+                        chunk_size,
+                        flags,
+                        epoch,
+                        spans,
+                    } => Request::ReadSpansPlaced {
+                        path,
+                        fileid,
+                        chunk_size,
+                        flags,
+                        epoch,
+                        spans,
+                    },
+                    other => other,
+                };
+                Op::req(r.server, &req)
+            })
+            .collect();
+        let mut dsts: Vec<Dst> = reqs
+            .iter()
+            .map(|r| {
+                let from = r.places[0];
+                let end = r.places.last().copied().unwrap_or(from)
+                    + r.spans.last().map_or(0, |s| s.2 as usize);
+                Dst::Placed(
+                    chfs_fabric::RemoteKey {
+                        addr: key.addr + from as u64,
+                        len: (end - from) as u64,
+                        key: key.key,
+                    },
+                    ep,
+                )
+            })
+            .collect();
+        self.count(ops.len());
+        let results = self.inner.pool.read_into(st, &ops, &mut dsts);
+        drop(dsts);
+        lent.end();
+        let list = st.ring.list();
+        let mut outcome = Ok(Some(total));
+        for ((r, o), q) in results.into_iter().zip(&ops).zip(reqs) {
+            let e = match r {
+                Ok(crate::conn::Landing::Landed(n)) if n == q.len => continue,
+                Ok(other) => crate::error::Error::new(
+                    libc::EIO,
+                    format!(
+                        "{}: server {} placed {} of {} bytes",
+                        f.path,
+                        list.servers.get(q.server).map_or("?", |s| s.as_str()),
+                        match other {
+                            crate::conn::Landing::Landed(n) => n.to_string(),
+                            crate::conn::Landing::Reply(_) => "none".into(),
+                        },
+                        q.len
+                    ),
+                ),
+                Err(e) => e,
+            };
+            match e.errno() {
+                libc::EPROTO | libc::ESTALE | libc::ENOBUFS => {
+                    if e.errno() == libc::EPROTO {
+                        self.inner
+                            .older
+                            .add(&list.servers[o.server], op::READ_SPANS_PLACED);
+                    }
+                    if outcome.is_ok() {
+                        outcome = Ok(None);
+                    }
+                }
+                _ => {
+                    if outcome.as_ref().is_ok() {
+                        outcome = Err(e);
+                    }
+                }
+            }
+        }
+        Placed::Done(outcome)
     }
 }
 

@@ -104,6 +104,14 @@ pub(crate) async fn handle_pieces(
             flags,
             epoch,
             spans,
+        }
+        | Request::ReadSpansPlaced {
+            path,
+            fileid,
+            chunk_size,
+            flags,
+            epoch,
+            spans,
         } = req
         {
             // (No change: nothing for contact servers; see `serve`.)
@@ -433,7 +441,16 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 (None, None) => Ok(Response::Data(Bytes::new())),
             }
         }
+        // (Placed only where its data moves by RMA: `fabric::serve_rma`.)
         Request::ReadSpans {
+            path,
+            fileid,
+            chunk_size,
+            flags,
+            epoch,
+            spans,
+        }
+        | Request::ReadSpansPlaced {
             path,
             fileid,
             chunk_size,
@@ -859,9 +876,9 @@ fn spans_owner(
 /// write's data pulled and sent on for nothing).
 pub(crate) fn spans_of_one_owner(sh: &Shared, req: &Request) -> Result<(), ErrorReply> {
     match req {
-        Request::ReadSpans { path, spans, .. } | Request::WriteSpans { path, spans, .. } => {
-            spans_owner(sh, path, spans).map(drop)
-        }
+        Request::ReadSpans { path, spans, .. }
+        | Request::ReadSpansPlaced { path, spans, .. }
+        | Request::WriteSpans { path, spans, .. } => spans_owner(sh, path, spans).map(drop),
         _ => Ok(()),
     }
 }
