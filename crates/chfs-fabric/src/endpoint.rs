@@ -405,6 +405,13 @@ impl Endpoint {
         Pinned::new(self.ep.domain(), buf)
     }
 
+    /// `buf` kept for this endpoint's own operations (the source of sends
+    /// and RMA writes), registered only where the provider needs that
+    /// ([`Pinned::new_local`]).
+    pub fn hold<B: StableBuf>(&self, buf: B) -> std::result::Result<Arc<Pinned>, (Error, B)> {
+        Pinned::new_local(self.ep.domain(), buf)
+    }
+
     /// Counters.
     pub fn stats(&self) -> Stats {
         Stats {

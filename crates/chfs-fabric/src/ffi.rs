@@ -25,6 +25,9 @@ use crate::error::{Error, Result};
 pub(crate) const FMT_ADDR_STR: u32 = 9;
 /// `FI_MR_VIRT_ADDR`: remote addresses are virtual addresses, not offsets.
 const MR_VIRT_ADDR: u64 = 1 << 4;
+/// `FI_MR_LOCAL`: memory an operation reads or writes here must be
+/// registered too (verbs), not only memory peers reach.
+const MR_LOCAL: u64 = 1 << 2;
 /// `FI_ADDR_NOTAVAIL`.
 pub(crate) const ADDR_NOTAVAIL: u64 = u64::MAX;
 
@@ -518,6 +521,17 @@ struct RawMr {
 }
 
 impl RawMr {
+    /// No registration (closing it does nothing).
+    fn none() -> RawMr {
+        RawMr {
+            #[cfg(chfs_libfabric)]
+            mr: std::ptr::null_mut(),
+            #[cfg(chfs_libfabric)]
+            desc: std::ptr::null_mut(),
+            key: 0,
+        }
+    }
+
     #[cfg(chfs_libfabric)]
     fn close(&mut self) {
         // SAFETY: the registration is open and closed only here, once
@@ -790,6 +804,8 @@ pub struct Pinned {
     ptr: *const u8,
     len: usize,
     domain: Arc<Domain>,
+    /// Peers may reach it ([`Pinned::new_local`]: not).
+    remote: bool,
     _owner: Box<dyn StableBuf>,
 }
 
@@ -827,7 +843,43 @@ impl Pinned {
             ptr,
             len,
             domain: domain.clone(),
+            remote: true,
             _owner: owner,
+        }))
+    }
+
+    /// `owner`'s bytes for this process's operations only (the source of
+    /// a send or an RMA write), kept alive as by [`Pinned::new`]:
+    /// registered only where the provider wants local memory registered
+    /// (`FI_MR_LOCAL`: verbs); elsewhere (tcp, shm) a registration per
+    /// piece is work for nothing. Peers cannot reach it
+    /// ([`Pinned::remote_key`] refuses).
+    pub fn new_local<B: StableBuf>(
+        domain: &Arc<Domain>,
+        owner: B,
+    ) -> std::result::Result<Arc<Pinned>, (Error, B)> {
+        if domain.attr.mr_mode & MR_LOCAL != 0 {
+            return Self::new(domain, owner).map(|p| {
+                // (Registered, but handed out for local use only.)
+                let mut p = Arc::into_inner(p).expect("just made");
+                p.remote = false;
+                Arc::new(p)
+            });
+        }
+        let (ptr, len) = {
+            let bytes = owner.as_ref();
+            (bytes.as_ptr(), bytes.len())
+        };
+        if len == 0 {
+            return Err((Error::InvalidInput("holding an empty buffer".into()), owner));
+        }
+        Ok(Arc::new(Pinned {
+            mr: RawMr::none(),
+            ptr,
+            len,
+            domain: domain.clone(),
+            remote: false,
+            _owner: Box::new(owner),
         }))
     }
 
@@ -845,6 +897,11 @@ impl Pinned {
 
     /// What a peer needs to read bytes `off..off+len` of it.
     pub fn remote_key(&self, off: usize, len: usize) -> Result<RemoteKey> {
+        if !self.remote {
+            return Err(Error::InvalidInput(
+                "memory held for local operations only".into(),
+            ));
+        }
         if off.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Error::InvalidInput(format!(
                 "range {off}+{len} outside {} registered bytes",

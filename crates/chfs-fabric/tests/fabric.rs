@@ -1072,9 +1072,10 @@ fn peers_not_in_the_address_vector_are_refused() {
     assert!(b.disconnect(of_b).is_err());
 }
 
-/// A write gathered from pieces of several registrations fills scattered
-/// places of the peer's memory (what chfsd does with a `ReadSpans`'
-/// chunks, `Endpoint::start_writev`); the bytes between the places stay
+/// A write gathered from pieces of several registrations (one of them
+/// memory only held, `Endpoint::hold`, which tcp and shm need not register)
+/// fills scattered places of the peer's memory (what chfsd does with a
+/// `ReadSpans`' chunks, `Endpoint::start_writev`); the bytes between the places stay
 /// as they were, and a write whose pieces and places disagree, or that
 /// has more of either than the provider takes, is refused before it is
 /// posted.
@@ -1096,6 +1097,10 @@ fn gathered_write(protocol: Protocol, test: &str) {
             .map_err(|(e, _)| e)
             .expect("registered")
     };
+    // Held for this endpoint's own operations: peers get no key of it.
+    let held = |v: &Vec<u8>| client.hold(v.clone()).map_err(|(e, _)| e).expect("held");
+    let err = held(&b).remote_key(0, 10).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
     let pieces = || {
         vec![
             chfs_fabric::Piece {
@@ -1104,7 +1109,7 @@ fn gathered_write(protocol: Protocol, test: &str) {
                 len: 5000,
             },
             chfs_fabric::Piece {
-                mem: pin(&b),
+                mem: held(&b),
                 off: 1000,
                 len: 2000,
             },

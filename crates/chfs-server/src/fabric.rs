@@ -1172,10 +1172,11 @@ async fn serve_rma(
 /// store's chunks and of zeros, in order) into `places` (offset, length)
 /// of the client's memory under `key`, which add up to the pieces'
 /// length: as few gathered writes as the provider's iov limits allow,
-/// each piece's memory registered for its write (the registration keeps
-/// the chunk alive until the write completes, no longer: a cached one
-/// kept chunks the store had dropped, up to the cache's 256 MiB, and
-/// their pull buffers out of the pool). A piece that cannot be
+/// each piece held for its write (`Endpoint::hold`: registered only where
+/// the provider wants local memory registered, verbs; the hold keeps the
+/// chunk alive until the write completes, no longer: a cached
+/// registration kept chunks the store had dropped, up to the cache's 256
+/// MiB, and their pull buffers out of the pool). A piece that cannot be
 /// registered makes it one write from a copy (`reg_fallbacks`).
 fn push(
     shared: &Shared,
@@ -1186,7 +1187,7 @@ fn push(
     key: RemoteKey,
 ) -> Result<Vec<chfs_fabric::InFlight>, ErrorReply> {
     let fabric = |e: FabricError| ErrorReply::new(e.errno(), format!("fabric: {e}"));
-    let pinned: Result<Vec<_>, _> = pieces.iter().map(|d| ep.pin(d.clone())).collect();
+    let pinned: Result<Vec<_>, _> = pieces.iter().map(|d| ep.hold(d.clone())).collect();
     let Ok(pinned) = pinned else {
         Counters::inc(&shared.counters.reg_fallbacks);
         let data = crate::handler::gather(pieces);
