@@ -5,8 +5,9 @@
 //! prints `OP M us/op allocs/op` (allocations made by the loop, the
 //! path strings it formats included: one per operation).
 //!
-//! Usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall DIR N M (the pool is
-//! `CHFS_SERVER`).
+//! Usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall|recwrite DIR N M
+//! (the pool is `CHFS_SERVER`). `recwrite` is IOR-hard's write: M
+//! records of 47,008 bytes one after the other.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -95,6 +96,10 @@ fn oploop(
                 c.write(f, &buf[..SMALL])?;
                 c.close(f)?;
             }
+            // IOR-hard's write: a record at a time, one after the other.
+            "recwrite" => {
+                c.pwrite(fd, &buf[..RECORD], (i * RECORD) as u64)?;
+            }
             _ => {
                 c.pwrite(fd, &buf[..BIG], (i * BIG) as u64)?;
             }
@@ -105,7 +110,8 @@ fn oploop(
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall DIR N M";
+    let usage =
+        "usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall|recwrite DIR N M";
     let ops = [
         "create",
         "stat",
@@ -115,6 +121,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "small",
         "hardwrite",
         "unlinksmall",
+        "recwrite",
     ];
     if a.len() != 4 || !ops.contains(&a[0].as_str()) {
         return Err(usage.into());
@@ -148,7 +155,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             c.close(f)?;
             fd = c.open(&p, flags::O_RDONLY, 0)?;
         }
-        "write" => fd = c.create(&format!("{dir}/data"), flags::O_WRONLY, 0o644)?,
+        "write" | "recwrite" => fd = c.create(&format!("{dir}/data"), flags::O_WRONLY, 0o644)?,
         _ => {}
     }
     marker(c"/OPLOOP-START");

@@ -50,7 +50,7 @@ pub(crate) fn is_fabric(addr: &str) -> bool {
 ///
 /// A forked child gets its own: the parent's endpoint (its provider's
 /// sockets and queues) is the parent's; the child leaves it alone.
-fn endpoint_for(protocol: Protocol, server: &Address) -> Result<Arc<RpcClient>> {
+fn endpoint_for(protocol: Protocol, server: &Address, poll: Duration) -> Result<Arc<RpcClient>> {
     type Clients = HashMap<(Protocol, u32), Arc<RpcClient>>;
     static CLIENTS: OnceLock<Mutex<Clients>> = OnceLock::new();
     let mut g = lock(CLIENTS.get_or_init(Default::default));
@@ -61,6 +61,10 @@ fn endpoint_for(protocol: Protocol, server: &Address) -> Result<Arc<RpcClient>> 
     let mut cfg = chfs_fabric::Config::new(protocol);
     cfg.max_message = MAX_MESSAGE;
     cfg.recv_buffers = 64;
+    // A caller waiting for a reply reads the queue without sleeping for
+    // this long after the last completion, as over sockets
+    // (`CHFS_POLL_USEC`; the first client of the process sets it).
+    cfg.poll_usec = poll.as_micros().min(u64::MAX as u128) as u64;
     if let Some(ip) = server.socket_addr().and_then(|sa| route_to(&sa)) {
         cfg = cfg.bind(&ip, None);
     }
@@ -271,7 +275,7 @@ impl FabricLink {
             .map_err(|e| Error::new(libc::EINVAL, format!("server {addr}: {e}")))?;
         let cred = Credential::parse(&cfg.secret)
             .map_err(|e| Error::new(libc::EINVAL, format!("CHFS_SECRET(_FILE): {e}")))?;
-        let rpc = endpoint_for(a.protocol, &a)?;
+        let rpc = endpoint_for(a.protocol, &a, cfg.poll.max())?;
         let timeout = cfg.rpc_timeout;
         // The handshake opens the connection (descriptors not inherited).
         let handshake = || rpc.handshake(&a, cfg.role, &cred, timeout);
@@ -813,6 +817,21 @@ impl Drop for FabricLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The process's endpoint of a protocol polls for the window the
+    /// client asks (`CHFS_POLL_USEC`), as its socket connections do.
+    /// (The only test here that opens a fabric endpoint: the first asks.)
+    #[test]
+    fn the_endpoint_polls_for_the_clients_window() {
+        let test = "the_endpoint_polls_for_the_clients_window";
+        if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+            chfs_localpool::skip("fabric", test, "built without libfabric");
+            return;
+        }
+        let a: Address = "ofi+tcp://127.0.0.1:9".parse().unwrap();
+        let rpc = endpoint_for(Protocol::Tcp, &a, Duration::from_micros(123)).unwrap();
+        assert_eq!(rpc.endpoint().poll_window(), Duration::from_micros(123));
+    }
 
     const MS: u64 = 1_000_000;
 

@@ -97,6 +97,13 @@ pub struct Stats {
     pub reg_fallbacks: u64,
     /// The registration cache's counters.
     pub cache: CacheStats,
+    /// Completions read while reading the queue without sleeping, soon
+    /// after the one before (`Config::poll_usec`): waits that cost no
+    /// wake-up.
+    pub spun: u64,
+    /// Waits that slept in the kernel (`poll(2)` on the queue's
+    /// descriptor) or napped.
+    pub slept: u64,
 }
 
 /// A received message: its bytes lie in a receive buffer, which goes back
@@ -187,6 +194,8 @@ pub struct Endpoint {
     writes: AtomicU64,
     timeouts: AtomicU64,
     reg_fallbacks: AtomicU64,
+    spun: AtomicU64,
+    slept: AtomicU64,
     /// Reads of the completion queue still to fail
     /// ([`Endpoint::fail_completion_reads`]: a test's fault).
     failing_reads: AtomicU64,
@@ -266,6 +275,8 @@ impl Endpoint {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
+            spun: AtomicU64::new(0),
+            slept: AtomicU64::new(0),
             failing_reads: AtomicU64::new(0),
             reg_fallbacks: AtomicU64::new(0),
             born: Instant::now(),
@@ -422,7 +433,16 @@ impl Endpoint {
             timeouts: self.timeouts.load(Ordering::Relaxed),
             reg_fallbacks: self.reg_fallbacks.load(Ordering::Relaxed),
             cache: self.cache.stats(),
+            spun: self.spun.load(Ordering::Relaxed),
+            slept: self.slept.load(Ordering::Relaxed),
         }
+    }
+
+    /// For how long after a completion a waiter reads the queue without
+    /// sleeping (`Config::poll_usec`, at least 200 us without a wait
+    /// object).
+    pub fn poll_window(&self) -> Duration {
+        self.spin
     }
 
     /// Sends `data` (at most [`Endpoint::max_message`] bytes) and waits
@@ -947,12 +967,17 @@ impl Endpoint {
             // Soon after the last completion: read again without sleeping,
             // yielding the CPU to anything else that wants it.
             let r = self.read_completions(&mut comps, 64, 0);
-            if r.as_ref().is_ok_and(|&n| n == 0) {
-                std::thread::yield_now();
+            match r {
+                Ok(0) => std::thread::yield_now(),
+                Ok(n) => {
+                    self.spun.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(_) => {}
             }
             r
         } else if self.ep.wait_kind() == WaitKind::Fd {
             let ms = left.as_millis().clamp(1, MAX_POLL_MS as u128) as i32;
+            self.slept.fetch_add(1, Ordering::Relaxed);
             self.read_completions(&mut comps, 64, ms)
         } else {
             // No wait object: read, then sleep an eighth of the quiet time
@@ -960,6 +985,7 @@ impl Endpoint {
             // times a second; a message after a long quiet waits up to that).
             let r = self.read_completions(&mut comps, 64, 0);
             if r.as_ref().is_ok_and(|&n| n == 0) {
+                self.slept.fetch_add(1, Ordering::Relaxed);
                 let nap = (since / 8).clamp(Duration::from_micros(20), Duration::from_millis(5));
                 std::thread::sleep(left.min(nap));
             }

@@ -1202,3 +1202,55 @@ fn a_gathered_write_fills_scattered_places_tcp() {
 fn a_gathered_write_fills_scattered_places_shm() {
     gathered_write(Protocol::Shm, "a_gathered_write_fills_scattered_places_shm");
 }
+
+/// `Config::poll_usec`: a waiter that reads the queue without sleeping
+/// for that long after a completion finds the next replies of a quick
+/// ping-pong there (`spun`, no wake-up); with 0 it sleeps in the kernel
+/// for each (`slept`) and never spins. chfsd's progress thread and the
+/// client's waiters get it from `--poll-usec` and `CHFS_POLL_USEC`.
+#[test]
+fn waiters_poll_for_the_configured_window_tcp() {
+    let test = "waiters_poll_for_the_configured_window_tcp";
+    for (usec, spins) in [(0u64, false), (20_000, true)] {
+        let Some(server) = open(test, &config(Protocol::Tcp)) else {
+            return;
+        };
+        let mut cfg = config(Protocol::Tcp);
+        cfg.poll_usec = usec;
+        let Some(client) = open(test, &cfg) else {
+            return;
+        };
+        assert_eq!(client.poll_window(), Duration::from_micros(usec));
+        let to_server = client.connect(server.address()).unwrap();
+        let rounds = 300;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let hello = server.recv(T).unwrap();
+                let back: Address = std::str::from_utf8(&hello).unwrap().parse().unwrap();
+                drop(hello);
+                let to_client = server.connect(&back).unwrap();
+                for _ in 0..rounds {
+                    let m = server.recv(T).unwrap();
+                    let reply = m.to_vec();
+                    drop(m);
+                    server.send(to_client, &reply, T).unwrap();
+                }
+            });
+            client
+                .send(to_server, client.address().to_string().as_bytes(), T)
+                .unwrap();
+            for _ in 0..rounds {
+                client.send(to_server, b"ping", T).unwrap();
+                assert_eq!(&*client.recv(T).unwrap(), b"ping");
+            }
+        });
+        let st = client.stats();
+        if spins {
+            // (Some replies take longer than the window on a loaded host.)
+            assert!(st.spun >= rounds as u64 / 2, "{usec} us: {st:?}");
+        } else {
+            assert_eq!(st.spun, 0, "{usec} us: {st:?}");
+            assert!(st.slept > 0, "{usec} us: {st:?}");
+        }
+    }
+}

@@ -81,8 +81,10 @@ pub struct Config {
     /// polls for the next request before it sleeps (bounded adaptive
     /// polling, yielding the CPU to anything else that wants it: the
     /// window halves to nothing while the server is idle and doubles back
-    /// while requests come soon after it slept; never on CPU lanes): auto
-    /// = 100 where the server may use two or more CPUs, else 0; 0 = never.
+    /// while requests come soon after it slept; never on CPU lanes); with
+    /// `-p ofi+*`, how long after a completion the fabric progress thread
+    /// reads its queue without sleeping: auto = 100 where the server may
+    /// use two or more CPUs, else 0; 0 = never.
     #[arg(long = "poll-usec", env = "CHFSD_POLL_USEC", default_value = "auto", value_parser = parse_poll)]
     pub poll: std::time::Duration,
 

@@ -19,8 +19,15 @@ use chfs_proto::{ErrorReply, Request, Response};
 pub const MAX_MESSAGE: usize = 64 * 1024 + 4096;
 
 /// Opens the endpoint of `protocol` on `host` (an IP address or a name
-/// resolved to one) and `port` (None: any free one).
-pub fn open(protocol: Protocol, host: &str, port: Option<u16>) -> Result<Endpoint, FabricError> {
+/// resolved to one) and `port` (None: any free one); its progress thread
+/// reads the queue without sleeping for `poll` after each completion
+/// (`--poll-usec`, as the socket threads poll for the next request).
+pub fn open(
+    protocol: Protocol,
+    host: &str,
+    port: Option<u16>,
+    poll: std::time::Duration,
+) -> Result<Endpoint, FabricError> {
     use std::net::ToSocketAddrs;
     let ip = (host, 0)
         .to_socket_addrs()
@@ -30,6 +37,7 @@ pub fn open(protocol: Protocol, host: &str, port: Option<u16>) -> Result<Endpoin
     let mut cfg = chfs_fabric::Config::new(protocol);
     cfg.max_message = MAX_MESSAGE;
     cfg.recv_buffers = 64;
+    cfg.poll_usec = poll.as_micros().min(u64::MAX as u128) as u64;
     if protocol.ip_addresses() {
         if let Some(ip) = &ip {
             let port = port.map(|p| p.to_string());
@@ -443,7 +451,14 @@ impl Peers {
             return Ok(c.clone());
         }
         let host = a.socket_addr().map(|sa| route_to(&sa));
-        let ep = open(a.protocol, host.flatten().as_deref().unwrap_or(""), None)?;
+        // (Calls on blocking threads: they sleep at once.)
+        let host = host.flatten();
+        let ep = open(
+            a.protocol,
+            host.as_deref().unwrap_or(""),
+            None,
+            std::time::Duration::ZERO,
+        )?;
         let c = Arc::new(chfs_fabric::rpc::RpcClient::new(Arc::new(ep)));
         g.insert(a.protocol, c.clone());
         Ok(c)
@@ -461,6 +476,27 @@ fn route_to(to: &std::net::SocketAddr) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// chfsd's endpoint polls for `--poll-usec` after each completion
+    /// (its progress thread, as its socket threads poll for requests).
+    #[test]
+    fn the_endpoint_polls_for_the_servers_window() {
+        let test = "the_endpoint_polls_for_the_servers_window";
+        if !chfs_fabric::BUILT_WITH_LIBFABRIC {
+            chfs_localpool::skip("fabric", test, "built without libfabric");
+            return;
+        }
+        for usec in [0, 100, 250] {
+            let ep = open(
+                Protocol::Tcp,
+                "127.0.0.1",
+                None,
+                Duration::from_micros(usec),
+            )
+            .unwrap();
+            assert_eq!(ep.poll_window(), Duration::from_micros(usec));
+        }
+    }
 
     /// A forwarded read's data, handed on without a copy, gives its buffer
     /// back when dropped, and the next read lands in it (no new memory).

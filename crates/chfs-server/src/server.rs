@@ -258,7 +258,7 @@ pub async fn start(cfg: Config) -> Result<RunningServer, ServerError> {
     let fabric = match protocol {
         None => None,
         Some(p) => Some(Arc::new(
-            crate::fabric_ep::open(p, host.trim_matches(['[', ']']), fabric_port)
+            crate::fabric_ep::open(p, host.trim_matches(['[', ']']), fabric_port, cfg.poll)
                 .map_err(|e| ServerError::Config(format!("--protocol {p}: {e}")))?,
         )),
     };
