@@ -2378,28 +2378,13 @@ fn writes_of_small_chunks_go_by_server_over_ofi_tcp() {
 /// the server is not asked again. The bytes are those written.
 #[test]
 fn servers_without_write_spans_are_written_chunk_by_chunk() {
-    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
-        chfs_localpool::skip(
-            "fabric",
-            "servers_without_write_spans_are_written_chunk_by_chunk",
-            "built without libfabric",
-        );
+    let Some(p) = fabric_pool_with(
+        2,
+        "servers_without_write_spans_are_written_chunk_by_chunk",
+        &["--unknown-op", "WRITE_SPANS"],
+    ) else {
         return;
-    }
-    let p = LocalPool::start_with(
-        PoolOptions {
-            servers: 2,
-            args: vec![
-                "-p".into(),
-                "ofi+tcp".into(),
-                "--unknown-op".into(),
-                "WRITE_SPANS".into(),
-            ],
-            ..Default::default()
-        }
-        .with_new_secret(),
-    )
-    .expect("start chfsd pool over ofi+tcp");
+    };
     let c = fabric_client(&p);
     c.set_chunk_size(65536).unwrap();
     // The two refused (not served), then the sixteen chunks.
@@ -2521,28 +2506,13 @@ fn placed_spans_land_at_their_places_over_ofi_tcp() {
 /// plain one, and the server is not asked again. The bytes are right.
 #[test]
 fn servers_without_placed_reads_are_read_by_spans() {
-    if !chfs_fabric::BUILT_WITH_LIBFABRIC {
-        chfs_localpool::skip(
-            "fabric",
-            "servers_without_placed_reads_are_read_by_spans",
-            "built without libfabric",
-        );
+    let Some(p) = fabric_pool_with(
+        2,
+        "servers_without_placed_reads_are_read_by_spans",
+        &["--unknown-op", "READ_SPANS_PLACED"],
+    ) else {
         return;
-    }
-    let p = LocalPool::start_with(
-        PoolOptions {
-            servers: 2,
-            args: vec![
-                "-p".into(),
-                "ofi+tcp".into(),
-                "--unknown-op".into(),
-                "READ_SPANS_PLACED".into(),
-            ],
-            ..Default::default()
-        }
-        .with_new_secret(),
-    )
-    .expect("start chfsd pool over ofi+tcp");
+    };
     let c = fabric_client(&p);
     c.set_chunk_size(65536).unwrap();
     let data = pattern(2 << 20, 3);

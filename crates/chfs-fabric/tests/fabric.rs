@@ -43,6 +43,25 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The server side of a ping-pong: the client names itself in its first
+/// message (rxm does not report senders), then each of `rounds`
+/// messages is answered with its bytes (reversed if `reverse`).
+fn echo(server: &Endpoint, rounds: usize, reverse: bool) {
+    let hello = server.recv(T).unwrap();
+    let back: Address = std::str::from_utf8(&hello).unwrap().parse().unwrap();
+    drop(hello);
+    let to_client = server.connect(&back).unwrap();
+    for _ in 0..rounds {
+        let m = server.recv(T).unwrap();
+        let mut reply = m.to_vec();
+        drop(m);
+        if reverse {
+            reply.reverse();
+        }
+        server.send(to_client, &reply, T).unwrap();
+    }
+}
+
 /// Ping-pong between two endpoints in two threads: the client names
 /// itself in its first message (rxm does not report senders), then each
 /// message is answered with its bytes reversed.
@@ -58,19 +77,7 @@ fn ping_pong(protocol: Protocol, test: &str) {
     let sizes = [1usize, 32, 64, 65, 4096, 4097, 60_000, client.max_message()];
     let rounds = 200;
     std::thread::scope(|s| {
-        s.spawn(|| {
-            let hello = server.recv(T).unwrap();
-            let back: Address = std::str::from_utf8(&hello).unwrap().parse().unwrap();
-            drop(hello);
-            let to_client = server.connect(&back).unwrap();
-            for _ in 0..rounds * sizes.len() {
-                let m = server.recv(T).unwrap();
-                let mut reply = m.to_vec();
-                drop(m);
-                reply.reverse();
-                server.send(to_client, &reply, T).unwrap();
-            }
-        });
+        s.spawn(|| echo(&server, rounds * sizes.len(), true));
         client
             .send(to_server, client.address().to_string().as_bytes(), T)
             .unwrap();
@@ -1224,18 +1231,7 @@ fn waiters_poll_for_the_configured_window_tcp() {
         let to_server = client.connect(server.address()).unwrap();
         let rounds = 300;
         std::thread::scope(|s| {
-            s.spawn(|| {
-                let hello = server.recv(T).unwrap();
-                let back: Address = std::str::from_utf8(&hello).unwrap().parse().unwrap();
-                drop(hello);
-                let to_client = server.connect(&back).unwrap();
-                for _ in 0..rounds {
-                    let m = server.recv(T).unwrap();
-                    let reply = m.to_vec();
-                    drop(m);
-                    server.send(to_client, &reply, T).unwrap();
-                }
-            });
+            s.spawn(|| echo(&server, rounds, false));
             client
                 .send(to_server, client.address().to_string().as_bytes(), T)
                 .unwrap();

@@ -845,19 +845,18 @@ impl Request {
         }
     }
 
-    /// A [`Request::ReadSpansPlaced`] as the `ReadSpans` it is served
-    /// as (and forwarded as: the owner's answer is placed by the server
-    /// that moves it); any other request as it is.
-    pub fn into_packed(self) -> Request {
+    /// A [`Request::ReadSpans`] as the `ReadSpansPlaced` of the same
+    /// spans; any other request as it is.
+    pub fn into_placed(self) -> Request {
         match self {
-            Request::ReadSpansPlaced {
+            Request::ReadSpans {
                 path,
                 fileid,
                 chunk_size,
                 flags,
                 epoch,
                 spans,
-            } => Request::ReadSpans {
+            } => Request::ReadSpansPlaced {
                 path,
                 fileid,
                 chunk_size,
@@ -1585,24 +1584,18 @@ impl Request {
                         crate::MAX_CHUNK_SIZE
                     )));
                 }
+                let r = Request::ReadSpans {
+                    path,
+                    fileid,
+                    chunk_size,
+                    flags,
+                    epoch,
+                    spans,
+                };
                 if op == op::READ_SPANS_PLACED {
-                    Request::ReadSpansPlaced {
-                        path,
-                        fileid,
-                        chunk_size,
-                        flags,
-                        epoch,
-                        spans,
-                    }
+                    r.into_placed()
                 } else {
-                    Request::ReadSpans {
-                        path,
-                        fileid,
-                        chunk_size,
-                        flags,
-                        epoch,
-                        spans,
-                    }
+                    r
                 }
             }
             op::FLUSH_STATUS => Request::FlushStatus {

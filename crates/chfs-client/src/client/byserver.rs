@@ -40,7 +40,6 @@ use super::{fill_parts, fill_read, Client, OpenFile};
 use crate::error::Result;
 use crate::pool::{Dst, Op, PoolState};
 use crate::shm::{Buf, SLOT};
-use chfs_proto::Request;
 
 /// How a request's data comes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -413,24 +412,7 @@ impl Client {
         let ops: Vec<Op<'_>> = reqs
             .iter()
             .map(|r| {
-                let req = match super::ahead::read_spans(f, flags, r.spans.clone()) {
-                    Request::ReadSpans {
-                        path,
-                        fileid,
-                        chunk_size,
-                        flags,
-                        epoch,
-                        spans,
-                    } => Request::ReadSpansPlaced {
-                        path,
-                        fileid,
-                        chunk_size,
-                        flags,
-                        epoch,
-                        spans,
-                    },
-                    other => other,
-                };
+                let req = super::ahead::read_spans(f, flags, r.spans.clone()).into_placed();
                 Op::req(r.server, &req)
             })
             .collect();

@@ -42,14 +42,22 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// skipped, or failed where the suite requires `fabric`) where this build
 /// has no libfabric.
 pub fn fabric_pool(n: usize, test: &str) -> Option<LocalPool> {
+    fabric_pool_with(n, test, &[])
+}
+
+/// [`fabric_pool`] whose servers get `extra` arguments too (e.g.
+/// `--unknown-op OP`: servers older than a request).
+pub fn fabric_pool_with(n: usize, test: &str, extra: &[&str]) -> Option<LocalPool> {
     if !chfs_fabric::BUILT_WITH_LIBFABRIC {
         chfs_localpool::skip("fabric", test, "built without libfabric");
         return None;
     }
+    let mut args = vec!["-p".to_string(), "ofi+tcp".to_string()];
+    args.extend(extra.iter().map(|a| a.to_string()));
     let p = LocalPool::start_with(
         PoolOptions {
             servers: n,
-            args: vec!["-p".into(), "ofi+tcp".into()],
+            args,
             ..Default::default()
         }
         .with_new_secret(),
