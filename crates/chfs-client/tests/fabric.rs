@@ -2530,3 +2530,62 @@ fn servers_without_placed_reads_are_read_by_spans() {
     assert_eq!(read(65536 * 5 + 7), 2);
     c.close(fd).unwrap();
 }
+
+/// A server killed while placed reads are in flight (64 KiB chunks: each
+/// `pread` lends the caller's buffer once to both servers): the read
+/// fails with an errno within the RPC timeout, the lending ends with the
+/// call, and the server left still serves.
+#[test]
+fn a_server_killed_mid_placed_read_gives_an_errno() {
+    let Some(mut p) = fabric_pool(2, "a_server_killed_mid_placed_read_gives_an_errno") else {
+        return;
+    };
+    let c = client(&p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(3);
+    });
+    c.set_chunk_size(65536).unwrap();
+    let data = pattern(32 << 20, 4);
+    let fd = c.create("/placed", O_RDWR, 0o644).unwrap();
+    c.pwrite(fd, &data, 0).unwrap();
+    let t = Instant::now();
+    let r = std::thread::scope(|s| {
+        let w = s.spawn(|| {
+            let mut b = vec![0u8; 4 << 20];
+            for i in 0..10_000usize {
+                let off = (i % 8) * (4 << 20);
+                c.pread(fd, &mut b, off as u64)?;
+                assert!(b[..] == data[off..][..4 << 20], "read {i}");
+            }
+            Ok::<_, chfs_client::Error>(())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        p.kill(1);
+        w.join().unwrap()
+    });
+    let e = r.expect_err("reads from a killed server fail");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        [
+            libc::EIO,
+            libc::ETIMEDOUT,
+            libc::ENOTCONN,
+            libc::ECONNRESET,
+            libc::ECONNREFUSED,
+            libc::ECANCELED
+        ]
+        .contains(&e.errno()),
+        "{e}"
+    );
+    let name = (0..100)
+        .map(|i| format!("/alive{i}"))
+        .find(|n| c.entry_servers(n).is_ok_and(|(owner, _)| owner == 0))
+        .expect("a name owned by server 0");
+    let fd = c.create(&name, O_WRONLY, 0o644).unwrap();
+    c.write(fd, b"still here").unwrap();
+    c.close(fd).unwrap();
+}
