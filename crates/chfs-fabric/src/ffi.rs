@@ -1351,65 +1351,80 @@ impl Ep {
                 ));
             }
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // SAFETY: base..base+cap is registered memory owned by `local`.
         let ptr = unsafe { base.add(off) };
         let desc = local.mr().desc;
-        // Kept before the post: a completion may be read by another thread
-        // before the post returns.
-        let mut table = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
-        table.insert(id, Held::One(local));
-        drop(table);
-        // SAFETY: ptr..ptr+len lies in registered memory (checked above)
-        // that the table keeps alive and, for writes into it, unshared
-        // (a Buffer moved in, or a Window whose bytes are only copied)
-        // until the completion is read or the endpoint closes; `peer` was
-        // inserted (checked above).
-        let ret = unsafe {
-            match op {
-                Op::Send => sys::chfs_fi_send(self.ptr, ptr.cast(), len, desc, peer, id),
-                Op::Recv => sys::chfs_fi_recv(self.ptr, ptr.cast_mut().cast(), len, desc, id),
-                Op::Read(rk, roff) => sys::chfs_fi_read(
-                    self.ptr,
-                    ptr.cast_mut().cast(),
-                    len,
-                    desc,
-                    peer,
-                    rk.addr + roff,
-                    rk.key,
-                    id,
-                ),
-                Op::Write(rk, roff) => sys::chfs_fi_write(
-                    self.ptr,
-                    ptr.cast(),
-                    len,
-                    desc,
-                    peer,
-                    rk.addr + roff,
-                    rk.key,
-                    id,
-                ),
+        let name = match op {
+            Op::Send => "fi_send",
+            Op::Recv => "fi_recv",
+            Op::Read(..) => "fi_read",
+            Op::Write(..) => "fi_write",
+        };
+        let post = |id: u64| {
+            // SAFETY: ptr..ptr+len lies in registered memory (checked
+            // above) that the table keeps alive and, for writes into it,
+            // unshared (a Buffer moved in, or a Window whose bytes are
+            // only copied) until the completion is read or the endpoint
+            // closes; `peer` was inserted (checked above).
+            unsafe {
+                match op {
+                    Op::Send => sys::chfs_fi_send(self.ptr, ptr.cast(), len, desc, peer, id),
+                    Op::Recv => sys::chfs_fi_recv(self.ptr, ptr.cast_mut().cast(), len, desc, id),
+                    Op::Read(rk, roff) => sys::chfs_fi_read(
+                        self.ptr,
+                        ptr.cast_mut().cast(),
+                        len,
+                        desc,
+                        peer,
+                        rk.addr + roff,
+                        rk.key,
+                        id,
+                    ),
+                    Op::Write(rk, roff) => sys::chfs_fi_write(
+                        self.ptr,
+                        ptr.cast(),
+                        len,
+                        desc,
+                        peer,
+                        rk.addr + roff,
+                        rk.key,
+                        id,
+                    ),
+                }
             }
         };
+        match self.track(Held::One(local), name, post) {
+            Ok(id) => Ok(id),
+            Err((error, Held::One(local))) => Err(PostError { error, local }),
+            Err((_, Held::Pieces(_))) => unreachable!("kept as given"),
+        }
+    }
+
+    /// Keeps `held` in the table of operations in flight under a new id
+    /// (before the post: a completion may be read by another thread before
+    /// the post returns), posts with `post(id)`, and takes `held` back if
+    /// the post is refused (`name` for the error).
+    #[cfg(chfs_libfabric)]
+    fn track(
+        &self,
+        held: Held,
+        name: &'static str,
+        post: impl FnOnce(u64) -> isize,
+    ) -> std::result::Result<u64, (Error, Held)> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, held);
+        let ret = post(id);
         if ret != 0 {
-            let Some(Held::One(local)) = self
+            let held = self
                 .inflight
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&id)
-            else {
-                unreachable!("kept above; only a completion removes it, and none came")
-            };
-            let name = match op {
-                Op::Send => "fi_send",
-                Op::Recv => "fi_recv",
-                Op::Read(..) => "fi_read",
-                Op::Write(..) => "fi_write",
-            };
-            return Err(PostError {
-                error: call_err(name, ret as i64),
-                local,
-            });
+                .expect("kept above; only a completion removes it, and none came");
+            return Err((call_err(name, ret as i64), held));
         }
         Ok(id)
     }
@@ -1451,48 +1466,33 @@ impl Ep {
             raddr[i] = remote.addr + roff;
             rlen[i] = len;
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let count = pieces.len();
-        // Kept before the post: a completion may be read by another thread
-        // before the post returns.
-        self.inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Held::Pieces(pieces));
-        // SAFETY: every iovec lies in registered memory (checked above)
-        // that the table keeps alive until the completion is read or the
-        // endpoint closes; the provider only reads it; the arrays outlive
-        // the call, which copies what it keeps; `peer` was inserted
-        // (checked above).
-        let ret = unsafe {
-            sys::chfs_fi_writev(
-                self.ptr,
-                iov.as_ptr(),
-                desc.as_mut_ptr(),
-                count,
-                peer,
-                raddr.as_ptr(),
-                rlen.as_ptr(),
-                places.len(),
-                remote.key,
-                id,
-            )
+        let post = |id: u64| {
+            // SAFETY: every iovec lies in registered memory (checked
+            // above) that the table keeps alive until the completion is
+            // read or the endpoint closes; the provider only reads it; the
+            // arrays outlive the call, which copies what it keeps; `peer`
+            // was inserted (checked above).
+            unsafe {
+                sys::chfs_fi_writev(
+                    self.ptr,
+                    iov.as_ptr(),
+                    desc.as_mut_ptr(),
+                    count,
+                    peer,
+                    raddr.as_ptr(),
+                    rlen.as_ptr(),
+                    places.len(),
+                    remote.key,
+                    id,
+                )
+            }
         };
-        if ret != 0 {
-            let Some(Held::Pieces(pieces)) = self
-                .inflight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id)
-            else {
-                unreachable!("kept above; only a completion removes it, and none came")
-            };
-            return Err(PostError {
-                error: call_err("fi_writemsg", ret as i64),
-                local: pieces,
-            });
+        match self.track(Held::Pieces(pieces), "fi_writemsg", post) {
+            Ok(id) => Ok(id),
+            Err((error, Held::Pieces(local))) => Err(PostError { error, local }),
+            Err((_, Held::One(_))) => unreachable!("kept as given"),
         }
-        Ok(id)
     }
 
     /// What [`Ep::post_writev`] checks before it posts.
