@@ -1600,12 +1600,8 @@ mod tests {
         );
     }
 
-    /// A tree page is asked for no more entries than a message holds,
-    /// and not many fewer: a page of the capped number of the smallest
-    /// entries is cut by at most a few percent (the rest of a page read
-    /// beyond what fits was read for nothing, and again for the next
-    /// page: 30,001 entries with headers over ofi+tcp took 535 ms, 84 ms
-    /// with the cap).
+    /// A read's pieces are pushed by as few gathered writes as the
+    /// provider's iov limits allow, every byte once and in order.
     #[test]
     fn pushes_are_planned_within_the_iov_limits() {
         // Packed: 16 chunk slices of 64 KiB into one place, 4 per write.
@@ -1670,6 +1666,12 @@ mod tests {
         }
     }
 
+    /// A tree page is asked for no more entries than a message holds,
+    /// and not many fewer: a page of the capped number of the smallest
+    /// entries is cut by at most a few percent (the rest of a page read
+    /// beyond what fits was read for nothing, and again for the next
+    /// page: 30,001 entries with headers over ofi+tcp took 535 ms, 84 ms
+    /// with the cap).
     #[test]
     fn tree_pages_are_capped_to_what_a_message_holds() {
         let max = crate::fabric_ep::MAX_MESSAGE;

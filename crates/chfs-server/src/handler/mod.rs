@@ -441,24 +441,11 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 (None, None) => Ok(Response::Data(Bytes::new())),
             }
         }
-        // (Placed only where its data moves by RMA: `fabric::serve_rma`.)
-        Request::ReadSpans {
-            path,
-            fileid,
-            chunk_size,
-            flags,
-            epoch,
-            spans,
-        }
-        | Request::ReadSpansPlaced {
-            path,
-            fileid,
-            chunk_size,
-            flags,
-            epoch,
-            spans,
-        } => read_spans(sh, ns, &path, fileid, chunk_size, flags, epoch, spans)
-            .map(|pieces| Response::Data(gather(pieces))),
+        // (Served by `handle_pieces`, which never passes them on here.)
+        Request::ReadSpans { .. } | Request::ReadSpansPlaced { .. } => Err(ErrorReply::new(
+            libc::EPROTO,
+            "spans of chunks are served in pieces (handle_pieces)",
+        )),
         Request::SetSize {
             path,
             size,
