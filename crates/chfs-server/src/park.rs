@@ -13,6 +13,12 @@
 //! sleep doubles it, a late one halves it down to nothing, so an idle
 //! server stops polling after a few sleeps and stays asleep.
 //!
+//! A task woken by a thread outside the runtime (the fabric's progress
+//! thread, a blocking or flush thread) goes to the runtime's global queue,
+//! and the runtime unparks a worker for it only if one is parked: a worker
+//! polling here is not yet, so such a task waited for the window to end.
+//! The poll watches the global queue too and stops when a task is there.
+//!
 //! CPU lanes never poll: a lane's clients run on its CPU.
 
 use std::cell::Cell;
@@ -65,9 +71,16 @@ impl ParkPoll {
         let w = WINDOW.get().unwrap_or(START_NS.min(self.max_ns));
         WINDOW.set(Some(w));
         if w > 0 {
+            // The runtime of the worker calling (none in unit tests that
+            // call this directly: only the descriptor is watched).
+            let rt = tokio::runtime::Handle::try_current().ok();
+            let queued = || {
+                rt.as_ref()
+                    .is_some_and(|h| h.metrics().global_queue_depth() > 0)
+            };
             let start = Instant::now();
             loop {
-                if chfs_sys::poll::readable_now(fd) {
+                if chfs_sys::poll::readable_now(fd) || queued() {
                     HITS.fetch_add(1, Ordering::Relaxed);
                     SLEPT.set(None);
                     return;
@@ -102,14 +115,56 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsRawFd;
 
+    /// A new epoll instance.
+    fn epoll() -> std::os::fd::OwnedFd {
+        // SAFETY: epoll_create1 returns a new descriptor, owned below.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        // SAFETY: ep is ours and closed only by this OwnedFd.
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) }
+    }
+
+    #[test]
+    fn a_task_queued_from_outside_the_runtime_ends_the_poll() {
+        std::thread::spawn(|| {
+            let ep = epoll();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .build()
+                .unwrap();
+            // The one worker busy: a task spawned from this thread (as the
+            // fabric's progress thread wakes one) waits in the global
+            // queue, and nothing makes the runtime's descriptor readable.
+            let (started, busy) = std::sync::mpsc::channel();
+            let (release, done) = std::sync::mpsc::channel::<()>();
+            rt.spawn(async move {
+                started.send(()).unwrap();
+                done.recv().unwrap();
+            });
+            busy.recv().unwrap();
+            rt.spawn(async {});
+            let p = ParkPoll::new(Duration::from_secs(20));
+            p.set_epoll_fd(ep.as_raw_fd());
+            WINDOW.set(Some(20_000_000_000));
+            let hits = HITS.load(Ordering::Relaxed);
+            let t = Instant::now();
+            {
+                let _in = rt.enter();
+                p.before_park();
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+            assert!(HITS.load(Ordering::Relaxed) > hits);
+            assert!(SLEPT.get().is_none());
+            release.send(()).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn a_worker_polls_until_an_event_waits_and_stops_polling_when_idle() {
         std::thread::spawn(|| {
-            // SAFETY: epoll_create1 returns a new descriptor, owned below.
-            let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-            assert!(ep >= 0);
-            // SAFETY: ep is ours and closed only by this OwnedFd.
-            let ep = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) };
+            let ep = epoll();
             let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
             let mut ev = libc::epoll_event {
                 events: libc::EPOLLIN as u32,
