@@ -302,6 +302,7 @@ fn progress(shared: Arc<Shared>, ep: Arc<Endpoint>, rt: tokio::runtime::Handle) 
     info!(addr = %ep.address(), "serving over the fabric");
     // Requests first served here may spawn and use the runtime's timers.
     let _rt = rt.enter();
+    ON_PROGRESS_THREAD.set(true);
     let mut t = Table::default();
     let stop = shared.shutdown.subscribe();
     let idle = shared.limits.idle;
@@ -771,18 +772,16 @@ fn request(
     }
     if h.flags & FLAG_RMA != 0 && h.flags & !(FLAG_FORWARDED | FLAG_RMA) == 0 {
         let pulls = pulls(shared);
-        let mut served = Box::pin(async move {
+        let served = Box::pin(async move {
             let r = serve_rma(&sh, &ep, pulls, peer, h, payload, forwarded).await;
             reply(&ep, peer, h, r);
             drop(busy);
         });
-        // Polled once here: a write's pull (a read's handler, usually
-        // done at once, and its push) is posted from this thread, not
-        // after a hop to a runtime thread; the rest runs in a task.
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if served.as_mut().poll(&mut cx).is_pending() {
-            rt.spawn(served);
-        }
+        // Served on this thread: a write's pull (a read's handler,
+        // usually done at once, and its push) is posted from here, and
+        // when this thread reads its completion the rest (the store, the
+        // reply) runs here too, not after a hop to a runtime thread.
+        Inline::start(rt, served);
         return;
     }
     if h.flags & !FLAG_FORWARDED != 0 {
@@ -831,6 +830,103 @@ fn request(
             warn!(op = h.op, "malformed request over the fabric: {e}");
             let e = ErrorReply::new(e.errno(), format!("malformed request: {e}"));
             reply(&ep, peer, h, Err(e));
+        }
+    }
+}
+
+thread_local! {
+    /// This thread is an endpoint's progress thread.
+    static ON_PROGRESS_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A request served on the progress thread as far as it goes at once
+/// and continued by the thread that wakes it: on the progress thread (the
+/// completion of its RMA, read there) it goes on there at once; woken on
+/// any other thread (a timer, a slot freed by a task) the rest runs as a
+/// task of the runtime. Over a fabric, an RMA write's reply then costs no
+/// wake-up of a runtime thread (on a machine whose idle CPUs halt, as
+/// much as a round trip).
+struct Inline {
+    fut: std::sync::Mutex<Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>>,
+    /// Woken while another poll of it ran: poll again.
+    again: std::sync::atomic::AtomicBool,
+    rt: tokio::runtime::Handle,
+}
+
+impl Inline {
+    /// Polls `fut` here, then wherever it is woken.
+    fn start(rt: &tokio::runtime::Handle, fut: impl Future<Output = ()> + Send + 'static) {
+        let task = Arc::new(Inline {
+            fut: std::sync::Mutex::new(Some(Box::pin(fut))),
+            again: Default::default(),
+            rt: rt.clone(),
+        });
+        if ON_PROGRESS_THREAD.get() {
+            Inline::run(&task);
+        } else {
+            Inline::hand_off(&task);
+        }
+    }
+
+    /// Polls it until it is done or waits for something (again when it
+    /// was woken meanwhile). A panic ends the request (its client times
+    /// out), not the thread.
+    fn run(task: &Arc<Inline>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let waker = std::task::Waker::from(task.clone());
+        loop {
+            // Set before trying: a poll that holds it sees it after.
+            task.again.store(true, SeqCst);
+            let Ok(mut slot) = task.fut.try_lock() else {
+                return;
+            };
+            task.again.store(false, SeqCst);
+            let Some(f) = slot.as_mut() else { return };
+            let mut cx = std::task::Context::from_waker(&waker);
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                f.as_mut().poll(&mut cx).is_ready()
+            }));
+            match polled {
+                Ok(false) => {}
+                Ok(true) => {
+                    *slot = None;
+                    return;
+                }
+                Err(_) => {
+                    warn!("fabric: serving a request panicked; dropped");
+                    *slot = None;
+                    return;
+                }
+            }
+            drop(slot);
+            if !task.again.load(SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// The rest runs as a task of the runtime (unless a poll here holds
+    /// it: that poll goes on).
+    fn hand_off(task: &Arc<Inline>) {
+        task.again.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut slot) = task.fut.try_lock() {
+            if let Some(f) = slot.take() {
+                task.rt.spawn(f);
+            }
+        }
+    }
+}
+
+impl std::task::Wake for Inline {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if ON_PROGRESS_THREAD.get() {
+            Inline::run(self);
+        } else {
+            Inline::hand_off(self);
         }
     }
 }
@@ -1572,6 +1668,58 @@ mod tests {
     use super::*;
     use chfs_proto::msg::{tree, TreePage};
     use chfs_proto::{Meta, Response};
+
+    /// A request served inline goes on at once on the progress thread
+    /// when that thread wakes it (as it does reading the completion of
+    /// the request's RMA), as a task of the runtime when another thread
+    /// does, and a panic in it ends the request, not the thread.
+    #[test]
+    fn inline_requests_go_on_where_they_are_woken() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let h = rt.handle().clone();
+        std::thread::spawn(move || {
+            ON_PROGRESS_THREAD.set(true);
+            let me = std::thread::current().id();
+            let (ran, where_) = std::sync::mpsc::channel();
+            let served = |rx: tokio::sync::oneshot::Receiver<()>| {
+                let ran = ran.clone();
+                async move {
+                    rx.await.unwrap();
+                    ran.send(std::thread::current().id()).unwrap();
+                }
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            Inline::start(&h, served(rx));
+            assert!(where_.try_recv().is_err(), "it waits");
+            tx.send(()).unwrap();
+            assert_eq!(where_.try_recv(), Ok(me), "went on in the send");
+
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            Inline::start(&h, served(rx));
+            std::thread::spawn(move || tx.send(()).unwrap())
+                .join()
+                .unwrap();
+            let there = where_.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_ne!(there, me);
+
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            Inline::start(&h, async move {
+                rx.await.unwrap();
+                panic!("a request's handler panicked (this test's)");
+            });
+            tx.send(()).unwrap();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            Inline::start(&h, served(rx));
+            tx.send(()).unwrap();
+            assert_eq!(where_.try_recv(), Ok(me), "the thread goes on");
+        })
+        .join()
+        .unwrap();
+    }
 
     /// A pull takes the smallest kept buffer that holds it, and none more
     /// than twice its size (of at least 64 KiB): a 4 MiB buffer kept from
