@@ -36,8 +36,11 @@ use crate::connection::{response_frame, Access};
 use crate::metrics::Counters;
 use crate::state::Shared;
 
-/// Requests at most this large are first served in the progress thread.
-const INLINE_MAX: usize = 16 << 10;
+/// Requests at most this large are served in the progress thread (as far
+/// as they go at once: [`Inline`]): every message's, whose data (up to
+/// `CHFS_RDMA_THRESH`, 32 KiB by default) the store copies in less time
+/// than the wake-up of a runtime thread takes.
+const INLINE_MAX: usize = 64 << 10;
 
 /// How long a reply may take to leave before the session is given up.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -807,24 +810,20 @@ fn request(
                 *max = (*max).min(most.max(1) as u32);
             }
             let small = h.len as usize <= INLINE_MAX && shared.cache.is_none();
-            let mut served =
-                Box::pin(async move { crate::handler::handle(&sh, req, forwarded).await });
-            // As a stream connection's reader does: a small request is
-            // first served here, and most complete at once (a store
-            // lookup), answered without a hop to a runtime thread (a
-            // cross-CPU wake-up costs as much as the round trip here).
-            if small {
-                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                if let std::task::Poll::Ready(r) = served.as_mut().poll(&mut cx) {
-                    reply(&ep, peer, h, r);
-                    return;
-                }
-            }
-            rt.spawn(async move {
-                let r = served.await;
+            let served = async move {
+                let r = crate::handler::handle(&sh, req, forwarded).await;
                 reply(&ep, peer, h, r);
                 drop(busy);
-            });
+            };
+            // As a stream connection's reader does: a small request is
+            // served here, and most complete at once (a store lookup),
+            // answered without a hop to a runtime thread (a cross-CPU
+            // wake-up costs as much as the round trip here).
+            if small {
+                Inline::start(rt, served);
+            } else {
+                rt.spawn(served);
+            }
         }
         Err(e) => {
             warn!(op = h.op, "malformed request over the fabric: {e}");
