@@ -104,6 +104,9 @@ pub struct Stats {
     /// Waits that slept in the kernel (`poll(2)` on the queue's
     /// descriptor) or napped.
     pub slept: u64,
+    /// Times the thread reading the queue woke threads waiting for its
+    /// news (none for a lone caller).
+    pub notified: u64,
 }
 
 /// A received message: its bytes lie in a receive buffer, which goes back
@@ -158,6 +161,11 @@ struct Incoming {
 struct State {
     /// A thread is reading the completion queue.
     polling: bool,
+    /// Threads asleep on the condition variable, waiting for the reader's
+    /// news: it is signalled only when there are some (a notification is
+    /// a futex system call even with nobody to wake, one per wait of a
+    /// lone caller).
+    sleepers: usize,
     done: HashMap<u64, Done>,
     /// Operations whose waiter gave up: their completions are dropped.
     abandoned: HashSet<u64>,
@@ -196,6 +204,7 @@ pub struct Endpoint {
     reg_fallbacks: AtomicU64,
     spun: AtomicU64,
     slept: AtomicU64,
+    notified: AtomicU64,
     /// Reads of the completion queue still to fail
     /// ([`Endpoint::fail_completion_reads`]: a test's fault).
     failing_reads: AtomicU64,
@@ -277,6 +286,7 @@ impl Endpoint {
             timeouts: AtomicU64::new(0),
             spun: AtomicU64::new(0),
             slept: AtomicU64::new(0),
+            notified: AtomicU64::new(0),
             failing_reads: AtomicU64::new(0),
             reg_fallbacks: AtomicU64::new(0),
             born: Instant::now(),
@@ -435,6 +445,7 @@ impl Endpoint {
             cache: self.cache.stats(),
             spun: self.spun.load(Ordering::Relaxed),
             slept: self.slept.load(Ordering::Relaxed),
+            notified: self.notified.load(Ordering::Relaxed),
         }
     }
 
@@ -953,11 +964,14 @@ impl Endpoint {
         }
         let left = deadline.at - now;
         if st.polling {
-            return Ok(self
+            st.sleepers += 1;
+            let mut st = self
                 .cv
                 .wait_timeout(st, left)
                 .unwrap_or_else(|e| e.into_inner())
-                .0);
+                .0;
+            st.sleepers -= 1;
+            return Ok(st);
         }
         st.polling = true;
         drop(st);
@@ -1006,7 +1020,10 @@ impl Endpoint {
         for b in repost {
             self.post_recv(&mut st, b);
         }
-        self.cv.notify_all();
+        if st.sleepers > 0 {
+            self.notified.fetch_add(1, Ordering::Relaxed);
+            self.cv.notify_all();
+        }
         if !wake.is_empty() {
             // Woken outside the lock: a waker may poll its future at once.
             drop(st);

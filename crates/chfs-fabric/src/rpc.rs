@@ -392,6 +392,9 @@ pub struct Session {
 struct Inbox {
     /// A thread is reading the endpoint.
     reading: bool,
+    /// Threads asleep on `RpcClient::cv`: signalled only when there are
+    /// some (a notification is a system call even with nobody to wake).
+    sleepers: usize,
     replies: HashMap<u64, (Header, Bytes)>,
     /// Calls whose caller gave up: their replies are dropped.
     abandoned: HashSet<u64>,
@@ -889,7 +892,9 @@ impl RpcClient {
                 _ => inbox.strays += 1,
             }
         }
-        self.cv.notify_all();
+        if inbox.sleepers > 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// Waits for the reply to call `id`: reads the endpoint if no other
@@ -932,11 +937,13 @@ impl RpcClient {
                 .into());
             }
             if inbox.reading {
+                inbox.sleepers += 1;
                 inbox = self
                     .cv
                     .wait_timeout(inbox, deadline - now)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
+                inbox.sleepers -= 1;
                 continue;
             }
             inbox.reading = true;
@@ -944,7 +951,9 @@ impl RpcClient {
             let got = self.ep.recv(deadline - now).map(|m| decode_message(&m));
             inbox = self.lock();
             inbox.reading = false;
-            self.cv.notify_all();
+            if inbox.sleepers > 0 {
+                self.cv.notify_all();
+            }
             match got {
                 Ok(Ok((_, h, payload))) => {
                     if h.id == id {

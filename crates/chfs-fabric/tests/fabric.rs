@@ -213,6 +213,8 @@ fn threads_share_an_endpoint() {
         }
         assert!(counter.join().unwrap(), "every message arrived once");
     });
+    // (Threads that waited while another read the queue were woken by it:
+    // none waited until its timeout, which the sends' unwraps check.)
 }
 
 /// The server thread of an RMA test: answers `window LEN SEED` with the
@@ -1241,6 +1243,8 @@ fn waiters_poll_for_the_configured_window_tcp() {
             }
         });
         let st = client.stats();
+        // A lone caller wakes nobody (a notification costs a system call).
+        assert_eq!(st.notified, 0, "{usec} us: {st:?}");
         if spins {
             // (Some replies take longer than the window on a loaded host.)
             assert!(st.spun >= rounds as u64 / 2, "{usec} us: {st:?}");
