@@ -775,11 +775,11 @@ fn request(
     }
     if h.flags & FLAG_RMA != 0 && h.flags & !(FLAG_FORWARDED | FLAG_RMA) == 0 {
         let pulls = pulls(shared);
-        let served = Box::pin(async move {
+        let served = async move {
             let r = serve_rma(&sh, &ep, pulls, peer, h, payload, forwarded).await;
             reply(&ep, peer, h, r);
             drop(busy);
-        });
+        };
         // Served on this thread: a write's pull (a read's handler,
         // usually done at once, and its push) is posted from here, and
         // when this thread reads its completion the rest (the store, the
@@ -855,15 +855,26 @@ struct Inline {
 impl Inline {
     /// Polls `fut` here, then wherever it is woken.
     fn start(rt: &tokio::runtime::Handle, fut: impl Future<Output = ()> + Send + 'static) {
-        let task = Arc::new(Inline {
-            fut: std::sync::Mutex::new(Some(Box::pin(fut))),
-            again: Default::default(),
-            rt: rt.clone(),
-        });
-        if ON_PROGRESS_THREAD.get() {
-            Inline::run(&task);
-        } else {
-            Inline::hand_off(&task);
+        let mut fut: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(fut);
+        if !ON_PROGRESS_THREAD.get() {
+            rt.spawn(fut);
+            return;
+        }
+        // Most requests are done at once (a store lookup): first polled
+        // without a task of ours (the second poll, which a request that
+        // waits gets from `run`, registers the task's waker).
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fut.as_mut().poll(&mut cx).is_ready()
+        }));
+        match polled {
+            Ok(true) => {}
+            Ok(false) => Inline::run(&Arc::new(Inline {
+                fut: std::sync::Mutex::new(Some(fut)),
+                again: Default::default(),
+                rt: rt.clone(),
+            })),
+            Err(_) => warn!("fabric: serving a request panicked; dropped"),
         }
     }
 
@@ -1711,6 +1722,9 @@ mod tests {
                 panic!("a request's handler panicked (this test's)");
             });
             tx.send(()).unwrap();
+            Inline::start(&h, async {
+                panic!("a request's handler panicked at once (this test's)")
+            });
             let (tx, rx) = tokio::sync::oneshot::channel();
             Inline::start(&h, served(rx));
             tx.send(()).unwrap();
