@@ -159,10 +159,7 @@ fn a_dead_server_gives_an_errno_not_a_hang() {
     let Some(mut p) = fabric_pool(2, "a_dead_server_gives_an_errno_not_a_hang") else {
         return;
     };
-    let c = client(&p, |c| {
-        c.secret = p.secret().unwrap().as_bytes().to_vec();
-        c.rpc_timeout = Duration::from_secs(3);
-    });
+    let c = killing_client(&p);
     let data = pattern(2 << 20, 9);
     let fd = c.create("/f", O_RDWR, 0o644).unwrap();
     c.pwrite(fd, &data, 0).unwrap();
@@ -213,10 +210,7 @@ fn a_server_killed_mid_transfer_gives_an_errno() {
     let Some(mut p) = fabric_pool(2, "a_server_killed_mid_transfer_gives_an_errno") else {
         return;
     };
-    let c = client(&p, |c| {
-        c.secret = p.secret().unwrap().as_bytes().to_vec();
-        c.rpc_timeout = Duration::from_secs(3);
-    });
+    let c = killing_client(&p);
     c.set_chunk_size(1 << 20).unwrap();
     let data = pattern(256 << 20, 3);
     let fd = c.create("/big", O_RDWR, 0o644).unwrap();
@@ -237,6 +231,15 @@ fn a_server_killed_mid_transfer_gives_an_errno() {
     });
     failed_in_time(r.expect_err("writes to a killed server fail"), t);
     server_0_serves(&c);
+}
+
+/// A client of `p` (with its secret) for tests that kill one of its
+/// servers: calls time out after 3 s.
+fn killing_client(p: &LocalPool) -> chfs_client::Client {
+    client(p, |c| {
+        c.secret = p.secret().unwrap().as_bytes().to_vec();
+        c.rpc_timeout = Duration::from_secs(3);
+    })
 }
 
 /// The error of calls to a server killed under them: an errno of a dead
@@ -281,10 +284,7 @@ fn a_restarted_server_gets_a_new_session() {
     let Some(mut p) = fabric_pool(2, "a_restarted_server_gets_a_new_session") else {
         return;
     };
-    let c = client(&p, |c| {
-        c.secret = p.secret().unwrap().as_bytes().to_vec();
-        c.rpc_timeout = Duration::from_secs(3);
-    });
+    let c = killing_client(&p);
     let before = p.addrs().to_vec();
     let name = (0..100)
         .map(|i| format!("/r{i}"))
@@ -2550,10 +2550,7 @@ fn a_server_killed_mid_placed_read_gives_an_errno() {
     let Some(mut p) = fabric_pool(2, "a_server_killed_mid_placed_read_gives_an_errno") else {
         return;
     };
-    let c = client(&p, |c| {
-        c.secret = p.secret().unwrap().as_bytes().to_vec();
-        c.rpc_timeout = Duration::from_secs(3);
-    });
+    let c = killing_client(&p);
     c.set_chunk_size(65536).unwrap();
     let data = pattern(32 << 20, 4);
     let fd = c.create("/placed", O_RDWR, 0o644).unwrap();

@@ -845,8 +845,11 @@ thread_local! {
 /// task of the runtime. Over a fabric, an RMA write's reply then costs no
 /// wake-up of a runtime thread (on a machine whose idle CPUs halt, as
 /// much as a round trip).
+/// A request being served: its reply is sent by the future itself.
+type Served = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 struct Inline {
-    fut: std::sync::Mutex<Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>>,
+    fut: std::sync::Mutex<Option<Served>>,
     /// Woken while another poll of it ran: poll again.
     again: std::sync::atomic::AtomicBool,
     rt: tokio::runtime::Handle,
@@ -855,7 +858,7 @@ struct Inline {
 impl Inline {
     /// Polls `fut` here, then wherever it is woken.
     fn start(rt: &tokio::runtime::Handle, fut: impl Future<Output = ()> + Send + 'static) {
-        let mut fut: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(fut);
+        let mut fut: Served = Box::pin(fut);
         if !ON_PROGRESS_THREAD.get() {
             rt.spawn(fut);
             return;
@@ -864,23 +867,29 @@ impl Inline {
         // without a task of ours (the second poll, which a request that
         // waits gets from `run`, registers the task's waker).
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            fut.as_mut().poll(&mut cx).is_ready()
-        }));
-        match polled {
-            Ok(true) => {}
-            Ok(false) => Inline::run(&Arc::new(Inline {
+        if !Inline::poll_once(&mut fut, &mut cx) {
+            Inline::run(&Arc::new(Inline {
                 fut: std::sync::Mutex::new(Some(fut)),
                 again: Default::default(),
                 rt: rt.clone(),
-            })),
-            Err(_) => warn!("fabric: serving a request panicked; dropped"),
+            }));
         }
     }
 
+    /// One poll: whether the request is finished, served or ended by a
+    /// panic (its client times out; the thread goes on).
+    fn poll_once(fut: &mut Served, cx: &mut std::task::Context<'_>) -> bool {
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fut.as_mut().poll(cx).is_ready()
+        }));
+        polled.unwrap_or_else(|_| {
+            warn!("fabric: serving a request panicked; dropped");
+            true
+        })
+    }
+
     /// Polls it until it is done or waits for something (again when it
-    /// was woken meanwhile). A panic ends the request (its client times
-    /// out), not the thread.
+    /// was woken meanwhile).
     fn run(task: &Arc<Inline>) {
         use std::sync::atomic::Ordering::SeqCst;
         let waker = std::task::Waker::from(task.clone());
@@ -892,21 +901,9 @@ impl Inline {
             };
             task.again.store(false, SeqCst);
             let Some(f) = slot.as_mut() else { return };
-            let mut cx = std::task::Context::from_waker(&waker);
-            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                f.as_mut().poll(&mut cx).is_ready()
-            }));
-            match polled {
-                Ok(false) => {}
-                Ok(true) => {
-                    *slot = None;
-                    return;
-                }
-                Err(_) => {
-                    warn!("fabric: serving a request panicked; dropped");
-                    *slot = None;
-                    return;
-                }
+            if Inline::poll_once(f, &mut std::task::Context::from_waker(&waker)) {
+                *slot = None;
+                return;
             }
             drop(slot);
             if !task.again.load(SeqCst) {
