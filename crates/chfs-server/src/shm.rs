@@ -28,7 +28,9 @@
 //!
 //! [`Request::ShmAttach`]: chfs_proto::Request::ShmAttach
 
-use bytes::{Bytes, BytesMut};
+use std::mem::MaybeUninit;
+
+use bytes::Bytes;
 use chfs_proto::ErrorReply;
 use chfs_sys::{memfd, Mapping};
 
@@ -158,20 +160,29 @@ impl Window {
         Ok(total)
     }
 
-    /// Copies the client's `[addr, addr + len)` when it lies in the window.
-    pub(crate) fn copy(&self, addr: u64, len: usize) -> Option<Bytes> {
-        let off = addr.checked_sub(self.base)? as usize;
-        if off.checked_add(len)? > self.map.len() {
-            return None;
+    /// Copies the client's `[addr, addr + dst.len())` into `dst` when it
+    /// lies in the window (`false`: it does not; `dst` untouched).
+    pub(crate) fn copy_into(&self, addr: u64, dst: &mut [MaybeUninit<u8>]) -> bool {
+        let len = dst.len();
+        let Some(off) = addr.checked_sub(self.base) else {
+            return false;
+        };
+        if (off as usize)
+            .checked_add(len)
+            .is_none_or(|end| end > self.map.len())
+        {
+            return false;
         }
-        let mut buf = BytesMut::with_capacity(len);
-        // SAFETY: `off + len` lies in the mapping (checked) and `buf` has
-        // `len` bytes of spare capacity; the two do not overlap.
+        // SAFETY: `off + len` lies in the mapping (checked) and `dst` is
+        // `len` writable bytes of our own; the two do not overlap.
         unsafe {
-            stream_copy(buf.as_mut_ptr(), self.map.as_ptr().add(off), len);
-            buf.set_len(len);
-        }
-        Some(buf.freeze())
+            stream_copy(
+                dst.as_mut_ptr().cast(),
+                self.map.as_ptr().add(off as usize),
+                len,
+            )
+        };
+        true
     }
 }
 

@@ -585,6 +585,77 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
         call(&mut u, 10, &read),
         Ok(Response::Data(Bytes::from(data.clone())))
     );
+    // A piece of a chunk, which the server copies straight into the chunk:
+    // over its bytes and past its end; then one whose memory ends part of
+    // the way (EFAULT): the chunk keeps its length, nothing past it shows.
+    let piece = |off: u32, m: &[u8]| {
+        let mut w = Vec::new();
+        chfs_proto::msg::encode_write_head(
+            &mut w,
+            &chfs_proto::msg::WriteHead {
+                path: "/g",
+                fileid: 0,
+                chunk_size: 65536,
+                mode: meta.mode,
+                idx: 0,
+                off,
+                flags: 0,
+                epoch: 0,
+            },
+        );
+        w.extend_from_slice(&at(m, far));
+        w
+    };
+    let create_g = Request::Create {
+        path: "/g".into(),
+        meta,
+        excl: true,
+        data: Bytes::copy_from_slice(&data[..30_000]),
+    };
+    call(&mut u, 11, &create_g).unwrap();
+    let read_g = whole_chunk0("/g", 65536);
+    let other: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    send_flags(&mut u, 12, op::WRITE, FLAG_CMA, &piece(20_000, &other));
+    assert_eq!(reply(&mut u, 12), Ok(Response::Written(20_000)));
+    let mut want = data[..20_000].to_vec();
+    want.extend_from_slice(&other);
+    assert_eq!(
+        call(&mut u, 13, &read_g),
+        Ok(Response::Data(Bytes::from(want.clone())))
+    );
+    // SAFETY: a fresh anonymous mapping of two pages, the second given
+    // back, so that a read running off the first one faults.
+    let two = unsafe {
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(m, libc::MAP_FAILED);
+        libc::munmap(m.cast::<u8>().add(4096).cast(), 4096);
+        std::slice::from_raw_parts(m.cast::<u8>(), 8192)
+    };
+    send_flags(
+        &mut u,
+        14,
+        op::WRITE,
+        FLAG_CMA,
+        &piece(40_000, &two[2048..]),
+    );
+    assert_eq!(
+        reply(&mut u, 14).unwrap_err().0,
+        libc::EFAULT,
+        "memory ends"
+    );
+    assert_eq!(
+        call(&mut u, 15, &read_g),
+        Ok(Response::Data(Bytes::from(want)))
+    );
+    // SAFETY: the mapping's first page, ours, unused from here on.
+    unsafe { libc::munmap(two.as_ptr() as *mut libc::c_void, 4096) };
     // Over TCP (another host as far as the server knows): refused.
     let (mut t, _, _) = hello(addr, b"");
     send_flags(&mut t, 1, op::PING, FLAG_CMA, &at(&data[..16], far));

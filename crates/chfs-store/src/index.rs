@@ -111,6 +111,14 @@ pub trait Medium: Send + Sync + 'static {
     fn sync(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Does this medium take a [`Src::Fill`] of `len` bytes at `off` of a
+    /// chunk of `chunk_size` bytes and fetch them straight into the
+    /// record? Else (`false`, the default) the bytes are fetched into a
+    /// buffer before the record's key is locked.
+    fn fills_in_place(&self, _off: u64, _len: usize, _chunk_size: u32) -> bool {
+        false
+    }
 }
 
 /// A write of `data` at `off` of chunk `idx` of `path`, with header `meta`.
@@ -127,27 +135,106 @@ pub struct Write<'a> {
     pub meta: Meta,
 }
 
-/// Data of a write: borrowed, or a buffer the caller no longer needs (a
-/// medium holding chunks in heap buffers may keep it).
+/// Data of a write: borrowed, a buffer the caller no longer needs (a
+/// medium holding chunks in heap buffers may keep it), or bytes fetched
+/// from elsewhere (another process's memory) by a [`Fill`], which a
+/// medium that can (`Medium::fills_in_place`) runs on the record's own
+/// memory instead of on a buffer of ours that it then copies.
 pub enum Src<'a> {
     /// Bytes to copy.
     Copy(&'a [u8]),
     /// A buffer to keep or copy.
     Own(Bytes),
+    /// Bytes to fetch.
+    Fill(Fill<'a>),
 }
 
-impl Src<'_> {
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        match self {
-            Src::Copy(d) => d,
-            Src::Own(b) => b,
-        }
+/// What fetches the bytes of a [`Src::Fill`]: called at most once (by
+/// [`Fill::fetch_into`], which takes the `Fill`), on memory of the
+/// write's length; `Ok` says it wrote all of it. A fetch that fails fails
+/// the write (see [`Store::write_from`] for what it may have changed).
+pub type FillFn<'a> = dyn Fn(&mut [std::mem::MaybeUninit<u8>]) -> Result<()> + Sync + 'a;
+
+/// `len` bytes a [`FillFn`] fetches.
+pub struct Fill<'a> {
+    len: usize,
+    fetch: &'a FillFn<'a>,
+}
+
+impl<'a> Fill<'a> {
+    /// `len` bytes that `fetch` writes.
+    pub fn new(len: usize, fetch: &'a FillFn<'a>) -> Self {
+        Self { len, fetch }
     }
 
     /// Number of bytes.
     pub fn len(&self) -> usize {
-        self.as_slice().len()
+        self.len
+    }
+
+    /// Is it empty?
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Fetches the bytes into `dst` (of [`Fill::len`] bytes).
+    pub fn fetch_into(self, dst: &mut [std::mem::MaybeUninit<u8>]) -> Result<()> {
+        debug_assert_eq!(dst.len(), self.len);
+        (self.fetch)(dst)
+    }
+
+    /// Fetches the bytes into a new buffer.
+    pub fn fetch(self) -> Result<Bytes> {
+        let mut v = Vec::<u8>::with_capacity(self.len);
+        let n = self.len;
+        self.fetch_into(&mut v.spare_capacity_mut()[..n])?;
+        // SAFETY: the fetch wrote all `n` bytes (its `Ok`, FillFn's contract).
+        unsafe { v.set_len(n) };
+        Ok(Bytes::from(v))
+    }
+}
+
+/// The bytes of a [`Src`] once fetched ([`Src::bytes`]).
+pub enum SrcBytes<'a> {
+    /// Borrowed.
+    Borrowed(&'a [u8]),
+    /// A buffer.
+    Owned(Bytes),
+}
+
+impl std::ops::Deref for SrcBytes<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            SrcBytes::Borrowed(d) => d,
+            SrcBytes::Owned(b) => b,
+        }
+    }
+}
+
+impl<'a> Src<'a> {
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Src::Copy(d) => d.len(),
+            Src::Own(b) => b.len(),
+            Src::Fill(f) => f.len(),
+        }
+    }
+
+    /// No bytes?
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes (a [`Src::Fill`]'s fetched into a new buffer).
+    pub fn bytes(self) -> Result<SrcBytes<'a>> {
+        Ok(match self {
+            Src::Copy(d) => SrcBytes::Borrowed(d),
+            Src::Own(b) => SrcBytes::Owned(b),
+            Src::Fill(f) => SrcBytes::Owned(f.fetch()?),
+        })
     }
 }
 
@@ -599,6 +686,27 @@ impl<M: Medium> Store for Indexed<M> {
         template: &Meta,
     ) -> Result<()> {
         self.write_src(path, idx, off, Src::Own(data), template)
+    }
+
+    fn write_from(
+        &self,
+        path: &str,
+        idx: u64,
+        off: u32,
+        data: Src<'_>,
+        template: &Meta,
+    ) -> Result<()> {
+        let data = match data {
+            Src::Fill(f)
+                if !self
+                    .medium
+                    .fills_in_place(off as u64, f.len(), template.chunk_size) =>
+            {
+                Src::Own(f.fetch()?)
+            }
+            d => d,
+        };
+        self.write_src(path, idx, off, data, template)
     }
 
     fn read(

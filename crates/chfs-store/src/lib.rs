@@ -24,6 +24,7 @@ mod tree;
 mod usage;
 
 pub use dirindex::DirVersion;
+pub use index::{Fill, FillFn, Src, SrcBytes};
 pub use media::PersistMode;
 pub use mem::MemStore;
 pub use pmem::PmemStore;
@@ -152,6 +153,27 @@ pub trait Store: Send + Sync + 'static {
         template: &Meta,
     ) -> Result<()> {
         self.write(path, idx, off, &data, template)
+    }
+
+    /// As [`Store::write`], with the bytes from `data`. A [`Src::Fill`]
+    /// fetches them straight into the chunk where the engine can (the
+    /// DRAM engine, for a write of less than a whole chunk: one copy
+    /// instead of two), else into a buffer first. A fetch that fails
+    /// fails the write, which leaves the chunk's length and header as
+    /// they were but may have changed some of the bytes it covers within
+    /// that length (as a failed `write(2)` may).
+    fn write_from(
+        &self,
+        path: &str,
+        idx: u64,
+        off: u32,
+        data: Src<'_>,
+        template: &Meta,
+    ) -> Result<()> {
+        match data.bytes()? {
+            SrcBytes::Borrowed(d) => self.write(path, idx, off, d, template),
+            SrcBytes::Owned(b) => self.write_bytes(path, idx, off, b, template),
+        }
     }
 
     /// Reads up to `len` bytes at `off` of chunk `idx` whose fileid is

@@ -600,14 +600,16 @@ impl Medium for Posix {
     const NAME: &'static str = "posix";
 
     fn fresh(&self, w: Write<'_>, old: Option<&PRec>) -> Result<PRec> {
-        let parts = [Part::Zero(w.off), Part::Bytes(w.data.as_slice())];
+        let data = w.data.bytes()?;
+        let parts = [Part::Zero(w.off), Part::Bytes(&data)];
         self.new_file(w.path, w.idx, w.meta, &parts, old)
     }
 
     fn write_into(&self, w: Write<'_>, rec: &mut PRec) -> Result<Option<PRec>> {
         let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
         let r = *rec;
-        let data = w.data.as_slice();
+        let data = w.data.bytes()?;
+        let data = &*data;
         let end = off + data.len() as u64;
         if off >= r.len {
             // Append: bytes past the current length, then the other slot.

@@ -82,7 +82,7 @@ fn writes_grow_entry_size_and_read_back() {
 }
 
 #[test]
-fn writes_of_owned_buffers_store_what_copied_writes_store() {
+fn writes_of_owned_and_fetched_buffers_store_what_copied_writes_store() {
     // (idx, fileid, off, len): fresh chunks at 0 and past a gap, whole and
     // partial overwrites from 0, writes past the end, a stale chunk
     // replaced; on chunk 0 and on data chunks.
@@ -101,7 +101,7 @@ fn writes_of_owned_buffers_store_what_copied_writes_store() {
         (3, 6, 0, 1024),
     ];
     for (s, _dir) in engines() {
-        for p in ["/copied", "/owned"] {
+        for p in ["/copied", "/owned", "/fetched"] {
             s.create(p, file_meta(5), b"", true).unwrap();
         }
         let before = s.stats().bytes;
@@ -113,27 +113,81 @@ fn writes_of_owned_buffers_store_what_copied_writes_store() {
             // Every other step with a second reference (the engine must
             // copy rather than take the buffer).
             let _held = (k % 2 == 1).then(|| b.clone());
-            s.write_bytes("/owned", idx, off, b, &file_meta(fileid))
+            s.write_bytes("/owned", idx, off, b.clone(), &file_meta(fileid))
                 .unwrap();
+            // Fetched into place (or first into a buffer), every other
+            // step while a reader holds a slice of the chunk, which must
+            // not change.
+            let held = (k % 2 == 0).then(|| {
+                let r = s.read_bytes("/fetched", idx, fileid, 0, 1024).unwrap();
+                (r.clone(), r.map(|r| r.to_vec()))
+            });
+            let fetch = |dst: &mut [std::mem::MaybeUninit<u8>]| {
+                for (o, v) in dst.iter_mut().zip(b.iter()) {
+                    o.write(*v);
+                }
+                Ok(())
+            };
+            let src = crate::Src::Fill(crate::Fill::new(b.len(), &fetch));
+            s.write_from("/fetched", idx, off, src, &file_meta(fileid))
+                .unwrap();
+            if let Some((slice, was)) = held {
+                assert_eq!(slice.map(|r| r.to_vec()), was, "{}: step {k}", s.name());
+            }
             for i in [0, 2, 3] {
                 for f in [5, 6] {
-                    assert_eq!(
-                        s.read("/owned", i, f, 0, 1024).unwrap(),
-                        s.read("/copied", i, f, 0, 1024).unwrap(),
-                        "{}: chunk {i} (fileid {f}) after step {k}",
-                        s.name()
-                    );
+                    for p in ["/owned", "/fetched"] {
+                        assert_eq!(
+                            s.read(p, i, f, 0, 1024).unwrap(),
+                            s.read("/copied", i, f, 0, 1024).unwrap(),
+                            "{}: {p} chunk {i} (fileid {f}) after step {k}",
+                            s.name()
+                        );
+                    }
                 }
             }
-            assert_eq!(
-                s.meta("/owned", 0).unwrap().unwrap().size,
-                s.meta("/copied", 0).unwrap().unwrap().size
-            );
+            for p in ["/owned", "/fetched"] {
+                assert_eq!(
+                    s.meta(p, 0).unwrap().unwrap().size,
+                    s.meta("/copied", 0).unwrap().unwrap().size
+                );
+            }
         }
-        let both = s.stats().bytes - before;
+        let all = s.stats().bytes - before;
         s.remove_chunks("/copied", 0).unwrap();
-        let owned = s.stats().bytes - before;
-        assert_eq!(both - owned, owned, "{}: bytes in use", s.name());
+        let two = s.stats().bytes - before;
+        assert_eq!(2 * (all - two), two, "{}: bytes in use", s.name());
+    }
+}
+
+/// A write whose fetch fails fails with the fetch's error and leaves the
+/// chunk's length, the entry's size and the bytes in use as they were.
+#[test]
+fn a_write_whose_fetch_fails_changes_no_length() {
+    for (s, _dir) in engines() {
+        s.create("/f", file_meta(3), b"", true).unwrap();
+        s.write("/f", 0, 0, &[1; 100], &file_meta(3)).unwrap();
+        s.write("/f", 2, 0, &[2; 100], &file_meta(3)).unwrap();
+        let before = s.stats().bytes;
+        let fail = |dst: &mut [std::mem::MaybeUninit<u8>]| {
+            dst[0].write(9);
+            Err(StoreError::refused(libc::EFAULT, "bad address"))
+        };
+        // (over the end of a chunk, past it with a gap, a new chunk, a
+        // whole chunk)
+        for (idx, off, len) in [(0, 50, 200), (2, 300, 10), (3, 0, 500), (4, 0, 1024)] {
+            let src = crate::Src::Fill(crate::Fill::new(len, &fail));
+            let e = s
+                .write_from("/f", idx, off, src, &file_meta(3))
+                .unwrap_err();
+            assert_eq!(e.errno(), libc::EFAULT, "{}", s.name());
+        }
+        assert_eq!(s.stats().bytes, before, "{}", s.name());
+        assert_eq!(s.meta("/f", 0).unwrap().unwrap().size, 100, "{}", s.name());
+        assert_eq!(s.read("/f", 2, 3, 0, 1024).unwrap().unwrap(), vec![2; 100]);
+        for idx in [3, 4] {
+            assert_eq!(s.read("/f", idx, 3, 0, 1024).unwrap(), None, "{}", s.name());
+        }
     }
 }
 

@@ -6,10 +6,13 @@
 //! pid comes from `SO_PEERCRED`, never from the request), so a client can
 //! only name its own memory, which the kernel lets the server read anyway.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Bytes, BytesMut};
 use chfs_proto::frame::{CmaRef, Header};
 use chfs_proto::msg::op;
 use chfs_proto::{ErrorReply, Request, Response};
+use chfs_store::{Fill, StoreError};
 
 use crate::metrics::Counters;
 use crate::shm::Window;
@@ -23,14 +26,16 @@ pub(crate) fn peer_pid(cred: &tokio::net::unix::UCred) -> Option<libc::pid_t> {
     (cred.uid() == me).then(|| cred.pid()).flatten()
 }
 
-/// Copies `r` out of process `pid`: from the shared-memory window when it
-/// lies there, else with `process_vm_readv`.
-fn fetch(
+/// Copies `r` out of process `pid` into `dst` (of `r.len` bytes): from
+/// the shared-memory window when it lies there, else with
+/// `process_vm_readv`.
+fn fetch_into(
     sh: &Shared,
     pid: libc::pid_t,
     window: Option<&Window>,
     r: CmaRef,
-) -> Result<Bytes, ErrorReply> {
+    dst: &mut [MaybeUninit<u8>],
+) -> Result<(), ErrorReply> {
     // The sender stops waiting at the deadline and may reuse the memory.
     if CmaRef::clock_ns() > r.deadline_ns {
         return Err(ErrorReply::new(
@@ -38,21 +43,20 @@ fn fetch(
             "the client stopped waiting for this request",
         ));
     }
-    let len = r.len as usize;
-    if let Some(b) = window.and_then(|w| w.copy(r.addr, len)) {
+    let len = dst.len();
+    if window.is_some_and(|w| w.copy_into(r.addr, dst)) {
         Counters::inc(&sh.counters.shm_writes);
-        return Ok(b);
+        return Ok(());
     }
-    let mut buf = BytesMut::with_capacity(len);
     let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
+        iov_base: dst.as_mut_ptr().cast(),
         iov_len: len,
     };
     let remote = libc::iovec {
         iov_base: r.addr as usize as *mut libc::c_void,
         iov_len: len,
     };
-    // SAFETY: the local iovec covers `len` bytes of spare capacity of `buf`;
+    // SAFETY: the local iovec covers the `len` writable bytes of `dst`;
     // the remote one is only dereferenced by the kernel, in the peer's
     // address space, where a bad address gives EFAULT.
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
@@ -66,13 +70,28 @@ fn fetch(
             format!("read {n} of {len} bytes from the client's memory"),
         ));
     }
-    // SAFETY: the kernel wrote the first `len` bytes.
+    Ok(())
+}
+
+/// [`fetch_into`] a new buffer.
+fn fetch(
+    sh: &Shared,
+    pid: libc::pid_t,
+    window: Option<&Window>,
+    r: CmaRef,
+) -> Result<Bytes, ErrorReply> {
+    let len = r.len as usize;
+    let mut buf = BytesMut::with_capacity(len);
+    fetch_into(sh, pid, window, r, &mut buf.spare_capacity_mut()[..len])?;
+    // SAFETY: `fetch_into` wrote all `len` bytes.
     unsafe { buf.set_len(len) };
     Ok(buf.freeze())
 }
 
 /// Serves a request flagged `FLAG_CMA` from a peer allowed to use it
-/// (`pid`; None: refused) and the connection's shared-memory window.
+/// (`pid`; None: refused) and the connection's shared-memory window. A
+/// write's bytes are fetched by the store ([`chfs_store::Src::Fill`]):
+/// straight into the chunk where it can, so that they are copied once.
 pub(crate) async fn serve(
     sh: &std::sync::Arc<Shared>,
     pid: Option<libc::pid_t>,
@@ -92,20 +111,24 @@ pub(crate) async fn serve(
     match h.op {
         op::PING if head.is_empty() => Ok(Response::Data(fetch(sh, pid, window, r)?)),
         op::WRITE => {
-            let mut req = Request::decode(op::WRITE, head)
+            let req = Request::decode(op::WRITE, head)
                 .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
-            if let Request::Write { data, .. } = &mut req {
+            if let Request::Write { data, .. } = &req {
                 if !data.is_empty() {
                     return Err(ErrorReply::new(
                         libc::EPROTO,
                         "malformed request: data both in the frame and in memory",
                     ));
                 }
-                *data = fetch(sh, pid, window, r)?;
             }
             Counters::inc(&sh.counters.cma_writes);
             let forwarded = h.flags & chfs_proto::frame::FLAG_FORWARDED != 0;
-            crate::handler::handle(sh, req, forwarded).await
+            let get = |dst: &mut [MaybeUninit<u8>]| {
+                fetch_into(sh, pid, window, r, dst)
+                    .map_err(|e| StoreError::refused(e.errno, e.message))
+            };
+            let fill = Fill::new(r.len as usize, &get);
+            crate::handler::handle_write_from(sh, req, forwarded, fill).await
         }
         other => Err(ErrorReply::new(
             libc::EINVAL,

@@ -30,7 +30,7 @@ use chfs_proto::meta::{
 use chfs_proto::msg::{rw, tree, DirEntry, RemoveKind, ServerStatus, TreePage};
 use chfs_proto::path::{is_within, validate};
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
-use chfs_store::Chunk;
+use chfs_store::{Chunk, Fill, Src};
 use tracing::{debug_span, info, Instrument};
 
 use crate::metrics::Counters;
@@ -66,11 +66,35 @@ impl Served {
     }
 }
 
+/// [`handle`] for a `Write` whose bytes (its `data` empty) `from`
+/// fetches: straight into the chunk where the store can, or into the
+/// request when it goes to another server.
+pub(crate) async fn handle_write_from(
+    sh: &Arc<Shared>,
+    req: Request,
+    forwarded: bool,
+    from: Fill<'_>,
+) -> Reply {
+    handle_from(sh, req, forwarded, Some(from))
+        .await
+        .map(Served::into_response)
+}
+
 /// [`handle`], with a `ReadSpans` served here answered in pieces.
 pub(crate) async fn handle_pieces(
     sh: &Arc<Shared>,
     req: Request,
     forwarded: bool,
+) -> Result<Served, ErrorReply> {
+    handle_from(sh, req, forwarded, None).await
+}
+
+/// [`handle_pieces`], with a `Write`'s bytes fetched by `from` if given.
+async fn handle_from(
+    sh: &Arc<Shared>,
+    mut req: Request,
+    forwarded: bool,
+    from: Option<Fill<'_>>,
 ) -> Result<Served, ErrorReply> {
     Counters::inc(&sh.counters.requests);
     let span = debug_span!(
@@ -90,6 +114,11 @@ pub(crate) async fn handle_pieces(
                     // What this server may have kept as a contact is
                     // about to change.
                     sh.contact.forget(path);
+                }
+                if let (Some(f), Request::Write { data, .. }) = (from, &mut req) {
+                    *data = f
+                        .fetch()
+                        .map_err(|e| ErrorReply::new(e.errno(), e.to_string()))?;
                 }
                 let addr = p.ring.list().servers[owner].clone();
                 return Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED))
@@ -120,7 +149,7 @@ pub(crate) async fn handle_pieces(
             return read_spans(sh, ns, &path, fileid, chunk_size, flags, epoch, spans)
                 .map(Served::Pieces);
         }
-        serve(sh, req).await.map(Served::Reply)
+        serve(sh, req, from).await.map(Served::Reply)
     }
     .instrument(span)
     .await
@@ -128,9 +157,9 @@ pub(crate) async fn handle_pieces(
 
 /// Serves one request here; a change of an entry that contact servers
 /// keep answers about is told to them before it is answered.
-async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
+async fn serve(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> Reply {
     if !sh.watchers.used() {
-        return serve_here(sh, req).await;
+        return serve_here(sh, req, from).await;
     }
     // (path, and everything below it)
     let changes: Vec<(String, bool)> = match &req {
@@ -150,7 +179,7 @@ async fn serve(sh: &Arc<Shared>, req: Request) -> Reply {
         Request::RenameMove { old, new, .. } => vec![(old.clone(), true), (new.clone(), true)],
         _ => Vec::new(),
     };
-    let r = serve_here(sh, req).await;
+    let r = serve_here(sh, req, from).await;
     if r.is_ok() {
         for (path, below) in changes {
             tell_contacts(sh, &path, below).await;
@@ -165,7 +194,8 @@ async fn tell_contacts(sh: &Arc<Shared>, path: &str, below: bool) {
     common::invalidate(sh, sh.watchers.take(path, below)).await;
 }
 
-async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
+/// `from`: what fetches a `Write`'s bytes, if not in the request.
+async fn serve_here(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> Reply {
     let st = &sh.store;
     let ns = Ns::for_path(sh, path_of(&req));
     ns.touch(&req);
@@ -320,7 +350,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
         } => {
             sh.watchers
                 .watch(&path, &contact, Duration::from_millis(keep_ms.into()));
-            Box::pin(serve_here(sh, Request::Stat { path })).await
+            Box::pin(serve_here(sh, Request::Stat { path }, None)).await
         }
         Request::Invalidate { path } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
@@ -365,10 +395,11 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
             )),
         },
         Request::StatData { path, max } => {
-            let m = match Box::pin(serve_here(sh, Request::Stat { path: path.clone() })).await? {
-                Response::Meta(m) => m,
-                other => return Ok(other),
-            };
+            let m =
+                match Box::pin(serve_here(sh, Request::Stat { path: path.clone() }, None)).await? {
+                    Response::Meta(m) => m,
+                    other => return Ok(other),
+                };
             Ok(match small_file_data(sh, ns, &path, &m, max)? {
                 Some(data) => Response::MetaData { meta: m, data },
                 None => Response::Meta(m),
@@ -393,6 +424,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request) -> Reply {
                 flags,
                 epoch,
             };
+            let data = from.map_or(Src::Own(data), Src::Fill);
             write_chunk(sh, ns, &w, idx, off, data).map(Response::Written)
         }
         Request::WriteSpans {
@@ -764,7 +796,7 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
     let p = sh.placement();
     let owner = p.ring.owner(&path, 0);
     if p.ring.is_empty() || p.me == Some(owner) || sh.is_node_local(&path) {
-        return Box::pin(serve_here(sh, Request::Stat { path })).await;
+        return Box::pin(serve_here(sh, Request::Stat { path }, None)).await;
     }
     let rx = match sh
         .contact
@@ -902,7 +934,7 @@ fn write_chunk(
     w: &ChunkWrite<'_>,
     idx: u64,
     off: u32,
-    data: Bytes,
+    data: Src<'_>,
 ) -> Result<u32, ErrorReply> {
     let st = &sh.store;
     let &ChunkWrite {
@@ -970,7 +1002,7 @@ fn write_chunk(
         ..Default::default()
     };
     let n = data.len() as u32;
-    st.write_bytes(path, idx, off, data, &t)
+    st.write_from(path, idx, off, data, &t)
         .map_err(|e| store_err(path, e))?;
     ns.changed(sh, path, idx, true)?;
     Ok(n)
@@ -1001,7 +1033,7 @@ fn write_spans(
     for &(idx, off, len) in spans {
         let piece = data.slice(at..at + len as usize);
         at += len as usize;
-        write_chunk(sh, ns, w, idx, off, piece)?;
+        write_chunk(sh, ns, w, idx, off, Src::Own(piece))?;
     }
     Ok(total as u32)
 }

@@ -419,7 +419,8 @@ impl Medium for Pmem {
 
     fn fresh(&self, w: Write<'_>, old: Option<&Rec>) -> Result<Rec> {
         let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
-        let data = w.data.as_slice();
+        let data = w.data.bytes()?;
+        let data = &*data;
         let prev = old.map_or(0, |o| o.seq);
         let end = off + data.len() as u64;
         if off == 0 {
@@ -432,7 +433,8 @@ impl Medium for Pmem {
     /// Appends in place into spare capacity, else copies on write.
     fn write_into(&self, w: Write<'_>, rec: &mut Rec) -> Result<Option<Rec>> {
         let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
-        let data = w.data.as_slice();
+        let data = w.data.bytes()?;
+        let data = &*data;
         let end = off + data.len() as u64;
         let max_cap = (meta.chunk_size as u64).max(end);
         if off >= rec.len && end <= rec.cap() {
