@@ -246,13 +246,16 @@ pub(crate) enum Part<'a> {
     Zero(u64),
     /// Bytes of the record it replaces: (where, as the medium counts, length).
     Copy(u64, u64),
+    /// Bytes the write's [`Fill`] fetches (length), for a medium that
+    /// fills in place.
+    Fetched(u64),
 }
 
 impl Part<'_> {
     pub fn len(&self) -> u64 {
         match self {
             Part::Bytes(b) => b.len() as u64,
-            Part::Zero(n) | Part::Copy(_, n) => *n,
+            Part::Zero(n) | Part::Copy(_, n) | Part::Fetched(n) => *n,
         }
     }
 }

@@ -156,9 +156,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// As [`Store::write`], with the bytes from `data`. A [`Src::Fill`]
-    /// fetches them straight into the chunk where the engine can (the
-    /// DRAM engine, for a write of less than a whole chunk: one copy
-    /// instead of two), else into a buffer first. A fetch that fails
+    /// fetches them straight into the chunk where the engine can (one
+    /// copy instead of two: the DRAM engine for a write of less than a
+    /// whole chunk, the pmem engine always), else into a buffer first. A fetch that fails
     /// fails the write, which leaves the chunk's length and header as
     /// they were but may have changed some of the bytes it covers within
     /// that length (as a failed `write(2)` may).

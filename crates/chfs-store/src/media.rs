@@ -14,12 +14,14 @@
 
 use std::fs::File;
 use std::io;
+use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chfs_sys::Mapping;
 
 use crate::crc::crc32c_append;
+use crate::index::Fill;
 
 /// How a mapping reaches persistence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +55,13 @@ pub(crate) trait Media: Send + Sync + 'static {
     fn read(&self, off: u64, buf: &mut [u8]);
     /// Copies bytes in.
     fn write(&self, off: u64, data: &[u8]);
+    /// Writes the bytes `f` fetches at `off` (by default fetched into a
+    /// buffer, then written). A fetch that fails may have written some.
+    fn fill(&self, off: u64, f: Fill<'_>) -> crate::Result<()> {
+        let b = f.fetch()?;
+        self.write(off, &b);
+        Ok(())
+    }
     /// Zero-fills a range.
     fn zero(&self, off: u64, len: u64);
     /// Copies `len` bytes from `src` to a disjoint `dst`.
@@ -161,6 +170,17 @@ impl Media for MmapMedia {
         // SAFETY: destination range within the mapping (checked by `at`);
         // the caller holds the only access to it (Media contract).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+    }
+
+    /// Fetches straight into the mapping.
+    fn fill(&self, off: u64, f: Fill<'_>) -> crate::Result<()> {
+        let len = f.len();
+        let p = self.at(off, len as u64);
+        // SAFETY: range within the mapping (checked by `at`), exclusively
+        // ours (as in write); seen as possibly uninitialized bytes it is
+        // only written.
+        let dst = unsafe { std::slice::from_raw_parts_mut(p.cast::<MaybeUninit<u8>>(), len) };
+        f.fetch_into(dst)
     }
 
     fn zero(&self, off: u64, len: u64) {

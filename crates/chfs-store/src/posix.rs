@@ -548,6 +548,14 @@ impl Posix {
                         // A hole: reads as zeros, costs no space.
                         crc = crc32c_zeros(crc, n);
                     }
+                    // (This engine fetches a write's bytes before it is
+                    // called: `fills_in_place` is false.)
+                    Part::Fetched(_) => {
+                        return Err(StoreError::refused(
+                            libc::EINVAL,
+                            "fetched bytes without a fetch",
+                        ))
+                    }
                     Part::Copy(src, n) => {
                         let of = old_f.as_ref().ok_or(StoreError::NotFound)?;
                         if buf.is_empty() {

@@ -188,6 +188,13 @@ fn a_write_whose_fetch_fails_changes_no_length() {
         for idx in [3, 4] {
             assert_eq!(s.read("/f", idx, 3, 0, 1024).unwrap(), None, "{}", s.name());
         }
+        // A failed fetch keeps no space: many of them (more than the
+        // persistent engines' 8 MiB could hold), then a write that fits.
+        for _ in 0..10_000 {
+            let src = crate::Src::Fill(crate::Fill::new(1024, &fail));
+            assert!(s.write_from("/f", 5, 0, src, &file_meta(3)).is_err());
+        }
+        s.write("/f", 5, 0, &[5; 1024], &file_meta(3)).unwrap();
     }
 }
 

@@ -58,7 +58,7 @@ use chfs_proto::Meta;
 
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::Shard;
-use crate::index::{parts_len, Indexed, Medium, Part, Write};
+use crate::index::{parts_len, Fill, Indexed, Medium, Part, Src, SrcBytes, Write};
 use crate::media::{Media, MmapMedia, PersistMode};
 use crate::record::{check_seq, new_uuid, Slot, SLOT_LEN};
 use crate::usage::Usage;
@@ -347,7 +347,9 @@ impl Pmem {
 
     /// Writes a complete new record; returns it once durable and published.
     /// `prev_seq` is the sequence number of the version of the key it
-    /// replaces (0 for none): the new one gets a higher one.
+    /// replaces (0 for none): the new one gets a higher one. `fill`
+    /// fetches the bytes of a `Part::Fetched`.
+    #[allow(clippy::too_many_arguments)]
     fn new_record(
         &self,
         path: &str,
@@ -355,6 +357,7 @@ impl Pmem {
         meta: Meta,
         cap: u64,
         parts: &[Part<'_>],
+        fill: &mut Option<Fill<'_>>,
         prev_seq: u64,
     ) -> Result<Rec> {
         let len = parts_len(parts)?;
@@ -378,6 +381,17 @@ impl Pmem {
                 }
                 Part::Copy(src, n) => {
                     self.media.copy(src, pos, n);
+                    crc = self.media.crc(pos, n, crc);
+                }
+                Part::Fetched(n) => {
+                    let fetched = match fill.take() {
+                        Some(f) => self.media.fill(pos, f),
+                        None => Err(no_fill()),
+                    };
+                    if let Err(e) = fetched {
+                        let _ = self.release(ext, ext_len);
+                        return Err(e);
+                    }
                     crc = self.media.crc(pos, n, crc);
                 }
             }
@@ -412,6 +426,27 @@ impl Pmem {
     }
 }
 
+/// A write's bytes: at hand, or (`None`) what its fill fetches.
+fn split_src(data: Src<'_>) -> Result<(Option<SrcBytes<'_>>, Option<Fill<'_>>)> {
+    Ok(match data {
+        Src::Fill(f) => (None, Some(f)),
+        d => (Some(d.bytes()?), None),
+    })
+}
+
+/// The part of a new record holding a write's `len` bytes.
+fn bytes_part<'a>(bytes: &'a Option<SrcBytes<'_>>, len: u64) -> Part<'a> {
+    match bytes {
+        Some(b) => Part::Bytes(b),
+        None => Part::Fetched(len),
+    }
+}
+
+/// A part to fetch without its fill (not made by this engine's callers).
+fn no_fill() -> StoreError {
+    StoreError::refused(libc::EINVAL, "fetched bytes without a fetch")
+}
+
 impl Medium for Pmem {
     type Rec = Rec;
     type Data = Vec<u8>;
@@ -419,34 +454,47 @@ impl Medium for Pmem {
 
     fn fresh(&self, w: Write<'_>, old: Option<&Rec>) -> Result<Rec> {
         let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
-        let data = w.data.bytes()?;
-        let data = &*data;
+        let len = w.data.len() as u64;
+        let (bytes, mut fill) = split_src(w.data)?;
+        let data = bytes_part(&bytes, len);
         let prev = old.map_or(0, |o| o.seq);
-        let end = off + data.len() as u64;
+        let end = off + len;
         if off == 0 {
-            return self.new_record(path, idx, meta, end, &[Part::Bytes(data)], prev);
+            return self.new_record(path, idx, meta, end, &[data], &mut fill, prev);
         }
-        let parts = [Part::Zero(off), Part::Bytes(data)];
-        self.new_record(path, idx, meta, end, &parts, prev)
+        let parts = [Part::Zero(off), data];
+        self.new_record(path, idx, meta, end, &parts, &mut fill, prev)
     }
 
     /// Appends in place into spare capacity, else copies on write.
     fn write_into(&self, w: Write<'_>, rec: &mut Rec) -> Result<Option<Rec>> {
         let (path, idx, off, meta) = (w.path, w.idx, w.off, w.meta);
-        let data = w.data.bytes()?;
-        let data = &*data;
-        let end = off + data.len() as u64;
+        let len = w.data.len() as u64;
+        let (bytes, mut fill) = split_src(w.data)?;
+        let end = off + len;
         let max_cap = (meta.chunk_size as u64).max(end);
         if off >= rec.len && end <= rec.cap() {
-            // Append into spare capacity: the current slot's bytes are untouched.
+            // Append into spare capacity: the current slot's bytes are
+            // untouched (a fetch that fails leaves bytes past them only).
             let gap = off - rec.len;
             if gap > 0 {
                 self.media.zero(rec.data() + rec.len, gap);
             }
-            self.media.write(rec.data() + off, data);
+            let crc = crc32c_zeros(rec.crc, gap);
+            let crc = match (&bytes, fill) {
+                (Some(b), _) => {
+                    self.media.write(rec.data() + off, b);
+                    crc32c_append(crc, b)
+                }
+                (None, Some(f)) => {
+                    self.media.fill(rec.data() + off, f)?;
+                    self.media.crc(rec.data() + off, len, crc)
+                }
+                (None, None) => return Err(no_fill()),
+            };
             self.media.persist(rec.data() + rec.len, end - rec.len)?;
             let mut next = *rec;
-            next.crc = crc32c_append(crc32c_zeros(rec.crc, gap), data);
+            next.crc = crc;
             next.len = end;
             next.meta = meta;
             self.flip(&mut next, path, idx)?;
@@ -469,12 +517,17 @@ impl Medium for Pmem {
         if off > old.len {
             parts.push(Part::Zero(off - old.len));
         }
-        parts.push(Part::Bytes(data));
+        parts.push(bytes_part(&bytes, len));
         if end < old.len {
             parts.push(Part::Copy(old.data() + end, old.len - end));
         }
-        self.new_record(path, idx, meta, cap, &parts, old.seq)
+        self.new_record(path, idx, meta, cap, &parts, &mut fill, old.seq)
             .map(Some)
+    }
+
+    /// Bytes fetched from elsewhere go straight into the record's extent.
+    fn fills_in_place(&self, _off: u64, _len: usize, _chunk_size: u32) -> bool {
+        true
     }
 
     fn set_meta(&self, path: &str, idx: u64, rec: &mut Rec, meta: Meta) -> Result<()> {
@@ -491,7 +544,7 @@ impl Medium for Pmem {
             let (meta, data, prev) = (r.meta, r.data(), r.seq);
             let parts = [Part::Copy(data, len)];
             return self
-                .new_record(path, idx, meta, len, &parts, prev)
+                .new_record(path, idx, meta, len, &parts, &mut None, prev)
                 .map(Some);
         }
         let mut next = *r;
