@@ -337,6 +337,18 @@ impl<M: Medium> Indexed<M> {
         }
     }
 
+    /// Runs `f` on the record of chunk `idx` of `path`, if any (tests
+    /// looking at what a medium made).
+    #[cfg(test)]
+    pub(crate) fn with_record<T>(
+        &self,
+        path: &str,
+        idx: u64,
+        f: impl FnOnce(&M::Rec) -> T,
+    ) -> Option<T> {
+        self.files(path).get(path).and_then(|c| c.get(&idx)).map(f)
+    }
+
     fn files(&self, path: &str) -> MutexGuard<'_, Files<M::Rec>> {
         lock(&self.files[shard_of(path, SHARDS)])
     }

@@ -1261,3 +1261,37 @@ fn pmem_fetched_writes_survive_a_restart() {
     let s = PmemStore::open(&f, 1 << 20).unwrap();
     assert_eq!(s.read("/f", 1, 1, 0, 1024).unwrap().unwrap(), want);
 }
+
+/// A pmem data chunk filled by pieces (IOR-hard's records) gets room for
+/// the whole chunk at its first write: the pieces after it append in
+/// place (the record's extent stays), where each used to copy the record.
+/// (A piece before bytes already there is copied on write, as every
+/// overwrite of published bytes is.) A file's first chunk gets only what
+/// it holds.
+#[test]
+fn pmem_data_chunks_filled_by_pieces_are_allocated_once() {
+    let d = shm_dir();
+    let s = PmemStore::open(&d.path().join("p.pmem"), 8 << 20).unwrap();
+    let m = Meta {
+        chunk_size: 65536,
+        ..meta(1)
+    };
+    s.create("/f", m, b"", true).unwrap();
+    for (idx, pieces) in [
+        (1, vec![(0, 18528), (18528, 47008)]),
+        (2, vec![(0, 28480), (28480, 37056)]),
+        (3, vec![(0, 9952), (9952, 47008), (56960, 8576)]),
+    ] {
+        let mut ext = None;
+        for (off, len) in pieces {
+            s.write("/f", idx, off, &vec![idx as u8; len], &m).unwrap();
+            let e = s.with_record("/f", idx, |r| r.extent().0).unwrap();
+            assert_eq!(*ext.get_or_insert(e), e, "chunk {idx}: moved at {off}");
+        }
+        let got = s.read("/f", idx, 1, 0, 65536).unwrap().unwrap();
+        assert_eq!(got, vec![idx as u8; 65536]);
+    }
+    s.write("/f", 0, 0, &[1; 3901], &m).unwrap();
+    let cap = s.with_record("/f", 0, |r| r.extent().1).unwrap();
+    assert!(cap < 8192, "chunk 0 took {cap} bytes");
+}

@@ -117,6 +117,12 @@ impl Rec {
     fn cap(&self) -> u64 {
         self.ext_len - self.drel as u64
     }
+
+    /// (Tests) where the record's extent starts, and its room for data.
+    #[cfg(test)]
+    pub(crate) fn extent(&self) -> (u64, u64) {
+        (self.ext, self.cap())
+    }
 }
 
 crate::index::record_fields!(Rec);
@@ -459,11 +465,20 @@ impl Medium for Pmem {
         let data = bytes_part(&bytes, len);
         let prev = old.map_or(0, |o| o.seq);
         let end = off + len;
+        // A data chunk (index 1 and up, of a file larger than a chunk) is
+        // normally filled: room for all of it, so that the pieces that
+        // follow (IOR-hard's records fill each in two or three) append
+        // in place instead of copying the record each time.
+        let cap = if idx > 0 {
+            end.max(meta.chunk_size as u64)
+        } else {
+            end
+        };
         if off == 0 {
-            return self.new_record(path, idx, meta, end, &[data], &mut fill, prev);
+            return self.new_record(path, idx, meta, cap, &[data], &mut fill, prev);
         }
         let parts = [Part::Zero(off), data];
-        self.new_record(path, idx, meta, end, &parts, &mut fill, prev)
+        self.new_record(path, idx, meta, cap, &parts, &mut fill, prev)
     }
 
     /// Appends in place into spare capacity, else copies on write.
