@@ -484,6 +484,25 @@ fn a_stalled_client_does_not_block_others() {
     still_serves(addr);
 }
 
+/// The head of a write into chunk 0 (of 64 KiB chunks) of `path` at `off`.
+fn write_head(path: &str, off: u32, mode: u32) -> Vec<u8> {
+    let mut w = Vec::new();
+    chfs_proto::msg::encode_write_head(
+        &mut w,
+        &chfs_proto::msg::WriteHead {
+            path,
+            fileid: 0,
+            chunk_size: 65536,
+            mode,
+            idx: 0,
+            off,
+            flags: 0,
+            epoch: 0,
+        },
+    );
+    w
+}
+
 #[test]
 fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
     let p = pool(1, None);
@@ -518,21 +537,8 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
         data: Bytes::new(),
     };
     call(&mut u, 2, &create).unwrap();
-    let mut w = Vec::new();
-    chfs_proto::msg::encode_write_head(
-        &mut w,
-        &chfs_proto::msg::WriteHead {
-            path: "/f",
-            fileid: 0,
-            chunk_size: 65536,
-            mode: meta.mode,
-            idx: 0,
-            off: 0,
-            flags: 0,
-            epoch: 0,
-        },
-    );
-    let head = w.clone();
+    let head = write_head("/f", 0, meta.mode);
+    let mut w = head.clone();
     w.extend_from_slice(&at(&data, far));
     send_flags(&mut u, 3, op::WRITE, FLAG_CMA, &w);
     assert_eq!(reply(&mut u, 3), Ok(Response::Written(65536)));
@@ -589,20 +595,7 @@ fn cross_memory_attach_reads_only_a_local_peer_and_checks_what_it_is_given() {
     // over its bytes and past its end; then one whose memory ends part of
     // the way (EFAULT): the chunk keeps its length, nothing past it shows.
     let piece = |off: u32, m: &[u8]| {
-        let mut w = Vec::new();
-        chfs_proto::msg::encode_write_head(
-            &mut w,
-            &chfs_proto::msg::WriteHead {
-                path: "/g",
-                fileid: 0,
-                chunk_size: 65536,
-                mode: meta.mode,
-                idx: 0,
-                off,
-                flags: 0,
-                epoch: 0,
-            },
-        );
+        let mut w = write_head("/g", off, meta.mode);
         w.extend_from_slice(&at(m, far));
         w
     };
@@ -842,20 +835,7 @@ fn a_shared_memory_window_is_checked_then_writes_from_it_are_copied_from_the_ser
     {
         let id = 10 + 10 * i as u64;
         call(&mut u, id, &create(path)).unwrap();
-        let mut w = Vec::new();
-        chfs_proto::msg::encode_write_head(
-            &mut w,
-            &chfs_proto::msg::WriteHead {
-                path,
-                fileid: 0,
-                chunk_size: 65536,
-                mode: meta.mode,
-                idx: 0,
-                off: 0,
-                flags: 0,
-                epoch: 0,
-            },
-        );
+        let mut w = write_head(path, 0, meta.mode);
         w.extend_from_slice(&at(data));
         send_flags(&mut u, id + 1, op::WRITE, FLAG_CMA, &w);
         assert_eq!(reply(&mut u, id + 1), Ok(Response::Written(65536)));

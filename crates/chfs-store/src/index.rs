@@ -540,42 +540,6 @@ impl<M: Medium> Indexed<M> {
         })
     }
 
-    fn write_src(
-        &self,
-        path: &str,
-        idx: u64,
-        off: u32,
-        data: Src<'_>,
-        template: &Meta,
-    ) -> Result<()> {
-        let off = off as u64;
-        let end = off + data.len() as u64;
-        let mut files = self.files(path);
-        if idx == 0 {
-            let r = files
-                .get_mut(path)
-                .and_then(|c| c.get_mut(&0))
-                .ok_or(StoreError::NotFound)?;
-            let mut m = *r.meta();
-            m.size = m.size.max(end);
-            m.mtime = template.mtime;
-            m.ctime = template.mtime;
-            return self.write_into(r, path, 0, off, data, m);
-        }
-        let chunks = files.entry(path.to_string()).or_default();
-        let r = match chunks.get_mut(&idx) {
-            Some(r) if r.meta().fileid == template.fileid => {
-                let m = *r.meta();
-                self.write_into(r, path, idx, off, data, m)
-            }
-            _ => self.new_version(chunks, path, idx, *template, off, data),
-        };
-        if chunks.is_empty() {
-            files.remove(path);
-        }
-        r
-    }
-
     fn read_data(
         &self,
         path: &str,
@@ -689,7 +653,7 @@ impl<M: Medium> Store for Indexed<M> {
     }
 
     fn write(&self, path: &str, idx: u64, off: u32, data: &[u8], template: &Meta) -> Result<()> {
-        self.write_src(path, idx, off, Src::Copy(data), template)
+        self.write_from(path, idx, off, Src::Copy(data), template)
     }
 
     fn write_bytes(
@@ -700,7 +664,7 @@ impl<M: Medium> Store for Indexed<M> {
         data: Bytes,
         template: &Meta,
     ) -> Result<()> {
-        self.write_src(path, idx, off, Src::Own(data), template)
+        self.write_from(path, idx, off, Src::Own(data), template)
     }
 
     fn write_from(
@@ -721,7 +685,32 @@ impl<M: Medium> Store for Indexed<M> {
             }
             d => d,
         };
-        self.write_src(path, idx, off, data, template)
+        let off = off as u64;
+        let end = off + data.len() as u64;
+        let mut files = self.files(path);
+        if idx == 0 {
+            let r = files
+                .get_mut(path)
+                .and_then(|c| c.get_mut(&0))
+                .ok_or(StoreError::NotFound)?;
+            let mut m = *r.meta();
+            m.size = m.size.max(end);
+            m.mtime = template.mtime;
+            m.ctime = template.mtime;
+            return self.write_into(r, path, 0, off, data, m);
+        }
+        let chunks = files.entry(path.to_string()).or_default();
+        let r = match chunks.get_mut(&idx) {
+            Some(r) if r.meta().fileid == template.fileid => {
+                let m = *r.meta();
+                self.write_into(r, path, idx, off, data, m)
+            }
+            _ => self.new_version(chunks, path, idx, *template, off, data),
+        };
+        if chunks.is_empty() {
+            files.remove(path);
+        }
+        r
     }
 
     fn read(

@@ -158,10 +158,10 @@ pub trait Store: Send + Sync + 'static {
     /// As [`Store::write`], with the bytes from `data`. A [`Src::Fill`]
     /// fetches them straight into the chunk where the engine can (one
     /// copy instead of two: the DRAM engine for a write of less than a
-    /// whole chunk, the pmem engine always), else into a buffer first. A fetch that fails
-    /// fails the write, which leaves the chunk's length and header as
-    /// they were but may have changed some of the bytes it covers within
-    /// that length (as a failed `write(2)` may).
+    /// whole chunk, the pmem engine always), else into a buffer first. A
+    /// fetch that fails fails the write, which leaves the chunk's length
+    /// and header as they were but may have changed some of the bytes it
+    /// covers within that length (as a failed `write(2)` may).
     fn write_from(
         &self,
         path: &str,
@@ -169,12 +169,7 @@ pub trait Store: Send + Sync + 'static {
         off: u32,
         data: Src<'_>,
         template: &Meta,
-    ) -> Result<()> {
-        match data.bytes()? {
-            SrcBytes::Borrowed(d) => self.write(path, idx, off, d, template),
-            SrcBytes::Owned(b) => self.write_bytes(path, idx, off, b, template),
-        }
-    }
+    ) -> Result<()>;
 
     /// Reads up to `len` bytes at `off` of chunk `idx` whose fileid is
     /// `fileid`; `None` when the chunk is missing or stale.

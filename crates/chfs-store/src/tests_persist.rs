@@ -13,6 +13,17 @@ use crate::{Chunk, MemStore, PmemStore, PosixStore, Store, StoreError};
 
 const PATHS: [&str; 5] = ["/a", "/b", "/d", "/d/x", "/d/y"];
 
+/// How a write's bytes come.
+#[derive(Debug, Clone, Copy)]
+enum How {
+    /// Copied from a slice (`Store::write`).
+    Copy,
+    /// Fetched by a fill (`Store::write_from`).
+    Fetch,
+    /// A fill that fails before it writes anything.
+    FetchFails,
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Create {
@@ -28,17 +39,7 @@ enum Op {
         len: usize,
         fid: u32,
         byte: u8,
-    },
-    /// A write whose bytes a fill fetches (`Store::write_from`), or
-    /// whose fetch fails before it writes anything (`fails`).
-    Fetch {
-        p: usize,
-        idx: u64,
-        off: u32,
-        len: usize,
-        fid: u32,
-        byte: u8,
-        fails: bool,
+        how: How,
     },
     Truncate {
         p: usize,
@@ -86,11 +87,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (p.clone(), 1..3u32, 0..200usize, any::<bool>())
             .prop_map(|(p, fid, len, excl)| Op::Create { p, fid, len, excl }),
-        4 => (p.clone(), 0..3u64, 0..1024u32, 0..400usize, 1..3u32, any::<u8>()).prop_map(
-            |(p, idx, off, len, fid, byte)| Op::Write { p, idx, off, len: len.min(1024 - off as usize), fid, byte }
-        ),
-        2 => (p.clone(), 0..3u64, 0..1024u32, 0..1100usize, 1..3u32, any::<u8>(), prop::bool::weighted(0.2)).prop_map(
-            |(p, idx, off, len, fid, byte, fails)| Op::Fetch { p, idx, off, len: len.min(1024 - off as usize), fid, byte, fails }
+        6 => (p.clone(), 0..3u64, 0..1024u32, 0..1100usize, 1..3u32, any::<u8>(), 0..10u8).prop_map(
+            |(p, idx, off, len, fid, byte, h)| {
+                // (copies shorter, as before fetches were added)
+                let (len, how) = match h {
+                    0..=5 => (len % 400, How::Copy),
+                    6..=8 => (len, How::Fetch),
+                    _ => (len, How::FetchFails),
+                };
+                Op::Write { p, idx, off, len: len.min(1024 - off as usize), fid, byte, how }
+            }
         ),
         1 => (p.clone(), 0..3u64, 0..600u32).prop_map(|(p, idx, len)| Op::Truncate { p, idx, len }),
         1 => (p.clone(), 0..3u64, 0..0o777u32).prop_map(|(p, idx, mode)| Op::Chmod { p, idx, mode }),
@@ -128,6 +134,7 @@ fn op_from(r: &mut u64) -> Op {
                 len: (n(400) as usize).min(1024 - off as usize),
                 fid: 1 + n(2) as u32,
                 byte: n(256) as u8,
+                how: How::Copy,
             }
         }
         6 => Op::Truncate {
@@ -167,19 +174,9 @@ fn apply(s: &dyn Store, op: &Op) -> std::result::Result<String, i32> {
             len,
             fid,
             byte,
-        } => s
-            .write(PATHS[p], idx, off, &vec![byte; len], &meta(fid))
-            .map(|_| String::new())
-            .map_err(e),
-        Op::Fetch {
-            p,
-            idx,
-            off,
-            len,
-            fid,
-            byte,
-            fails,
+            how,
         } => {
+            let fails = matches!(how, How::FetchFails);
             let fetch = |dst: &mut [std::mem::MaybeUninit<u8>]| {
                 if fails {
                     return Err(StoreError::refused(libc::EFAULT, "bad address"));
@@ -189,12 +186,17 @@ fn apply(s: &dyn Store, op: &Op) -> std::result::Result<String, i32> {
                 }
                 Ok(())
             };
-            let src = crate::Src::Fill(crate::Fill::new(len, &fetch));
+            let r = match how {
+                How::Copy => s.write(PATHS[p], idx, off, &vec![byte; len], &meta(fid)),
+                _ => {
+                    let src = crate::Src::Fill(crate::Fill::new(len, &fetch));
+                    s.write_from(PATHS[p], idx, off, src, &meta(fid))
+                }
+            };
             // (A failing fetch fails the write, whichever error comes
             // first: an engine that fetches before it looks at the chunk
             // says EFAULT where the model says ENOENT.)
-            s.write_from(PATHS[p], idx, off, src, &meta(fid))
-                .map(|_| String::new())
+            r.map(|_| String::new())
                 .map_err(|x| if fails { 0 } else { e(x) })
         }
         Op::Truncate { p, idx, len } => s
