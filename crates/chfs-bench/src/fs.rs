@@ -49,6 +49,11 @@ pub trait Backend: Send + Sync {
     fn remove_all(&self, path: &str) -> Result<()>;
     /// Parallel find under `dir`.
     fn find(&self, dir: &str, spec: &FindSpec, threads: usize) -> Result<FindResult>;
+    /// CPU time the servers behind it have used so far, all together (ns;
+    /// None: not a pool, or a server did not say).
+    fn server_cpu_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The answer of a find.
@@ -152,6 +157,14 @@ impl FileIo for ChfsFile {
 }
 
 impl Backend for ChfsBackend {
+    fn server_cpu_ns(&self) -> Option<u64> {
+        self.client
+            .server_status()
+            .into_iter()
+            .map(|(_, s)| s.ok().map(|s| s.cpu_ns))
+            .sum()
+    }
+
     fn mkdir(&self, path: &str) -> Result<()> {
         match self.client.mkdir(&self.abs(path), 0o755) {
             Err(e) if e.errno() == libc::EEXIST => Ok(()),

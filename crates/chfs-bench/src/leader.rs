@@ -416,9 +416,15 @@ impl<'a> TargetRun<'a> {
         if phase == Phase::Find {
             let spec = FindSpec::io500(self.start_ns);
             let b = bar(self.opts, &self.label, phase.name(), 1);
+            let cpu0 = self.fs.server_cpu_ns();
             let t0 = Instant::now();
             let found = self.fs.find("", &spec, n)?;
             let secs = t0.elapsed().as_secs_f64();
+            let cpu = self
+                .fs
+                .server_cpu_ns()
+                .zip(cpu0)
+                .map(|(b, a)| b.saturating_sub(a));
             if let Some(b) = b {
                 b.finish_and_clear();
             }
@@ -427,8 +433,9 @@ impl<'a> TargetRun<'a> {
             let nfound = found.matched.len() as u64;
             let valid = nfound == expected;
             let ex = found.examined;
-            self.phases
-                .push(PhaseResult::new(phase, ex, 0, secs, vec![ex], false, valid));
+            self.phases.push(
+                PhaseResult::new(phase, ex, 0, secs, vec![ex], false, valid).with_server_cpu(cpu),
+            );
             self.find = FindCheck {
                 examined: ex,
                 found: nfound,
@@ -459,7 +466,13 @@ impl<'a> TargetRun<'a> {
             .workers
             .as_mut()
             .ok_or_else(|| BenchError::Config("workers gone".into()))?;
+        let cpu0 = self.fs.server_cpu_ns();
         let (ranks, secs) = workers.run(Work::Io500(phase), &counts, b.as_ref())?;
+        let cpu = self
+            .fs
+            .server_cpu_ns()
+            .zip(cpu0)
+            .map(|(b, a)| b.saturating_sub(a));
         if let Some(b) = b {
             b.finish_and_clear();
         }
@@ -482,7 +495,8 @@ impl<'a> TargetRun<'a> {
         self.phases.push(
             PhaseResult::new(phase, total, bytes, secs, items, stonewalled, valid)
                 .with_series(&sum_series(&ranks))
-                .with_warnings(phase, params),
+                .with_warnings(phase, params)
+                .with_server_cpu(cpu),
         );
         Ok(())
     }

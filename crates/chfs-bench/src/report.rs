@@ -41,6 +41,11 @@ pub struct PhaseResult {
     /// [`PhaseResult::with_warnings`]).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// CPU time the pool's servers used during the phase, all of them
+    /// together, in microseconds per item (transfer, record, file, entry
+    /// examined); None for a directory, or when a server did not say.
+    #[serde(default)]
+    pub server_cpu_us: Option<f64>,
 }
 
 /// One second of a phase, all ranks together.
@@ -85,7 +90,14 @@ impl PhaseResult {
             valid,
             series: Vec::new(),
             warnings: Vec::new(),
+            server_cpu_us: None,
         }
+    }
+
+    /// Adds the servers' CPU time over the phase (ns; None: not known).
+    pub fn with_server_cpu(mut self, ns: Option<u64>) -> Self {
+        self.server_cpu_us = ns.map(|ns| ns as f64 / 1e3 / self.items.max(1) as f64);
+        self
     }
 
     /// Adds the warnings of a phase that did not measure the way IO500
@@ -386,7 +398,29 @@ pub fn table(run: &RunResult) -> String {
             s.push_str(&line);
         }
     }
+    for t in std::iter::once(&run.system).chain(r) {
+        if let Some(line) = server_cpu(t) {
+            s.push_str(&line);
+        }
+    }
     s
+}
+
+/// The servers' CPU time per item of each phase of a pool (None: a
+/// directory, or not known).
+fn server_cpu(t: &TargetResult) -> Option<String> {
+    let each: Vec<String> = t
+        .phases
+        .iter()
+        .filter_map(|p| Some(format!("{} {:.1}", p.name, p.server_cpu_us?)))
+        .collect();
+    (!each.is_empty()).then(|| {
+        format!(
+            "server CPU, us per item (transfer, record, file; all servers): {} {}\n",
+            t.label,
+            each.join(", ")
+        )
+    })
 }
 
 /// ior-easy's bandwidth as a share of what the connections of its path

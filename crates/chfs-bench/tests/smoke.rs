@@ -151,6 +151,19 @@ fn pool_and_reference_smoke() {
     check_target(&run.system, 3);
     let r = run.reference.as_ref().expect("reference");
     check_target(r, 3);
+    // The pool's servers' CPU time per item of every phase; none for the
+    // directory.
+    for p in &run.system.phases {
+        assert!(p.server_cpu_us.is_some_and(|us| us > 0.0), "{p:?}");
+    }
+    assert!(r.phases.iter().all(|p| p.server_cpu_us.is_none()));
+    assert!(
+        stdout.contains(
+            "server CPU, us per item (transfer, record, file; all servers): system ior-easy-write "
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("all servers): reference"), "{stdout}");
     assert_eq!(run.ratios.len(), 15);
     assert!(run.ratios.iter().all(|x| x.ratio > 0.0));
     assert!(!run.host.is_empty() && !run.version.is_empty());
@@ -230,6 +243,13 @@ fn one_engine_against_another() {
         stdout.contains("reference: chfs-rs pool of 2 servers, store mem"),
         "{stdout}"
     );
+    // Both pools report their servers' CPU time.
+    for t in ["system", "reference"] {
+        assert!(
+            stdout.contains(&format!("all servers): {t} ior-easy-write ")),
+            "{stdout}"
+        );
+    }
     check_target(&run.system, 2);
     let r = run.reference.as_ref().expect("reference");
     assert!(matches!(
@@ -313,6 +333,7 @@ fn posix_only_smoke() {
     assert_eq!(run.params.shift, 2);
     check_target(&run.system, 3);
     assert!(run.reference.is_none() && run.ratios.is_empty());
+    assert!(run.system.phases.iter().all(|p| p.server_cpu_us.is_none()));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
