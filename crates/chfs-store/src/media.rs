@@ -53,6 +53,12 @@ pub(crate) trait Media: Send + Sync + 'static {
     fn len(&self) -> u64;
     /// Copies bytes out.
     fn read(&self, off: u64, buf: &mut [u8]);
+    /// `len` bytes at `off`, in a new buffer.
+    fn read_vec(&self, off: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.read(off, &mut v);
+        v
+    }
     /// Copies bytes in.
     fn write(&self, off: u64, data: &[u8]);
     /// Writes the bytes `f` fetches at `off` (by default fetched into a
@@ -163,6 +169,20 @@ impl Media for MmapMedia {
         // SAFETY: source range within the mapping (checked by `at`),
         // destination is a distinct Rust buffer of the same length.
         unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// Copied into a buffer not zeroed first.
+    fn read_vec(&self, off: u64, len: usize) -> Vec<u8> {
+        let p = self.at(off, len as u64);
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: source range within the mapping (checked by `at`); the
+        // destination is the new buffer's `len` bytes of capacity, which
+        // the copy initializes before the length covers them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, v.as_mut_ptr(), len);
+            v.set_len(len);
+        }
+        v
     }
 
     fn write(&self, off: u64, data: &[u8]) {

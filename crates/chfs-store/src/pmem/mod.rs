@@ -573,9 +573,9 @@ impl Medium for Pmem {
     fn read(&self, r: &Rec, off: u64, len: u64) -> Result<Vec<u8>> {
         let start = off.min(r.len);
         let end = (off + len).min(r.len);
-        let mut v = vec![0u8; (end - start) as usize];
-        self.media.read(r.data() + start, &mut v);
-        Ok(v)
+        Ok(self
+            .media
+            .read_vec(r.data() + start, (end - start) as usize))
     }
 
     fn free(&self, rec: Rec) -> Result<()> {
