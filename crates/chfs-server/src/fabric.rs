@@ -838,6 +838,9 @@ thread_local! {
     static ON_PROGRESS_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// A request being served: its reply is sent by the future itself.
+type Served = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// A request served on the progress thread as far as it goes at once
 /// and continued by the thread that wakes it: on the progress thread (the
 /// completion of its RMA, read there) it goes on there at once; woken on
@@ -845,9 +848,6 @@ thread_local! {
 /// task of the runtime. Over a fabric, an RMA write's reply then costs no
 /// wake-up of a runtime thread (on a machine whose idle CPUs halt, as
 /// much as a round trip).
-/// A request being served: its reply is sent by the future itself.
-type Served = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
-
 struct Inline {
     fut: std::sync::Mutex<Option<Served>>,
     /// Woken while another poll of it ran: poll again.

@@ -252,6 +252,12 @@ pub(crate) enum Part<'a> {
 }
 
 impl Part<'_> {
+    /// The error of a [`Part::Fetched`] met without its fill (a medium
+    /// that does not fill in place, or a second such part).
+    pub fn no_fill() -> StoreError {
+        StoreError::refused(libc::EINVAL, "fetched bytes without a fetch")
+    }
+
     pub fn len(&self) -> u64 {
         match self {
             Part::Bytes(b) => b.len() as u64,

@@ -1,10 +1,10 @@
 //! DRAM engine: the shared index ([`crate::index`]) over records held in
 //! heap buffers.
 
+use std::mem::MaybeUninit;
+
 use bytes::Bytes;
 use chfs_proto::Meta;
-
-use std::mem::MaybeUninit;
 
 use crate::index::{Fill, Indexed, Medium, Record, Src, Write};
 use crate::usage::Usage;

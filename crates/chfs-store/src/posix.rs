@@ -550,12 +550,7 @@ impl Posix {
                     }
                     // (This engine fetches a write's bytes before it is
                     // called: `fills_in_place` is false.)
-                    Part::Fetched(_) => {
-                        return Err(StoreError::refused(
-                            libc::EINVAL,
-                            "fetched bytes without a fetch",
-                        ))
-                    }
+                    Part::Fetched(_) => return Err(Part::no_fill()),
                     Part::Copy(src, n) => {
                         let of = old_f.as_ref().ok_or(StoreError::NotFound)?;
                         if buf.is_empty() {

@@ -392,7 +392,7 @@ impl Pmem {
                 Part::Fetched(n) => {
                     let fetched = match fill.take() {
                         Some(f) => self.media.fill(pos, f),
-                        None => Err(no_fill()),
+                        None => Err(Part::no_fill()),
                     };
                     if let Err(e) = fetched {
                         let _ = self.release(ext, ext_len);
@@ -448,11 +448,6 @@ fn bytes_part<'a>(bytes: &'a Option<SrcBytes<'_>>, len: u64) -> Part<'a> {
     }
 }
 
-/// A part to fetch without its fill (not made by this engine's callers).
-fn no_fill() -> StoreError {
-    StoreError::refused(libc::EINVAL, "fetched bytes without a fetch")
-}
-
 impl Medium for Pmem {
     type Rec = Rec;
     type Data = Vec<u8>;
@@ -505,7 +500,7 @@ impl Medium for Pmem {
                     self.media.fill(rec.data() + off, f)?;
                     self.media.crc(rec.data() + off, len, crc)
                 }
-                (None, None) => return Err(no_fill()),
+                (None, None) => return Err(Part::no_fill()),
             };
             self.media.persist(rec.data() + rec.len, end - rec.len)?;
             let mut next = *rec;
