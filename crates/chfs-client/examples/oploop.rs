@@ -1,13 +1,14 @@
 //! One kind of operation M times through the native client, the Rust
 //! twin of crates/chfs-capi/examples/capi_oploop.c (same arguments, same
 //! set-up, same markers for strace, the loop in `oploop` for callgrind's
-//! `--toggle-collect='*oploop*'`), with a counting global allocator: it
+//! `--toggle-collect='*oploop*'`, `$OPLOOP_HOOK`), with a counting global allocator: it
 //! prints `OP M us/op allocs/op` (allocations made by the loop, the
 //! path strings it formats included: one per operation).
 //!
-//! Usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall|recwrite DIR N M
+//! Usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall|recwrite|hardread DIR N M
 //! (the pool is `CHFS_SERVER`). `recwrite` is IOR-hard's write: M
-//! records of 47,008 bytes one after the other.
+//! records of 47,008 bytes one after the other; `hardread` is IOR-hard's
+//! read by one of two ranks: M of N records written, every other one.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +58,22 @@ fn main() {
     }
 }
 
+/// Runs `$OPLOOP_HOOK`, if set, with `OPLOOP_PHASE=phase` (as the C
+/// loop does: e.g. `perf record` of the loop alone).
+fn hook(phase: &str) {
+    if let Ok(h) = std::env::var("OPLOOP_HOOK") {
+        if !h.is_empty() {
+            let st = std::process::Command::new("sh")
+                .args(["-c", &h])
+                .env("OPLOOP_PHASE", phase)
+                .status();
+            if !matches!(st, Ok(s) if s.success()) {
+                eprintln!("OPLOOP_HOOK failed at {phase}");
+            }
+        }
+    }
+}
+
 /// A marker for `strace -f` (the C loop's, the same paths).
 fn marker(p: &std::ffi::CStr) {
     // SAFETY: `p` is a NUL-terminated string; access only reads it.
@@ -91,6 +108,10 @@ fn oploop(
             "read" => {
                 c.pread(fd, &mut buf[..RECORD], (i * RECORD) as u64)?;
             }
+            // IOR-hard's read by one of two ranks: every other record.
+            "hardread" => {
+                c.pread(fd, &mut buf[..RECORD], ((2 * i + 1) * RECORD) as u64)?;
+            }
             "hardwrite" => {
                 let f = c.create(&p, flags::O_WRONLY, 0o644)?;
                 c.write(f, &buf[..SMALL])?;
@@ -111,7 +132,7 @@ fn oploop(
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let usage =
-        "usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall|recwrite DIR N M";
+        "usage: oploop create|stat|unlink|read|write|small|hardwrite|unlinksmall|recwrite|hardread DIR N M";
     let ops = [
         "create",
         "stat",
@@ -122,6 +143,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "hardwrite",
         "unlinksmall",
         "recwrite",
+        "hardread",
     ];
     if a.len() != 4 || !ops.contains(&a[0].as_str()) {
         return Err(usage.into());
@@ -131,6 +153,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let m: usize = a[3].parse()?;
     if matches!(op, "stat" | "unlink" | "read" | "small" | "unlinksmall") && m > n {
         return Err(format!("{op}: M must be at most N").into());
+    }
+    if op == "hardread" && 2 * m > n {
+        return Err("hardread: M must be at most N/2".into());
     }
     let c = Client::from_env()?;
     let _ = c.mkdir(dir, 0o755);
@@ -146,7 +171,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 c.close(f)?;
             }
         }
-        "read" => {
+        "read" | "hardread" => {
             let p = format!("{dir}/data");
             let f = c.create(&p, flags::O_WRONLY, 0o644)?;
             for i in 0..n {
@@ -158,6 +183,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "write" | "recwrite" => fd = c.create(&format!("{dir}/data"), flags::O_WRONLY, 0o644)?,
         _ => {}
     }
+    hook("start");
     marker(c"/OPLOOP-START");
     let a0 = ALLOCS.load(Ordering::Relaxed);
     let r0 = c.stats().rpcs;
@@ -167,6 +193,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let a1 = ALLOCS.load(Ordering::Relaxed);
     let r1 = c.stats().rpcs;
     marker(c"/OPLOOP-END");
+    hook("end");
     let per = |x: f64| if m == 0 { 0.0 } else { x / m as f64 };
     println!(
         "{op} {m} {:.2} us/op {:.2} allocs/op {:.2} requests/op",
