@@ -22,7 +22,8 @@
 //! A *landing* window (attached with [`chfs_proto::frame::FLAG_LAND`]) is
 //! mapped read-write: reads flagged `FLAG_LAND` have their data copied
 //! into it at the room their [`chfs_proto::frame::CmaRef`] names
-//! ([`Window::land`]) instead of sent through the socket. The client never
+//! ([`Window::room`]: by the store itself, from where the bytes lie)
+//! instead of sent through the socket. The client never
 //! uses a room again whose read did not end cleanly, and the server does
 //! not write one past the request's deadline.
 //!
@@ -31,7 +32,9 @@
 use std::mem::MaybeUninit;
 
 use bytes::Bytes;
+use chfs_proto::frame::CmaRef;
 use chfs_proto::ErrorReply;
+use chfs_store::Dst;
 use chfs_sys::{memfd, Mapping};
 
 /// Largest window a client may attach (the mapping costs address space
@@ -49,6 +52,55 @@ pub(crate) struct Window {
     map: Mapping,
     /// Mapped read-write: a landing window.
     writable: bool,
+}
+
+/// A read's room in a client's landing window ([`Window::room`]).
+pub(crate) struct Room<'a> {
+    /// The room's memory.
+    pub dst: Dst<'a>,
+    /// When the client stops waiting for the read.
+    deadline_ns: u64,
+}
+
+impl Room<'_> {
+    /// Fails once the client stopped waiting: it never uses the room
+    /// again, and would not read what came after.
+    pub(crate) fn waited_for(&self) -> Result<(), ErrorReply> {
+        still_waiting(self.deadline_ns)
+    }
+
+    /// Places `pieces` one after the other when the room holds them; the
+    /// bytes placed.
+    pub(crate) fn place(&mut self, pieces: &[Bytes]) -> Result<usize, ErrorReply> {
+        self.waited_for()?;
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        if total > self.dst.len() {
+            return Err(ErrorReply::new(
+                libc::EOVERFLOW,
+                format!(
+                    "a reply of {total} bytes does not fit the {} bytes of room given",
+                    self.dst.len()
+                ),
+            ));
+        }
+        let mut at = 0;
+        for p in pieces {
+            self.dst.put(at, p);
+            at += p.len();
+        }
+        Ok(total)
+    }
+}
+
+/// Fails once `deadline_ns` passed.
+fn still_waiting(deadline_ns: u64) -> Result<(), ErrorReply> {
+    if CmaRef::clock_ns() > deadline_ns {
+        return Err(ErrorReply::new(
+            libc::ETIMEDOUT,
+            "the client stopped waiting for this read",
+        ));
+    }
+    Ok(())
 }
 
 fn io_err(what: &str, e: std::io::Error) -> ErrorReply {
@@ -118,46 +170,36 @@ impl Window {
         })
     }
 
-    /// Places `pieces`, one after the other, at the client's `addr` in a
-    /// landing window, when the room of `len` bytes there lies in it and
-    /// holds them; the bytes placed. Written with plain stores: the client
-    /// reads them next, so they are best left in the cache.
-    pub(crate) fn land(
-        &self,
-        addr: u64,
-        len: usize,
-        pieces: &[Bytes],
-    ) -> Result<usize, ErrorReply> {
-        let off = addr
+    /// The room `r` names in a landing window, when it lies in it and the
+    /// client still waits (`r.deadline_ns`). Its bytes are written with
+    /// plain stores: the client reads them next, so they are best left in
+    /// the cache.
+    pub(crate) fn room(&self, r: &CmaRef) -> Result<Room<'_>, ErrorReply> {
+        still_waiting(r.deadline_ns)?;
+        let len = usize::try_from(r.len).unwrap_or(usize::MAX);
+        let off = r
+            .addr
             .checked_sub(self.base)
             .map(|o| o as usize)
             .filter(|o| self.writable && o.checked_add(len).is_some_and(|e| e <= self.map.len()))
             .ok_or_else(|| {
                 ErrorReply::new(
                     libc::EFAULT,
-                    format!("{len} bytes at {addr:#x} are not in this connection's landing window"),
+                    format!(
+                        "{len} bytes at {:#x} are not in this connection's landing window",
+                        r.addr
+                    ),
                 )
             })?;
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
-        if total > len {
-            return Err(ErrorReply::new(
-                libc::EOVERFLOW,
-                format!("a reply of {total} bytes does not fit the {len} bytes of room given"),
-            ));
-        }
-        let mut at = off;
-        for p in pieces {
-            // SAFETY: `off + total <= off + len` lies in the mapping
-            // (checked above), which is writable; the pieces are the
-            // server's own memory, not the window. The client may touch
-            // the room meanwhile (its own doing); the mapping stays valid
-            // (the file cannot shrink: sealed).
-            unsafe {
-                std::ptr::copy_nonoverlapping(p.as_ptr(), self.map.as_ptr().add(at), p.len())
-            };
-            at += p.len();
-        }
-        Ok(total)
+        Ok(Room {
+            // SAFETY: `[off, off + len)` lies in the mapping (checked
+            // above), which is writable and stays mapped while `self`
+            // lives (the file cannot shrink: sealed). This process only
+            // writes it (never reads it; the client may write it too, its
+            // own doing).
+            dst: unsafe { Dst::from_raw(self.map.as_ptr().add(off), len) },
+            deadline_ns: r.deadline_ns,
+        })
     }
 
     /// Copies the client's `[addr, addr + dst.len())` into `dst` when it

@@ -900,11 +900,25 @@ fn shm_reads(s: &mut (impl Read + Write), id: u64) -> u64 {
 /// small, a request that is not a read, a connection without a landing
 /// window (or with a read-only one), a deadline passed, and a landing
 /// window over TCP are refused, the room untouched and the connection
-/// still served.
+/// still served. On every storage engine (the persistent ones place the
+/// data themselves, from their file or mapping).
 #[test]
 fn reads_land_in_a_landing_window_and_bad_rooms_are_refused() {
+    for store in [None, Some("posix"), Some("pmem")] {
+        landing_on(store);
+    }
+}
+
+fn landing_on(store: Option<&str>) {
     use std::os::fd::AsRawFd;
-    let p = pool(1, None);
+    let p = LocalPool::start_with(PoolOptions {
+        servers: 1,
+        chfsd: Some(env!("CARGO_BIN_EXE_chfsd").into()),
+        store: store.map(str::to_string),
+        store_size: "64M".into(),
+        ..Default::default()
+    })
+    .unwrap();
     let addr = &p.addrs()[0];
     let (fd, win) = memfd(1 << 20, true);
     win.fill(0xee);
@@ -988,7 +1002,69 @@ fn reads_land_in_a_landing_window_and_bad_rooms_are_refused() {
     assert_eq!(reply(&mut u, 8), Ok(Response::Written(6556)));
     let want: Vec<u8> = [&data[100..1100], &data[60000..65536], &data[10..30]].concat();
     assert!(win[512 << 10..(512 << 10) + 6556] == want[..]);
-    assert_eq!(shm_reads(&mut u, 9) - before, 2);
+    // A chunk of 1,000 bytes read past its end and a chunk not held (a
+    // hole): zeros where there are no bytes, in a room that held others.
+    let write1 = Request::Write {
+        path: "/l".into(),
+        fileid: 0,
+        chunk_size: 65536,
+        mode: libc::S_IFREG | 0o644,
+        idx: 1,
+        off: 0,
+        flags: 0,
+        epoch: 0,
+        data: Bytes::from(data[..1000].to_vec()),
+    };
+    assert_eq!(call(&mut u, 10, &write1), Ok(Response::Written(1000)));
+    let spans = Request::ReadSpans {
+        path: "/l".into(),
+        fileid: 0,
+        chunk_size: 65536,
+        flags: 0,
+        epoch: 0,
+        spans: vec![(1, 500, 1000), (2, 0, 300), (0, 0, 10)],
+    };
+    let mut r = Vec::new();
+    spans.encode(&mut r);
+    r.extend_from_slice(&room(at, 1310, far));
+    send_flags(&mut u, 11, op::READ_SPANS, FLAG_LAND, &r);
+    assert_eq!(reply(&mut u, 11), Ok(Response::Written(1310)));
+    let want: Vec<u8> = [&data[500..1000], &[0u8; 800][..], &data[..10]].concat();
+    assert!(win[512 << 10..(512 << 10) + 1310] == want[..]);
+    // A plain read of both: the bytes there are, nothing past them.
+    win[..2000].fill(0xee);
+    let mut r = Vec::new();
+    Request::Read {
+        path: "/l".into(),
+        fileid: 0,
+        idx: 1,
+        off: 200,
+        len: 2000,
+        chunk_size: 65536,
+        flags: 0,
+        epoch: 0,
+    }
+    .encode(&mut r);
+    r.extend_from_slice(&room(base, 2000, far));
+    send_flags(&mut u, 12, op::READ, FLAG_LAND, &r);
+    assert_eq!(reply(&mut u, 12), Ok(Response::Written(800)));
+    assert!(win[..800] == data[200..1000] && win[800..2000].iter().all(|&b| b == 0xee));
+    let mut r = Vec::new();
+    Request::Read {
+        path: "/l".into(),
+        fileid: 0,
+        idx: 2,
+        off: 0,
+        len: 2000,
+        chunk_size: 65536,
+        flags: 0,
+        epoch: 0,
+    }
+    .encode(&mut r);
+    r.extend_from_slice(&room(base, 2000, far));
+    send_flags(&mut u, 13, op::READ, FLAG_LAND, &r);
+    assert_eq!(reply(&mut u, 13), Ok(Response::Written(0)));
+    assert_eq!(shm_reads(&mut u, 9) - before, 5);
     // Refused, the window untouched, the connection served on.
     win.fill(0xee);
     let heap = vec![0u8; 65536];

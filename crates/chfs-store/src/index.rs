@@ -104,6 +104,15 @@ pub trait Medium: Send + Sync + 'static {
     /// Up to `len` bytes at `off` (cut at the record's end).
     fn read(&self, rec: &Self::Rec, off: u64, len: u64) -> Result<Self::Data>;
 
+    /// Places up to `dst.len()` bytes at `off` of `rec` (cut at the
+    /// record's end) at the start of `dst` and returns their count, where
+    /// the medium can without a buffer of its own. `None` (the default):
+    /// [`Medium::read`], whose bytes are copied to `dst` once the key's
+    /// lock is released (a DRAM chunk's slice).
+    fn read_into(&self, _rec: &Self::Rec, _off: u64, _dst: &mut Dst<'_>) -> Result<Option<usize>> {
+        Ok(None)
+    }
+
     /// Frees a record that left the index.
     fn free(&self, rec: Self::Rec) -> Result<()>;
 
@@ -235,6 +244,111 @@ impl<'a> Src<'a> {
             Src::Own(b) => SrcBytes::Owned(b),
             Src::Fill(f) => SrcBytes::Owned(f.fetch()?),
         })
+    }
+}
+
+/// Memory a read places its bytes in ([`Store::read_into`]): `len` bytes
+/// only ever written, by copies into it (by the kernel too), and never
+/// seen as a slice, so that it may be memory another process shares
+/// with this one, such as a client's landing window.
+pub struct Dst<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _mem: std::marker::PhantomData<&'a mut [std::mem::MaybeUninit<u8>]>,
+}
+
+// SAFETY: a `Dst` is the sole writer of its memory in this process for
+// `'a` (`from_raw`'s contract, or a borrowed `&mut`); moving or sharing
+// it between threads changes nothing about that (its methods that write
+// take `&mut self`).
+unsafe impl Send for Dst<'_> {}
+// SAFETY: as above; `&Dst` gives only its length.
+unsafe impl Sync for Dst<'_> {}
+
+impl<'a> Dst<'a> {
+    /// `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is valid for writes of `len` bytes during `'a`, and nothing in
+    /// this process reads or writes them meanwhile but through the `Dst`
+    /// (another process may: it then sees the bytes as they land).
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Self {
+        Self {
+            ptr,
+            len,
+            _mem: std::marker::PhantomData,
+        }
+    }
+
+    /// A buffer of this process's.
+    pub fn from_uninit(buf: &'a mut [std::mem::MaybeUninit<u8>]) -> Self {
+        // SAFETY: the exclusive borrow makes the `Dst` the only access
+        // to the buffer for `'a`.
+        unsafe { Self::from_raw(buf.as_mut_ptr().cast(), buf.len()) }
+    }
+
+    /// A new buffer of `n` bytes, all of which `place` writes (its `Ok`).
+    pub(crate) fn read_vec(
+        n: usize,
+        place: impl FnOnce(&mut Dst<'_>) -> Result<()>,
+    ) -> Result<Vec<u8>> {
+        let mut v = Vec::<u8>::with_capacity(n);
+        place(&mut Dst::from_uninit(&mut v.spare_capacity_mut()[..n]))?;
+        // SAFETY: `place` wrote all `n` bytes (its contract, its `Ok`).
+        unsafe { v.set_len(n) };
+        Ok(v)
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No bytes?
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `len` bytes at `at`, as a `Dst` of their own. Panics past the
+    /// end.
+    pub fn part(&mut self, at: usize, len: usize) -> Dst<'_> {
+        assert!(at.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: a range of this `Dst`'s memory (checked), which the
+        // borrow of `self` leaves to the part alone while it lives.
+        unsafe { Dst::from_raw(self.ptr.add(at), len) }
+    }
+
+    /// Copies `src` to `at`. Panics past the end (the engines' bounds).
+    pub fn put(&mut self, at: usize, src: &[u8]) {
+        assert!(at.checked_add(src.len()).is_some_and(|e| e <= self.len));
+        // SAFETY: `[at, at + src.len())` lies in the memory (checked),
+        // valid for writes and written by no one else here (`from_raw`);
+        // `src` is not that memory (it is never seen as a slice).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(at), src.len()) }
+    }
+
+    /// Zeros `n` bytes at `at`. Panics past the end.
+    pub fn zero(&mut self, at: usize, n: usize) {
+        assert!(at.checked_add(n).is_some_and(|e| e <= self.len));
+        // SAFETY: in range (checked), ours to write (`from_raw`).
+        unsafe { std::ptr::write_bytes(self.ptr.add(at), 0, n) }
+    }
+
+    /// Reads `n` bytes at `off` of `f` to `at` (all of them, else an
+    /// error; `UnexpectedEof` when the file ends first). Panics past the
+    /// end of the memory.
+    pub fn pread(
+        &mut self,
+        at: usize,
+        n: usize,
+        f: &std::fs::File,
+        off: u64,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsFd;
+        assert!(at.checked_add(n).is_some_and(|e| e <= self.len));
+        // SAFETY: `[at, at + n)` lies in the memory (checked), valid for
+        // writes and written by no one else here (`from_raw`).
+        unsafe { chfs_sys::fs::pread_exact(f.as_fd(), self.ptr.add(at), n, off) }
     }
 }
 
@@ -554,6 +668,20 @@ impl<M: Medium> Indexed<M> {
         off: u32,
         len: u32,
     ) -> Result<Option<M::Data>> {
+        self.with_held(path, idx, fileid, |r| {
+            self.medium.read(r, off as u64, len as u64)
+        })
+    }
+
+    /// `f` on chunk `idx` of `path` whose fileid is `fileid`, under its
+    /// key's lock; `None` when the chunk is missing or stale.
+    fn with_held<T>(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        f: impl FnOnce(&M::Rec) -> Result<T>,
+    ) -> Result<Option<T>> {
         let files = self.files(path);
         let Some(r) = files.get(path).and_then(|c| c.get(&idx)) else {
             return Ok(None);
@@ -562,7 +690,7 @@ impl<M: Medium> Indexed<M> {
             return Ok(None);
         }
         intact(r, path, idx)?;
-        self.medium.read(r, off as u64, len as u64).map(Some)
+        f(r).map(Some)
     }
 }
 
@@ -739,6 +867,33 @@ impl<M: Medium> Store for Indexed<M> {
         len: u32,
     ) -> Result<Option<Bytes>> {
         Ok(self.read_data(path, idx, fileid, off, len)?.map(Into::into))
+    }
+
+    fn read_into(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        dst: &mut Dst<'_>,
+    ) -> Result<Option<usize>> {
+        let len = dst.len() as u64;
+        // Placed by the medium under the lock, or read (a DRAM chunk's
+        // slice) and copied once the lock is released.
+        let got = self.with_held(path, idx, fileid, |r| {
+            Ok(match self.medium.read_into(r, off as u64, dst)? {
+                Some(n) => (n, None),
+                None => (0, Some(self.medium.read(r, off as u64, len)?)),
+            })
+        })?;
+        Ok(got.map(|(n, data)| match data {
+            None => n,
+            Some(d) => {
+                let d: Bytes = d.into();
+                dst.put(0, &d);
+                d.len()
+            }
+        }))
     }
 
     fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta> {

@@ -24,7 +24,7 @@ mod tree;
 mod usage;
 
 pub use dirindex::DirVersion;
-pub use index::{Fill, FillFn, Src, SrcBytes};
+pub use index::{Dst, Fill, FillFn, Src, SrcBytes};
 pub use media::PersistMode;
 pub use mem::MemStore;
 pub use pmem::PmemStore;
@@ -196,6 +196,25 @@ pub trait Store: Send + Sync + 'static {
         Ok(self
             .read(path, idx, fileid, off, len)?
             .map(bytes::Bytes::from))
+    }
+
+    /// As [`Store::read`], up to `dst.len()` bytes placed at the start of
+    /// `dst`: their count. An engine that can copies them there from
+    /// where they lie (a file, a persistent mapping) without a buffer of
+    /// its own in between.
+    fn read_into(
+        &self,
+        path: &str,
+        idx: u64,
+        fileid: u32,
+        off: u32,
+        dst: &mut Dst<'_>,
+    ) -> Result<Option<usize>> {
+        let len = u32::try_from(dst.len()).unwrap_or(u32::MAX);
+        Ok(self.read_bytes(path, idx, fileid, off, len)?.map(|d| {
+            dst.put(0, &d);
+            d.len()
+        }))
     }
 
     /// Atomically changes the header of chunk `idx` (missing: NotFound).

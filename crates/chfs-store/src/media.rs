@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use chfs_sys::Mapping;
 
 use crate::crc::crc32c_append;
-use crate::index::Fill;
+use crate::index::{Dst, Fill};
 
 /// How a mapping reaches persistence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,11 @@ pub(crate) trait Media: Send + Sync + 'static {
         let mut v = vec![0u8; len];
         self.read(off, &mut v);
         v
+    }
+    /// Copies `n` bytes at `off` to the start of `dst` (by default
+    /// through a buffer).
+    fn read_into(&self, off: u64, n: usize, dst: &mut Dst<'_>) {
+        dst.put(0, &self.read_vec(off, n));
     }
     /// Copies bytes in.
     fn write(&self, off: u64, data: &[u8]);
@@ -183,6 +188,11 @@ impl Media for MmapMedia {
             v.set_len(len);
         }
         v
+    }
+
+    /// Copied straight from the mapping.
+    fn read_into(&self, off: u64, n: usize, dst: &mut Dst<'_>) {
+        dst.put(0, self.slice(off, n as u64));
     }
 
     fn write(&self, off: u64, data: &[u8]) {

@@ -42,7 +42,7 @@ use chfs_proto::Meta;
 
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::lock;
-use crate::index::{parts_len, Found, Indexed, Medium, Part, Write};
+use crate::index::{parts_len, Dst, Found, Indexed, Medium, Part, Write};
 use crate::record::{check_seq, new_uuid, Slot, SLOT_LEN};
 use crate::usage::Usage;
 use crate::{corrupt, Result, StoreError};
@@ -669,14 +669,19 @@ impl Medium for Posix {
     }
 
     fn read(&self, r: &PRec, off: u64, len: u64) -> Result<Vec<u8>> {
+        let n = off.saturating_add(len).min(r.len) - off.min(r.len);
+        Dst::read_vec(n as usize, |dst| self.read_into(r, off, dst).map(drop))
+    }
+
+    /// Read from the chunk's file straight into `dst`.
+    fn read_into(&self, r: &PRec, off: u64, dst: &mut Dst<'_>) -> Result<Option<usize>> {
         let start = off.min(r.len);
-        let end = off.saturating_add(len).min(r.len);
-        let mut v = vec![0u8; (end - start) as usize];
-        if !v.is_empty() {
+        let n = (r.len - start).min(dst.len() as u64) as usize;
+        if n > 0 {
             let f = File::open(chunk_file(&self.root, r.id))?;
-            f.read_exact_at(&mut v, DATA_OFF + start)?;
+            dst.pread(0, n, &f, DATA_OFF + start)?;
         }
-        Ok(v)
+        Ok(Some(n))
     }
 
     fn free(&self, r: PRec) -> Result<()> {

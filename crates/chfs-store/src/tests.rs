@@ -82,6 +82,87 @@ fn writes_grow_entry_size_and_read_back() {
 }
 
 #[test]
+fn reads_into_memory_give_what_reads_give() {
+    for (s, _dir) in engines() {
+        s.create("/r", file_meta(5), b"", true).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
+        s.write("/r", 0, 0, &data[..700], &file_meta(5)).unwrap();
+        s.write("/r", 2, 24, &data, &file_meta(5)).unwrap();
+        // Chunks held, one missing, a stale fileid; offsets from the
+        // start to past the end; rooms smaller and larger than the bytes.
+        for (idx, fileid) in [(0, 5), (2, 5), (2, 6), (1, 5)] {
+            for off in [0u32, 1, 23, 24, 500, 699, 700, 1023, 1024, 5000] {
+                for room in [0usize, 1, 100, 1024, 2000] {
+                    let want = s.read("/r", idx, fileid, off, room as u32).unwrap();
+                    // Memory past the room must stay as it was.
+                    let mut mem = vec![0xa5u8; room + 16];
+                    let mut buf: Vec<std::mem::MaybeUninit<u8>> =
+                        mem.iter().map(|&b| std::mem::MaybeUninit::new(b)).collect();
+                    let got = s
+                        .read_into(
+                            "/r",
+                            idx,
+                            fileid,
+                            off,
+                            &mut crate::Dst::from_uninit(&mut buf[..room]),
+                        )
+                        .unwrap();
+                    let at = format!(
+                        "{}: chunk {idx} fileid {fileid} off {off} room {room}",
+                        s.name()
+                    );
+                    assert_eq!(got, want.as_ref().map(Vec::len), "{at}");
+                    for (m, b) in mem.iter_mut().zip(&buf) {
+                        // SAFETY: every byte was initialized above.
+                        *m = unsafe { b.assume_init() };
+                    }
+                    let n = got.unwrap_or(0);
+                    if let Some(w) = want {
+                        assert_eq!(&mem[..n], &w[..], "{at}");
+                    }
+                    assert!(
+                        mem[n..].iter().all(|&b| b == 0xa5),
+                        "{at}: written past the bytes"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_chunk_file_cut_short_fails_a_read_into_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let s = PosixStore::open(d.path(), 0).unwrap();
+    s.create("/c", file_meta(5), b"", true).unwrap();
+    s.write("/c", 1, 0, &[7u8; 1000], &file_meta(5)).unwrap();
+    // The chunk file loses its tail behind the store's back.
+    let len = |p: &std::path::PathBuf| std::fs::metadata(p).unwrap().len();
+    let data = walk_files(d.path()).into_iter().max_by_key(len).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    f.set_len(len(&data) - 10).unwrap();
+    let mut buf = vec![std::mem::MaybeUninit::new(0u8); 1000];
+    assert!(s
+        .read_into("/c", 1, 5, 0, &mut crate::Dst::from_uninit(&mut buf))
+        .is_err());
+    assert!(s.read("/c", 1, 5, 0, 1000).is_err());
+}
+
+/// Every file below `dir`.
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
 fn writes_of_owned_and_fetched_buffers_store_what_copied_writes_store() {
     // (idx, fileid, off, len): fresh chunks at 0 and past a gap, whole and
     // partial overwrites from 0, writes past the end, a stale chunk

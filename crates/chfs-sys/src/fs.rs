@@ -1,11 +1,12 @@
 //! File-system calls std has no safe form of: the type of the file system
-//! holding a path (`statfs(2)`), and reserving a file's blocks
-//! (`posix_fallocate(3)`).
+//! holding a path (`statfs(2)`), reserving a file's blocks
+//! (`posix_fallocate(3)`), and reading into memory that is not a slice
+//! (`pread(2)`).
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -47,9 +48,61 @@ pub fn allocate(f: &File, len: u64) -> io::Result<()> {
     }
 }
 
+/// Reads `len` bytes at `off` of `fd` to `buf` with `pread(2)`, going on
+/// after short reads and EINTR; `UnexpectedEof` when the file ends first
+/// (some bytes may have been written then).
+///
+/// # Safety
+/// `buf` is valid for writes of `len` bytes, and nothing in this process
+/// reads or writes them during the call.
+pub unsafe fn pread_exact(
+    fd: BorrowedFd<'_>,
+    buf: *mut u8,
+    len: usize,
+    off: u64,
+) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        let at = off
+            .checked_add(done as u64)
+            .and_then(|o| libc::off_t::try_from(o).ok())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        // SAFETY: `buf + done .. buf + len` is valid for writes and ours
+        // (the caller's contract); `fd` is open for the call (borrowed).
+        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.add(done).cast(), len - done, at) };
+        match n {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pread_exact_reads_all_or_says_eof() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        let mut f = tempfile_in_tmp();
+        f.write_all(b"0123456789").unwrap();
+        let mut b = [0u8; 4];
+        // SAFETY: `b` is ours, 4 bytes.
+        unsafe { pread_exact(f.as_fd(), b.as_mut_ptr(), 4, 3) }.unwrap();
+        assert_eq!(&b, b"3456");
+        // SAFETY: as above.
+        let e = unsafe { pread_exact(f.as_fd(), b.as_mut_ptr(), 4, 8) }.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(&b[..2], b"89");
+    }
 
     #[test]
     fn types_and_allocation() {

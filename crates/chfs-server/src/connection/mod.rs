@@ -624,11 +624,13 @@ pub(crate) async fn serve_conn<R, W>(
                     // (A `ReadSpans`' records are written as the pieces
                     // they are in the store: no gather into one buffer.)
                     let mut served = Box::pin(async move {
-                        let s = crate::handler::handle_pieces(&sh, req, forwarded).await;
-                        match land {
-                            Some((w, r)) => land_served(&sh, &w, r, s?),
-                            None => s,
-                        }
+                        let Some((w, r)) = land else {
+                            return crate::handler::handle_pieces(&sh, req, forwarded).await;
+                        };
+                        let room = w.room(&r)?;
+                        let n = crate::handler::handle_landing(&sh, req, forwarded, room).await?;
+                        Counters::inc(&sh.counters.shm_reads);
+                        Ok(Served::Reply(n))
                     });
                     // A small request is first served here, in the reader:
                     // most complete at once (a store lookup), and then cost
@@ -712,38 +714,6 @@ fn landing_of(
     let (rest, r) = CmaRef::split_off(&payload)
         .map_err(|e| ErrorReply::new(e.errno(), format!("malformed request: {e}")))?;
     Ok((payload.slice(..rest.len()), Some((w.clone(), r))))
-}
-
-/// Places a read's data in the landing window at `r` (the client's room
-/// for it) and answers `Written` with its length instead.
-fn land_served(
-    sh: &Shared,
-    w: &crate::shm::Window,
-    r: CmaRef,
-    served: Served,
-) -> Result<Served, ErrorReply> {
-    // The client stops waiting at the deadline and never uses the room
-    // again; it would not read what came after.
-    if CmaRef::clock_ns() > r.deadline_ns {
-        return Err(ErrorReply::new(
-            libc::ETIMEDOUT,
-            "the client stopped waiting for this read",
-        ));
-    }
-    let n = match &served {
-        Served::Pieces(p) => w.land(r.addr, r.len as usize, p)?,
-        Served::Reply(Response::Data(d)) => {
-            w.land(r.addr, r.len as usize, std::slice::from_ref(d))?
-        }
-        Served::Reply(other) => {
-            return Err(ErrorReply::new(
-                libc::EIO,
-                format!("a read answered {other:?}"),
-            ))
-        }
-    };
-    Counters::inc(&sh.counters.shm_reads);
-    Ok(Served::Reply(Response::Written(n as u32)))
 }
 
 /// Maps the window a [`Request::ShmAttach`] names, for a peer allowed

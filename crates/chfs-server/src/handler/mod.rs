@@ -31,6 +31,8 @@ use chfs_proto::msg::{rw, tree, DirEntry, RemoveKind, ServerStatus, TreePage};
 use chfs_proto::path::{is_within, validate};
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::{Chunk, Fill, Src};
+
+use crate::shm::Room;
 use tracing::{debug_span, info, Instrument};
 
 use crate::metrics::Counters;
@@ -66,6 +68,17 @@ impl Served {
     }
 }
 
+/// Where a request's bulk bytes are when not in its frame or reply.
+pub(crate) enum Io<'a> {
+    /// In the frame (a `Write`'s data) or the reply (a read's).
+    Frame,
+    /// A `Write`'s, fetched by this from the client's memory.
+    From(Fill<'a>),
+    /// A `Read`'s or `ReadSpans`' data, placed in this room of the
+    /// client's landing window.
+    Into(Room<'a>),
+}
+
 /// [`handle`] for a `Write` whose bytes (its `data` empty) `from`
 /// fetches: straight into the chunk where the store can, or into the
 /// request when it goes to another server.
@@ -75,7 +88,21 @@ pub(crate) async fn handle_write_from(
     forwarded: bool,
     from: Fill<'_>,
 ) -> Reply {
-    handle_from(sh, req, forwarded, Some(from))
+    handle_io(sh, req, forwarded, Io::From(from))
+        .await
+        .map(Served::into_response)
+}
+
+/// [`handle`] for a `Read` or `ReadSpans` whose data is to be placed in
+/// `room` (`FLAG_LAND`): by the store, straight from where the bytes lie,
+/// when the request is served here; answered `Written` with their count.
+pub(crate) async fn handle_landing(
+    sh: &Arc<Shared>,
+    req: Request,
+    forwarded: bool,
+    room: Room<'_>,
+) -> Reply {
+    handle_io(sh, req, forwarded, Io::Into(room))
         .await
         .map(Served::into_response)
 }
@@ -86,15 +113,15 @@ pub(crate) async fn handle_pieces(
     req: Request,
     forwarded: bool,
 ) -> Result<Served, ErrorReply> {
-    handle_from(sh, req, forwarded, None).await
+    handle_io(sh, req, forwarded, Io::Frame).await
 }
 
-/// [`handle_pieces`], with a `Write`'s bytes fetched by `from` if given.
-async fn handle_from(
+/// [`handle_pieces`], with the request's bulk bytes where `io` says.
+async fn handle_io(
     sh: &Arc<Shared>,
     mut req: Request,
     forwarded: bool,
-    from: Option<Fill<'_>>,
+    io: Io<'_>,
 ) -> Result<Served, ErrorReply> {
     Counters::inc(&sh.counters.requests);
     let span = debug_span!(
@@ -115,15 +142,28 @@ async fn handle_from(
                     // about to change.
                     sh.contact.forget(path);
                 }
-                if let (Some(f), Request::Write { data, .. }) = (from, &mut req) {
-                    *data = f
-                        .fetch()
-                        .map_err(|e| ErrorReply::new(e.errno(), e.to_string()))?;
+                let mut room = None;
+                match (io, &mut req) {
+                    (Io::From(f), Request::Write { data, .. }) => {
+                        *data = f
+                            .fetch()
+                            .map_err(|e| ErrorReply::new(e.errno(), e.to_string()))?;
+                    }
+                    (Io::Into(r), _) => room = Some(r),
+                    _ => {}
                 }
                 let addr = p.ring.list().servers[owner].clone();
-                return Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED))
-                    .await
-                    .map(Served::Reply);
+                let r = Box::pin(sh.peers.call(&addr, &req, FLAG_FORWARDED)).await?;
+                return match (room, r) {
+                    (None, r) => Ok(Served::Reply(r)),
+                    (Some(mut room), Response::Data(d)) => room
+                        .place(&[d])
+                        .map(|n| Served::Reply(Response::Written(n as u32))),
+                    (Some(_), other) => Err(ErrorReply::new(
+                        libc::EIO,
+                        format!("a read answered {other:?}"),
+                    )),
+                };
             }
         }
         if let Request::ReadSpans {
@@ -146,10 +186,13 @@ async fn handle_from(
             // (No change: nothing for contact servers; see `serve`.)
             let ns = Ns::for_path(sh, Some(&path));
             ns.touch_io();
-            return read_spans(sh, ns, &path, fileid, chunk_size, flags, epoch, spans)
-                .map(Served::Pieces);
+            let room = match io {
+                Io::Into(r) => Some(r),
+                _ => None,
+            };
+            return read_spans(sh, ns, &path, fileid, chunk_size, flags, epoch, spans, room);
         }
-        serve(sh, req, from).await.map(Served::Reply)
+        serve(sh, req, io).await.map(Served::Reply)
     }
     .instrument(span)
     .await
@@ -157,9 +200,9 @@ async fn handle_from(
 
 /// Serves one request here; a change of an entry that contact servers
 /// keep answers about is told to them before it is answered.
-async fn serve(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> Reply {
+async fn serve(sh: &Arc<Shared>, req: Request, io: Io<'_>) -> Reply {
     if !sh.watchers.used() {
-        return serve_here(sh, req, from).await;
+        return serve_here(sh, req, io).await;
     }
     // (path, and everything below it)
     let changes: Vec<(String, bool)> = match &req {
@@ -179,7 +222,7 @@ async fn serve(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> Reply 
         Request::RenameMove { old, new, .. } => vec![(old.clone(), true), (new.clone(), true)],
         _ => Vec::new(),
     };
-    let r = serve_here(sh, req, from).await;
+    let r = serve_here(sh, req, io).await;
     if r.is_ok() {
         for (path, below) in changes {
             tell_contacts(sh, &path, below).await;
@@ -194,8 +237,9 @@ async fn tell_contacts(sh: &Arc<Shared>, path: &str, below: bool) {
     common::invalidate(sh, sh.watchers.take(path, below)).await;
 }
 
-/// `from`: what fetches a `Write`'s bytes, if not in the request.
-async fn serve_here(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> Reply {
+/// `io`: where a `Write`'s or a read's bytes are, if not in the request
+/// or the reply.
+async fn serve_here(sh: &Arc<Shared>, req: Request, io: Io<'_>) -> Reply {
     let st = &sh.store;
     let ns = Ns::for_path(sh, path_of(&req));
     ns.touch(&req);
@@ -350,7 +394,7 @@ async fn serve_here(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> R
         } => {
             sh.watchers
                 .watch(&path, &contact, Duration::from_millis(keep_ms.into()));
-            Box::pin(serve_here(sh, Request::Stat { path }, None)).await
+            Box::pin(serve_here(sh, Request::Stat { path }, Io::Frame)).await
         }
         Request::Invalidate { path } => {
             validate(&path).map_err(|e| ErrorReply::new(e.errno, e.message))?;
@@ -395,11 +439,16 @@ async fn serve_here(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> R
             )),
         },
         Request::StatData { path, max } => {
-            let m =
-                match Box::pin(serve_here(sh, Request::Stat { path: path.clone() }, None)).await? {
-                    Response::Meta(m) => m,
-                    other => return Ok(other),
-                };
+            let m = match Box::pin(serve_here(
+                sh,
+                Request::Stat { path: path.clone() },
+                Io::Frame,
+            ))
+            .await?
+            {
+                Response::Meta(m) => m,
+                other => return Ok(other),
+            };
             Ok(match small_file_data(sh, ns, &path, &m, max)? {
                 Some(data) => Response::MetaData { meta: m, data },
                 None => Response::Meta(m),
@@ -424,7 +473,10 @@ async fn serve_here(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> R
                 flags,
                 epoch,
             };
-            let data = from.map_or(Src::Own(data), Src::Fill);
+            let data = match io {
+                Io::From(f) => Src::Fill(f),
+                _ => Src::Own(data),
+            };
             write_chunk(sh, ns, &w, idx, off, data).map(Response::Written)
         }
         Request::WriteSpans {
@@ -463,14 +515,33 @@ async fn serve_here(sh: &Arc<Shared>, req: Request, from: Option<Fill<'_>>) -> R
                 return Ok(Response::Data(Bytes::new()));
             }
             let len = len.min(MAX_CHUNK_SIZE);
-            let d = st
-                .read_bytes(&path, idx, fileid, off, len)
-                .map_err(|e| store_err(&path, e))?;
-            match (d, loss) {
-                (Some(d), _) => Ok(Response::Data(d)),
-                // Not held here: a hole, unless this server may have lost it.
-                (None, Some(why)) => Err(lost(sh, &path, idx, &why)),
-                (None, None) => Ok(Response::Data(Bytes::new())),
+            // Not held here: a hole (nothing), unless this server may
+            // have lost it.
+            let held = |d: Option<usize>| match (d, &loss) {
+                (Some(n), _) => Ok(n),
+                (None, Some(why)) => Err(lost(sh, &path, idx, why)),
+                (None, None) => Ok(0),
+            };
+            match io {
+                // Room for all that may come: placed by the store.
+                Io::Into(mut room) if len as usize <= room.dst.len() => {
+                    room.waited_for()?;
+                    let got = st
+                        .read_into(&path, idx, fileid, off, &mut room.dst.part(0, len as usize))
+                        .map_err(|e| store_err(&path, e))?;
+                    held(got).map(|n| Response::Written(n as u32))
+                }
+                io => {
+                    let d = st
+                        .read_bytes(&path, idx, fileid, off, len)
+                        .map_err(|e| store_err(&path, e))?;
+                    held(d.as_ref().map(Bytes::len))?;
+                    let d = d.unwrap_or_default();
+                    match io {
+                        Io::Into(mut room) => room.place(&[d]).map(|n| Response::Written(n as u32)),
+                        _ => Ok(Response::Data(d)),
+                    }
+                }
             }
         }
         // (Served by `handle_pieces`, which never passes them on here.)
@@ -796,7 +867,7 @@ async fn relay_lookup(sh: &Arc<Shared>, path: String, max_age_ms: u32) -> Reply 
     let p = sh.placement();
     let owner = p.ring.owner(&path, 0);
     if p.ring.is_empty() || p.me == Some(owner) || sh.is_node_local(&path) {
-        return Box::pin(serve_here(sh, Request::Stat { path }, None)).await;
+        return Box::pin(serve_here(sh, Request::Stat { path }, Io::Frame)).await;
     }
     let rx = match sh
         .contact
@@ -1039,8 +1110,9 @@ fn write_spans(
 }
 
 /// The records of a `ReadSpans`: each span's bytes, padded with zeros to
-/// its length (a hole, or past the chunk's end), as the pieces they are
-/// (slices of the store's chunks and of [`ZEROS`]), in order.
+/// its length (a hole, or past the chunk's end), in order: as the pieces
+/// they are (slices of the store's chunks and of [`ZEROS`]), or placed in
+/// `room` by the store (answered `Written`).
 #[allow(clippy::too_many_arguments)]
 fn read_spans(
     sh: &Arc<Shared>,
@@ -1051,7 +1123,8 @@ fn read_spans(
     flags: u16,
     epoch: u32,
     spans: Vec<(u64, u32, u32)>,
-) -> Result<Vec<Bytes>, ErrorReply> {
+    mut room: Option<Room<'_>>,
+) -> Result<Served, ErrorReply> {
     let st = &sh.store;
     Counters::inc(&sh.counters.reads);
     let total: u64 = spans.iter().map(|s| s.2 as u64).sum();
@@ -1063,8 +1136,20 @@ fn read_spans(
     }
     // (What this server does not hold is not a hole.)
     spans_are_mine(sh, path, &spans)?;
-    let mut pieces = Vec::with_capacity(spans.len());
-    let mut checked = None;
+    if let Some(r) = &room {
+        if total > r.dst.len() as u64 {
+            return Err(ErrorReply::new(
+                libc::EOVERFLOW,
+                format!(
+                    "a reply of {total} bytes does not fit the {} bytes of room given",
+                    r.dst.len()
+                ),
+            ));
+        }
+        r.waited_for()?;
+    }
+    let mut pieces = Vec::with_capacity(if room.is_some() { 0 } else { spans.len() });
+    let (mut at, mut checked) = (0, None);
     for (idx, off, len) in spans {
         let loss = match &checked {
             Some((i, loss)) if *i == idx => loss,
@@ -1074,6 +1159,20 @@ fn read_spans(
             }
         };
         if flags & rw::FETCH_ONLY != 0 {
+            continue;
+        }
+        if let Some(r) = &mut room {
+            let mut part = r.dst.part(at, len as usize);
+            at += len as usize;
+            let got = st
+                .read_into(path, idx, fileid, off, &mut part)
+                .map_err(|e| store_err(path, e))?;
+            let n = match (got, loss) {
+                (Some(n), _) => n,
+                (None, Some(why)) => return Err(lost(sh, path, idx, why)),
+                (None, None) => 0,
+            };
+            part.zero(n, len as usize - n);
             continue;
         }
         let d = st
@@ -1097,7 +1196,10 @@ fn read_spans(
             pad -= n;
         }
     }
-    Ok(pieces)
+    Ok(match room {
+        Some(_) => Served::Reply(Response::Written(at as u32)),
+        None => Served::Pieces(pieces),
+    })
 }
 
 /// The pieces as one buffer (a copy unless there is only one).

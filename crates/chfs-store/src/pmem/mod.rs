@@ -58,7 +58,7 @@ use chfs_proto::Meta;
 
 use crate::crc::{crc32c, crc32c_append, crc32c_zeros};
 use crate::dirindex::Shard;
-use crate::index::{parts_len, Fill, Indexed, Medium, Part, Src, SrcBytes, Write};
+use crate::index::{parts_len, Dst, Fill, Indexed, Medium, Part, Src, SrcBytes, Write};
 use crate::media::{Media, MmapMedia, PersistMode};
 use crate::record::{check_seq, new_uuid, Slot, SLOT_LEN};
 use crate::usage::Usage;
@@ -571,6 +571,14 @@ impl Medium for Pmem {
         Ok(self
             .media
             .read_vec(r.data() + start, (end - start) as usize))
+    }
+
+    /// Copied from the record's extent straight into `dst`.
+    fn read_into(&self, r: &Rec, off: u64, dst: &mut Dst<'_>) -> Result<Option<usize>> {
+        let start = off.min(r.len);
+        let n = (r.len - start).min(dst.len() as u64) as usize;
+        self.media.read_into(r.data() + start, n, dst);
+        Ok(Some(n))
     }
 
     fn free(&self, rec: Rec) -> Result<()> {
