@@ -19,6 +19,9 @@
 //! the new file when the old one was already durable). At open, two files
 //! for one key: the later intact one wins.
 //!
+//! The files of the latest chunks stay open (`OpenFiles`), so that a
+//! chunk's next pieces, header changes and reads skip the open.
+//!
 //! Memory stays flat whatever the data volume: data goes from the request
 //! buffer straight to `pwrite`; copies (copy-on-write, checksum
 //! recomputation) use one fixed 1 MiB buffer per operation; the in-memory
@@ -36,7 +39,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chfs_proto::Meta;
 
@@ -158,6 +161,7 @@ pub struct PosixReport {
 pub struct Posix {
     root: PathBuf,
     files: Box<dyn FileOps>,
+    open: OpenFiles,
     uuid: u64,
     next_id: AtomicU64,
     seq: AtomicU64,
@@ -363,6 +367,7 @@ impl PosixStore {
         let medium = Posix {
             root: root.to_path_buf(),
             files,
+            open: OpenFiles::default(),
             uuid,
             next_id: AtomicU64::new(1),
             seq: AtomicU64::new(1),
@@ -497,11 +502,20 @@ impl Posix {
         r.epoch < self.synced.load(Ordering::Acquire)
     }
 
-    fn open_chunk(&self, id: u64) -> Result<File> {
-        Ok(OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(chunk_file(&self.root, id))?)
+    /// The chunk file of record `id`, open for reading and writing (kept
+    /// open, [`OpenFiles`]).
+    fn open_chunk(&self, id: u64) -> Result<Arc<File>> {
+        if let Some(f) = self.open.get(id) {
+            return Ok(f);
+        }
+        let f = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(chunk_file(&self.root, id))?,
+        );
+        self.open.keep(id, &f);
+        Ok(f)
     }
 
     fn write_slot(&self, f: &File, r: &mut PRec, path: &str, idx: u64, n: u8) -> Result<()> {
@@ -526,7 +540,7 @@ impl Posix {
         let len = parts_len(parts)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let fp = chunk_file(&self.root, id);
-        let f = self.files.create_new(&fp)?;
+        let f = Arc::new(self.files.create_new(&fp)?);
         let result = (|| -> Result<PRec> {
             self.files.write_at(&f, path.as_bytes(), PATH_OFF)?;
             let old_f = match old {
@@ -590,10 +604,64 @@ impl Posix {
             r.epoch = self.mark(id, true);
             Ok(r)
         })();
-        if result.is_err() {
-            let _ = self.files.remove(&fp);
+        match &result {
+            Ok(_) => self.open.keep(id, &f),
+            Err(_) => {
+                let _ = self.files.remove(&fp);
+            }
         }
         result
+    }
+}
+
+/// Chunk files kept open, so that the next access to a chunk (the reads
+/// of a file's records, a write appending to a chunk just created, its
+/// header changed) finds its file without a path walk, an open and a
+/// close: the file of record id `i` in slot `i % OPEN_SLOTS` (ids are
+/// handed out in order, so the latest files stay open), closed when
+/// another takes the slot or its record is freed.
+struct OpenFiles {
+    slots: Box<[Mutex<Option<(u64, Arc<File>)>>]>,
+}
+
+/// Chunk files kept open at most.
+const OPEN_SLOTS: usize = 256;
+
+impl Default for OpenFiles {
+    fn default() -> Self {
+        OpenFiles {
+            slots: (0..OPEN_SLOTS).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+}
+
+impl OpenFiles {
+    fn slot(&self, id: u64) -> &Mutex<Option<(u64, Arc<File>)>> {
+        &self.slots[(id % OPEN_SLOTS as u64) as usize]
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<File>> {
+        match &*lock(self.slot(id)) {
+            Some((i, f)) if *i == id => Some(f.clone()),
+            _ => None,
+        }
+    }
+
+    fn keep(&self, id: u64, f: &Arc<File>) {
+        let old = lock(self.slot(id)).replace((id, f.clone()));
+        // (closed, if it was the last reference, outside the lock)
+        drop(old);
+    }
+
+    fn forget(&self, id: u64) {
+        let mut s = lock(self.slot(id));
+        let old = if s.as_ref().is_some_and(|(i, _)| *i == id) {
+            s.take()
+        } else {
+            None
+        };
+        drop(s);
+        drop(old);
     }
 }
 
@@ -678,13 +746,16 @@ impl Medium for Posix {
         let start = off.min(r.len);
         let n = (r.len - start).min(dst.len() as u64) as usize;
         if n > 0 {
-            let f = File::open(chunk_file(&self.root, r.id))?;
+            let f = self.open_chunk(r.id)?;
             dst.pread(0, n, &f, DATA_OFF + start)?;
         }
         Ok(Some(n))
     }
 
     fn free(&self, r: PRec) -> Result<()> {
+        // (Closed before it goes: an open descriptor would keep its
+        // blocks.)
+        self.open.forget(r.id);
         lock(&self.dirty).dirs.insert((r.id & 0xff) as u8);
         match self.files.remove(&chunk_file(&self.root, r.id)) {
             Ok(()) => Ok(()),

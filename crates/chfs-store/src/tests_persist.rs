@@ -841,6 +841,56 @@ fn posix_capacity_enospc_and_reuse() {
     assert_eq!(s.stats().bytes, 3000);
 }
 
+/// The chunk files this process holds open under `dir`, and how many of
+/// them are unlinked.
+fn open_chunk_files(dir: &Path) -> (usize, usize) {
+    let (mut open, mut gone) = (0, 0);
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(t) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let t = t.to_string_lossy();
+        if t.starts_with(&*dir.to_string_lossy()) {
+            open += 1;
+            gone += usize::from(t.ends_with(" (deleted)"));
+        }
+    }
+    (open, gone)
+}
+
+/// The POSIX engine keeps the files of the chunks it used last open (at
+/// most 256), and closes a chunk's file when the chunk goes (overwritten
+/// by copy, truncated by copy, removed): no descriptor keeps the blocks
+/// of an unlinked file.
+#[test]
+fn posix_keeps_recent_chunk_files_open_and_none_it_removed() {
+    let d = shm_dir();
+    let s = PosixStore::open(d.path(), 0).unwrap();
+    s.create("/a", meta(1), b"", true).unwrap();
+    for i in 1..=600u64 {
+        s.write("/a", i, 0, &[i as u8; 100], &meta(1)).unwrap();
+        // appended to (the same file), read back
+        s.write("/a", i, 100, &[1; 10], &meta(1)).unwrap();
+        assert_eq!(s.read("/a", i, 1, 0, 200).unwrap().unwrap().len(), 110);
+    }
+    let (open, gone) = open_chunk_files(d.path());
+    assert!((200..=256).contains(&open), "{open} chunk files open");
+    assert_eq!(gone, 0);
+    // Overwrites (copy on write: a new file, the old one unlinked) of
+    // chunks whose files are open.
+    for i in 400..=600u64 {
+        s.write("/a", i, 0, &[2; 50], &meta(1)).unwrap();
+        assert_eq!(
+            &s.read("/a", i, 1, 0, 200).unwrap().unwrap()[..51],
+            &[[2; 50].as_slice(), &[i as u8]].concat()[..]
+        );
+    }
+    assert_eq!(open_chunk_files(d.path()).1, 0);
+    s.remove_chunks("/a", 1).unwrap();
+    s.remove("/a", 0, &mut |_| Ok(())).unwrap();
+    assert_eq!(open_chunk_files(d.path()), (0, 0));
+}
+
 /// Threads hammer disjoint files of one store (sharing its allocator and
 /// index) while each keeps its own model; the store must match every
 /// model, also after a reopen.
