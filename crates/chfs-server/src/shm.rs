@@ -57,7 +57,7 @@ pub(crate) struct Window {
 /// A read's room in a client's landing window ([`Window::room`]).
 pub(crate) struct Room<'a> {
     /// The room's memory.
-    pub dst: Dst<'a>,
+    pub(crate) dst: Dst<'a>,
     /// When the client stops waiting for the read.
     deadline_ns: u64,
 }
@@ -69,12 +69,9 @@ impl Room<'_> {
         still_waiting(self.deadline_ns)
     }
 
-    /// Places `pieces` one after the other when the room holds them; the
-    /// bytes placed.
-    pub(crate) fn place(&mut self, pieces: &[Bytes]) -> Result<usize, ErrorReply> {
-        self.waited_for()?;
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
-        if total > self.dst.len() {
+    /// Fails (EOVERFLOW) unless the room holds `total` bytes.
+    pub(crate) fn holds(&self, total: u64) -> Result<(), ErrorReply> {
+        if total > self.dst.len() as u64 {
             return Err(ErrorReply::new(
                 libc::EOVERFLOW,
                 format!(
@@ -83,6 +80,15 @@ impl Room<'_> {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Places `pieces` one after the other when the room holds them; the
+    /// bytes placed.
+    pub(crate) fn place(&mut self, pieces: &[Bytes]) -> Result<usize, ErrorReply> {
+        self.waited_for()?;
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        self.holds(total as u64)?;
         let mut at = 0;
         for p in pieces {
             self.dst.put(at, p);

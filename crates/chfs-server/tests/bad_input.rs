@@ -1135,6 +1135,84 @@ fn landing_on(store: Option<&str>) {
     assert_eq!(call(&mut t, 2, &Request::Ping), Ok(Response::Ok));
 }
 
+/// A landing read sent to a server that does not own the chunk (a client
+/// with an old server list) is forwarded to the owner, whose bytes are
+/// placed in the room all the same: sent to both servers of a pool, one
+/// of them forwards.
+#[test]
+fn a_forwarded_landing_read_is_placed_too() {
+    use std::os::fd::AsRawFd;
+    let p = pool(2, None);
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let far = CmaRef::clock_ns() + 60_000_000_000;
+    let meta = Meta {
+        mode: libc::S_IFREG | 0o644,
+        chunk_size: 65536,
+        ..Default::default()
+    };
+    let forwarded = || -> u64 {
+        p.addrs()
+            .iter()
+            .map(|a| match call(&mut local(a), 1, &Request::Status) {
+                Ok(Response::Status(st)) => st.forwarded,
+                other => panic!("{other:?}"),
+            })
+            .sum()
+    };
+    for j in 0..2 {
+        let r = call(
+            &mut local(&p.addrs()[0]),
+            2,
+            &Request::Create {
+                path: format!("/fw-{j}"),
+                meta,
+                excl: true,
+                data: Bytes::from(data.clone()),
+            },
+        );
+        assert!(matches!(r, Ok(Response::Created { .. })), "{r:?}");
+    }
+    let before = forwarded();
+    // Each file read through each server: one of the two forwards.
+    for addr in p.addrs() {
+        let (fd, win) = memfd(1 << 20, true);
+        win.fill(0xee);
+        let mut att = Vec::new();
+        Request::ShmAttach {
+            fd: fd.as_raw_fd(),
+            base: win.as_ptr() as u64,
+            len: 1 << 20,
+        }
+        .encode(&mut att);
+        let mut u = local(addr);
+        send_flags(&mut u, 1, op::SHM_ATTACH, FLAG_LAND, &att);
+        assert_eq!(reply(&mut u, 1), Ok(Response::Ok));
+        for j in 0..2u64 {
+            let mut r = Vec::new();
+            let mut read = whole_chunk0(&format!("/fw-{j}"), 65536);
+            if let Request::Read { len, .. } = &mut read {
+                *len = 30_000;
+            }
+            read.encode(&mut r);
+            let at = win.as_ptr() as u64 + j * 65536;
+            r.extend_from_slice(
+                &CmaRef {
+                    addr: at,
+                    len: 30_000,
+                    deadline_ns: far,
+                }
+                .encode(),
+            );
+            send_flags(&mut u, 10 + j, op::READ, FLAG_LAND, &r);
+            assert_eq!(reply(&mut u, 10 + j), Ok(Response::Written(20_000)));
+            let o = j as usize * 65536;
+            assert!(win[o..o + 20_000] == data[..]);
+            assert!(win[o + 20_000..o + 30_000].iter().all(|&b| b == 0xee));
+        }
+    }
+    assert_eq!(forwarded() - before, 2);
+}
+
 /// A client that sends requests and never reads the replies is not read
 /// further once it has --max-inflight of them in the server (or
 /// --conn-memory bytes): the server's memory stays bounded, other clients

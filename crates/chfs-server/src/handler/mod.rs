@@ -31,11 +31,10 @@ use chfs_proto::msg::{rw, tree, DirEntry, RemoveKind, ServerStatus, TreePage};
 use chfs_proto::path::{is_within, validate};
 use chfs_proto::{ErrorReply, Meta, Request, Response, MAX_CHUNK_SIZE};
 use chfs_store::{Chunk, Fill, Src};
-
-use crate::shm::Room;
 use tracing::{debug_span, info, Instrument};
 
 use crate::metrics::Counters;
+use crate::shm::Room;
 use crate::state::Shared;
 
 use common::{blocking, check_chunk_size, lost, refuse, store_err, Reply};
@@ -512,7 +511,10 @@ async fn serve_here(sh: &Arc<Shared>, req: Request, io: Io<'_>) -> Reply {
             Counters::inc(&sh.counters.reads);
             let loss = read_checks(sh, ns, &path, fileid, idx, chunk_size, flags, epoch)?;
             if flags & rw::FETCH_ONLY != 0 {
-                return Ok(Response::Data(Bytes::new()));
+                return Ok(match io {
+                    Io::Into(_) => Response::Written(0),
+                    _ => Response::Data(Bytes::new()),
+                });
             }
             let len = len.min(MAX_CHUNK_SIZE);
             // Not held here: a hole (nothing), unless this server may
@@ -1137,16 +1139,7 @@ fn read_spans(
     // (What this server does not hold is not a hole.)
     spans_are_mine(sh, path, &spans)?;
     if let Some(r) = &room {
-        if total > r.dst.len() as u64 {
-            return Err(ErrorReply::new(
-                libc::EOVERFLOW,
-                format!(
-                    "a reply of {total} bytes does not fit the {} bytes of room given",
-                    r.dst.len()
-                ),
-            ));
-        }
-        r.waited_for()?;
+        r.holds(total)?;
     }
     let mut pieces = Vec::with_capacity(if room.is_some() { 0 } else { spans.len() });
     let (mut at, mut checked) = (0, None);
@@ -1162,6 +1155,7 @@ fn read_spans(
             continue;
         }
         if let Some(r) = &mut room {
+            r.waited_for()?;
             let mut part = r.dst.part(at, len as usize);
             at += len as usize;
             let got = st
