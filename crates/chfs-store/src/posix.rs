@@ -621,8 +621,11 @@ impl Posix {
 /// handed out in order, so the latest files stay open), closed when
 /// another takes the slot or its record is freed.
 struct OpenFiles {
-    slots: Box<[Mutex<Option<(u64, Arc<File>)>>]>,
+    slots: Box<[OpenSlot]>,
 }
+
+/// A slot of [`OpenFiles`]: the record id and its file.
+type OpenSlot = Mutex<Option<(u64, Arc<File>)>>;
 
 /// Chunk files kept open at most.
 const OPEN_SLOTS: usize = 256;
@@ -636,7 +639,7 @@ impl Default for OpenFiles {
 }
 
 impl OpenFiles {
-    fn slot(&self, id: u64) -> &Mutex<Option<(u64, Arc<File>)>> {
+    fn slot(&self, id: u64) -> &OpenSlot {
         &self.slots[(id % OPEN_SLOTS as u64) as usize]
     }
 
