@@ -650,10 +650,12 @@ fn a_full_pool_gives_short_writes_and_honest_sizes() {
     let p = Prefix::install();
     let tmp = tempfile::tempdir().unwrap();
     let exe = p.cc("enospc", tmp.path());
+    // (The DRAM engine's, whatever `CHFS_TEST_STORE` says.)
     let pool = LocalPool::start_with(PoolOptions {
         servers: 2,
         chfsd: Some(p.chfsd()),
         args: vec!["--size".into(), "1M".into()],
+        store: Some("mem".into()),
         ..Default::default()
     })
     .unwrap();

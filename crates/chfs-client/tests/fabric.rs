@@ -1808,10 +1808,16 @@ fn restart_clients_child() {
 /// go of them (overwritten, removed): pushing a chunk does not keep its
 /// memory alive (a registration cache that owned what it registered kept
 /// up to 256 MiB of chunks the store had dropped, and the pull buffers
-/// among them never went back to their pool).
+/// among them never went back to their pool). The DRAM engine's (whose
+/// chunks are the server's heap: its RSS), whatever `CHFS_TEST_STORE`
+/// says.
 #[test]
 fn chunks_pushed_by_rma_are_freed_with_the_file() {
-    let Some(p) = fabric_pool(1, "chunks_pushed_by_rma_are_freed_with_the_file") else {
+    let Some(p) = fabric_pool_with(
+        1,
+        "chunks_pushed_by_rma_are_freed_with_the_file",
+        &["--store", "mem"],
+    ) else {
         return;
     };
     let pid = p.pid(0).unwrap();

@@ -1,6 +1,8 @@
 //! Faults must give errors, never wrong bytes or wrong sizes: a server
 //! restarted with an empty store, a connection broken by a restart, a full
-//! store (SEMANTICS.md, "Faults").
+//! store (SEMANTICS.md, "Faults"). The DRAM engine's (a server restarted
+//! empty, a store of a given size), whatever `CHFS_TEST_STORE` says, but
+//! for the test of a persistent store.
 
 mod common;
 
@@ -11,6 +13,16 @@ use chfs_client::Client;
 use common::*;
 
 const CS: u32 = 4096;
+
+/// A pool of `servers` on the DRAM engine, with `args`.
+fn dram(servers: usize, args: Vec<String>) -> PoolOptions {
+    PoolOptions {
+        servers,
+        args,
+        store: Some("mem".into()),
+        ..Default::default()
+    }
+}
 
 /// Reads a whole file; its bytes or the error.
 fn read_all(c: &Client, path: &str, len: usize) -> chfs_client::Result<Vec<u8>> {
@@ -33,7 +45,7 @@ fn owner(p: &LocalPool, c: &Client, path: &str, idx: u64) -> usize {
 
 #[test]
 fn a_server_restarted_empty_makes_its_chunks_read_as_errors_not_zeros() {
-    let mut p = LocalPool::start(2).unwrap();
+    let mut p = LocalPool::start_with(dram(2, Vec::new())).unwrap();
     let c = client(&p, |c| {
         c.chunk_size = CS;
         c.rpc_timeout = Duration::from_secs(5);
@@ -191,7 +203,7 @@ fn a_server_restarted_with_its_persistent_store_keeps_serving_holes() {
 
 #[test]
 fn requests_after_a_restart_go_to_the_new_server_without_connection_errors() {
-    let mut p = LocalPool::start(2).unwrap();
+    let mut p = LocalPool::start_with(dram(2, Vec::new())).unwrap();
     let c = client(&p, |c| c.rpc_timeout = Duration::from_secs(5));
     // Names whose entries the server about to restart owns.
     let on1: Vec<String> = (0..100)
@@ -216,7 +228,7 @@ fn requests_after_a_restart_go_to_the_new_server_without_connection_errors() {
 
 #[test]
 fn a_server_restarted_outside_the_pool_does_not_serve_holes_of_newer_files() {
-    let mut p = LocalPool::start(2).unwrap();
+    let mut p = LocalPool::start_with(dram(2, Vec::new())).unwrap();
     let c = client(&p, |c| c.chunk_size = CS);
     let fd = c.create("/f", O_WRONLY, 0o644).unwrap();
     c.pwrite(fd, &pattern(10 * CS as usize, 1), 0).unwrap();
@@ -237,10 +249,10 @@ fn cache_mode_does_not_bring_back_backend_bytes_over_lost_changes() {
     let _ = std::fs::remove_dir_all(&backend);
     std::fs::create_dir_all(&backend).unwrap();
     let len = 10 * CS as usize;
-    let mut p = LocalPool::start_with(PoolOptions {
-        servers: 2,
-        // Nothing is written back during the test.
-        args: vec![
+    // Nothing is written back during the test.
+    let mut p = LocalPool::start_with(dram(
+        2,
+        vec![
             "--backend".into(),
             backend.display().to_string(),
             "--flush-idle-msec".into(),
@@ -248,8 +260,7 @@ fn cache_mode_does_not_bring_back_backend_bytes_over_lost_changes() {
             "--chunk-size".into(),
             CS.to_string(),
         ],
-        ..Default::default()
-    })
+    ))
     .unwrap();
     let c = client(&p, |c| c.chunk_size = CS);
     // Two files whose entries the server that stays up holds.
@@ -282,12 +293,7 @@ fn small_pool() -> (LocalPool, Client) {
 
 /// As [`small_pool`], with at most `window` chunk requests in flight.
 fn small_pool_window(window: Option<usize>) -> (LocalPool, Client) {
-    let p = LocalPool::start_with(PoolOptions {
-        servers: 2,
-        args: vec!["--size".into(), "1M".into()],
-        ..Default::default()
-    })
-    .unwrap();
+    let p = LocalPool::start_with(dram(2, vec!["--size".into(), "1M".into()])).unwrap();
     let c = client(&p, |c| {
         c.chunk_size = 64 << 10;
         if let Some(w) = window {

@@ -497,9 +497,12 @@ fn soak_with_faults_never_returns_wrong_bytes() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
+    // The DRAM engine's, whatever `CHFS_TEST_STORE` says: servers
+    // restart empty.
     let pool = LocalPool::start_with(PoolOptions {
         servers: SERVERS,
         args: vec!["--size".into(), CAPACITY.into()],
+        store: Some("mem".into()),
         ..Default::default()
     })
     .unwrap();

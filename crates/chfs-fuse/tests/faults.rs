@@ -5,7 +5,6 @@ mod common;
 
 use std::io::Write;
 
-use chfs_localpool::PoolOptions;
 use common::*;
 
 fn statvfs_free(p: &std::path::Path) -> u64 {
@@ -20,7 +19,7 @@ fn statvfs_free(p: &std::path::Path) -> u64 {
 
 #[test]
 fn a_restarted_server_makes_cat_and_md5sum_fail_instead_of_reading_zeros() {
-    let mut pool = pool(2);
+    let mut pool = dram_pool(2, &[]);
     let m = Mount::new(&pool, &[]);
     for i in 0..10 {
         std::fs::write(m.p(&format!("f{i}")), pattern(1 << 20, i)).unwrap();
@@ -51,12 +50,7 @@ fn a_restarted_server_makes_cat_and_md5sum_fail_instead_of_reading_zeros() {
 
 #[test]
 fn out_of_space_through_the_mount_gives_short_writes_and_honest_sizes() {
-    let pool = LocalPool::start_with(PoolOptions {
-        servers: 2,
-        args: vec!["--size".into(), "1M".into()],
-        ..Default::default()
-    })
-    .unwrap();
+    let pool = dram_pool(2, &["--size", "1M"]);
     let m = Mount::new(&pool, &[]);
     let free = statvfs_free(&m.mp);
 

@@ -631,7 +631,7 @@ fn mem_available() -> u64 {
 #[test]
 fn df_of_servers_without_a_size_shows_free_memory_per_server() {
     // Two DRAM servers without -s on this host (SEMANTICS.md, statfs / df).
-    let pool = pool(2);
+    let pool = dram_pool(2, &[]);
     let m = Mount::new(&pool, &[]);
     std::fs::write(m.p("f"), pattern(3 << 20, 5)).unwrap();
     let c = std::ffi::CString::new(m.mp.to_str().unwrap()).unwrap();

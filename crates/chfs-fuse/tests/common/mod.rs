@@ -186,6 +186,19 @@ pub fn pool(n: usize) -> LocalPool {
     LocalPool::start(n).expect("start chfsd pool (build it first: cargo build -p chfs-server)")
 }
 
+/// A pool of `n` servers on the DRAM engine (with `args`), whatever
+/// `CHFS_TEST_STORE` says: for tests of what only it does (a server
+/// restarted empty, a store of `--size`, free memory as free space).
+pub fn dram_pool(n: usize, args: &[&str]) -> LocalPool {
+    LocalPool::start_with(chfs_localpool::PoolOptions {
+        servers: n,
+        args: args.iter().map(|a| a.to_string()).collect(),
+        store: Some("mem".into()),
+        ..Default::default()
+    })
+    .expect("start chfsd pool (build it first: cargo build -p chfs-server)")
+}
+
 /// Runs a shell command, panicking with its output on failure.
 pub fn sh(cmd: &str) -> String {
     let out = Command::new("sh")
