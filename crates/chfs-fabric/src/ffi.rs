@@ -16,7 +16,7 @@
 //! types exist but cannot be made: [`Domain::open`] says why.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -1140,6 +1140,9 @@ pub struct Ep {
     never: std::convert::Infallible,
     wait: WaitKind,
     domain: Arc<Domain>,
+    /// Its provider shares memory with the peers' processes (`shm`): its
+    /// calls go through [`ShmCall`].
+    shm: bool,
     next_id: AtomicU64,
     /// Operations in flight: their memory, released at completion.
     inflight: Mutex<HashMap<u64, Held>>,
@@ -1174,6 +1177,7 @@ impl Ep {
                 1 => WaitKind::Fd,
                 _ => WaitKind::Sleep,
             },
+            shm: domain.attr.provider.split(';').any(|p| p == "shm"),
             domain: domain.clone(),
             next_id: AtomicU64::new(1),
             inflight: Mutex::new(HashMap::new()),
@@ -1236,6 +1240,7 @@ impl Ep {
             )));
         }
         let mut fi_addr = ADDR_NOTAVAIL;
+        let _call = ShmCall::enter(self.shm);
         // SAFETY: `name` holds a whole address of the provider's format
         // (checked above); fi_addr is a live place.
         let ret = unsafe { sys::chfs_fi_av_insert(self.ptr, name.as_ptr().cast(), &mut fi_addr) };
@@ -1273,6 +1278,7 @@ impl Ep {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&fi_addr);
+        let _call = ShmCall::enter(self.shm);
         // SAFETY: the endpoint is open and the address was inserted.
         let ret = unsafe { sys::chfs_fi_av_remove(self.ptr, fi_addr) };
         if ret != 0 {
@@ -1293,6 +1299,7 @@ impl Ep {
             )));
         }
         self.check_peer(dest)?;
+        let _call = ShmCall::enter(self.shm);
         // SAFETY: fi_inject copies the bytes before it returns; `dest` was
         // inserted.
         let ret = unsafe { sys::chfs_fi_inject(self.ptr, data.as_ptr().cast(), data.len(), dest) };
@@ -1416,7 +1423,10 @@ impl Ep {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, held);
-        let ret = post(id);
+        let ret = {
+            let _call = ShmCall::enter(self.shm);
+            post(id)
+        };
         if ret != 0 {
             let held = self
                 .inflight
@@ -1560,9 +1570,11 @@ impl Ep {
             prov_errno: 0,
         }; 64];
         let max = max.min(raw.len());
+        let call = ShmCall::enter(self.shm);
         // SAFETY: raw has room for `max` entries; the shim fills at most
         // that many.
         let n = unsafe { sys::chfs_fi_poll(self.ptr, raw.as_mut_ptr(), max, timeout_ms) };
+        drop(call);
         if n < 0 {
             return Err(call_err("fi_cq_read", n as i64));
         }
@@ -1633,13 +1645,80 @@ impl Ep {
 impl Drop for Ep {
     fn drop(&mut self) {
         #[cfg(chfs_libfabric)]
-        // SAFETY: closed once; closing the endpoint ends its outstanding
-        // operations, and only then does the table (dropped after this
-        // body) free their memory.
-        unsafe {
-            sys::chfs_fi_ep_close(self.ptr)
-        };
+        {
+            let _call = ShmCall::enter(self.shm);
+            // SAFETY: closed once; closing the endpoint ends its
+            // outstanding operations, and only then does the table
+            // (dropped after this body) free their memory.
+            unsafe { sys::chfs_fi_ep_close(self.ptr) };
+        }
     }
+}
+
+/// Calls of this process into a provider whose endpoints share memory
+/// with their peers' processes (`shm`) now under way.
+static SHM_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// The thread (`pthread_self`) that runs the exit hook, once it runs; 0
+/// before.
+static EXITING: AtomicU64 = AtomicU64::new(0);
+
+/// Most the exit hook waits for the calls under way to end.
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// One call into a shared-memory provider, counted while it lasts. The
+/// shm provider of libfabric 1.17 takes spin locks that live in the
+/// peers' shared queues; a process that ended while one of its threads
+/// held one (`exit(3)`, or a return from `main`, with another thread
+/// inside the provider) left it held for good, and the peer, a server,
+/// then spun inside the provider forever, as did every process that
+/// reached it after. So the exit hook closes the gate to every thread but
+/// its own and waits (at most [`EXIT_DRAIN`]) for the calls under way to
+/// end; a thread that comes to the gate later stops there until the
+/// process is gone (its exit, now under way, ends it), and the exiting
+/// thread itself goes on (a flush at exit). A process killed outright
+/// (SIGKILL, a crash) can still leave a lock held: ofi+shm has no cure
+/// for that (doc/fabric.md).
+struct ShmCall(bool);
+
+impl ShmCall {
+    fn enter(shm: bool) -> ShmCall {
+        if shm {
+            SHM_CALLS.fetch_add(1, Ordering::SeqCst);
+            let exiting = EXITING.load(Ordering::SeqCst);
+            if exiting != 0 && exiting != this_thread() {
+                SHM_CALLS.fetch_sub(1, Ordering::SeqCst);
+                loop {
+                    std::thread::park();
+                }
+            }
+        }
+        ShmCall(shm)
+    }
+
+    /// Closes the gate to every thread but this one and waits for the
+    /// calls of the others to end (the exit hook).
+    fn close_and_drain() {
+        EXITING.store(this_thread(), Ordering::SeqCst);
+        let until = std::time::Instant::now() + EXIT_DRAIN;
+        while SHM_CALLS.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+impl Drop for ShmCall {
+    fn drop(&mut self) {
+        if self.0 {
+            SHM_CALLS.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// This thread, as a number that is never 0.
+fn this_thread() -> u64 {
+    // SAFETY: pthread_self has no preconditions and cannot fail.
+    (unsafe { libc::pthread_self() } as u64).max(1)
 }
 
 /// Names of the shared-memory queue files (`shm_open` names) of this
@@ -1702,12 +1781,15 @@ impl Drop for ShmFile {
     }
 }
 
-/// The exit hook: unlinks the queue files this process (this PID) made
-/// for endpoints still open. It never waits long for the list: a forked
+/// The exit hook: closes the gate of shared-memory provider calls to the
+/// process's other threads and waits for theirs to end ([`ShmCall`]),
+/// then unlinks the queue files this process (this PID) made for
+/// endpoints still open. It never waits long for the list: a forked
 /// child may hold it locked by a thread that no longer exists, and an
 /// exiting process must not hang (it then leaves its files, as before).
 extern "C" fn unlink_shm_files_at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        ShmCall::close_and_drain();
         let pid = std::process::id();
         let give_up = std::time::Instant::now() + std::time::Duration::from_millis(50);
         let files = loop {
