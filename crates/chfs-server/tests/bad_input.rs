@@ -986,18 +986,27 @@ fn landing_on(store: Option<&str>) {
     assert_eq!(reply(&mut u, 7), Ok(Response::Written(65536)));
     assert!(win[3..3 + 65536] == data[..]);
     assert_eq!((win[2], win[3 + 65536]), (0xee, 0xee));
-    let spans = Request::ReadSpans {
-        path: "/l".into(),
-        fileid: 0,
-        chunk_size: 65536,
-        flags: 0,
-        epoch: 0,
-        spans: vec![(0, 100, 1000), (0, 60000, 5536), (0, 10, 20)],
+    // A `ReadSpans` of "/l" landing in `len` bytes at `at`.
+    let spans_at = |spans: Vec<(u64, u32, u32)>, at: u64, len: usize| {
+        let mut r = Vec::new();
+        Request::ReadSpans {
+            path: "/l".into(),
+            fileid: 0,
+            chunk_size: 65536,
+            flags: 0,
+            epoch: 0,
+            spans,
+        }
+        .encode(&mut r);
+        r.extend_from_slice(&room(at, len, far));
+        r
     };
-    let mut r = Vec::new();
-    spans.encode(&mut r);
     let at = base + (512 << 10);
-    r.extend_from_slice(&room(at, 7000, far));
+    let r = spans_at(
+        vec![(0, 100, 1000), (0, 60000, 5536), (0, 10, 20)],
+        at,
+        7000,
+    );
     send_flags(&mut u, 8, op::READ_SPANS, FLAG_LAND, &r);
     assert_eq!(reply(&mut u, 8), Ok(Response::Written(6556)));
     let want: Vec<u8> = [&data[100..1100], &data[60000..65536], &data[10..30]].concat();
@@ -1016,53 +1025,34 @@ fn landing_on(store: Option<&str>) {
         data: Bytes::from(data[..1000].to_vec()),
     };
     assert_eq!(call(&mut u, 10, &write1), Ok(Response::Written(1000)));
-    let spans = Request::ReadSpans {
-        path: "/l".into(),
-        fileid: 0,
-        chunk_size: 65536,
-        flags: 0,
-        epoch: 0,
-        spans: vec![(1, 500, 1000), (2, 0, 300), (0, 0, 10)],
-    };
-    let mut r = Vec::new();
-    spans.encode(&mut r);
-    r.extend_from_slice(&room(at, 1310, far));
+    let r = spans_at(vec![(1, 500, 1000), (2, 0, 300), (0, 0, 10)], at, 1310);
     send_flags(&mut u, 11, op::READ_SPANS, FLAG_LAND, &r);
     assert_eq!(reply(&mut u, 11), Ok(Response::Written(1310)));
     let want: Vec<u8> = [&data[500..1000], &[0u8; 800][..], &data[..10]].concat();
     assert!(win[512 << 10..(512 << 10) + 1310] == want[..]);
     // A plain read of both: the bytes there are, nothing past them.
     win[..2000].fill(0xee);
-    let mut r = Vec::new();
-    Request::Read {
-        path: "/l".into(),
-        fileid: 0,
-        idx: 1,
-        off: 200,
-        len: 2000,
-        chunk_size: 65536,
-        flags: 0,
-        epoch: 0,
-    }
-    .encode(&mut r);
-    r.extend_from_slice(&room(base, 2000, far));
-    send_flags(&mut u, 12, op::READ, FLAG_LAND, &r);
+    // A `Read` of 2,000 bytes of "/l" landing at the window's start.
+    let read_at = |idx: u64, off: u32| {
+        let mut r = Vec::new();
+        Request::Read {
+            path: "/l".into(),
+            fileid: 0,
+            idx,
+            off,
+            len: 2000,
+            chunk_size: 65536,
+            flags: 0,
+            epoch: 0,
+        }
+        .encode(&mut r);
+        r.extend_from_slice(&room(base, 2000, far));
+        r
+    };
+    send_flags(&mut u, 12, op::READ, FLAG_LAND, &read_at(1, 200));
     assert_eq!(reply(&mut u, 12), Ok(Response::Written(800)));
     assert!(win[..800] == data[200..1000] && win[800..2000].iter().all(|&b| b == 0xee));
-    let mut r = Vec::new();
-    Request::Read {
-        path: "/l".into(),
-        fileid: 0,
-        idx: 2,
-        off: 0,
-        len: 2000,
-        chunk_size: 65536,
-        flags: 0,
-        epoch: 0,
-    }
-    .encode(&mut r);
-    r.extend_from_slice(&room(base, 2000, far));
-    send_flags(&mut u, 13, op::READ, FLAG_LAND, &r);
+    send_flags(&mut u, 13, op::READ, FLAG_LAND, &read_at(2, 0));
     assert_eq!(reply(&mut u, 13), Ok(Response::Written(0)));
     assert_eq!(shm_reads(&mut u, 9) - before, 5);
     // Refused, the window untouched, the connection served on.
