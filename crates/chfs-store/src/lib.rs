@@ -209,13 +209,7 @@ pub trait Store: Send + Sync + 'static {
         fileid: u32,
         off: u32,
         dst: &mut Dst<'_>,
-    ) -> Result<Option<usize>> {
-        let len = u32::try_from(dst.len()).unwrap_or(u32::MAX);
-        Ok(self.read_bytes(path, idx, fileid, off, len)?.map(|d| {
-            dst.put(0, &d);
-            d.len()
-        }))
-    }
+    ) -> Result<Option<usize>>;
 
     /// Atomically changes the header of chunk `idx` (missing: NotFound).
     fn update_meta(&self, path: &str, idx: u64, f: MetaFn<'_>) -> Result<Meta>;

@@ -517,13 +517,6 @@ async fn serve_here(sh: &Arc<Shared>, req: Request, io: Io<'_>) -> Reply {
                 });
             }
             let len = len.min(MAX_CHUNK_SIZE);
-            // Not held here: a hole (nothing), unless this server may
-            // have lost it.
-            let held = |d: Option<usize>| match (d, &loss) {
-                (Some(n), _) => Ok(n),
-                (None, Some(why)) => Err(lost(sh, &path, idx, why)),
-                (None, None) => Ok(0),
-            };
             match io {
                 // Room for all that may come: placed by the store.
                 Io::Into(mut room) if len as usize <= room.dst.len() => {
@@ -531,14 +524,14 @@ async fn serve_here(sh: &Arc<Shared>, req: Request, io: Io<'_>) -> Reply {
                     let got = st
                         .read_into(&path, idx, fileid, off, &mut room.dst.part(0, len as usize))
                         .map_err(|e| store_err(&path, e))?;
-                    held(got).map(|n| Response::Written(n as u32))
+                    let n = held(sh, &path, idx, got, &loss)?.unwrap_or(0);
+                    Ok(Response::Written(n as u32))
                 }
                 io => {
                     let d = st
                         .read_bytes(&path, idx, fileid, off, len)
                         .map_err(|e| store_err(&path, e))?;
-                    held(d.as_ref().map(Bytes::len))?;
-                    let d = d.unwrap_or_default();
+                    let d = held(sh, &path, idx, d, &loss)?.unwrap_or_default();
                     match io {
                         Io::Into(mut room) => room.place(&[d]).map(|n| Response::Written(n as u32)),
                         _ => Ok(Response::Data(d)),
@@ -1161,11 +1154,7 @@ fn read_spans(
             let got = st
                 .read_into(path, idx, fileid, off, &mut part)
                 .map_err(|e| store_err(path, e))?;
-            let n = match (got, loss) {
-                (Some(n), _) => n,
-                (None, Some(why)) => return Err(lost(sh, path, idx, why)),
-                (None, None) => 0,
-            };
+            let n = held(sh, path, idx, got, loss)?.unwrap_or(0);
             part.zero(n, len as usize - n);
             continue;
         }
@@ -1173,16 +1162,12 @@ fn read_spans(
             .read_bytes(path, idx, fileid, off, len)
             .map_err(|e| store_err(path, e))?;
         let mut pad = len as usize;
-        match (d, loss) {
-            (Some(d), _) => {
-                let d = d.slice(..d.len().min(len as usize));
-                pad -= d.len();
-                if !d.is_empty() {
-                    pieces.push(d);
-                }
+        if let Some(d) = held(sh, path, idx, d, loss)? {
+            let d = d.slice(..d.len().min(len as usize));
+            pad -= d.len();
+            if !d.is_empty() {
+                pieces.push(d);
             }
-            (None, Some(why)) => return Err(lost(sh, path, idx, why)),
-            (None, None) => {}
         }
         while pad > 0 {
             let n = pad.min(ZEROS.len());
@@ -1194,6 +1179,22 @@ fn read_spans(
         Some(_) => Served::Reply(Response::Written(at as u32)),
         None => Served::Pieces(pieces),
     })
+}
+
+/// What the store gave for chunk `idx` of `path` (`Some`), or, for a chunk
+/// it does not hold, a hole (`None`) unless this server may have lost it
+/// (`loss`, from [`read_checks`]: EIO).
+fn held<T>(
+    sh: &Shared,
+    path: &str,
+    idx: u64,
+    got: Option<T>,
+    loss: &Option<String>,
+) -> Result<Option<T>, ErrorReply> {
+    match (got, loss) {
+        (None, Some(why)) => Err(lost(sh, path, idx, why)),
+        (got, _) => Ok(got),
+    }
 }
 
 /// The pieces as one buffer (a copy unless there is only one).
