@@ -121,8 +121,11 @@ mod tests {
         assert_eq!(f.metadata().unwrap().len(), 10_000);
     }
 
+    /// An unlinked file of its own (each call: tests run at once).
     fn tempfile_in_tmp() -> File {
-        let p = std::env::temp_dir().join(format!("chfs-sys-fs-{}", std::process::id()));
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("chfs-sys-fs-{}-{n}", std::process::id()));
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
